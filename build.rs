@@ -1,0 +1,23 @@
+//! Compiles the Triton protocol contract in `proto/` with the pure-Rust `protox` compiler (no
+//! system `protoc`), generates prost messages + tonic stubs, and writes the file-descriptor set
+//! that feeds gRPC reflection and the config.pbtxt text-format parser.
+
+use prost::Message;
+use std::{env, path::PathBuf};
+
+fn main() -> Result<(), Box<dyn std::error::Error>> {
+    let files = ["proto/grpc_service.proto", "proto/model_config.proto"];
+    for file in files {
+        println!("cargo:rerun-if-changed={file}");
+    }
+    let fds = protox::compile(files, ["proto"])?;
+    let out = PathBuf::from(env::var("OUT_DIR")?);
+    std::fs::write(out.join("inference_descriptor.bin"), fds.encode_to_vec())?;
+    tonic_prost_build::configure()
+        .bytes(".inference")
+        .build_client(true)
+        .build_server(true)
+        .generate_default_stubs(true)
+        .compile_fds(fds)?;
+    Ok(())
+}

@@ -1,0 +1,370 @@
+"""Shared fixtures for the kiln conformance suite.
+
+The suite runs the real `kiln` binary (env KILN_BIN, else target/debug/kiln) as a
+subprocess and talks to it over gRPC exactly like Triton/MLServer clients do.
+
+NOTE: tritonclient and mlserver register the same protobuf names (package
+`inference`), so nothing here imports mlserver; MLServer flows run in a
+subprocess (see mlserver_client.py / test_mlserver.py).
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import subprocess
+import tempfile
+import time
+from pathlib import Path
+
+import grpc
+import pytest
+
+from tritonclient.grpc import service_pb2, service_pb2_grpc
+
+CONFORMANCE_DIR = Path(__file__).resolve().parent
+REPO_ROOT = CONFORMANCE_DIR.parent
+BUNDLED_REPO = REPO_ROOT / "model_repository"
+FIXTURE_REPO = REPO_ROOT / "tests" / "fixtures" / "model_repository"
+
+# Per-call deadline (seconds) for every RPC the suite makes; no pytest-timeout
+# plugin is used, so each client call carries its own deadline instead.
+RPC_TIMEOUT = float(os.environ.get("KILN_RPC_TIMEOUT", "30"))
+STARTUP_TIMEOUT = float(os.environ.get("KILN_STARTUP_TIMEOUT", "60"))
+MAX_MSG = 2**31 - 1  # what tritonclient and Triton use
+
+CHANNEL_OPTIONS = [
+    ("grpc.max_send_message_length", MAX_MSG),
+    ("grpc.max_receive_message_length", MAX_MSG),
+]
+
+
+def kiln_bin() -> Path:
+    env = os.environ.get("KILN_BIN")
+    if env:
+        p = Path(env)
+        return p if p.is_absolute() else (REPO_ROOT / p)
+    return REPO_ROOT / "target" / "debug" / "kiln"
+
+
+def find_free_port() -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _distinct_ports(n: int) -> list[int]:
+    ports: list[int] = []
+    while len(ports) < n:
+        p = find_free_port()
+        if p not in ports:
+            ports.append(p)
+    return ports
+
+
+class KilnServer:
+    """One running kiln process."""
+
+    def __init__(self, repos: list[Path], name: str = "kiln"):
+        self.repos = [Path(r) for r in repos]
+        self.name = name
+        self.grpc_port, self.http_port, self.metrics_port = _distinct_ports(3)
+        self.grpc_url = f"127.0.0.1:{self.grpc_port}"
+        self.http_url = f"127.0.0.1:{self.http_port}"
+        self.metrics_url = f"127.0.0.1:{self.metrics_port}"
+        fd, log = tempfile.mkstemp(prefix=f"{name}-", suffix=".log")
+        os.close(fd)
+        self.log_path = Path(log)
+        self.proc: subprocess.Popen | None = None
+        self._channel: grpc.Channel | None = None
+        self._stub = None
+
+    # -- lifecycle -------------------------------------------------------
+    def start(self) -> "KilnServer":
+        binary = kiln_bin()
+        if not binary.exists():
+            pytest.fail(f"kiln binary not found at {binary} (set KILN_BIN)", pytrace=False)
+        args = [str(binary)]
+        for r in self.repos:
+            args += ["--model-repository", str(r)]
+        args += [
+            "--grpc-port", str(self.grpc_port),
+            "--http-port", str(self.http_port),
+            "--metrics-port", str(self.metrics_port),
+            "--log-verbose", "1",
+        ]
+        self.args = args
+        self._log_fh = open(self.log_path, "wb")
+        self.proc = subprocess.Popen(
+            args,
+            stdout=self._log_fh,
+            stderr=subprocess.STDOUT,
+            stdin=subprocess.DEVNULL,
+            cwd=str(REPO_ROOT),
+            start_new_session=True,  # own process group
+        )
+        self._wait_live()
+        return self
+
+    def _wait_live(self) -> None:
+        deadline = time.monotonic() + STARTUP_TIMEOUT
+        last_err = None
+        while time.monotonic() < deadline:
+            if self.proc.poll() is not None:
+                pytest.fail(
+                    f"kiln exited with code {self.proc.returncode} during startup\n"
+                    f"cmd: {' '.join(self.args)}\n{self.log_tail()}",
+                    pytrace=False,
+                )
+            try:
+                if self.stub().ServerLive(service_pb2.ServerLiveRequest(), timeout=2).live:
+                    return
+            except grpc.RpcError as e:  # not listening yet
+                last_err = e
+            time.sleep(0.2)
+        self.stop()
+        pytest.fail(
+            f"kiln did not answer ServerLive within {STARTUP_TIMEOUT}s ({last_err})\n"
+            f"{self.log_tail()}",
+            pytrace=False,
+        )
+
+    def stop(self) -> None:
+        if self._channel is not None:
+            self._channel.close()
+            self._channel = None
+            self._stub = None
+        if self.proc is None:
+            return
+        if self.proc.poll() is None:
+            try:
+                os.kill(self.proc.pid, signal.SIGTERM)
+            except ProcessLookupError:
+                pass
+            try:
+                self.proc.wait(timeout=15)
+            except subprocess.TimeoutExpired:
+                try:
+                    os.kill(self.proc.pid, signal.SIGKILL)
+                except ProcessLookupError:
+                    pass
+                self.proc.wait(timeout=10)
+        self._log_fh.close()
+
+    # -- helpers ---------------------------------------------------------
+    def channel(self) -> grpc.Channel:
+        if self._channel is None:
+            self._channel = grpc.insecure_channel(self.grpc_url, options=CHANNEL_OPTIONS)
+        return self._channel
+
+    def stub(self) -> service_pb2_grpc.GRPCInferenceServiceStub:
+        if self._stub is None:
+            self._stub = service_pb2_grpc.GRPCInferenceServiceStub(self.channel())
+        return self._stub
+
+    def log_text(self) -> str:
+        try:
+            return self.log_path.read_text(errors="replace")
+        except OSError:
+            return ""
+
+    def log_tail(self, lines: int = 80) -> str:
+        text = self.log_text().splitlines()[-lines:]
+        return f"--- {self.name} log ({self.log_path}) tail ---\n" + "\n".join(text)
+
+    def assert_alive(self) -> None:
+        """The process is still running and ServerLive answers true."""
+        assert self.proc is not None
+        rc = self.proc.poll()
+        assert rc is None, f"kiln exited with code {rc}\n{self.log_tail()}"
+        try:
+            live = self.stub().ServerLive(service_pb2.ServerLiveRequest(), timeout=10).live
+        except grpc.RpcError as e:
+            pytest.fail(f"ServerLive failed after bad input: {e.code()} {e.details()}\n{self.log_tail()}")
+        assert live is True
+
+
+_SERVERS: list[KilnServer] = []
+
+
+def start_server(repos, name="kiln") -> KilnServer:
+    srv = KilnServer(repos, name=name)
+    _SERVERS.append(srv)
+    try:
+        return srv.start()
+    except BaseException:
+        srv.stop()
+        raise
+
+
+@pytest.fixture(scope="session")
+def server():
+    """kiln serving the bundled repo and the test-only fixture repo at once."""
+    srv = start_server([BUNDLED_REPO, FIXTURE_REPO], name="kiln-main")
+    yield srv
+    srv.stop()
+    _SERVERS.remove(srv)
+
+
+@pytest.fixture(scope="session")
+def grpc_url(server) -> str:
+    return server.grpc_url
+
+
+@pytest.fixture(scope="session")
+def stub(server):
+    return server.stub()
+
+
+@pytest.fixture(scope="session")
+def client(server):
+    import tritonclient.grpc as grpcclient
+
+    c = grpcclient.InferenceServerClient(server.grpc_url)
+    yield c
+    c.close()
+
+
+@pytest.fixture
+def alive(server):
+    """Use in bad-input tests: asserts the server survived the test."""
+    yield server
+    server.assert_alive()
+
+
+def grpc_error(fn, *args, **kwargs) -> grpc.RpcError:
+    """Call a raw-stub RPC expecting failure; return the RpcError."""
+    kwargs.setdefault("timeout", RPC_TIMEOUT)
+    with pytest.raises(grpc.RpcError) as ei:
+        fn(*args, **kwargs)
+    return ei.value
+
+
+def assert_rpc_error(err: grpc.RpcError, code: grpc.StatusCode, *fragments: str) -> None:
+    assert err.code() == code, f"expected {code}, got {err.code()}: {err.details()!r}"
+    details = err.details() or ""
+    for frag in fragments:
+        assert frag in details, f"{frag!r} not in error message {details!r}"
+
+
+def assert_triton_error(exc, code: grpc.StatusCode, *fragments: str) -> None:
+    """Check an InferenceServerException raised by tritonclient.grpc."""
+    assert exc.status() == str(code), f"expected {code}, got {exc.status()}: {exc.message()!r}"
+    msg = exc.message() or ""
+    for frag in fragments:
+        assert frag in msg, f"{frag!r} not in error message {msg!r}"
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_makereport(item, call):
+    outcome = yield
+    rep = outcome.get_result()
+    if rep.failed:
+        for srv in list(_SERVERS):
+            rep.sections.append((f"{srv.name} log", srv.log_tail(60)))
+
+
+def pytest_sessionfinish(session, exitstatus):
+    for srv in list(_SERVERS):
+        srv.stop()
+
+
+# ---------------------------------------------------------------------------
+# data helpers shared by the test modules
+# ---------------------------------------------------------------------------
+import struct  # noqa: E402
+
+import numpy as np  # noqa: E402
+
+# (Triton datatype, numpy dtype) for every type identity_types carries.
+def _bf16():
+    import ml_dtypes
+
+    return ml_dtypes.bfloat16
+
+
+DATATYPES = [
+    ("BOOL", np.bool_), ("UINT8", np.uint8), ("UINT16", np.uint16), ("UINT32", np.uint32),
+    ("UINT64", np.uint64), ("INT8", np.int8), ("INT16", np.int16), ("INT32", np.int32),
+    ("INT64", np.int64), ("FP16", np.float16), ("FP32", np.float32), ("FP64", np.float64),
+    ("BYTES", np.object_), ("BF16", None),
+]
+DATATYPE_NAMES = [t for t, _ in DATATYPES]
+
+
+def np_dtype(triton_type: str):
+    return _bf16() if triton_type == "BF16" else dict(DATATYPES)[triton_type]
+
+
+def random_array(triton_type: str, shape, rng: np.random.Generator) -> np.ndarray:
+    shape = tuple(shape)
+    if triton_type == "BYTES":
+        pool = [b"", b"a", "h\u00e9llo".encode(), "\u2603 snow \U0001f600".encode(), b"x" * 40]
+        flat = [pool[i] for i in rng.integers(0, len(pool), int(np.prod(shape, dtype=np.int64)))]
+        return np.array(flat, dtype=np.object_).reshape(shape)
+    if triton_type == "BOOL":
+        return rng.integers(0, 2, shape).astype(np.bool_)
+    if triton_type == "BF16":
+        return rng.standard_normal(shape).astype(np.float32).astype(_bf16())
+    dt = np.dtype(np_dtype(triton_type))
+    if dt.kind in "iu":
+        info = np.iinfo(dt)
+        return rng.integers(info.min, info.max, shape, dtype=dt, endpoint=True)
+    return rng.standard_normal(shape).astype(dt)
+
+
+def serialize_bytes(elements) -> bytes:
+    """Triton's BYTES raw layout: u32-LE length + bytes per element."""
+    out = []
+    for e in elements:
+        b = e if isinstance(e, bytes) else str(e).encode()
+        out.append(struct.pack("<I", len(b)))
+        out.append(b)
+    return b"".join(out)
+
+
+def deserialize_bytes(raw: bytes) -> list[bytes]:
+    out, off = [], 0
+    while off < len(raw):
+        (n,) = struct.unpack_from("<I", raw, off)
+        off += 4
+        assert off + n <= len(raw), "BYTES framing in response runs past the end"
+        out.append(raw[off:off + n])
+        off += n
+    return out
+
+
+def raw_bytes_of(arr: np.ndarray, triton_type: str) -> bytes:
+    if triton_type == "BYTES":
+        return serialize_bytes(arr.flatten().tolist())
+    return arr.tobytes()
+
+
+def infer_request(model: str, inputs, version: str = "", outputs=(), raw=None, request_id: str = ""):
+    """Build a ModelInferRequest by hand.
+
+    inputs: (name, datatype, shape, data) where data is bytes (goes to
+    raw_input_contents, in order), a dict of typed contents (e.g.
+    {"fp32_contents": [...]}) or None (no data at all). `raw`, when given,
+    replaces raw_input_contents wholesale.
+    """
+    req = service_pb2.ModelInferRequest(model_name=model, model_version=version, id=request_id)
+    for name, datatype, shape, data in inputs:
+        t = req.inputs.add(name=name, datatype=datatype)
+        t.shape.extend(int(d) for d in shape)
+        if isinstance(data, (bytes, bytearray)):
+            req.raw_input_contents.append(bytes(data))
+        elif isinstance(data, dict):
+            for field, values in data.items():
+                getattr(t.contents, field).extend(values)
+    if raw is not None:
+        del req.raw_input_contents[:]
+        req.raw_input_contents.extend(raw)
+    for o in outputs:
+        req.outputs.add(name=o)
+    return req
+
+
+def f32(values) -> bytes:
+    return np.asarray(values, dtype=np.float32).tobytes()

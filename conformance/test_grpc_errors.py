@@ -1,0 +1,321 @@
+"""Bad inputs over gRPC: exact status codes and the key parts of Triton's messages
+(WIRE.md §f), and the server must still be alive after each one."""
+
+from __future__ import annotations
+
+import struct
+import time
+
+import grpc
+import numpy as np
+import pytest
+import tritonclient.grpc as grpcclient
+from tritonclient.grpc import service_pb2
+from tritonclient.utils import InferenceServerException
+
+from conftest import (
+    RPC_TIMEOUT, assert_rpc_error, assert_triton_error, f32, grpc_error, infer_request, serialize_bytes,
+)
+
+T = RPC_TIMEOUT
+INV = grpc.StatusCode.INVALID_ARGUMENT
+NOT_FOUND = grpc.StatusCode.NOT_FOUND
+
+pytestmark = pytest.mark.usefixtures("alive")  # every test here re-checks liveness afterwards
+
+ONES = f32(np.ones(16))
+
+
+def add_sub_req(shape0=(1, 16), shape1=(1, 16), data0=None, data1=None, **kw):
+    n0, n1 = int(np.prod(shape0)), int(np.prod(shape1))
+    return infer_request("add_sub", [
+        ("INPUT0", "FP32", shape0, f32(np.ones(n0)) if data0 is None else data0),
+        ("INPUT1", "FP32", shape1, f32(np.ones(n1)) if data1 is None else data1)], **kw)
+
+
+def infer_err(stub, req) -> grpc.RpcError:
+    return grpc_error(stub.ModelInfer, req)
+
+
+# --------------------------------------------------------------------------- model / version lookup
+
+@pytest.mark.parametrize("rpc,req", [
+    ("ModelInfer", service_pb2.ModelInferRequest(model_name="no_such_model")),
+    ("ModelMetadata", service_pb2.ModelMetadataRequest(name="no_such_model")),
+    ("ModelConfig", service_pb2.ModelConfigRequest(name="no_such_model")),
+])
+def test_unknown_model(stub, rpc, req):
+    err = grpc_error(getattr(stub, rpc), req)
+    assert_rpc_error(err, NOT_FOUND, "Request for unknown model: 'no_such_model' is not found")
+
+
+def test_unknown_model_via_tritonclient(client):
+    inp = grpcclient.InferInput("INPUT0", [1, 16], "FP32")
+    inp.set_data_from_numpy(np.ones((1, 16), np.float32))
+    with pytest.raises(InferenceServerException) as ei:
+        client.infer("no_such_model", [inp], client_timeout=T)
+    assert_triton_error(ei.value, NOT_FOUND, "Request for unknown model: 'no_such_model' is not found")
+
+
+def test_empty_model_name(stub):
+    req = add_sub_req()
+    req.model_name = ""
+    assert_rpc_error(infer_err(stub, req), NOT_FOUND)
+
+
+@pytest.mark.parametrize("model,version", [("add_sub", "7"), ("versioned", "2"), ("latest_two", "1"),
+                                           ("mlp_classifier", "3")])
+def test_unknown_or_unserved_version(stub, model, version):
+    msg = f"Request for unknown model: '{model}' version {version} is not found"
+    req = service_pb2.ModelInferRequest(model_name=model, model_version=version)
+    assert_rpc_error(infer_err(stub, req), NOT_FOUND, msg)
+    err = grpc_error(stub.ModelMetadata, service_pb2.ModelMetadataRequest(name=model, version=version))
+    assert_rpc_error(err, NOT_FOUND, msg)
+
+
+@pytest.mark.parametrize("version", ["abc", "v1"])
+def test_bad_version_string(stub, version):
+    req = add_sub_req(version=version)
+    assert_rpc_error(infer_err(stub, req), INV,
+                     f"failed to get model version from specified version string '{version}'",
+                     "version should be an integral value > 0")
+    err = grpc_error(stub.ModelMetadata, service_pb2.ModelMetadataRequest(name="add_sub", version=version))
+    assert_rpc_error(err, INV, f"'{version}'")
+
+
+def test_negative_version(stub):
+    # Triton: "invalid model version specified '-1' , version should be an integral value > 0"
+    assert_rpc_error(infer_err(stub, add_sub_req(version="-1")), INV, "'-1'")
+
+
+def test_broken_model_no_version(stub):
+    req = infer_request("broken", [("INPUT0", "FP32", [1], f32([1.0]))])
+    assert_rpc_error(infer_err(stub, req), NOT_FOUND, "Request for unknown model: 'broken' has no available versions")
+
+
+def test_broken_model_version_not_ready(stub):
+    req = infer_request("broken", [("INPUT0", "FP32", [1], f32([1.0]))], version="1")
+    assert_rpc_error(infer_err(stub, req), grpc.StatusCode.UNAVAILABLE,
+                     "Request for unknown model: 'broken' version 1 is not at ready state")
+
+
+def test_name_mismatch_model_not_served(stub):
+    req = infer_request("name_mismatch", [("INPUT0", "FP32", [1], f32([1.0]))])
+    err = infer_err(stub, req)
+    assert err.code() in (NOT_FOUND, grpc.StatusCode.UNAVAILABLE), (err.code(), err.details())
+    assert "name_mismatch" in err.details()
+
+
+# --------------------------------------------------------------------------- tensor validation
+
+def test_wrong_datatype(client):
+    a = grpcclient.InferInput("INPUT0", [1, 16], "FP64")
+    a.set_data_from_numpy(np.ones((1, 16), np.float64))
+    b = grpcclient.InferInput("INPUT1", [1, 16], "FP32")
+    b.set_data_from_numpy(np.ones((1, 16), np.float32))
+    with pytest.raises(InferenceServerException) as ei:
+        client.infer("add_sub", [a, b], client_timeout=T)
+    assert_triton_error(ei.value, INV, "inference input 'INPUT0' data-type is 'FP64', but model 'add_sub' expects 'FP32'")
+
+
+def test_unknown_datatype_name(stub):
+    req = add_sub_req()
+    req.inputs[0].datatype = "FLOAT32"
+    err = infer_err(stub, req)
+    assert_rpc_error(err, INV, "INPUT0")
+
+
+@pytest.mark.parametrize("model,name,shape,expected", [
+    ("add_sub", "INPUT0", [1, 15], "[-1,16]"),
+    ("add_sub", "INPUT0", [1, 1, 16], "[-1,16]"),
+    ("reshaped", "X", [1, 4], "[-1,2,2]"),
+])
+def test_wrong_shape_batching_model(stub, model, name, shape, expected):
+    n = int(np.prod(shape))
+    inputs = [(name, "FP32", shape, f32(np.ones(n)))]
+    if model == "add_sub":
+        inputs.append(("INPUT1", "FP32", [1, 16], ONES))
+    err = infer_err(stub, infer_request(model, inputs))
+    got = "[" + ",".join(str(d) for d in shape) + "]"
+    assert_rpc_error(err, INV, f"unexpected shape for input '{name}' for model '{model}'",
+                     f"Expected {expected}, got {got}", "NOTE: Setting a non-zero max_batch_size")
+
+
+@pytest.mark.parametrize("model,inputs,expected,got", [
+    ("int_div", [("A", "INT32", [2, 2], b"\0" * 16), ("B", "INT32", [4], b"\0" * 16)], "[-1]", "[2,2]"),
+    ("scalar", [("X", "FP32", [], f32(1.0))], "[1]", "[]"),
+    ("nobatch_dynamic", [("X", "FP32", [2, 3], f32(np.ones(6)))], "[3,-1]", "[2,3]"),
+])
+def test_wrong_shape_non_batching_model(stub, model, inputs, expected, got):
+    err = infer_err(stub, infer_request(model, inputs))
+    name = inputs[0][0]
+    assert_rpc_error(err, INV, f"unexpected shape for input '{name}' for model '{model}'",
+                     f"Expected {expected}, got {got}")
+    assert "NOTE: Setting a non-zero max_batch_size" not in err.details()
+
+
+@pytest.mark.parametrize("model,batch,limit", [("add_sub", 9, 8), ("identity_types", 5, 4)])
+def test_batch_too_large(stub, model, batch, limit):
+    if model == "add_sub":
+        req = add_sub_req((batch, 16), (batch, 16))
+    else:
+        req = infer_request(model, [(f"IN_{t}", t, [batch, 0], b"") for t in
+                                    ("BOOL", "UINT8", "UINT16", "UINT32", "UINT64", "INT8", "INT16", "INT32",
+                                     "INT64", "FP16", "FP32", "FP64", "BYTES", "BF16")])
+    assert_rpc_error(infer_err(stub, req), INV, f"inference request batch-size must be <= {limit} for '{model}'")
+
+
+def test_batch_size_differs_between_inputs(stub):
+    assert_rpc_error(infer_err(stub, add_sub_req((1, 16), (2, 16))), INV, "batch size does not match other inputs")
+
+
+def test_missing_input(stub):
+    req = infer_request("add_sub", [("INPUT0", "FP32", [1, 16], ONES)])
+    assert_rpc_error(infer_err(stub, req), INV, "expected 2 inputs but got 1 inputs for model 'add_sub'",
+                     "Got input(s) ['INPUT0'], but missing required input(s) ['INPUT1']")
+
+
+def test_unknown_input(stub):
+    req = infer_request("add_sub", [("INPUT0", "FP32", [1, 16], ONES), ("BOGUS", "FP32", [1, 16], ONES)])
+    assert_rpc_error(infer_err(stub, req), INV, "unexpected inference input 'BOGUS' for model 'add_sub'")
+
+
+def test_too_many_inputs(stub):
+    req = add_sub_req()
+    extra = req.inputs.add(name="INPUT2", datatype="FP32")
+    extra.shape.extend([1, 16])
+    req.raw_input_contents.append(ONES)
+    assert_rpc_error(infer_err(stub, req), INV, "expected 2 inputs but got 3 inputs for model 'add_sub'")
+
+
+def test_unknown_requested_output(stub):
+    req = add_sub_req(outputs=["OUTPUT0", "BOGUS"])
+    assert_rpc_error(infer_err(stub, req), INV, "unexpected inference output 'BOGUS' for model 'add_sub'")
+
+
+@pytest.mark.parametrize("nbytes", [60, 68, 0])
+def test_raw_byte_size_mismatch(stub, nbytes):
+    req = add_sub_req(data0=b"\0" * nbytes)
+    assert_rpc_error(infer_err(stub, req), INV, "input byte size mismatch for input 'INPUT0' for model 'add_sub'",
+                     f"Expected 64, got {nbytes}")
+
+
+def test_typed_element_count_mismatch(stub):
+    req = infer_request("add_sub", [("INPUT0", "FP32", [1, 16], {"fp32_contents": [1.0] * 15}),
+                                    ("INPUT1", "FP32", [1, 16], {"fp32_contents": [1.0] * 16})])
+    assert_rpc_error(infer_err(stub, req), INV, "'INPUT0'", "add_sub")
+
+
+def test_no_data_for_input(stub):
+    req = infer_request("add_sub", [("INPUT0", "FP32", [1, 16], ONES), ("INPUT1", "FP32", [1, 16], None)])
+    assert_rpc_error(infer_err(stub, req), INV,
+                     "unable to find data for input tensor 'INPUT1' for model 'add_sub' in request.")
+
+
+def test_typed_contents_of_wrong_kind(stub):
+    req = infer_request("add_sub", [("INPUT0", "FP32", [1, 16], {"int_contents": list(range(16))}),
+                                    ("INPUT1", "FP32", [1, 16], {"fp32_contents": [1.0] * 16})])
+    assert_rpc_error(infer_err(stub, req), INV,
+                     "unexpected explicit tensor data for input tensor 'INPUT0' for model 'add_sub' of type "
+                     "'INT32', expected datatype 'FP32'")
+
+
+def test_typed_and_raw_mixed(stub):
+    req = infer_request("add_sub", [("INPUT0", "FP32", [1, 16], {"fp32_contents": [1.0] * 16}),
+                                    ("INPUT1", "FP32", [1, 16], ONES)])
+    assert_rpc_error(infer_err(stub, req), INV,
+                     "contents field must not be specified when using raw_input_contents for 'INPUT0' "
+                     "for model 'add_sub'")
+
+
+# --------------------------------------------------------------------------- BYTES framing
+
+@pytest.mark.parametrize("shape,raw", [
+    ([1, 1], struct.pack("<I", 16) + b"abc"),                 # length prefix past the end
+    ([1, 1], struct.pack("<I", 2**32 - 1) + b"abc"),          # absurd length prefix
+    ([1, 1], b"\x01\x00"),                                    # truncated length prefix
+    ([1, 2], struct.pack("<I", 3) + b"abc"),                  # fewer elements than the shape
+    ([1, 1], struct.pack("<I", 1) + b"a" + struct.pack("<I", 1) + b"b"),  # more elements than the shape
+    ([1, 1], b""),                                            # no element at all
+])
+def test_malformed_bytes_framing(stub, shape, raw):
+    req = infer_request("string_echo", [("input-1", "BYTES", shape, raw)])
+    assert_rpc_error(infer_err(stub, req), INV, "'input-1'")
+
+
+@pytest.mark.parametrize("shape,elements", [([1, 3], [b"a", b"b"]), ([1, 1], [b"a", b"b"])])
+def test_bytes_element_count_mismatch(stub, shape, elements):
+    # Triton: "expected 3 string elements for inference input 'X' for model 'M', got 2" /
+    #         "unexpected number of string elements 2 for inference input 'X' ..., expecting 1"
+    req = infer_request("string_echo", [("input-1", "BYTES", shape, serialize_bytes(elements))])
+    assert_rpc_error(infer_err(stub, req), INV, "string elements", "'input-1'")
+
+
+def test_typed_bytes_count_mismatch(stub):
+    req = infer_request("string_echo", [("input-1", "BYTES", [1, 3], {"bytes_contents": [b"a", b"b"]})])
+    assert_rpc_error(infer_err(stub, req), INV, "'input-1'")
+
+
+# --------------------------------------------------------------------------- hostile shapes
+
+HOSTILE = [
+    ("add_sub", [("INPUT0", "FP32", [2**40, 2**40], ONES), ("INPUT1", "FP32", [1, 16], ONES)]),
+    ("add_sub", [("INPUT0", "FP32", [-5, 16], ONES), ("INPUT1", "FP32", [-5, 16], ONES)]),
+    ("add_sub", [("INPUT0", "FP32", [1, -16], ONES), ("INPUT1", "FP32", [1, 16], ONES)]),
+    ("int_div", [("A", "INT32", [2**62], b"\0" * 4), ("B", "INT32", [2**62], b"\0" * 4)]),
+    ("int_div", [("A", "INT32", [2**63 - 1], b"\0" * 4), ("B", "INT32", [1], b"\0" * 4)]),
+    ("int_div", [("A", "INT32", [-1], b""), ("B", "INT32", [-1], b"")]),
+    ("int_div", [("A", "INT32", [-(2**63)], b""), ("B", "INT32", [1], b"\0" * 4)]),
+    ("nobatch_dynamic", [("X", "FP32", [3, 2**62], f32(np.ones(3)))]),
+    ("nobatch_dynamic", [("X", "FP32", [3, 2**61 + 1], f32(np.ones(3)))]),
+    ("string_echo", [("input-1", "BYTES", [1, 2**40], struct.pack("<I", 1) + b"a")]),
+    ("string_echo", [("input-1", "BYTES", [64, 2**57], struct.pack("<I", 1) + b"a")]),
+    ("reshaped", [("X", "FP32", [4, 2**31, 2**31], f32(np.ones(4)))]),
+]
+
+
+@pytest.mark.parametrize("model,inputs", HOSTILE, ids=[f"{m}-{i}" for i, (m, _) in enumerate(HOSTILE)])
+def test_hostile_shape_rejected_fast(stub, model, inputs):
+    t0 = time.monotonic()
+    err = infer_err(stub, infer_request(model, inputs))
+    elapsed = time.monotonic() - t0
+    assert_rpc_error(err, INV)
+    assert elapsed < 5.0, f"rejecting a bogus shape took {elapsed:.1f}s (allocation?)"
+
+
+def test_bytes_typed_huge_shape(stub):
+    req = infer_request("string_echo", [("input-1", "BYTES", [1, 2**40], {"bytes_contents": [b"a"]})])
+    assert_rpc_error(infer_err(stub, req), INV, "'input-1'")
+
+
+# --------------------------------------------------------------------------- parameters
+
+def test_reserved_triton_parameter(stub):
+    req = add_sub_req()
+    req.parameters["triton_bogus"].string_param = "x"
+    assert_rpc_error(infer_err(stub, req), INV, "parameter keys starting with 'triton_' are reserved")
+
+
+# --------------------------------------------------------------------------- unimplemented RPCs
+
+@pytest.mark.parametrize("rpc,req", [
+    ("SystemSharedMemoryStatus", service_pb2.SystemSharedMemoryStatusRequest()),
+    ("TraceSetting", service_pb2.TraceSettingRequest()),
+])
+def test_unimplemented_rpc(stub, rpc, req):
+    err = grpc_error(getattr(stub, rpc), req)
+    assert err.code() == grpc.StatusCode.UNIMPLEMENTED, (err.code(), err.details())
+
+
+@pytest.mark.parametrize("path", ["/inference.GRPCInferenceService/NoSuchRpc", "/no.such.Service/Call"])
+def test_unknown_method(server, path):
+    call = server.channel().unary_unary(path, request_serializer=lambda b: b, response_deserializer=lambda b: b)
+    err = grpc_error(call, b"")
+    assert err.code() == grpc.StatusCode.UNIMPLEMENTED, (err.code(), err.details())
+
+
+def test_garbage_protobuf_body(server):
+    call = server.channel().unary_unary("/inference.GRPCInferenceService/ModelInfer",
+                                        request_serializer=lambda b: b, response_deserializer=lambda b: b)
+    err = grpc_error(call, b"\xff\xff\xff\xff\x0f\x0a")
+    assert err.code() in (grpc.StatusCode.INTERNAL, INV), (err.code(), err.details())

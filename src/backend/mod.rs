@@ -1,0 +1,45 @@
+//! Model execution. A [`Backend`] turns input tensors into output tensors and knows nothing of
+//! protocols, queues or model configuration; today the only one is ONNX Runtime ([`onnx`]).
+
+pub mod onnx;
+pub mod runtime;
+
+use crate::core::{DataType, Tensor};
+
+pub use onnx::{OnnxSession, SessionOptions};
+pub use runtime::OnnxRuntime;
+
+/// Errors raised while loading or running a model.
+#[derive(Debug, Clone, thiserror::Error)]
+pub enum BackendError {
+    /// The runtime library could not be found or initialised.
+    #[error("{0}")]
+    Runtime(String),
+    /// The model file could not be turned into a session.
+    #[error("{0}")]
+    Load(String),
+    /// An input could not be handed to the runtime (e.g. a BYTES element that is not UTF-8).
+    #[error("{0}")]
+    Input(String),
+    /// The runtime failed while executing.
+    #[error("{0}")]
+    Run(String),
+}
+
+/// Name, datatype and shape of a model input or output as the model file declares it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct TensorInfo {
+    pub name: String,
+    /// `None` when the model uses a type the protocol cannot carry (e.g. complex numbers).
+    pub datatype: Option<DataType>,
+    /// -1 marks a dynamic dimension.
+    pub shape: Vec<i64>,
+}
+
+/// One loaded model instance. `run` takes `&mut self`: an instance runs one request at a time, so
+/// concurrency comes from several instances, each on its own thread.
+pub trait Backend: Send {
+    /// Runs the model on `inputs` (shapes already in the model's own layout) and returns every
+    /// model output in the model's order.
+    fn run(&mut self, inputs: &[Tensor]) -> Result<Vec<Tensor>, BackendError>;
+}

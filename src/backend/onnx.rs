@@ -1,0 +1,252 @@
+//! ONNX Runtime sessions through `ort`: loading a model file, describing its inputs and outputs,
+//! and running raw-layout tensors through it. Inputs whose bytes are suitably aligned are handed
+//! to ONNX Runtime without a copy.
+
+use super::{Backend, BackendError, OnnxRuntime, TensorInfo};
+use crate::core::tensor::BytesElements;
+use crate::core::{DataType, Tensor};
+use bytes::Bytes;
+use half::{bf16, f16};
+use ort::session::{Session, SessionInputValue};
+use ort::value::{DynValue, TensorElementType, TensorRef, ValueType};
+use std::borrow::Cow;
+use std::path::Path;
+
+/// Session settings chosen by the caller from the model configuration and the machine.
+#[derive(Debug, Clone)]
+pub struct SessionOptions {
+    /// Threads ONNX Runtime may use inside one operator; instances × this ≈ cores.
+    pub intra_op_threads: usize,
+}
+
+/// One ONNX Runtime session: a model instance.
+pub struct OnnxSession {
+    session: Session,
+    inputs: Vec<TensorInfo>,
+    outputs: Vec<TensorInfo>,
+}
+
+impl OnnxSession {
+    /// Loads `path` into a new session.
+    ///
+    /// # Errors
+    /// [`BackendError::Load`] with ONNX Runtime's message when the file is missing or invalid.
+    pub fn load(
+        runtime: &OnnxRuntime,
+        path: &Path,
+        options: &SessionOptions,
+    ) -> Result<OnnxSession, BackendError> {
+        let load_error = |e: String| {
+            BackendError::Load(format!("failed to load ONNX model {}: {e}", path.display()))
+        };
+        let session = build_session(runtime, path, options).map_err(load_error)?;
+        let inputs = session
+            .inputs()
+            .iter()
+            .map(|o| tensor_info(o.name(), o.dtype()))
+            .collect();
+        let outputs = session
+            .outputs()
+            .iter()
+            .map(|o| tensor_info(o.name(), o.dtype()))
+            .collect();
+        Ok(OnnxSession {
+            session,
+            inputs,
+            outputs,
+        })
+    }
+
+    /// The model's inputs, in graph order.
+    pub fn inputs(&self) -> &[TensorInfo] {
+        &self.inputs
+    }
+
+    /// The model's outputs, in graph order.
+    pub fn outputs(&self) -> &[TensorInfo] {
+        &self.outputs
+    }
+}
+
+// The builder's errors carry the (non-Send) builder; keep them inside this function and return
+// plain text.
+fn build_session(
+    runtime: &OnnxRuntime,
+    path: &Path,
+    options: &SessionOptions,
+) -> Result<Session, String> {
+    let builder = Session::builder(runtime.environment()).map_err(|e| e.to_string())?;
+    let mut builder = builder
+        .with_intra_threads(options.intra_op_threads.max(1))
+        .and_then(|b| b.with_inter_threads(1))
+        .and_then(|b| b.with_intra_op_spinning(false))
+        .map_err(|e| e.to_string())?;
+    builder.commit_from_file(path).map_err(|e| e.to_string())
+}
+
+fn tensor_info(name: &str, value_type: &ValueType) -> TensorInfo {
+    match value_type {
+        ValueType::Tensor { ty, shape, .. } => TensorInfo {
+            name: name.to_string(),
+            datatype: datatype_from_ort(*ty),
+            shape: shape.iter().map(|&d| if d < 0 { -1 } else { d }).collect(),
+        },
+        _ => TensorInfo {
+            name: name.to_string(),
+            datatype: None,
+            shape: Vec::new(),
+        },
+    }
+}
+
+/// ONNX element type → protocol datatype (ONNX strings are BYTES).
+pub fn datatype_from_ort(ty: TensorElementType) -> Option<DataType> {
+    Some(match ty {
+        TensorElementType::Bool => DataType::Bool,
+        TensorElementType::Uint8 => DataType::Uint8,
+        TensorElementType::Uint16 => DataType::Uint16,
+        TensorElementType::Uint32 => DataType::Uint32,
+        TensorElementType::Uint64 => DataType::Uint64,
+        TensorElementType::Int8 => DataType::Int8,
+        TensorElementType::Int16 => DataType::Int16,
+        TensorElementType::Int32 => DataType::Int32,
+        TensorElementType::Int64 => DataType::Int64,
+        TensorElementType::Float16 => DataType::Fp16,
+        TensorElementType::Bfloat16 => DataType::Bf16,
+        TensorElementType::Float32 => DataType::Fp32,
+        TensorElementType::Float64 => DataType::Fp64,
+        TensorElementType::String => DataType::Bytes,
+        _ => return None,
+    })
+}
+
+impl Backend for OnnxSession {
+    fn run(&mut self, inputs: &[Tensor]) -> Result<Vec<Tensor>, BackendError> {
+        let mut values: Vec<(Cow<'_, str>, SessionInputValue<'_>)> =
+            Vec::with_capacity(inputs.len());
+        for tensor in inputs {
+            values.push((Cow::Borrowed(tensor.name.as_str()), input_value(tensor)?));
+        }
+        let outputs = self
+            .session
+            .run(values)
+            .map_err(|e| BackendError::Run(format!("onnx runtime error: {e}")))?;
+        outputs
+            .into_iter()
+            .map(|(name, value)| output_tensor(name, &value))
+            .collect()
+    }
+}
+
+/// Views (or, when misaligned, copies) raw bytes as a typed slice for ONNX Runtime.
+macro_rules! numeric_input {
+    ($tensor:expr, $ty:ty) => {{
+        let shape = $tensor.shape.clone();
+        match bytemuck::try_cast_slice::<u8, $ty>(&$tensor.data) {
+            Ok(slice) => TensorRef::from_array_view((shape, slice)).map(SessionInputValue::from),
+            Err(_) => {
+                let owned: Vec<$ty> = bytemuck::pod_collect_to_vec(&$tensor.data);
+                ort::value::Tensor::from_array((shape, owned)).map(SessionInputValue::from)
+            }
+        }
+    }};
+}
+
+fn input_value(tensor: &Tensor) -> Result<SessionInputValue<'_>, BackendError> {
+    let value = match tensor.datatype {
+        DataType::Bool => {
+            let owned: Vec<bool> = tensor.data.iter().map(|&b| b != 0).collect();
+            ort::value::Tensor::from_array((tensor.shape.clone(), owned))
+                .map(SessionInputValue::from)
+        }
+        DataType::Uint8 => numeric_input!(tensor, u8),
+        DataType::Uint16 => numeric_input!(tensor, u16),
+        DataType::Uint32 => numeric_input!(tensor, u32),
+        DataType::Uint64 => numeric_input!(tensor, u64),
+        DataType::Int8 => numeric_input!(tensor, i8),
+        DataType::Int16 => numeric_input!(tensor, i16),
+        DataType::Int32 => numeric_input!(tensor, i32),
+        DataType::Int64 => numeric_input!(tensor, i64),
+        DataType::Fp16 => numeric_input!(tensor, f16),
+        DataType::Bf16 => numeric_input!(tensor, bf16),
+        DataType::Fp32 => numeric_input!(tensor, f32),
+        DataType::Fp64 => numeric_input!(tensor, f64),
+        DataType::Bytes => {
+            let strings = utf8_elements(tensor)?;
+            ort::value::Tensor::from_string_array((tensor.shape.clone(), strings.as_slice()))
+                .map(SessionInputValue::from)
+        }
+    };
+    value.map_err(|e| {
+        BackendError::Input(format!(
+            "failed to create input tensor '{}': {e}",
+            tensor.name
+        ))
+    })
+}
+
+// ONNX Runtime's string tensors hold text; reject bytes that are not UTF-8 with a clear message.
+fn utf8_elements(tensor: &Tensor) -> Result<Vec<String>, BackendError> {
+    BytesElements::new(&tensor.data)
+        .enumerate()
+        .map(|(index, element)| {
+            let element = element.map_err(|e| BackendError::Input(e.to_string()))?;
+            std::str::from_utf8(element).map(str::to_owned).map_err(|_| {
+                BackendError::Input(format!(
+                    "element {index} of BYTES input '{}' is not valid UTF-8, which ONNX string tensors require",
+                    tensor.name
+                ))
+            })
+        })
+        .collect()
+}
+
+macro_rules! numeric_output {
+    ($value:expr, $ty:ty) => {{
+        let (shape, slice) = $value.try_extract_tensor::<$ty>().map_err(run_error)?;
+        (
+            shape.to_vec(),
+            Bytes::copy_from_slice(bytemuck::cast_slice::<$ty, u8>(slice)),
+        )
+    }};
+}
+
+fn run_error(e: ort::Error) -> BackendError {
+    BackendError::Run(format!("failed to read model output: {e}"))
+}
+
+fn output_tensor(name: &str, value: &DynValue) -> Result<Tensor, BackendError> {
+    let ty = match value.dtype() {
+        ValueType::Tensor { ty, .. } => *ty,
+        other => {
+            return Err(BackendError::Run(format!(
+                "output '{name}' is not a tensor ({other:?})"
+            )))
+        }
+    };
+    let datatype = datatype_from_ort(ty).ok_or_else(|| {
+        BackendError::Run(format!(
+            "output '{name}' has unsupported element type {ty:?}"
+        ))
+    })?;
+    let (shape, data) = match datatype {
+        DataType::Bool => numeric_output!(value, bool),
+        DataType::Uint8 => numeric_output!(value, u8),
+        DataType::Uint16 => numeric_output!(value, u16),
+        DataType::Uint32 => numeric_output!(value, u32),
+        DataType::Uint64 => numeric_output!(value, u64),
+        DataType::Int8 => numeric_output!(value, i8),
+        DataType::Int16 => numeric_output!(value, i16),
+        DataType::Int32 => numeric_output!(value, i32),
+        DataType::Int64 => numeric_output!(value, i64),
+        DataType::Fp16 => numeric_output!(value, f16),
+        DataType::Bf16 => numeric_output!(value, bf16),
+        DataType::Fp32 => numeric_output!(value, f32),
+        DataType::Fp64 => numeric_output!(value, f64),
+        DataType::Bytes => {
+            let (shape, strings) = value.try_extract_strings().map_err(run_error)?;
+            (shape.to_vec(), crate::core::tensor::frame_bytes(&strings))
+        }
+    };
+    Ok(Tensor::new(name, datatype, shape, data))
+}

@@ -1,0 +1,42 @@
+//! The error every front end receives from the engine. The variants are Triton's status kinds, so
+//! that each protocol maps them exactly once (gRPC status code, HTTP status) and the message text
+//! can match Triton's word for word.
+
+/// A request failure, classified the way Triton classifies it.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum Error {
+    /// The request is malformed or does not fit the model (gRPC INVALID_ARGUMENT, HTTP 400).
+    #[error("{0}")]
+    InvalidArgument(String),
+    /// The model or version does not exist (gRPC NOT_FOUND, HTTP 404).
+    #[error("{0}")]
+    NotFound(String),
+    /// The model or server cannot take the request now (gRPC UNAVAILABLE, HTTP 503).
+    #[error("{0}")]
+    Unavailable(String),
+    /// The feature is not implemented (gRPC UNIMPLEMENTED, HTTP 501).
+    #[error("{0}")]
+    Unsupported(String),
+    /// The model failed while running a valid request (gRPC INTERNAL, HTTP 500).
+    #[error("{0}")]
+    Internal(String),
+}
+
+impl Error {
+    /// The message without the kind, as clients see it.
+    pub fn message(&self) -> &str {
+        match self {
+            Error::InvalidArgument(m)
+            | Error::NotFound(m)
+            | Error::Unavailable(m)
+            | Error::Unsupported(m)
+            | Error::Internal(m) => m,
+        }
+    }
+}
+
+/// Shorthand for building an [`Error::InvalidArgument`] with `format!` arguments.
+#[macro_export]
+macro_rules! invalid_arg {
+    ($($arg:tt)*) => { $crate::core::Error::InvalidArgument(format!($($arg)*)) };
+}

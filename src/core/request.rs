@@ -1,0 +1,60 @@
+//! Inference requests and responses as the engine sees them, independent of the wire format.
+
+use super::tensor::Tensor;
+use std::collections::HashMap;
+
+/// A request or tensor parameter value. Triton's protocol carries five kinds; all are accepted.
+#[derive(Debug, Clone, PartialEq)]
+pub enum ParamValue {
+    Bool(bool),
+    Int64(i64),
+    Uint64(u64),
+    Double(f64),
+    String(String),
+}
+
+impl ParamValue {
+    /// The value as a string, if it is one (e.g. MLServer's `content_type`).
+    pub fn as_str(&self) -> Option<&str> {
+        match self {
+            ParamValue::String(s) => Some(s),
+            _ => None,
+        }
+    }
+}
+
+/// Named parameters of a request, a tensor or a response.
+pub type Parameters = HashMap<String, ParamValue>;
+
+/// An output the client asked for, with its per-output parameters.
+#[derive(Debug, Clone, Default)]
+pub struct RequestedOutput {
+    pub name: String,
+    pub parameters: Parameters,
+}
+
+/// One inference request, already decoded from the wire.
+#[derive(Debug, Clone, Default)]
+pub struct InferRequest {
+    pub model_name: String,
+    /// The version string exactly as sent; empty means "let the server choose".
+    pub model_version: String,
+    /// Echoed in the response; may be empty.
+    pub id: String,
+    pub parameters: Parameters,
+    /// Inputs in request order; each tensor's bytes are the raw (little-endian) layout.
+    pub inputs: Vec<Tensor>,
+    /// Empty means "every output of the model".
+    pub outputs: Vec<RequestedOutput>,
+}
+
+/// The answer to one [`InferRequest`].
+#[derive(Debug, Clone, Default)]
+pub struct InferResponse {
+    pub model_name: String,
+    pub model_version: String,
+    pub id: String,
+    pub parameters: Parameters,
+    /// Outputs in the order the model produced them, raw layout.
+    pub outputs: Vec<Tensor>,
+}

@@ -1,0 +1,330 @@
+//! The façade both protocols call: model and version lookup, request validation, execution on the
+//! model's instances, and the shaping of the response. Errors leave here as [`Error`] with
+//! Triton's texts; each protocol maps them to its status codes once.
+
+mod validate;
+
+use crate::backend::BackendError;
+use crate::core::{Error, InferRequest, InferResponse, ParamValue, Tensor};
+use crate::invalid_arg;
+use crate::proto::inference::ModelConfig;
+use crate::repository::{Model, Repository, ServingVersion, VersionState};
+use std::sync::Arc;
+
+/// Protocol extensions kiln implements, as reported by server metadata.
+pub const EXTENSIONS: &[&str] = &["model_configuration", "parameters"];
+
+/// Server name and version for `ServerMetadata`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ServerMetadata {
+    pub name: String,
+    pub version: String,
+    pub extensions: Vec<String>,
+}
+
+/// One input or output in model metadata.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct TensorMetadata {
+    pub name: String,
+    pub datatype: String,
+    /// Includes a leading -1 for models that batch.
+    pub shape: Vec<i64>,
+}
+
+/// `ModelMetadata` contents.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ModelMetadata {
+    pub name: String,
+    pub versions: Vec<String>,
+    pub platform: String,
+    pub inputs: Vec<TensorMetadata>,
+    pub outputs: Vec<TensorMetadata>,
+}
+
+/// One row of the repository index.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct IndexEntry {
+    pub name: String,
+    pub version: String,
+    pub state: String,
+    pub reason: String,
+}
+
+/// The inference engine: owns the loaded repository.
+pub struct Engine {
+    repository: Repository,
+}
+
+impl Engine {
+    pub fn new(repository: Repository) -> Engine {
+        Engine { repository }
+    }
+
+    /// The process is up and answering.
+    pub fn is_live(&self) -> bool {
+        true
+    }
+
+    /// Every model that should be loaded is ready (Triton's strict readiness).
+    pub fn is_ready(&self) -> bool {
+        self.repository.all_ready()
+    }
+
+    pub fn server_metadata(&self) -> ServerMetadata {
+        ServerMetadata {
+            name: "kiln".to_string(),
+            version: env!("CARGO_PKG_VERSION").to_string(),
+            extensions: EXTENSIONS.iter().map(|e| e.to_string()).collect(),
+        }
+    }
+
+    /// Whether a model (or one version of it) is ready.
+    ///
+    /// # Errors
+    /// NOT_FOUND / UNAVAILABLE / INVALID_ARGUMENT as for inference, when the model or version is
+    /// unknown, not ready, or the version string is not a number.
+    pub fn model_ready(&self, name: &str, version: &str) -> Result<bool, Error> {
+        self.resolve(name, version).map(|_| true)
+    }
+
+    /// Model metadata for a model, or one version of it.
+    ///
+    /// # Errors
+    /// As [`Engine::model_ready`].
+    pub fn model_metadata(&self, name: &str, version: &str) -> Result<ModelMetadata, Error> {
+        let (model, serving) = self.resolve(name, version)?;
+        let config = model_config(model)?;
+        let versions = if version.is_empty() {
+            model
+                .versions
+                .iter()
+                .filter(|(_, state)| matches!(state, VersionState::Ready(_)))
+                .map(|(v, _)| v.to_string())
+                .collect()
+        } else {
+            vec![serving.version.to_string()]
+        };
+        let batched = serving.io.max_batch_size > 0;
+        let describe = |spec: &crate::repository::TensorSpec| TensorMetadata {
+            name: spec.name.clone(),
+            datatype: spec.datatype.as_wire().to_string(),
+            shape: batched
+                .then_some(-1)
+                .into_iter()
+                .chain(spec.dims.iter().copied())
+                .collect(),
+        };
+        Ok(ModelMetadata {
+            name: model.name.clone(),
+            versions,
+            platform: config.platform.clone(),
+            inputs: serving.io.inputs.iter().map(describe).collect(),
+            outputs: serving.io.outputs.iter().map(describe).collect(),
+        })
+    }
+
+    /// The effective (normalised, auto-completed) config.
+    ///
+    /// # Errors
+    /// As [`Engine::model_ready`].
+    pub fn model_config(&self, name: &str, version: &str) -> Result<Arc<ModelConfig>, Error> {
+        let (model, _) = self.resolve(name, version)?;
+        model_config(model).cloned()
+    }
+
+    /// Every model in the repository with the state of each selected version. `ready_only` keeps
+    /// only READY versions.
+    pub fn repository_index(&self, ready_only: bool) -> Vec<IndexEntry> {
+        let mut entries = Vec::new();
+        for model in self.repository.models() {
+            if let Some(reason) = &model.failure {
+                if !ready_only {
+                    entries.push(IndexEntry {
+                        name: model.name.clone(),
+                        version: String::new(),
+                        state: "UNAVAILABLE".into(),
+                        reason: reason.clone(),
+                    });
+                }
+                continue;
+            }
+            for (version, state) in &model.versions {
+                let (state, reason) = match state {
+                    VersionState::Ready(_) => ("READY", String::new()),
+                    VersionState::Unavailable(reason) => ("UNAVAILABLE", reason.clone()),
+                };
+                if ready_only && state != "READY" {
+                    continue;
+                }
+                entries.push(IndexEntry {
+                    name: model.name.clone(),
+                    version: version.to_string(),
+                    state: state.into(),
+                    reason,
+                });
+            }
+        }
+        entries
+    }
+
+    /// Runs one inference request.
+    ///
+    /// # Errors
+    /// Lookup errors as [`Engine::model_ready`]; INVALID_ARGUMENT for a request that does not fit
+    /// the model; INTERNAL when the model fails while running.
+    pub async fn infer(&self, mut request: InferRequest) -> Result<InferResponse, Error> {
+        let (model, serving) = self.resolve(&request.model_name, &request.model_version)?;
+        check_parameters(&request)?;
+        let inputs = validate::prepare_inputs(&model.name, &serving.io, &mut request)?;
+        let outputs = serving.pool.execute(inputs).await.map_err(|e| match e {
+            BackendError::Input(message) => invalid_arg!("{message} (model '{}')", model.name),
+            other => Error::Internal(other.to_string()),
+        })?;
+        Ok(self.response(model, &serving, request, outputs))
+    }
+
+    fn response(
+        &self,
+        model: &Model,
+        serving: &ServingVersion,
+        request: InferRequest,
+        outputs: Vec<Tensor>,
+    ) -> InferResponse {
+        let batched = serving.io.max_batch_size > 0;
+        let outputs = outputs
+            .into_iter()
+            .filter_map(|output| {
+                let spec = serving.io.output(&output.name)?;
+                let requested = if request.outputs.is_empty() {
+                    None
+                } else {
+                    Some(request.outputs.iter().find(|r| r.name == output.name)?)
+                };
+                let mut output = validate::to_client_shape(output, spec, batched);
+                if let Some(content_type) = requested.and_then(|r| r.parameters.get("content_type"))
+                {
+                    output
+                        .parameters
+                        .insert("content_type".into(), content_type.clone());
+                }
+                Some(output)
+            })
+            .collect();
+        let mut parameters = crate::core::Parameters::new();
+        if let Some(content_type) = request.parameters.get("content_type") {
+            parameters.insert("content_type".into(), content_type.clone());
+        }
+        InferResponse {
+            model_name: model.name.clone(),
+            model_version: serving.version.to_string(),
+            id: request.id,
+            parameters,
+            outputs,
+        }
+    }
+
+    /// Finds the model and the version to serve: the given one, or the newest ready one.
+    fn resolve(&self, name: &str, version: &str) -> Result<(&Model, Arc<ServingVersion>), Error> {
+        let model = self.repository.get(name).ok_or_else(|| {
+            Error::NotFound(format!("Request for unknown model: '{name}' is not found"))
+        })?;
+        if version.is_empty() {
+            let serving = model.latest_ready().ok_or_else(|| {
+                Error::NotFound(format!(
+                    "Request for unknown model: '{name}' has no available versions"
+                ))
+            })?;
+            return Ok((model, Arc::clone(serving)));
+        }
+        let number = parse_version(version)?;
+        match model.versions.get(&number) {
+            Some(VersionState::Ready(serving)) => Ok((model, Arc::clone(serving))),
+            Some(VersionState::Unavailable(_)) => Err(Error::Unavailable(format!(
+                "Request for unknown model: '{name}' version {number} is not at ready state"
+            ))),
+            None => Err(Error::NotFound(format!(
+                "Request for unknown model: '{name}' version {number} is not found"
+            ))),
+        }
+    }
+}
+
+fn model_config(model: &Model) -> Result<&Arc<ModelConfig>, Error> {
+    model.config.as_ref().ok_or_else(|| {
+        Error::NotFound(format!(
+            "Request for unknown model: '{}' has no available versions",
+            model.name
+        ))
+    })
+}
+
+/// Parses a version string as Triton does: an integer greater than zero.
+fn parse_version(version: &str) -> Result<i64, Error> {
+    version.parse::<i64>().ok().filter(|&v| v > 0).ok_or_else(|| {
+        invalid_arg!(
+            "failed to get model version from specified version string '{version}' (details: stol), \
+             version should be an integral value > 0"
+        )
+    })
+}
+
+/// Rejects reserved `triton_*` keys and extensions kiln does not implement yet. Triton's other
+/// reserved keys (`priority`, `timeout`, `sequence_*`) are accepted.
+fn check_parameters(request: &InferRequest) -> Result<(), Error> {
+    for key in request.parameters.keys() {
+        if key.starts_with("triton_") && key != "triton_enable_empty_final_response" {
+            return Err(invalid_arg!(
+                "parameter keys starting with 'triton_' are reserved for Triton usage and should not be specified."
+            ));
+        }
+    }
+    if let Some(ParamValue::Int64(_) | ParamValue::Uint64(_)) = request
+        .outputs
+        .iter()
+        .find_map(|o| o.parameters.get("classification"))
+    {
+        return Err(Error::Unsupported(
+            "the classification extension is not supported by this server yet".into(),
+        ));
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn version_strings() {
+        assert_eq!(parse_version("3"), Ok(3));
+        for bad in ["abc", "0", "-1", "1.5", " 1", "99999999999999999999"] {
+            let err = parse_version(bad).unwrap_err();
+            assert!(matches!(err, Error::InvalidArgument(_)), "{bad}");
+            assert!(err.message().contains(&format!("'{bad}'")));
+        }
+    }
+
+    #[test]
+    fn reserved_triton_parameters_are_rejected() {
+        let mut request = InferRequest::default();
+        request
+            .parameters
+            .insert("triton_foo".into(), ParamValue::Bool(true));
+        assert!(check_parameters(&request)
+            .unwrap_err()
+            .message()
+            .contains("reserved for Triton usage"));
+        let mut request = InferRequest::default();
+        request.parameters.insert(
+            "triton_enable_empty_final_response".into(),
+            ParamValue::Bool(true),
+        );
+        request
+            .parameters
+            .insert("priority".into(), ParamValue::Uint64(1));
+        request
+            .parameters
+            .insert("custom".into(), ParamValue::Double(0.5));
+        assert!(check_parameters(&request).is_ok());
+    }
+}

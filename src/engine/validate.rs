@@ -1,0 +1,467 @@
+//! Checking an inference request against a model version's [`IoSpec`], with Triton's error texts,
+//! and mapping shapes between what clients send and what the ONNX graph takes. Pure functions.
+
+use crate::core::tensor::{check_bytes_framing, element_count, format_dims, ShapeError};
+use crate::core::{Error, InferRequest, Tensor};
+use crate::invalid_arg;
+use crate::repository::{IoSpec, TensorSpec};
+
+/// Triton's request prefix for errors found while normalising a request.
+fn request_prefix(id: &str) -> String {
+    let id = if id.is_empty() { "<id_unknown>" } else { id };
+    format!("[request id: {id}] ")
+}
+
+fn quoted_list<'a>(names: impl Iterator<Item = &'a str>) -> String {
+    let quoted: Vec<String> = names.map(|n| format!("'{n}'")).collect();
+    format!("[{}]", quoted.join(","))
+}
+
+/// Validates the request's inputs and requested outputs, and returns the inputs reshaped for the
+/// model, in request order.
+///
+/// # Errors
+/// [`Error::InvalidArgument`] with Triton's message for the first problem found.
+pub fn prepare_inputs(
+    model: &str,
+    io: &IoSpec,
+    request: &mut InferRequest,
+) -> Result<Vec<Tensor>, Error> {
+    let prefix = request_prefix(&request.id);
+    for (index, input) in request.inputs.iter().enumerate() {
+        if io.input(&input.name).is_none() {
+            return Err(invalid_arg!(
+                "unexpected inference input '{}' for model '{model}'",
+                input.name
+            ));
+        }
+        if request.inputs[..index]
+            .iter()
+            .any(|earlier| earlier.name == input.name)
+        {
+            return Err(invalid_arg!(
+                "{prefix}input '{}' is specified more than once for model '{model}'",
+                input.name
+            ));
+        }
+    }
+    if request.inputs.len() != io.inputs.len() {
+        let missing = io
+            .inputs
+            .iter()
+            .filter(|spec| !request.inputs.iter().any(|i| i.name == spec.name))
+            .map(|spec| spec.name.as_str());
+        return Err(invalid_arg!(
+            "{prefix}expected {} inputs but got {} inputs for model '{model}'. Got input(s) {}, but missing \
+             required input(s) {}. Please provide all required input(s).",
+            io.inputs.len(),
+            request.inputs.len(),
+            quoted_list(request.inputs.iter().map(|i| i.name.as_str())),
+            quoted_list(missing)
+        ));
+    }
+    for output in &request.outputs {
+        if io.output(&output.name).is_none() {
+            return Err(invalid_arg!(
+                "unexpected inference output '{}' for model '{model}'",
+                output.name
+            ));
+        }
+    }
+
+    let batch = batch_size(model, io, request, &prefix)?;
+    let inputs = std::mem::take(&mut request.inputs);
+    inputs
+        .into_iter()
+        .map(|input| {
+            let spec = io.input(&input.name).expect("checked above");
+            check_input(model, io.max_batch_size > 0, spec, &input, &prefix)?;
+            Ok(to_model_shape(input, spec, batch))
+        })
+        .collect()
+}
+
+/// The request's batch size (1 for models that do not batch).
+fn batch_size(
+    model: &str,
+    io: &IoSpec,
+    request: &InferRequest,
+    prefix: &str,
+) -> Result<Option<i64>, Error> {
+    if io.max_batch_size == 0 {
+        return Ok(None);
+    }
+    let mut batch = None;
+    for input in &request.inputs {
+        let Some(&first) = input.shape.first() else {
+            return Err(invalid_arg!(
+                "{prefix}input '{}' has no shape but model requires batch dimension for '{model}'",
+                input.name
+            ));
+        };
+        match batch {
+            None => batch = Some(first),
+            Some(b) if b != first => {
+                return Err(invalid_arg!(
+                    "{prefix}input '{}' batch size does not match other inputs for '{model}'",
+                    input.name
+                ))
+            }
+            Some(_) => {}
+        }
+    }
+    if let Some(b) = batch {
+        if b < 0 || b as u64 > io.max_batch_size as u64 {
+            return Err(invalid_arg!(
+                "{prefix}inference request batch-size must be <= {} for '{model}'",
+                io.max_batch_size
+            ));
+        }
+    }
+    Ok(batch)
+}
+
+fn check_input(
+    model: &str,
+    batched: bool,
+    spec: &TensorSpec,
+    input: &Tensor,
+    prefix: &str,
+) -> Result<(), Error> {
+    let name = &input.name;
+    if input.datatype != spec.datatype {
+        return Err(invalid_arg!(
+            "{prefix}inference input '{name}' data-type is '{}', but model '{model}' expects '{}'",
+            input.datatype,
+            spec.datatype
+        ));
+    }
+    let dims = if batched {
+        &input.shape[1..]
+    } else {
+        &input.shape[..]
+    };
+    let matches = dims.len() == spec.dims.len()
+        && dims
+            .iter()
+            .zip(&spec.dims)
+            .all(|(&got, &want)| want == -1 || got == want);
+    if !matches {
+        let note = if batched {
+            "NOTE: Setting a non-zero max_batch_size in the model config requires a batch dimension to be \
+             prepended to each input shape. If you want to specify the full shape including the batch dim \
+             in your input dims config, try setting max_batch_size to zero. See the model configuration \
+             docs for more info on max_batch_size."
+        } else {
+            ""
+        };
+        return Err(invalid_arg!(
+            "{prefix}unexpected shape for input '{name}' for model '{model}'. Expected {}, got {}. {note}",
+            format_dims(&spec.dims),
+            format_dims(dims)
+        ));
+    }
+    let count = element_count(&input.shape).map_err(|e| match e {
+        ShapeError::Negative(_) | ShapeError::Overflow(_) => invalid_arg!(
+            "{prefix}invalid shape {} for input '{name}' for model '{model}': {e}",
+            format_dims(&input.shape)
+        ),
+    })?;
+    match input.datatype.element_size() {
+        Some(size) => {
+            let expected = count as u64 * size as u64;
+            if input.data.len() as u64 != expected {
+                return Err(invalid_arg!(
+                    "{prefix}input byte size mismatch for input '{name}' for model '{model}'. Expected {expected}, got {}",
+                    input.data.len()
+                ));
+            }
+        }
+        None => check_bytes_framing(&input.data, count).map_err(|e| {
+            invalid_arg!("{prefix}invalid BYTES data for input '{name}' for model '{model}': {e}")
+        })?,
+    }
+    Ok(())
+}
+
+/// Replaces the client's dims with the model's own (`reshape`, scalars), keeping the batch dim.
+fn to_model_shape(mut input: Tensor, spec: &TensorSpec, batch: Option<i64>) -> Tensor {
+    if let Some(model_dims) = &spec.model_dims {
+        let mut shape = Vec::with_capacity(model_dims.len() + 1);
+        shape.extend(batch);
+        shape.extend(model_dims.iter().copied());
+        input.shape = resolve_variable_dims(shape, &input.shape);
+    }
+    input
+}
+
+/// Fills a single -1 in a reshape target from the element count of the original shape.
+fn resolve_variable_dims(mut shape: Vec<i64>, original: &[i64]) -> Vec<i64> {
+    let Some(slot) = shape.iter().position(|&d| d == -1) else {
+        return shape;
+    };
+    let total: i64 = original.iter().product();
+    let known: i64 = shape.iter().filter(|&&d| d != -1).product();
+    shape[slot] = if known == 0 { 0 } else { total / known };
+    shape
+}
+
+/// Maps a model output back to the dims clients see (`reshape`, scalars).
+pub fn to_client_shape(mut output: Tensor, spec: &TensorSpec, batched: bool) -> Tensor {
+    if spec.model_dims.is_some() {
+        let batch = if batched {
+            output.shape.first().copied()
+        } else {
+            None
+        };
+        let mut shape: Vec<i64> = batch.into_iter().chain(spec.dims.iter().copied()).collect();
+        if shape.contains(&-1) {
+            shape = resolve_variable_dims(shape, &output.shape);
+        }
+        output.shape = shape;
+    }
+    output
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::core::tensor::frame_bytes;
+    use crate::core::{DataType, RequestedOutput};
+    use bytes::Bytes;
+
+    fn spec(name: &str, datatype: DataType, dims: &[i64]) -> TensorSpec {
+        TensorSpec {
+            name: name.into(),
+            datatype,
+            dims: dims.to_vec(),
+            model_dims: None,
+        }
+    }
+
+    fn add_sub() -> IoSpec {
+        IoSpec {
+            max_batch_size: 8,
+            inputs: vec![
+                spec("INPUT0", DataType::Fp32, &[16]),
+                spec("INPUT1", DataType::Fp32, &[16]),
+            ],
+            outputs: vec![
+                spec("OUTPUT0", DataType::Fp32, &[16]),
+                spec("OUTPUT1", DataType::Fp32, &[16]),
+            ],
+        }
+    }
+
+    fn fp32(name: &str, shape: &[i64]) -> Tensor {
+        let count = element_count(shape).unwrap();
+        Tensor::new(
+            name,
+            DataType::Fp32,
+            shape.to_vec(),
+            Bytes::from(vec![0u8; count * 4]),
+        )
+    }
+
+    fn request(inputs: Vec<Tensor>) -> InferRequest {
+        InferRequest {
+            model_name: "add_sub".into(),
+            inputs,
+            ..Default::default()
+        }
+    }
+
+    fn err(io: &IoSpec, mut req: InferRequest) -> String {
+        prepare_inputs("add_sub", io, &mut req)
+            .unwrap_err()
+            .message()
+            .to_string()
+    }
+
+    #[test]
+    fn valid_request_passes() {
+        let mut req = request(vec![fp32("INPUT0", &[2, 16]), fp32("INPUT1", &[2, 16])]);
+        let inputs = prepare_inputs("add_sub", &add_sub(), &mut req).unwrap();
+        assert_eq!(inputs.len(), 2);
+        assert_eq!(inputs[0].shape, vec![2, 16]);
+    }
+
+    #[test]
+    fn unknown_and_missing_inputs() {
+        let io = add_sub();
+        assert_eq!(
+            err(
+                &io,
+                request(vec![fp32("INPUT0", &[1, 16]), fp32("Z", &[1, 16])])
+            ),
+            "unexpected inference input 'Z' for model 'add_sub'"
+        );
+        assert_eq!(
+            err(&io, request(vec![fp32("INPUT0", &[1, 16])])),
+            "[request id: <id_unknown>] expected 2 inputs but got 1 inputs for model 'add_sub'. Got input(s) \
+             ['INPUT0'], but missing required input(s) ['INPUT1']. Please provide all required input(s)."
+        );
+        assert!(err(&io, request(vec![]))
+            .contains("Got input(s) [], but missing required input(s) ['INPUT0','INPUT1']"));
+        assert!(err(
+            &io,
+            request(vec![fp32("INPUT0", &[1, 16]), fp32("INPUT0", &[1, 16])])
+        )
+        .contains("more than once"));
+    }
+
+    #[test]
+    fn unknown_output() {
+        let mut req = request(vec![fp32("INPUT0", &[1, 16]), fp32("INPUT1", &[1, 16])]);
+        req.outputs.push(RequestedOutput {
+            name: "NOPE".into(),
+            ..Default::default()
+        });
+        assert_eq!(
+            err(&add_sub(), req),
+            "unexpected inference output 'NOPE' for model 'add_sub'"
+        );
+    }
+
+    #[test]
+    fn datatype_mismatch_uses_request_id() {
+        let mut req = request(vec![fp32("INPUT0", &[1, 16]), fp32("INPUT1", &[1, 16])]);
+        req.id = "r7".into();
+        req.inputs[1].datatype = DataType::Fp64;
+        req.inputs[1].data = Bytes::from(vec![0u8; 128]);
+        assert_eq!(
+            err(&add_sub(), req),
+            "[request id: r7] inference input 'INPUT1' data-type is 'FP64', but model 'add_sub' expects 'FP32'"
+        );
+    }
+
+    #[test]
+    fn shape_mismatch_has_batch_note() {
+        let message = err(
+            &add_sub(),
+            request(vec![fp32("INPUT0", &[1, 4]), fp32("INPUT1", &[1, 16])]),
+        );
+        assert!(message.starts_with(
+            "[request id: <id_unknown>] unexpected shape for input 'INPUT0' for model 'add_sub'. Expected [16], got [4]. NOTE: Setting a non-zero max_batch_size"
+        ));
+        let message = err(
+            &add_sub(),
+            request(vec![fp32("INPUT0", &[16]), fp32("INPUT1", &[16])]),
+        );
+        assert!(message.contains("Expected [16], got []"));
+    }
+
+    #[test]
+    fn batch_limits() {
+        let io = add_sub();
+        assert_eq!(
+            err(
+                &io,
+                request(vec![fp32("INPUT0", &[9, 16]), fp32("INPUT1", &[9, 16])])
+            ),
+            "[request id: <id_unknown>] inference request batch-size must be <= 8 for 'add_sub'"
+        );
+        assert!(err(
+            &io,
+            request(vec![fp32("INPUT0", &[2, 16]), fp32("INPUT1", &[3, 16])])
+        )
+        .contains("batch size does not match"));
+        let scalar = Tensor::new("INPUT0", DataType::Fp32, vec![], Bytes::new());
+        assert!(err(&io, request(vec![scalar, fp32("INPUT1", &[1, 16])]))
+            .contains("has no shape but model requires batch dimension"));
+        let mut req = request(vec![fp32("INPUT0", &[0, 16]), fp32("INPUT1", &[0, 16])]);
+        assert!(prepare_inputs("add_sub", &io, &mut req).is_ok());
+    }
+
+    #[test]
+    fn byte_size_mismatch() {
+        let mut short = fp32("INPUT1", &[1, 16]);
+        short.data = Bytes::from(vec![0u8; 60]);
+        assert_eq!(
+            err(&add_sub(), request(vec![fp32("INPUT0", &[1, 16]), short])),
+            "[request id: <id_unknown>] input byte size mismatch for input 'INPUT1' for model 'add_sub'. Expected 64, got 60"
+        );
+    }
+
+    #[test]
+    fn overflowing_and_negative_shapes_never_allocate() {
+        let io = IoSpec {
+            max_batch_size: 0,
+            inputs: vec![spec("X", DataType::Fp32, &[-1, -1])],
+            outputs: vec![],
+        };
+        let huge = Tensor::new(
+            "X",
+            DataType::Fp32,
+            vec![1 << 40, 1 << 40],
+            Bytes::from_static(&[0; 4]),
+        );
+        assert!(err(&io, request(vec![huge])).contains("too many elements"));
+        let negative = Tensor::new("X", DataType::Fp32, vec![-5, 16], Bytes::new());
+        assert!(err(&io, request(vec![negative])).contains("negative"));
+        let io = add_sub();
+        let neg_batch = vec![fp32("INPUT0", &[0, 16]), fp32("INPUT1", &[0, 16])]
+            .into_iter()
+            .map(|mut t| {
+                t.shape[0] = -3;
+                t
+            })
+            .collect();
+        assert!(err(&io, request(neg_batch)).contains("batch-size must be <= 8"));
+    }
+
+    #[test]
+    fn bytes_inputs_are_checked_for_framing() {
+        let io = IoSpec {
+            max_batch_size: 0,
+            inputs: vec![spec("S", DataType::Bytes, &[-1])],
+            outputs: vec![],
+        };
+        let good = Tensor::new("S", DataType::Bytes, vec![2], frame_bytes([b"a", b"bc"]));
+        assert!(prepare_inputs("m", &io, &mut request(vec![good])).is_ok());
+        let short = Tensor::new("S", DataType::Bytes, vec![3], frame_bytes([b"a", b"bc"]));
+        assert!(err(&io, request(vec![short])).contains("expected 3 elements but found 2"));
+        let truncated = Tensor::new(
+            "S",
+            DataType::Bytes,
+            vec![1],
+            Bytes::from_static(&[9, 0, 0, 0, b'x']),
+        );
+        assert!(err(&io, request(vec![truncated])).contains("declares 9 bytes"));
+    }
+
+    #[test]
+    fn reshape_and_scalar_mapping() {
+        let mut reshaped = spec("X", DataType::Fp32, &[2, 2]);
+        reshaped.model_dims = Some(vec![4]);
+        let io = IoSpec {
+            max_batch_size: 4,
+            inputs: vec![reshaped.clone()],
+            outputs: vec![],
+        };
+        let mut req = request(vec![fp32("X", &[3, 2, 2])]);
+        assert_eq!(
+            prepare_inputs("m", &io, &mut req).unwrap()[0].shape,
+            vec![3, 4]
+        );
+        let out = to_client_shape(fp32("X", &[3, 4]), &reshaped, true);
+        assert_eq!(out.shape, vec![3, 2, 2]);
+
+        let mut scalar = spec("S", DataType::Fp32, &[1]);
+        scalar.model_dims = Some(vec![]);
+        let io = IoSpec {
+            max_batch_size: 0,
+            inputs: vec![scalar.clone()],
+            outputs: vec![],
+        };
+        let mut req = request(vec![fp32("S", &[1])]);
+        assert_eq!(
+            prepare_inputs("m", &io, &mut req).unwrap()[0].shape,
+            Vec::<i64>::new()
+        );
+        assert_eq!(
+            to_client_shape(fp32("S", &[]), &scalar, false).shape,
+            vec![1]
+        );
+    }
+}

@@ -1,0 +1,125 @@
+//! `kiln`: a Triton-compatible (KServe v2) inference server for ONNX models.
+
+use clap::Parser;
+use kiln::server::{self, Config};
+use std::io::IsTerminal;
+use std::net::{IpAddr, SocketAddr};
+use std::path::PathBuf;
+use std::process::ExitCode;
+use std::time::Duration;
+use tracing::{error, info};
+use tracing_subscriber::EnvFilter;
+
+/// Serve ONNX models over NVIDIA Triton's gRPC protocol (KServe v2 / Open Inference Protocol).
+/// Flags follow `tritonserver`.
+#[derive(Debug, Parser)]
+#[command(name = "kiln", version, about)]
+struct Args {
+    /// Model repository directory (Triton layout: <model>/config.pbtxt, <model>/<version>/model.onnx).
+    /// Repeat to serve several repositories.
+    #[arg(
+        long = "model-repository",
+        env = "KILN_MODEL_REPOSITORY",
+        required = true
+    )]
+    model_repositories: Vec<PathBuf>,
+
+    /// Address the gRPC service binds.
+    #[arg(long, env = "KILN_GRPC_ADDRESS", default_value = "0.0.0.0")]
+    grpc_address: IpAddr,
+
+    /// Port of the gRPC inference service (0 picks a free port; the log says which).
+    #[arg(long, env = "KILN_GRPC_PORT", default_value_t = 8001)]
+    grpc_port: u16,
+
+    /// Port of the REST API (not served by this build yet).
+    #[arg(long, env = "KILN_HTTP_PORT", default_value_t = 8000)]
+    http_port: u16,
+
+    /// Port of the Prometheus metrics endpoint (not served by this build yet).
+    #[arg(long, env = "KILN_METRICS_PORT", default_value_t = 8002)]
+    metrics_port: u16,
+
+    /// Largest gRPC message received or sent, in bytes (Triton allows 2 GiB - 1).
+    #[arg(long, env = "KILN_GRPC_MAX_MESSAGE_BYTES", default_value_t = i32::MAX as usize)]
+    grpc_max_message_bytes: usize,
+
+    /// Seconds in-flight requests may take to finish after SIGTERM or Ctrl-C.
+    #[arg(long, env = "KILN_EXIT_TIMEOUT_SECS", default_value_t = 30)]
+    exit_timeout_secs: u64,
+
+    /// Verbose logging level (0 = off, 1 or more = debug). RUST_LOG overrides it.
+    #[arg(long, env = "KILN_LOG_VERBOSE", default_value_t = 0)]
+    log_verbose: u32,
+
+    /// Use each config.pbtxt as written: do not fill inputs, outputs or max_batch_size from the
+    /// ONNX graph.
+    #[arg(long, env = "KILN_DISABLE_AUTO_COMPLETE_CONFIG")]
+    disable_auto_complete_config: bool,
+}
+
+fn init_logging(verbose: u32) {
+    let default = if verbose > 0 {
+        "debug,ort=info,h2=info,tower=info,hyper=info"
+    } else {
+        "info,ort=warn"
+    };
+    let filter = EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new(default));
+    tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_writer(std::io::stderr)
+        .with_ansi(std::io::stderr().is_terminal())
+        .init();
+}
+
+/// Resolves on Ctrl-C or SIGTERM.
+async fn shutdown_signal() {
+    let ctrl_c = tokio::signal::ctrl_c();
+    let mut term = match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
+        Ok(term) => term,
+        Err(e) => {
+            error!("cannot listen for SIGTERM: {e}");
+            let _ = ctrl_c.await;
+            return;
+        }
+    };
+    tokio::select! {
+        _ = ctrl_c => info!("received Ctrl-C"),
+        _ = term.recv() => info!("received SIGTERM"),
+    }
+}
+
+#[tokio::main]
+async fn main() -> ExitCode {
+    let args = Args::parse();
+    init_logging(args.log_verbose);
+    let grpc_address = SocketAddr::new(args.grpc_address, args.grpc_port);
+    let listener = match tokio::net::TcpListener::bind(grpc_address).await {
+        Ok(listener) => listener,
+        Err(e) => {
+            error!("cannot bind gRPC address {grpc_address}: {e}");
+            return ExitCode::FAILURE;
+        }
+    };
+    info!(
+        http_port = args.http_port,
+        metrics_port = args.metrics_port,
+        "REST and metrics endpoints are not served by this build yet"
+    );
+    let config = Config {
+        model_repositories: args.model_repositories,
+        max_message_bytes: args.grpc_max_message_bytes,
+        exit_timeout: Duration::from_secs(args.exit_timeout_secs),
+        auto_complete: !args.disable_auto_complete_config,
+    };
+    match server::run(config, listener, shutdown_signal()).await {
+        Ok(()) => {
+            info!("stopped");
+            ExitCode::SUCCESS
+        }
+        Err(e) => {
+            error!("{e}");
+            ExitCode::FAILURE
+        }
+    }
+}

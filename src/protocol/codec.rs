@@ -1,0 +1,428 @@
+//! Conversions between Triton's gRPC messages and the engine's types: request tensors from raw
+//! (`raw_input_contents`) or typed (`contents`) data, responses always raw (one entry per output,
+//! in order), and parameters of all five kinds.
+
+use crate::core::tensor::frame_bytes;
+use crate::core::{
+    DataType, Error, InferRequest, InferResponse, ParamValue, Parameters, RequestedOutput, Tensor,
+};
+use crate::invalid_arg;
+use crate::proto::inference::{
+    infer_parameter::ParameterChoice, model_infer_request::InferInputTensor,
+    model_infer_response::InferOutputTensor, InferParameter, InferTensorContents,
+    ModelInferRequest, ModelInferResponse,
+};
+use bytes::{BufMut, Bytes, BytesMut};
+use std::collections::HashMap;
+
+/// Wire parameters → engine parameters. A parameter whose oneof is unset carries no value and is
+/// dropped.
+pub fn params_from_wire(params: HashMap<String, InferParameter>) -> Parameters {
+    params
+        .into_iter()
+        .filter_map(|(key, param)| {
+            let value = match param.parameter_choice? {
+                ParameterChoice::BoolParam(v) => ParamValue::Bool(v),
+                ParameterChoice::Int64Param(v) => ParamValue::Int64(v),
+                ParameterChoice::StringParam(v) => ParamValue::String(v),
+                ParameterChoice::DoubleParam(v) => ParamValue::Double(v),
+                ParameterChoice::Uint64Param(v) => ParamValue::Uint64(v),
+            };
+            Some((key, value))
+        })
+        .collect()
+}
+
+/// Engine parameters → wire parameters.
+pub fn params_to_wire(params: Parameters) -> HashMap<String, InferParameter> {
+    params
+        .into_iter()
+        .map(|(key, value)| {
+            let choice = match value {
+                ParamValue::Bool(v) => ParameterChoice::BoolParam(v),
+                ParamValue::Int64(v) => ParameterChoice::Int64Param(v),
+                ParamValue::String(v) => ParameterChoice::StringParam(v),
+                ParamValue::Double(v) => ParameterChoice::DoubleParam(v),
+                ParamValue::Uint64(v) => ParameterChoice::Uint64Param(v),
+            };
+            (
+                key,
+                InferParameter {
+                    parameter_choice: Some(choice),
+                },
+            )
+        })
+        .collect()
+}
+
+/// Decodes a `ModelInferRequest`. Raw entries are matched to inputs in order, skipping inputs that
+/// carry typed contents; mixing the two is rejected, as Triton does.
+///
+/// # Errors
+/// INVALID_ARGUMENT with Triton's message for missing data, mixed raw/typed data, a typed field
+/// that does not match the datatype, or an unknown datatype; UNIMPLEMENTED for shared memory.
+pub fn request_from_wire(request: ModelInferRequest) -> Result<InferRequest, Error> {
+    let model = request.model_name;
+    let uses_raw = !request.raw_input_contents.is_empty();
+    let mut raw = request.raw_input_contents.into_iter();
+    let mut inputs = Vec::with_capacity(request.inputs.len());
+    for input in request.inputs {
+        inputs.push(input_from_wire(input, &model, uses_raw, &mut raw)?);
+    }
+    let extra = raw.count();
+    if extra > 0 {
+        return Err(invalid_arg!(
+            "{extra} raw_input_contents entries do not match any input for model '{model}'"
+        ));
+    }
+    let outputs = request
+        .outputs
+        .into_iter()
+        .map(|o| RequestedOutput {
+            name: o.name,
+            parameters: params_from_wire(o.parameters),
+        })
+        .collect();
+    Ok(InferRequest {
+        model_name: model,
+        model_version: request.model_version,
+        id: request.id,
+        parameters: params_from_wire(request.parameters),
+        inputs,
+        outputs,
+    })
+}
+
+fn input_from_wire(
+    input: InferInputTensor,
+    model: &str,
+    uses_raw: bool,
+    raw: &mut impl Iterator<Item = Bytes>,
+) -> Result<Tensor, Error> {
+    let name = input.name;
+    let datatype = DataType::from_wire(&input.datatype).ok_or_else(|| {
+        invalid_arg!(
+            "invalid datatype '{}' for input '{name}' for model '{model}'",
+            input.datatype
+        )
+    })?;
+    let parameters = params_from_wire(input.parameters);
+    if parameters.contains_key("shared_memory_region") {
+        return Err(Error::Unsupported(format!(
+            "shared memory input '{name}' for model '{model}' is not supported by this server yet"
+        )));
+    }
+    let data = match input.contents {
+        Some(_) if uses_raw => {
+            return Err(invalid_arg!(
+                "contents field must not be specified when using raw_input_contents for '{name}' for model '{model}'"
+            ))
+        }
+        Some(contents) => typed_to_raw(contents, datatype, &name, model)?,
+        None => raw.next().ok_or_else(|| {
+            invalid_arg!("unable to find data for input tensor '{name}' for model '{model}' in request.")
+        })?,
+    };
+    Ok(Tensor {
+        name,
+        datatype,
+        shape: input.shape,
+        data,
+        parameters,
+    })
+}
+
+/// The datatype name of the first non-empty typed field, as Triton reports it.
+fn populated_field(c: &InferTensorContents) -> Option<&'static str> {
+    [
+        (!c.bool_contents.is_empty(), "BOOL"),
+        (!c.int_contents.is_empty(), "INT32"),
+        (!c.int64_contents.is_empty(), "INT64"),
+        (!c.uint_contents.is_empty(), "UINT32"),
+        (!c.uint64_contents.is_empty(), "UINT64"),
+        (!c.fp32_contents.is_empty(), "FP32"),
+        (!c.fp64_contents.is_empty(), "FP64"),
+        (!c.bytes_contents.is_empty(), "BYTES"),
+    ]
+    .into_iter()
+    .find_map(|(set, name)| set.then_some(name))
+}
+
+/// Packs little-endian values of the given width.
+fn pack<T: Copy>(values: &[T], width: usize, put: impl Fn(&mut BytesMut, T)) -> Bytes {
+    let mut out = BytesMut::with_capacity(values.len() * width);
+    for &v in values {
+        put(&mut out, v);
+    }
+    out.freeze()
+}
+
+/// Converts typed contents to the raw layout of `datatype`. Narrow integer types travel in the
+/// 32-bit fields; their low bytes are kept, as Triton does.
+fn typed_to_raw(
+    c: InferTensorContents,
+    datatype: DataType,
+    name: &str,
+    model: &str,
+) -> Result<Bytes, Error> {
+    let expected_field = match datatype {
+        DataType::Bool => "BOOL",
+        DataType::Int8 | DataType::Int16 | DataType::Int32 => "INT32",
+        DataType::Int64 => "INT64",
+        DataType::Uint8 | DataType::Uint16 | DataType::Uint32 => "UINT32",
+        DataType::Uint64 => "UINT64",
+        DataType::Fp32 => "FP32",
+        DataType::Fp64 => "FP64",
+        DataType::Bytes => "BYTES",
+        DataType::Fp16 | DataType::Bf16 => {
+            return Err(invalid_arg!(
+                "{datatype} input '{name}' for model '{model}' must be sent in raw_input_contents: \
+                 the protocol has no typed field for {datatype}"
+            ))
+        }
+    };
+    if let Some(found) = populated_field(&c) {
+        if found != expected_field {
+            return Err(invalid_arg!(
+                "unexpected explicit tensor data for input tensor '{name}' for model '{model}' of type '{found}', \
+                 expected datatype '{datatype}'"
+            ));
+        }
+    }
+    Ok(match datatype {
+        DataType::Bool => pack(&c.bool_contents, 1, |b, v| b.put_u8(u8::from(v))),
+        DataType::Int8 => pack(&c.int_contents, 1, |b, v| b.put_i8(v as i8)),
+        DataType::Int16 => pack(&c.int_contents, 2, |b, v| b.put_i16_le(v as i16)),
+        DataType::Int32 => pack(&c.int_contents, 4, |b, v| b.put_i32_le(v)),
+        DataType::Int64 => pack(&c.int64_contents, 8, |b, v| b.put_i64_le(v)),
+        DataType::Uint8 => pack(&c.uint_contents, 1, |b, v| b.put_u8(v as u8)),
+        DataType::Uint16 => pack(&c.uint_contents, 2, |b, v| b.put_u16_le(v as u16)),
+        DataType::Uint32 => pack(&c.uint_contents, 4, |b, v| b.put_u32_le(v)),
+        DataType::Uint64 => pack(&c.uint64_contents, 8, |b, v| b.put_u64_le(v)),
+        DataType::Fp32 => pack(&c.fp32_contents, 4, |b, v| b.put_f32_le(v)),
+        DataType::Fp64 => pack(&c.fp64_contents, 8, |b, v| b.put_f64_le(v)),
+        DataType::Bytes => frame_bytes(&c.bytes_contents),
+        DataType::Fp16 | DataType::Bf16 => unreachable!("rejected above"),
+    })
+}
+
+/// Encodes a response: outputs in order, data only in `raw_output_contents`.
+pub fn response_to_wire(response: InferResponse) -> ModelInferResponse {
+    let mut outputs = Vec::with_capacity(response.outputs.len());
+    let mut raw = Vec::with_capacity(response.outputs.len());
+    for output in response.outputs {
+        outputs.push(InferOutputTensor {
+            name: output.name,
+            datatype: output.datatype.as_wire().to_string(),
+            shape: output.shape,
+            parameters: params_to_wire(output.parameters),
+            contents: None,
+        });
+        raw.push(output.data);
+    }
+    ModelInferResponse {
+        model_name: response.model_name,
+        model_version: response.model_version,
+        id: response.id,
+        parameters: params_to_wire(response.parameters),
+        outputs,
+        raw_output_contents: raw,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::core::tensor::BytesElements;
+
+    fn input(
+        name: &str,
+        datatype: &str,
+        shape: &[i64],
+        contents: Option<InferTensorContents>,
+    ) -> InferInputTensor {
+        InferInputTensor {
+            name: name.into(),
+            datatype: datatype.into(),
+            shape: shape.to_vec(),
+            parameters: HashMap::new(),
+            contents,
+        }
+    }
+
+    fn request(inputs: Vec<InferInputTensor>, raw: Vec<Bytes>) -> ModelInferRequest {
+        ModelInferRequest {
+            model_name: "m".into(),
+            inputs,
+            raw_input_contents: raw,
+            ..Default::default()
+        }
+    }
+
+    fn message(result: Result<InferRequest, Error>) -> String {
+        result.unwrap_err().message().to_string()
+    }
+
+    #[test]
+    fn raw_inputs_map_in_order() {
+        let req = request(
+            vec![
+                input("a", "FP32", &[1], None),
+                input("b", "BYTES", &[1], None),
+            ],
+            vec![Bytes::from_static(&[0, 0, 128, 63]), frame_bytes([b"hi"])],
+        );
+        let decoded = request_from_wire(req).unwrap();
+        assert_eq!(decoded.inputs[0].data, Bytes::from_static(&[0, 0, 128, 63]));
+        assert_eq!(decoded.inputs[1].datatype, DataType::Bytes);
+        assert_eq!(decoded.inputs[1].data.len(), 6);
+    }
+
+    #[test]
+    fn typed_contents_for_every_datatype() {
+        let c = |f: fn(&mut InferTensorContents)| {
+            let mut contents = InferTensorContents::default();
+            f(&mut contents);
+            Some(contents)
+        };
+        let cases: Vec<(&str, Option<InferTensorContents>, Vec<u8>)> = vec![
+            (
+                "BOOL",
+                c(|c| c.bool_contents = vec![true, false]),
+                vec![1, 0],
+            ),
+            ("INT8", c(|c| c.int_contents = vec![-1, 2]), vec![255, 2]),
+            ("INT16", c(|c| c.int_contents = vec![-2]), vec![254, 255]),
+            ("INT32", c(|c| c.int_contents = vec![7]), vec![7, 0, 0, 0]),
+            ("INT64", c(|c| c.int64_contents = vec![-1]), vec![255; 8]),
+            ("UINT8", c(|c| c.uint_contents = vec![200]), vec![200]),
+            ("UINT16", c(|c| c.uint_contents = vec![258]), vec![2, 1]),
+            ("UINT32", c(|c| c.uint_contents = vec![1]), vec![1, 0, 0, 0]),
+            (
+                "UINT64",
+                c(|c| c.uint64_contents = vec![2]),
+                vec![2, 0, 0, 0, 0, 0, 0, 0],
+            ),
+            (
+                "FP32",
+                c(|c| c.fp32_contents = vec![1.0]),
+                1.0f32.to_le_bytes().to_vec(),
+            ),
+            (
+                "FP64",
+                c(|c| c.fp64_contents = vec![-2.5]),
+                (-2.5f64).to_le_bytes().to_vec(),
+            ),
+            (
+                "BYTES",
+                c(|c| c.bytes_contents = vec![Bytes::from_static(b"xy")]),
+                vec![2, 0, 0, 0, b'x', b'y'],
+            ),
+        ];
+        for (datatype, contents, expected) in cases {
+            let decoded =
+                request_from_wire(request(vec![input("a", datatype, &[1], contents)], vec![]))
+                    .unwrap();
+            assert_eq!(&decoded.inputs[0].data[..], &expected[..], "{datatype}");
+        }
+    }
+
+    #[test]
+    fn typed_field_must_match_datatype() {
+        let mut contents = InferTensorContents::default();
+        contents.int_contents = vec![1];
+        let err = message(request_from_wire(request(
+            vec![input("a", "FP32", &[1], Some(contents))],
+            vec![],
+        )));
+        assert_eq!(
+            err,
+            "unexpected explicit tensor data for input tensor 'a' for model 'm' of type 'INT32', expected datatype 'FP32'"
+        );
+        let err = message(request_from_wire(request(
+            vec![input(
+                "h",
+                "FP16",
+                &[1],
+                Some(InferTensorContents::default()),
+            )],
+            vec![],
+        )));
+        assert!(err.contains("must be sent in raw_input_contents"));
+    }
+
+    #[test]
+    fn missing_extra_and_mixed_data() {
+        let err = message(request_from_wire(request(
+            vec![input("a", "FP32", &[1], None)],
+            vec![],
+        )));
+        assert_eq!(
+            err,
+            "unable to find data for input tensor 'a' for model 'm' in request."
+        );
+        let mixed = request(
+            vec![
+                input("a", "FP32", &[1], Some(InferTensorContents::default())),
+                input("b", "FP32", &[1], None),
+            ],
+            vec![Bytes::from_static(&[0; 4])],
+        );
+        assert_eq!(
+            message(request_from_wire(mixed)),
+            "contents field must not be specified when using raw_input_contents for 'a' for model 'm'"
+        );
+        let extra = request(
+            vec![input("a", "FP32", &[1], None)],
+            vec![Bytes::new(), Bytes::new()],
+        );
+        assert!(message(request_from_wire(extra)).contains("do not match any input"));
+        let bad_type = request(vec![input("a", "FLOAT", &[1], None)], vec![Bytes::new()]);
+        assert_eq!(
+            message(request_from_wire(bad_type)),
+            "invalid datatype 'FLOAT' for input 'a' for model 'm'"
+        );
+    }
+
+    #[test]
+    fn parameters_of_every_kind_round_trip() {
+        let mut params = Parameters::new();
+        params.insert("b".into(), ParamValue::Bool(true));
+        params.insert("i".into(), ParamValue::Int64(-3));
+        params.insert("u".into(), ParamValue::Uint64(u64::MAX));
+        params.insert("d".into(), ParamValue::Double(0.25));
+        params.insert("s".into(), ParamValue::String("str".into()));
+        assert_eq!(params_from_wire(params_to_wire(params.clone())), params);
+        let mut empty = HashMap::new();
+        empty.insert(
+            "none".to_string(),
+            InferParameter {
+                parameter_choice: None,
+            },
+        );
+        assert!(params_from_wire(empty).is_empty());
+    }
+
+    #[test]
+    fn responses_are_raw_only_and_ordered() {
+        let response = InferResponse {
+            model_name: "m".into(),
+            model_version: "1".into(),
+            id: "x".into(),
+            parameters: Parameters::new(),
+            outputs: vec![
+                Tensor::new("o1", DataType::Bytes, vec![2], frame_bytes([b"a", b""])),
+                Tensor::new("o0", DataType::Fp16, vec![1], Bytes::from_static(&[0, 60])),
+            ],
+        };
+        let wire = response_to_wire(response);
+        assert_eq!(wire.outputs.len(), 2);
+        assert_eq!(wire.raw_output_contents.len(), 2);
+        assert!(wire.outputs.iter().all(|o| o.contents.is_none()));
+        assert_eq!(wire.outputs[1].datatype, "FP16");
+        let elements: Vec<&[u8]> = BytesElements::new(&wire.raw_output_contents[0])
+            .map(Result::unwrap)
+            .collect();
+        assert_eq!(elements, vec![&b"a"[..], &b""[..]]);
+    }
+}

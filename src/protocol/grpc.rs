@@ -1,0 +1,279 @@
+//! `inference.GRPCInferenceService` over the engine. Each RPC decodes its message, calls the
+//! engine, and maps an engine [`Error`] to a gRPC status in exactly one place ([`status`]).
+
+use super::codec::{request_from_wire, response_to_wire};
+use crate::core::Error;
+use crate::engine::Engine;
+use crate::proto::inference::{
+    grpc_inference_service_server::GrpcInferenceService, model_metadata_response::TensorMetadata,
+    repository_index_response::ModelIndex, *,
+};
+use std::sync::Arc;
+use tokio_stream::StreamExt;
+use tonic::{Request, Response, Status, Streaming};
+
+type BoxStream<T> =
+    std::pin::Pin<Box<dyn tokio_stream::Stream<Item = Result<T, Status>> + Send + 'static>>;
+type RpcResult<T> = Result<Response<T>, Status>;
+
+/// The one mapping from engine errors to gRPC status codes (Triton's table).
+pub fn status(error: Error) -> Status {
+    match error {
+        Error::InvalidArgument(m) => Status::invalid_argument(m),
+        Error::NotFound(m) => Status::not_found(m),
+        Error::Unavailable(m) => Status::unavailable(m),
+        Error::Unsupported(m) => Status::unimplemented(m),
+        Error::Internal(m) => Status::internal(m),
+    }
+}
+
+fn not_yet(rpc: &str) -> Status {
+    Status::unimplemented(format!("{rpc} is not implemented by this server yet"))
+}
+
+/// The gRPC front end.
+#[derive(Clone)]
+pub struct InferenceService {
+    engine: Arc<Engine>,
+}
+
+impl InferenceService {
+    pub fn new(engine: Arc<Engine>) -> Self {
+        InferenceService { engine }
+    }
+}
+
+#[tonic::async_trait]
+impl GrpcInferenceService for InferenceService {
+    async fn server_live(&self, _: Request<ServerLiveRequest>) -> RpcResult<ServerLiveResponse> {
+        Ok(Response::new(ServerLiveResponse {
+            live: self.engine.is_live(),
+        }))
+    }
+
+    async fn server_ready(&self, _: Request<ServerReadyRequest>) -> RpcResult<ServerReadyResponse> {
+        Ok(Response::new(ServerReadyResponse {
+            ready: self.engine.is_ready(),
+        }))
+    }
+
+    async fn model_ready(
+        &self,
+        request: Request<ModelReadyRequest>,
+    ) -> RpcResult<ModelReadyResponse> {
+        let request = request.into_inner();
+        let ready = self
+            .engine
+            .model_ready(&request.name, &request.version)
+            .map_err(status)?;
+        Ok(Response::new(ModelReadyResponse { ready }))
+    }
+
+    async fn server_metadata(
+        &self,
+        _: Request<ServerMetadataRequest>,
+    ) -> RpcResult<ServerMetadataResponse> {
+        let metadata = self.engine.server_metadata();
+        Ok(Response::new(ServerMetadataResponse {
+            name: metadata.name,
+            version: metadata.version,
+            extensions: metadata.extensions,
+        }))
+    }
+
+    async fn model_metadata(
+        &self,
+        request: Request<ModelMetadataRequest>,
+    ) -> RpcResult<ModelMetadataResponse> {
+        let request = request.into_inner();
+        let metadata = self
+            .engine
+            .model_metadata(&request.name, &request.version)
+            .map_err(status)?;
+        let tensors = |list: Vec<crate::engine::TensorMetadata>| {
+            list.into_iter()
+                .map(|t| TensorMetadata {
+                    name: t.name,
+                    datatype: t.datatype,
+                    shape: t.shape,
+                })
+                .collect()
+        };
+        Ok(Response::new(ModelMetadataResponse {
+            name: metadata.name,
+            versions: metadata.versions,
+            platform: metadata.platform,
+            inputs: tensors(metadata.inputs),
+            outputs: tensors(metadata.outputs),
+        }))
+    }
+
+    async fn model_infer(
+        &self,
+        request: Request<ModelInferRequest>,
+    ) -> RpcResult<ModelInferResponse> {
+        let request = request_from_wire(request.into_inner()).map_err(status)?;
+        let response = self.engine.infer(request).await.map_err(status)?;
+        Ok(Response::new(response_to_wire(response)))
+    }
+
+    /// Answers each request on the stream in turn; a failed request is reported in
+    /// `error_message` and the stream stays open.
+    async fn model_stream_infer(
+        &self,
+        request: Request<Streaming<ModelInferRequest>>,
+    ) -> RpcResult<BoxStream<ModelStreamInferResponse>> {
+        let mut inbound = request.into_inner();
+        let engine = Arc::clone(&self.engine);
+        let (sender, receiver) = tokio::sync::mpsc::channel(16);
+        tokio::spawn(async move {
+            while let Some(message) = inbound.next().await {
+                let Ok(wire) = message else { break };
+                let id = wire.id.clone();
+                let (model_name, model_version) =
+                    (wire.model_name.clone(), wire.model_version.clone());
+                let result = match request_from_wire(wire) {
+                    Ok(request) => engine.infer(request).await,
+                    Err(e) => Err(e),
+                };
+                let reply = match result {
+                    Ok(response) => ModelStreamInferResponse {
+                        error_message: String::new(),
+                        infer_response: Some(response_to_wire(response)),
+                    },
+                    Err(e) => ModelStreamInferResponse {
+                        error_message: e.message().to_string(),
+                        infer_response: Some(ModelInferResponse {
+                            model_name,
+                            model_version,
+                            id,
+                            ..Default::default()
+                        }),
+                    },
+                };
+                if sender.send(Ok(reply)).await.is_err() {
+                    break;
+                }
+            }
+        });
+        Ok(Response::new(Box::pin(
+            tokio_stream::wrappers::ReceiverStream::new(receiver),
+        )))
+    }
+
+    async fn model_config(
+        &self,
+        request: Request<ModelConfigRequest>,
+    ) -> RpcResult<ModelConfigResponse> {
+        let request = request.into_inner();
+        let config = self
+            .engine
+            .model_config(&request.name, &request.version)
+            .map_err(status)?;
+        Ok(Response::new(ModelConfigResponse {
+            config: Some((*config).clone()),
+        }))
+    }
+
+    async fn model_statistics(
+        &self,
+        _: Request<ModelStatisticsRequest>,
+    ) -> RpcResult<ModelStatisticsResponse> {
+        Err(not_yet("ModelStatistics"))
+    }
+
+    async fn repository_index(
+        &self,
+        request: Request<RepositoryIndexRequest>,
+    ) -> RpcResult<RepositoryIndexResponse> {
+        let request = request.into_inner();
+        if !request.repository_name.is_empty() {
+            return Err(Status::unimplemented(
+                "'repository_name' specification is not supported",
+            ));
+        }
+        let models = self
+            .engine
+            .repository_index(request.ready)
+            .into_iter()
+            .map(|e| ModelIndex {
+                name: e.name,
+                version: e.version,
+                state: e.state,
+                reason: e.reason,
+            })
+            .collect();
+        Ok(Response::new(RepositoryIndexResponse { models }))
+    }
+
+    async fn repository_model_load(
+        &self,
+        _: Request<RepositoryModelLoadRequest>,
+    ) -> RpcResult<RepositoryModelLoadResponse> {
+        Err(Status::unavailable(
+            "explicit model load / unload is not allowed if polling is enabled",
+        ))
+    }
+
+    async fn repository_model_unload(
+        &self,
+        _: Request<RepositoryModelUnloadRequest>,
+    ) -> RpcResult<RepositoryModelUnloadResponse> {
+        Err(Status::unavailable(
+            "explicit model load / unload is not allowed if polling is enabled",
+        ))
+    }
+
+    async fn system_shared_memory_status(
+        &self,
+        _: Request<SystemSharedMemoryStatusRequest>,
+    ) -> RpcResult<SystemSharedMemoryStatusResponse> {
+        Err(not_yet("SystemSharedMemoryStatus"))
+    }
+
+    async fn system_shared_memory_register(
+        &self,
+        _: Request<SystemSharedMemoryRegisterRequest>,
+    ) -> RpcResult<SystemSharedMemoryRegisterResponse> {
+        Err(not_yet("SystemSharedMemoryRegister"))
+    }
+
+    async fn system_shared_memory_unregister(
+        &self,
+        _: Request<SystemSharedMemoryUnregisterRequest>,
+    ) -> RpcResult<SystemSharedMemoryUnregisterResponse> {
+        Err(not_yet("SystemSharedMemoryUnregister"))
+    }
+
+    async fn cuda_shared_memory_status(
+        &self,
+        _: Request<CudaSharedMemoryStatusRequest>,
+    ) -> RpcResult<CudaSharedMemoryStatusResponse> {
+        Err(not_yet("CudaSharedMemoryStatus"))
+    }
+
+    async fn cuda_shared_memory_register(
+        &self,
+        _: Request<CudaSharedMemoryRegisterRequest>,
+    ) -> RpcResult<CudaSharedMemoryRegisterResponse> {
+        Err(not_yet("CudaSharedMemoryRegister"))
+    }
+
+    async fn cuda_shared_memory_unregister(
+        &self,
+        _: Request<CudaSharedMemoryUnregisterRequest>,
+    ) -> RpcResult<CudaSharedMemoryUnregisterResponse> {
+        Err(not_yet("CudaSharedMemoryUnregister"))
+    }
+
+    async fn trace_setting(
+        &self,
+        _: Request<TraceSettingRequest>,
+    ) -> RpcResult<TraceSettingResponse> {
+        Err(not_yet("TraceSetting"))
+    }
+
+    async fn log_settings(&self, _: Request<LogSettingsRequest>) -> RpcResult<LogSettingsResponse> {
+        Err(not_yet("LogSettings"))
+    }
+}

@@ -1,0 +1,448 @@
+//! `config.pbtxt`: parsing the protobuf text format into the typed [`ModelConfig`], filling in the
+//! defaults Triton fills, and mapping config datatypes to protocol datatypes.
+
+use crate::core::DataType;
+use crate::proto::inference::{
+    model_config::SchedulingChoice, model_instance_group::Kind, model_version_policy,
+    DataType as ConfigDataType, ModelConfig, ModelInstanceGroup, ModelVersionPolicy,
+};
+use crate::proto::FILE_DESCRIPTOR_SET;
+use prost_reflect::{DescriptorPool, DynamicMessage};
+use std::sync::OnceLock;
+
+/// The ONNX Runtime platform and backend names; either one in a config selects ONNX Runtime.
+pub const ONNX_PLATFORM: &str = "onnxruntime_onnx";
+pub const ONNX_BACKEND: &str = "onnxruntime";
+pub const DEFAULT_MODEL_FILENAME: &str = "model.onnx";
+/// Instances per CPU instance group when the config gives no count (Triton's ONNX default).
+const DEFAULT_CPU_INSTANCE_COUNT: i32 = 2;
+
+/// Why a configuration cannot be used.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum ConfigError {
+    #[error("failed to parse config.pbtxt: {0}")]
+    Parse(String),
+    #[error("{0}")]
+    Invalid(String),
+}
+
+fn descriptor_pool() -> &'static DescriptorPool {
+    static POOL: OnceLock<DescriptorPool> = OnceLock::new();
+    POOL.get_or_init(|| {
+        DescriptorPool::decode(FILE_DESCRIPTOR_SET)
+            .expect("build.rs writes a valid descriptor set for the compiled protos")
+    })
+}
+
+/// Parses protobuf text format into a [`ModelConfig`].
+///
+/// # Errors
+/// [`ConfigError::Parse`] with the parser's position and reason.
+pub fn parse_config(text: &str) -> Result<ModelConfig, ConfigError> {
+    let descriptor = descriptor_pool()
+        .get_message_by_name("inference.ModelConfig")
+        .expect("inference.ModelConfig is in the descriptor set");
+    let text = add_list_colons(text);
+    let message = DynamicMessage::parse_text_format(descriptor, &text)
+        .map_err(|e| ConfigError::Parse(e.to_string()))?;
+    message
+        .transcode_to::<ModelConfig>()
+        .map_err(|e| ConfigError::Parse(e.to_string()))
+}
+
+/// The text-format grammar lets a list of messages follow its field name without a colon
+/// (`input [ { ... } ]`), which is how Triton's configs are written; prost-reflect's parser insists
+/// on the colon. This inserts it: after an identifier in field-name position (not preceded by
+/// `:`) that is followed by `[`. Strings and `#` comments are skipped, so their contents never
+/// change.
+fn add_list_colons(text: &str) -> std::borrow::Cow<'_, str> {
+    let bytes = text.as_bytes();
+    let mut insert_at = Vec::new();
+    let mut previous: Option<u8> = None; // last significant byte outside strings and comments
+    let mut i = 0;
+    while i < bytes.len() {
+        let b = bytes[i];
+        match b {
+            b'#' => {
+                while i < bytes.len() && bytes[i] != b'\n' {
+                    i += 1;
+                }
+                continue;
+            }
+            b'"' | b'\'' => {
+                i += 1;
+                while i < bytes.len() && bytes[i] != b {
+                    i += if bytes[i] == b'\\' { 2 } else { 1 };
+                }
+                i += 1;
+                previous = Some(b'"');
+                continue;
+            }
+            b if b.is_ascii_alphabetic() || b == b'_' => {
+                while i < bytes.len()
+                    && (bytes[i].is_ascii_alphanumeric() || bytes[i] == b'_' || bytes[i] == b'.')
+                {
+                    i += 1;
+                }
+                let field_position = previous != Some(b':');
+                previous = Some(b'a');
+                if field_position && next_significant(bytes, i) == Some(b'[') {
+                    insert_at.push(i);
+                }
+                continue;
+            }
+            b if b.is_ascii_whitespace() => {}
+            other => previous = Some(other),
+        }
+        i += 1;
+    }
+    if insert_at.is_empty() {
+        return std::borrow::Cow::Borrowed(text);
+    }
+    let mut out = String::with_capacity(text.len() + insert_at.len());
+    let mut last = 0;
+    for at in insert_at {
+        out.push_str(&text[last..at]);
+        out.push(':');
+        last = at;
+    }
+    out.push_str(&text[last..]);
+    std::borrow::Cow::Owned(out)
+}
+
+/// The next byte that is neither whitespace nor inside a `#` comment.
+fn next_significant(bytes: &[u8], mut i: usize) -> Option<u8> {
+    while i < bytes.len() {
+        match bytes[i] {
+            b'#' => {
+                while i < bytes.len() && bytes[i] != b'\n' {
+                    i += 1;
+                }
+            }
+            b if b.is_ascii_whitespace() => i += 1,
+            b => return Some(b),
+        }
+    }
+    None
+}
+
+/// Renders a config as protobuf JSON (proto field names, enum names), as Triton's REST `/config`.
+pub fn config_to_json(config: &ModelConfig) -> serde_json::Value {
+    let descriptor = descriptor_pool()
+        .get_message_by_name("inference.ModelConfig")
+        .expect("inference.ModelConfig is in the descriptor set");
+    let mut message = DynamicMessage::new(descriptor);
+    message
+        .transcode_from(config)
+        .expect("a prost ModelConfig always transcodes into its own descriptor");
+    let options = prost_reflect::SerializeOptions::new()
+        .use_proto_field_name(true)
+        .stringify_64_bit_integers(false);
+    message
+        .serialize_with_options(serde_json::value::Serializer, &options)
+        .unwrap_or(serde_json::Value::Null)
+}
+
+/// Config datatype (`TYPE_FP32`) → protocol datatype (`FP32`); `TYPE_STRING` is `BYTES`.
+pub fn datatype_from_config(value: i32) -> Option<DataType> {
+    Some(match ConfigDataType::try_from(value).ok()? {
+        ConfigDataType::TypeInvalid => return None,
+        ConfigDataType::TypeBool => DataType::Bool,
+        ConfigDataType::TypeUint8 => DataType::Uint8,
+        ConfigDataType::TypeUint16 => DataType::Uint16,
+        ConfigDataType::TypeUint32 => DataType::Uint32,
+        ConfigDataType::TypeUint64 => DataType::Uint64,
+        ConfigDataType::TypeInt8 => DataType::Int8,
+        ConfigDataType::TypeInt16 => DataType::Int16,
+        ConfigDataType::TypeInt32 => DataType::Int32,
+        ConfigDataType::TypeInt64 => DataType::Int64,
+        ConfigDataType::TypeFp16 => DataType::Fp16,
+        ConfigDataType::TypeFp32 => DataType::Fp32,
+        ConfigDataType::TypeFp64 => DataType::Fp64,
+        ConfigDataType::TypeString => DataType::Bytes,
+        ConfigDataType::TypeBf16 => DataType::Bf16,
+    })
+}
+
+/// Protocol datatype → config datatype.
+pub fn datatype_to_config(datatype: DataType) -> ConfigDataType {
+    match datatype {
+        DataType::Bool => ConfigDataType::TypeBool,
+        DataType::Uint8 => ConfigDataType::TypeUint8,
+        DataType::Uint16 => ConfigDataType::TypeUint16,
+        DataType::Uint32 => ConfigDataType::TypeUint32,
+        DataType::Uint64 => ConfigDataType::TypeUint64,
+        DataType::Int8 => ConfigDataType::TypeInt8,
+        DataType::Int16 => ConfigDataType::TypeInt16,
+        DataType::Int32 => ConfigDataType::TypeInt32,
+        DataType::Int64 => ConfigDataType::TypeInt64,
+        DataType::Fp16 => ConfigDataType::TypeFp16,
+        DataType::Bf16 => ConfigDataType::TypeBf16,
+        DataType::Fp32 => ConfigDataType::TypeFp32,
+        DataType::Fp64 => ConfigDataType::TypeFp64,
+        DataType::Bytes => ConfigDataType::TypeString,
+    }
+}
+
+/// Checks the name and platform and fills what Triton fills before loading: the name from the
+/// directory, both platform and backend, the default model filename and the version policy.
+///
+/// # Errors
+/// [`ConfigError::Invalid`] when the name differs from the directory or the platform is not ONNX.
+pub fn normalize_identity(config: &mut ModelConfig, dir_name: &str) -> Result<(), ConfigError> {
+    if config.name.is_empty() {
+        config.name = dir_name.to_string();
+    } else if config.name != dir_name {
+        return Err(ConfigError::Invalid(format!(
+            "model name '{}' in config.pbtxt does not match the model directory name '{dir_name}'",
+            config.name
+        )));
+    }
+    let platform_ok = matches!(config.platform.as_str(), "" | ONNX_PLATFORM);
+    let backend_ok = matches!(config.backend.as_str(), "" | ONNX_BACKEND);
+    if !platform_ok || !backend_ok {
+        return Err(ConfigError::Invalid(format!(
+            "unsupported platform '{}' / backend '{}' for model '{}': kiln serves ONNX models \
+             (platform \"{ONNX_PLATFORM}\" or backend \"{ONNX_BACKEND}\")",
+            config.platform, config.backend, config.name
+        )));
+    }
+    config.platform = ONNX_PLATFORM.to_string();
+    config.backend = ONNX_BACKEND.to_string();
+    if config.default_model_filename.is_empty() {
+        config.default_model_filename = DEFAULT_MODEL_FILENAME.to_string();
+    }
+    if config
+        .version_policy
+        .as_ref()
+        .and_then(|p| p.policy_choice.as_ref())
+        .is_none()
+    {
+        config.version_policy = Some(ModelVersionPolicy {
+            policy_choice: Some(model_version_policy::PolicyChoice::Latest(
+                model_version_policy::Latest { num_versions: 1 },
+            )),
+        });
+    }
+    if config.max_batch_size < 0 {
+        return Err(ConfigError::Invalid(format!(
+            "max_batch_size must be non-negative for model '{}', got {}",
+            config.name, config.max_batch_size
+        )));
+    }
+    Ok(())
+}
+
+/// Fills instance groups the way Triton does on a machine without GPUs: one CPU group of two
+/// instances when none is given; every group named, kinded and counted.
+pub fn normalize_instance_groups(config: &mut ModelConfig) {
+    if config.instance_group.is_empty() {
+        config.instance_group.push(ModelInstanceGroup::default());
+    }
+    let model_name = config.name.clone();
+    for (index, group) in config.instance_group.iter_mut().enumerate() {
+        if group.name.is_empty() {
+            group.name = format!("{model_name}_{index}");
+        }
+        if group.kind == Kind::Auto as i32 {
+            group.kind = Kind::Cpu as i32;
+        }
+        if group.count < 1 {
+            group.count = DEFAULT_CPU_INSTANCE_COUNT;
+        }
+    }
+}
+
+/// Checks every declared input and output has a usable datatype and dims.
+///
+/// # Errors
+/// [`ConfigError::Invalid`] naming the first offending tensor.
+pub fn validate_io(config: &ModelConfig) -> Result<(), ConfigError> {
+    let name = &config.name;
+    if config.input.is_empty() || config.output.is_empty() {
+        return Err(ConfigError::Invalid(format!(
+            "model '{name}' must declare at least one input and one output \
+             (or leave them out and let auto-complete read them from the model)"
+        )));
+    }
+    let tensors = config
+        .input
+        .iter()
+        .map(|i| ("input", &i.name, i.data_type, &i.dims))
+        .chain(
+            config
+                .output
+                .iter()
+                .map(|o| ("output", &o.name, o.data_type, &o.dims)),
+        );
+    for (kind, tensor, data_type, dims) in tensors {
+        if datatype_from_config(data_type).is_none() {
+            return Err(ConfigError::Invalid(format!(
+                "{kind} '{tensor}' of model '{name}' has no valid data_type"
+            )));
+        }
+        if dims.iter().any(|&d| d < -1 || d == 0) && kind == "input" {
+            return Err(ConfigError::Invalid(format!(
+                "{kind} '{tensor}' of model '{name}' has invalid dims {dims:?}"
+            )));
+        }
+    }
+    Ok(())
+}
+
+/// Whether the config asks for the dynamic batcher.
+pub fn has_dynamic_batching(config: &ModelConfig) -> bool {
+    matches!(
+        config.scheduling_choice,
+        Some(SchedulingChoice::DynamicBatching(_))
+    )
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::proto::inference::model_version_policy::PolicyChoice;
+
+    const ADD_SUB: &str = r#"
+        name: "add_sub"
+        backend: "onnxruntime"
+        max_batch_size: 8
+        input [
+          { name: "INPUT0" data_type: TYPE_FP32 dims: [ 16 ] },
+          { name: "INPUT1", data_type: TYPE_FP32, dims: [ 16 ] }
+        ]
+        output [ { name: "OUTPUT0" data_type: TYPE_FP32 dims: [ 16 ] label_filename: "labels.txt" } ]
+        # comments are allowed
+        instance_group [ { count: 3 kind: KIND_CPU } ]
+        version_policy: { specific { versions: [ 1, 3 ] } }
+        dynamic_batching { preferred_batch_size: [ 4, 8 ] max_queue_delay_microseconds: 100 }
+        parameters { key: "k" value: { string_value: "v" } }
+        reshape_placeholder_ignored_by_test: 0
+    "#;
+
+    #[test]
+    fn parses_triton_text_format() {
+        let text = ADD_SUB.replace("reshape_placeholder_ignored_by_test: 0", "");
+        let config = parse_config(&text).unwrap();
+        assert_eq!(config.name, "add_sub");
+        assert_eq!(config.max_batch_size, 8);
+        assert_eq!(config.input.len(), 2);
+        assert_eq!(config.input[1].dims, vec![16]);
+        assert_eq!(
+            datatype_from_config(config.input[0].data_type),
+            Some(DataType::Fp32)
+        );
+        assert_eq!(config.output[0].label_filename, "labels.txt");
+        assert_eq!(config.instance_group[0].count, 3);
+        assert_eq!(config.instance_group[0].kind, Kind::Cpu as i32);
+        assert!(has_dynamic_batching(&config));
+        assert_eq!(config.parameters["k"].string_value, "v");
+        match config.version_policy.unwrap().policy_choice.unwrap() {
+            PolicyChoice::Specific(s) => assert_eq!(s.versions, vec![1, 3]),
+            other => panic!("unexpected policy {other:?}"),
+        }
+    }
+
+    #[test]
+    fn rejects_unknown_fields_and_bad_syntax() {
+        assert!(matches!(parse_config(ADD_SUB), Err(ConfigError::Parse(_))));
+        assert!(matches!(parse_config("name: "), Err(ConfigError::Parse(_))));
+        assert!(matches!(
+            parse_config("input [ { data_type: TYPE_NOPE } ]"),
+            Err(ConfigError::Parse(_))
+        ));
+        assert!(parse_config("").is_ok());
+    }
+
+    #[test]
+    fn message_lists_without_colon() {
+        assert_eq!(add_list_colons("input [ { } ]"), "input: [ { } ]");
+        assert_eq!(add_list_colons("dims: [ 1 ]"), "dims: [ 1 ]");
+        assert_eq!(add_list_colons("a # c [\n [ {} ]"), "a: # c [\n [ {} ]");
+        assert_eq!(
+            add_list_colons("name: \"x [\" output\n[{}]"),
+            "name: \"x [\" output:\n[{}]"
+        );
+        assert_eq!(add_list_colons("kind: KIND_CPU [ ]"), "kind: KIND_CPU [ ]");
+        assert_eq!(add_list_colons("s: 'it\\'s' x [ ]"), "s: 'it\\'s' x: [ ]");
+        let config = parse_config(
+            "input [ { name: \"a\" data_type: TYPE_FP32 dims: [ 1 ] } ]\ninstance_group [ { count: 1 } ]",
+        )
+        .unwrap();
+        assert_eq!(config.input[0].name, "a");
+        assert_eq!(config.instance_group[0].count, 1);
+    }
+
+    #[test]
+    fn identity_takes_directory_name_and_fills_platform() {
+        let mut config = parse_config("backend: \"onnxruntime\"").unwrap();
+        normalize_identity(&mut config, "m").unwrap();
+        assert_eq!(config.name, "m");
+        assert_eq!(config.platform, ONNX_PLATFORM);
+        assert_eq!(config.backend, ONNX_BACKEND);
+        assert_eq!(config.default_model_filename, "model.onnx");
+        assert!(matches!(
+            config.version_policy.unwrap().policy_choice,
+            Some(PolicyChoice::Latest(model_version_policy::Latest {
+                num_versions: 1
+            }))
+        ));
+    }
+
+    #[test]
+    fn identity_rejects_mismatched_name_and_foreign_platform() {
+        let mut config = parse_config("name: \"other\"").unwrap();
+        assert!(normalize_identity(&mut config, "m").is_err());
+        let mut config = parse_config("platform: \"tensorflow_savedmodel\"").unwrap();
+        assert!(normalize_identity(&mut config, "m").is_err());
+        let mut config = parse_config("platform: \"onnxruntime_onnx\"").unwrap();
+        normalize_identity(&mut config, "m").unwrap();
+        assert_eq!(config.backend, ONNX_BACKEND);
+    }
+
+    #[test]
+    fn instance_groups_default_to_two_cpu_instances() {
+        let mut config = parse_config("name: \"m\"").unwrap();
+        normalize_instance_groups(&mut config);
+        assert_eq!(config.instance_group.len(), 1);
+        let group = &config.instance_group[0];
+        assert_eq!(
+            (group.name.as_str(), group.count, group.kind),
+            ("m_0", 2, Kind::Cpu as i32)
+        );
+    }
+
+    #[test]
+    fn datatype_mapping_round_trips() {
+        for dt in DataType::ALL {
+            assert_eq!(
+                datatype_from_config(datatype_to_config(dt) as i32),
+                Some(dt)
+            );
+        }
+        assert_eq!(datatype_from_config(0), None);
+        assert_eq!(datatype_from_config(99), None);
+    }
+
+    #[test]
+    fn json_uses_proto_names_and_enum_names() {
+        let config =
+            parse_config(&ADD_SUB.replace("reshape_placeholder_ignored_by_test: 0", "")).unwrap();
+        let json = config_to_json(&config);
+        assert_eq!(json["max_batch_size"], 8);
+        assert_eq!(json["input"][0]["data_type"], "TYPE_FP32");
+        assert_eq!(json["input"][0]["dims"][0], 16);
+        assert_eq!(json["instance_group"][0]["kind"], "KIND_CPU");
+    }
+
+    #[test]
+    fn validate_io_requires_inputs_outputs_and_types() {
+        let config = parse_config("name: \"m\"").unwrap();
+        assert!(validate_io(&config).is_err());
+        let config = parse_config(
+            "name: \"m\" input [{name: \"a\" dims: [1]}] output [{name: \"b\" data_type: TYPE_FP32 dims: [1]}]",
+        )
+        .unwrap();
+        assert!(validate_io(&config).is_err());
+    }
+}

@@ -1,0 +1,236 @@
+//! The input/output contract of a loaded model version: what the config promises clients, and how
+//! each tensor's shape maps onto the ONNX graph (`reshape`, or a rank-0 tensor declared as `[1]`).
+
+use super::config::datatype_from_config;
+use crate::backend::TensorInfo;
+use crate::core::DataType;
+use crate::proto::inference::ModelConfig;
+
+/// One input or output as clients see it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct TensorSpec {
+    pub name: String,
+    pub datatype: DataType,
+    /// Config dims without the batch dimension; -1 is variable.
+    pub dims: Vec<i64>,
+    /// The shape the model itself uses (without batch), when it differs from `dims`.
+    pub model_dims: Option<Vec<i64>>,
+}
+
+/// Inputs and outputs of a model version, in config order.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct IoSpec {
+    /// 0 means the model does not batch: shapes are exactly `dims`.
+    pub max_batch_size: usize,
+    pub inputs: Vec<TensorSpec>,
+    pub outputs: Vec<TensorSpec>,
+}
+
+impl IoSpec {
+    /// Checks the config against the graph and records the shape mapping.
+    ///
+    /// # Errors
+    /// A message naming the first tensor where config and graph disagree.
+    pub fn new(
+        config: &ModelConfig,
+        graph_inputs: &[TensorInfo],
+        graph_outputs: &[TensorInfo],
+    ) -> Result<IoSpec, String> {
+        let model = &config.name;
+        let batched = config.max_batch_size > 0;
+        let spec = |kind: &str,
+                    name: &str,
+                    data_type: i32,
+                    dims: &[i64],
+                    reshape: Option<&Vec<i64>>,
+                    graph: &[TensorInfo]| {
+            let Some(info) = graph.iter().find(|t| t.name == name) else {
+                let known: Vec<&str> = graph.iter().map(|t| t.name.as_str()).collect();
+                return Err(format!(
+                    "unable to load model '{model}': configuration {kind} '{name}' is not a model {kind}; \
+                     the model has {kind}s [{}]",
+                    known.join(", ")
+                ));
+            };
+            let datatype = datatype_from_config(data_type).ok_or_else(|| {
+                format!("{kind} '{name}' of model '{model}' has no valid data_type")
+            })?;
+            if info.datatype != Some(datatype) {
+                return Err(format!(
+                    "unable to load model '{model}': configuration expects datatype {} for {kind} '{name}', \
+                     model provides {}",
+                    datatype,
+                    info.datatype.map_or("an unsupported type", DataType::as_wire)
+                ));
+            }
+            let graph_rank = info.shape.len() - usize::from(batched && !info.shape.is_empty());
+            let model_dims = match reshape {
+                Some(shape) => Some(shape.clone()),
+                None if info.shape.is_empty() && dims == [1] && !batched => Some(Vec::new()),
+                None => None,
+            };
+            let rank = model_dims.as_ref().map_or(dims.len(), Vec::len);
+            if rank != graph_rank {
+                return Err(format!(
+                    "unable to load model '{model}': {kind} '{name}' has {} dims in the configuration{} but rank {} in the model",
+                    rank,
+                    if batched { " (plus the batch dimension)" } else { "" },
+                    info.shape.len()
+                ));
+            }
+            Ok(TensorSpec {
+                name: name.to_string(),
+                datatype,
+                dims: dims.to_vec(),
+                model_dims,
+            })
+        };
+        let inputs = config
+            .input
+            .iter()
+            .map(|i| {
+                spec(
+                    "input",
+                    &i.name,
+                    i.data_type,
+                    &i.dims,
+                    i.reshape.as_ref().map(|r| &r.shape),
+                    graph_inputs,
+                )
+            })
+            .collect::<Result<Vec<_>, _>>()?;
+        if let Some(missing) = graph_inputs
+            .iter()
+            .find(|g| !inputs.iter().any(|i| i.name == g.name))
+        {
+            return Err(format!(
+                "unable to load model '{model}': model input '{}' is missing from the configuration",
+                missing.name
+            ));
+        }
+        let outputs = config
+            .output
+            .iter()
+            .map(|o| {
+                spec(
+                    "output",
+                    &o.name,
+                    o.data_type,
+                    &o.dims,
+                    o.reshape.as_ref().map(|r| &r.shape),
+                    graph_outputs,
+                )
+            })
+            .collect::<Result<Vec<_>, _>>()?;
+        Ok(IoSpec {
+            max_batch_size: config.max_batch_size.max(0) as usize,
+            inputs,
+            outputs,
+        })
+    }
+
+    pub fn input(&self, name: &str) -> Option<&TensorSpec> {
+        self.inputs.iter().find(|t| t.name == name)
+    }
+
+    pub fn output(&self, name: &str) -> Option<&TensorSpec> {
+        self.outputs.iter().find(|t| t.name == name)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::repository::config::parse_config;
+
+    fn info(name: &str, datatype: DataType, shape: &[i64]) -> TensorInfo {
+        TensorInfo {
+            name: name.into(),
+            datatype: Some(datatype),
+            shape: shape.to_vec(),
+        }
+    }
+
+    #[test]
+    fn batched_config_matches_graph_with_batch_dim() {
+        let config = parse_config(
+            "name: \"m\" max_batch_size: 8 input [{name: \"a\" data_type: TYPE_FP32 dims: [16]}] \
+             output [{name: \"b\" data_type: TYPE_FP32 dims: [16]}]",
+        )
+        .unwrap();
+        let io = IoSpec::new(
+            &config,
+            &[info("a", DataType::Fp32, &[-1, 16])],
+            &[info("b", DataType::Fp32, &[-1, 16])],
+        )
+        .unwrap();
+        assert_eq!(io.max_batch_size, 8);
+        assert_eq!(io.input("a").unwrap().dims, vec![16]);
+        assert_eq!(io.input("a").unwrap().model_dims, None);
+        assert!(io.output("b").is_some());
+        assert!(io.input("b").is_none());
+    }
+
+    #[test]
+    fn scalar_declared_as_one() {
+        let config = parse_config(
+            "name: \"m\" input [{name: \"x\" data_type: TYPE_FP32 dims: [1]}] \
+             output [{name: \"y\" data_type: TYPE_FP32 dims: [1]}]",
+        )
+        .unwrap();
+        let io = IoSpec::new(
+            &config,
+            &[info("x", DataType::Fp32, &[])],
+            &[info("y", DataType::Fp32, &[])],
+        )
+        .unwrap();
+        assert_eq!(io.input("x").unwrap().model_dims, Some(vec![]));
+        assert_eq!(io.output("y").unwrap().model_dims, Some(vec![]));
+    }
+
+    #[test]
+    fn reshape_is_recorded() {
+        let config = parse_config(
+            "name: \"m\" max_batch_size: 4 input [{name: \"x\" data_type: TYPE_FP32 dims: [2, 2] reshape: { shape: [4] }}] \
+             output [{name: \"y\" data_type: TYPE_FP32 dims: [4]}]",
+        )
+        .unwrap();
+        let io = IoSpec::new(
+            &config,
+            &[info("x", DataType::Fp32, &[-1, 4])],
+            &[info("y", DataType::Fp32, &[-1, 4])],
+        )
+        .unwrap();
+        assert_eq!(io.input("x").unwrap().model_dims, Some(vec![4]));
+    }
+
+    #[test]
+    fn mismatches_are_load_errors() {
+        let config = parse_config(
+            "name: \"m\" input [{name: \"x\" data_type: TYPE_INT32 dims: [3]}] \
+             output [{name: \"y\" data_type: TYPE_FP32 dims: [3]}]",
+        )
+        .unwrap();
+        let y = [info("y", DataType::Fp32, &[3])];
+        assert!(IoSpec::new(&config, &[info("x", DataType::Fp32, &[3])], &y)
+            .unwrap_err()
+            .contains("datatype"));
+        assert!(
+            IoSpec::new(&config, &[info("z", DataType::Int32, &[3])], &y)
+                .unwrap_err()
+                .contains("not a model input")
+        );
+        assert!(
+            IoSpec::new(&config, &[info("x", DataType::Int32, &[3, 1])], &y)
+                .unwrap_err()
+                .contains("rank")
+        );
+        let extra = [
+            info("x", DataType::Int32, &[3]),
+            info("w", DataType::Int32, &[3]),
+        ];
+        assert!(IoSpec::new(&config, &extra, &y)
+            .unwrap_err()
+            .contains("missing from the configuration"));
+    }
+}

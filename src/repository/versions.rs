@@ -1,0 +1,98 @@
+//! Version directories and version policies (latest N, all, specific).
+
+use crate::proto::inference::{model_version_policy::PolicyChoice, ModelConfig};
+use std::path::Path;
+
+/// The versions the model's policy selects, ascending. Version directories have numeric names;
+/// names with a leading zero are ignored, as Triton does. A `specific` policy may name versions
+/// that have no directory: they are still selected and fail to load with a clear reason.
+///
+/// # Errors
+/// The I/O error when the model directory cannot be listed.
+pub fn select(dir: &Path, config: &ModelConfig) -> Result<Vec<i64>, String> {
+    let mut on_disk = Vec::new();
+    let entries =
+        std::fs::read_dir(dir).map_err(|e| format!("failed to list {}: {e}", dir.display()))?;
+    for entry in entries.flatten() {
+        if !entry.path().is_dir() {
+            continue;
+        }
+        if let Some(version) = entry.file_name().to_str().and_then(parse_version_dir) {
+            on_disk.push(version);
+        }
+    }
+    on_disk.sort_unstable();
+    Ok(apply_policy(
+        &on_disk,
+        config
+            .version_policy
+            .as_ref()
+            .and_then(|p| p.policy_choice.as_ref()),
+    ))
+}
+
+fn parse_version_dir(name: &str) -> Option<i64> {
+    if name.starts_with('0') || !name.bytes().all(|b| b.is_ascii_digit()) {
+        return None;
+    }
+    name.parse().ok()
+}
+
+/// Applies a policy to the sorted versions found on disk.
+pub fn apply_policy(on_disk: &[i64], policy: Option<&PolicyChoice>) -> Vec<i64> {
+    match policy {
+        None => on_disk.iter().rev().take(1).copied().collect(),
+        Some(PolicyChoice::Latest(latest)) => {
+            let n = latest.num_versions.max(1) as usize;
+            on_disk[on_disk.len().saturating_sub(n)..].to_vec()
+        }
+        Some(PolicyChoice::All(_)) => on_disk.to_vec(),
+        Some(PolicyChoice::Specific(specific)) => {
+            let mut versions: Vec<i64> = specific
+                .versions
+                .iter()
+                .copied()
+                .filter(|&v| v > 0)
+                .collect();
+            versions.sort_unstable();
+            versions.dedup();
+            versions
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::proto::inference::model_version_policy::{All, Latest, Specific};
+
+    #[test]
+    fn version_dir_names() {
+        assert_eq!(parse_version_dir("1"), Some(1));
+        assert_eq!(parse_version_dir("42"), Some(42));
+        assert_eq!(parse_version_dir("01"), None);
+        assert_eq!(parse_version_dir("0"), None);
+        assert_eq!(parse_version_dir("v1"), None);
+        assert_eq!(parse_version_dir(""), None);
+        assert_eq!(parse_version_dir("99999999999999999999999"), None);
+    }
+
+    #[test]
+    fn policies() {
+        let disk = [1, 2, 3];
+        assert_eq!(apply_policy(&disk, None), vec![3]);
+        let latest = |n| PolicyChoice::Latest(Latest { num_versions: n });
+        assert_eq!(apply_policy(&disk, Some(&latest(2))), vec![2, 3]);
+        assert_eq!(apply_policy(&disk, Some(&latest(9))), vec![1, 2, 3]);
+        assert_eq!(apply_policy(&disk, Some(&latest(0))), vec![3]);
+        assert_eq!(
+            apply_policy(&disk, Some(&PolicyChoice::All(All {}))),
+            vec![1, 2, 3]
+        );
+        let specific = PolicyChoice::Specific(Specific {
+            versions: vec![3, 1, 3, 7],
+        });
+        assert_eq!(apply_policy(&disk, Some(&specific)), vec![1, 3, 7]);
+        assert_eq!(apply_policy(&[], None), Vec::<i64>::new());
+    }
+}

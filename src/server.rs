@@ -1,0 +1,128 @@
+//! Wiring: loads the repository, then serves gRPC (inference service, reflection v1 and v1alpha,
+//! `grpc.health.v1`) on the given listener until the shutdown future completes; in-flight
+//! requests then get up to `exit_timeout` to finish.
+
+use crate::engine::Engine;
+use crate::proto::inference::grpc_inference_service_server::GrpcInferenceServiceServer;
+use crate::protocol::grpc::InferenceService;
+use crate::repository::{LoadOptions, Repository};
+use std::future::Future;
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::Duration;
+use tokio::net::TcpListener;
+use tonic::codec::CompressionEncoding;
+use tonic::transport::server::TcpIncoming;
+use tonic_health::ServingStatus;
+use tracing::{info, warn};
+
+/// Everything `run` needs besides its listeners.
+#[derive(Debug, Clone)]
+pub struct Config {
+    /// Model repository roots; a model name must be unique across them.
+    pub model_repositories: Vec<PathBuf>,
+    /// Largest gRPC message accepted or sent, in bytes.
+    pub max_message_bytes: usize,
+    /// How long in-flight requests may run after shutdown starts.
+    pub exit_timeout: Duration,
+    /// Complete configs from the ONNX graph.
+    pub auto_complete: bool,
+}
+
+/// Errors that stop the server.
+#[derive(Debug, thiserror::Error)]
+pub enum ServerError {
+    #[error("gRPC server failed: {0}")]
+    Grpc(#[from] tonic::transport::Error),
+    #[error("model loading failed: {0}")]
+    Load(String),
+    #[error("reflection service: {0}")]
+    Reflection(#[from] tonic_reflection::server::Error),
+}
+
+/// gRPC service names answered by the health service.
+const HEALTH_SERVICES: &[&str] = &["", "inference.GRPCInferenceService"];
+
+/// Loads every model, then serves on `grpc` until `shutdown` resolves.
+///
+/// # Errors
+/// [`ServerError`] when the transport fails or loading cannot run at all (a model that fails to
+/// load is not an error: it is reported not ready).
+pub async fn run(
+    config: Config,
+    grpc: TcpListener,
+    shutdown: impl Future<Output = ()>,
+) -> Result<(), ServerError> {
+    let options = LoadOptions {
+        auto_complete: config.auto_complete,
+        cores: std::thread::available_parallelism().map_or(1, |n| n.get()),
+    };
+    let roots = config.model_repositories.clone();
+    let repository = tokio::task::spawn_blocking(move || Repository::load(&roots, &options))
+        .await
+        .map_err(|e| ServerError::Load(e.to_string()))?;
+    let engine = Arc::new(Engine::new(repository));
+    if !engine.is_ready() {
+        warn!("not every model loaded: the server is live but not ready");
+    }
+
+    let (health, health_service) = tonic_health::server::health_reporter();
+    let health_status = if engine.is_ready() {
+        ServingStatus::Serving
+    } else {
+        ServingStatus::NotServing
+    };
+    for service in HEALTH_SERVICES {
+        health.set_service_status(*service, health_status).await;
+    }
+    let reflection = || {
+        tonic_reflection::server::Builder::configure()
+            .register_encoded_file_descriptor_set(crate::proto::FILE_DESCRIPTOR_SET)
+            .register_encoded_file_descriptor_set(tonic_health::pb::FILE_DESCRIPTOR_SET)
+    };
+    let inference = GrpcInferenceServiceServer::new(InferenceService::new(Arc::clone(&engine)))
+        .max_decoding_message_size(config.max_message_bytes)
+        .max_encoding_message_size(config.max_message_bytes)
+        .accept_compressed(CompressionEncoding::Gzip)
+        .accept_compressed(CompressionEncoding::Deflate)
+        .send_compressed(CompressionEncoding::Gzip)
+        .send_compressed(CompressionEncoding::Deflate);
+
+    let address = grpc
+        .local_addr()
+        .map_err(|e| ServerError::Load(e.to_string()))?;
+    let incoming = TcpIncoming::from(grpc).with_nodelay(Some(true));
+    let (stop, stopped) = tokio::sync::watch::channel(false);
+    let serve = tonic::transport::Server::builder()
+        .add_service(inference)
+        .add_service(health_service)
+        .add_service(reflection().build_v1()?)
+        .add_service(reflection().build_v1alpha()?)
+        .serve_with_incoming_shutdown(incoming, async move {
+            let mut stopped = stopped;
+            let _ = stopped.wait_for(|s| *s).await;
+        });
+    info!("Started GRPCInferenceService at {address}");
+    tokio::pin!(serve);
+    tokio::select! {
+        result = &mut serve => return result.map_err(ServerError::from),
+        () = shutdown => {}
+    }
+    info!(
+        "shutting down: waiting up to {:?} for in-flight requests",
+        config.exit_timeout
+    );
+    for service in HEALTH_SERVICES {
+        health
+            .set_service_status(*service, ServingStatus::NotServing)
+            .await;
+    }
+    let _ = stop.send(true);
+    match tokio::time::timeout(config.exit_timeout, serve).await {
+        Ok(result) => result.map_err(ServerError::from),
+        Err(_) => {
+            warn!("exit timeout reached with requests still in flight");
+            Ok(())
+        }
+    }
+}
