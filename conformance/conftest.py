@@ -92,8 +92,9 @@ class KilnServer:
             "--grpc-port", str(self.grpc_port),
             "--http-port", str(self.http_port),
             "--metrics-port", str(self.metrics_port),
-            "--log-verbose", "1",
         ]
+        if os.environ.get("KILN_CONFORMANCE_VERBOSE"):
+            args += ["--log-verbose", "1"]
         self.args = args
         self._log_fh = open(self.log_path, "wb")
         self.proc = subprocess.Popen(
@@ -105,7 +106,24 @@ class KilnServer:
             start_new_session=True,  # own process group
         )
         self._wait_live()
+        self._wait_models_settled()
         return self
+
+    def _wait_models_settled(self) -> None:
+        """Live may come before loading ends: wait until ServerReady, or until every
+        model in RepositoryIndex is READY or UNAVAILABLE (a failed load). Gives up
+        silently at the deadline: the tests then report what is wrong."""
+        deadline = time.monotonic() + STARTUP_TIMEOUT
+        while time.monotonic() < deadline and self.proc.poll() is None:
+            try:
+                if self.stub().ServerReady(service_pb2.ServerReadyRequest(), timeout=5).ready:
+                    return
+                idx = self.stub().RepositoryIndex(service_pb2.RepositoryIndexRequest(), timeout=5)
+                if idx.models and all(m.state in ("READY", "UNAVAILABLE") for m in idx.models):
+                    return
+            except grpc.RpcError:
+                pass
+            time.sleep(0.2)
 
     def _wait_live(self) -> None:
         deadline = time.monotonic() + STARTUP_TIMEOUT
@@ -202,6 +220,15 @@ def start_server(repos, name="kiln") -> KilnServer:
 def server():
     """kiln serving the bundled repo and the test-only fixture repo at once."""
     srv = start_server([BUNDLED_REPO, FIXTURE_REPO], name="kiln-main")
+    yield srv
+    srv.stop()
+    _SERVERS.remove(srv)
+
+
+@pytest.fixture(scope="session")
+def bundled_server():
+    """A second kiln with only the bundled repository: every model loads, so it is READY."""
+    srv = start_server([BUNDLED_REPO], name="kiln-bundled")
     yield srv
     srv.stop()
     _SERVERS.remove(srv)

@@ -346,7 +346,7 @@ mod tests {
         ));
         let message = err(
             &add_sub(),
-            request(vec![fp32("INPUT0", &[16]), fp32("INPUT1", &[16])]),
+            request(vec![fp32("INPUT0", &[2]), fp32("INPUT1", &[2])]),
         );
         assert!(message.contains("Expected [16], got []"));
     }
@@ -417,9 +417,19 @@ mod tests {
             inputs: vec![spec("S", DataType::Bytes, &[-1])],
             outputs: vec![],
         };
-        let good = Tensor::new("S", DataType::Bytes, vec![2], frame_bytes([b"a", b"bc"]));
+        let good = Tensor::new(
+            "S",
+            DataType::Bytes,
+            vec![2],
+            frame_bytes([&b"a"[..], b"bc"]),
+        );
         assert!(prepare_inputs("m", &io, &mut request(vec![good])).is_ok());
-        let short = Tensor::new("S", DataType::Bytes, vec![3], frame_bytes([b"a", b"bc"]));
+        let short = Tensor::new(
+            "S",
+            DataType::Bytes,
+            vec![3],
+            frame_bytes([&b"a"[..], b"bc"]),
+        );
         assert!(err(&io, request(vec![short])).contains("expected 3 elements but found 2"));
         let truncated = Tensor::new(
             "S",

@@ -411,7 +411,12 @@ mod tests {
             id: "x".into(),
             parameters: Parameters::new(),
             outputs: vec![
-                Tensor::new("o1", DataType::Bytes, vec![2], frame_bytes([b"a", b""])),
+                Tensor::new(
+                    "o1",
+                    DataType::Bytes,
+                    vec![2],
+                    frame_bytes([&b"a"[..], b""]),
+                ),
                 Tensor::new("o0", DataType::Fp16, vec![1], Bytes::from_static(&[0, 60])),
             ],
         };

@@ -168,13 +168,15 @@ fn load_model(name: &str, dir: &Path, options: &LoadOptions) -> Model {
         return failed(name, None, e.to_string());
     }
     let selected = match versions::select(dir, &config) {
-        Ok(selected) if selected.is_empty() => return failed(
-            name,
-            Some(config),
-            format!(
+        Ok(selected) if selected.is_empty() => {
+            return failed(
+                name,
+                Some(config),
+                format!(
                 "at least one version must be available under the version policy of model '{name}'"
             ),
-        ),
+            )
+        }
         Ok(selected) => selected,
         Err(reason) => return failed(name, Some(config), reason),
     };
