@@ -151,7 +151,7 @@ def repository_index_flow(stub) -> dict:
     resp = stub.RepositoryIndex(pb.RepositoryIndexRequest(), timeout=TIMEOUT)
     items = [types.RepositoryIndexResponseItem(name=m.name, version=m.version or None,
                                                state=types.State(m.state), reason=m.reason) for m in resp.models]
-    return {"ok": True, "models": [[i.name, i.version, i.state.value] for i in items]}
+    return {"ok": True, "models": [[i.name, i.version, getattr(i.state, "value", i.state)] for i in items]}
 
 
 def error_flow(stub) -> dict:

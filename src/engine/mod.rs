@@ -5,7 +5,7 @@
 mod validate;
 
 use crate::backend::BackendError;
-use crate::core::{Error, InferRequest, InferResponse, ParamValue, Tensor};
+use crate::core::{DataType, Error, InferRequest, InferResponse, ParamValue, Tensor};
 use crate::invalid_arg;
 use crate::proto::inference::ModelConfig;
 use crate::repository::{Model, Repository, ServingVersion, VersionState};
@@ -201,18 +201,22 @@ impl Engine {
                     Some(request.outputs.iter().find(|r| r.name == output.name)?)
                 };
                 let mut output = validate::to_client_shape(output, spec, batched);
-                if let Some(content_type) = requested.and_then(|r| r.parameters.get("content_type"))
-                {
+                let content_type = output_content_type(
+                    requested.and_then(|r| r.parameters.get(CONTENT_TYPE)),
+                    request.parameters.get(CONTENT_TYPE),
+                    output.datatype,
+                );
+                if let Some(content_type) = content_type {
                     output
                         .parameters
-                        .insert("content_type".into(), content_type.clone());
+                        .insert(CONTENT_TYPE.into(), content_type.clone());
                 }
                 Some(output)
             })
             .collect();
         let mut parameters = crate::core::Parameters::new();
-        if let Some(content_type) = request.parameters.get("content_type") {
-            parameters.insert("content_type".into(), content_type.clone());
+        if let Some(content_type) = request.parameters.get(CONTENT_TYPE) {
+            parameters.insert(CONTENT_TYPE.into(), content_type.clone());
         }
         InferResponse {
             model_name: model.name.clone(),
@@ -256,6 +260,30 @@ fn model_config(model: &Model) -> Result<&Arc<ModelConfig>, Error> {
             model.name
         ))
     })
+}
+
+/// MLServer's codec selector, carried from requests to responses.
+const CONTENT_TYPE: &str = "content_type";
+
+/// The `content_type` to stamp on an output so MLServer's codecs decode it: the one the client
+/// asked for on that output, else the request's own when that codec can decode this datatype
+/// (`np` any; `str`, `base64`, `datetime` only BYTES). Other request codecs (`pd`, ...) are
+/// request-level only and are echoed on the response, not on outputs.
+fn output_content_type<'a>(
+    requested: Option<&'a ParamValue>,
+    request_level: Option<&'a ParamValue>,
+    datatype: DataType,
+) -> Option<&'a ParamValue> {
+    if requested.is_some() {
+        return requested;
+    }
+    let codec = request_level?.as_str()?;
+    let decodes = match codec {
+        "np" => true,
+        "str" | "base64" | "datetime" => datatype == DataType::Bytes,
+        _ => false,
+    };
+    decodes.then_some(request_level?)
 }
 
 /// Parses a version string as Triton does: an integer greater than zero.
@@ -302,6 +330,31 @@ mod tests {
             assert!(matches!(err, Error::InvalidArgument(_)), "{bad}");
             assert!(err.message().contains(&format!("'{bad}'")));
         }
+    }
+
+    #[test]
+    fn content_types_follow_mlserver_codecs() {
+        let s = |v: &str| ParamValue::String(v.into());
+        let (np, text, pd, asked) = (s("np"), s("str"), s("pd"), s("base64"));
+        assert_eq!(
+            output_content_type(Some(&asked), Some(&text), DataType::Fp32),
+            Some(&asked)
+        );
+        assert_eq!(
+            output_content_type(None, Some(&text), DataType::Bytes),
+            Some(&text)
+        );
+        assert_eq!(output_content_type(None, Some(&text), DataType::Fp32), None);
+        assert_eq!(
+            output_content_type(None, Some(&np), DataType::Int8),
+            Some(&np)
+        );
+        assert_eq!(output_content_type(None, Some(&pd), DataType::Bytes), None);
+        assert_eq!(
+            output_content_type(None, Some(&ParamValue::Bool(true)), DataType::Bytes),
+            None
+        );
+        assert_eq!(output_content_type(None, None, DataType::Bytes), None);
     }
 
     #[test]

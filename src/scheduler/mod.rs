@@ -109,20 +109,30 @@ mod tests {
     }
 
     #[tokio::test]
-    async fn runs_jobs_on_instances_concurrently() {
-        let pool = InstancePool::start("t", vec![Box::new(Doubler), Box::new(Doubler)]).unwrap();
+    async fn concurrent_jobs_are_all_answered() {
+        let pool =
+            Arc::new(InstancePool::start("t", vec![Box::new(Doubler), Box::new(Doubler)]).unwrap());
         assert_eq!(pool.instances(), 2);
-        let input = Tensor::new(
-            "in",
-            DataType::Uint8,
-            vec![3],
-            Bytes::from_static(&[1, 2, 3]),
-        );
-        let runs = (0..16).map(|_| pool.execute(vec![input.clone()]));
-        for out in futures_join_all(runs).await {
-            assert_eq!(&out.unwrap()[0].data[..], &[2, 4, 6]);
+        let tasks: Vec<_> = (0..16u8)
+            .map(|i| {
+                let pool = Arc::clone(&pool);
+                tokio::spawn(async move {
+                    let input =
+                        Tensor::new("in", DataType::Uint8, vec![2], Bytes::from(vec![i, 1]));
+                    pool.execute(vec![input]).await
+                })
+            })
+            .collect();
+        for (i, task) in tasks.into_iter().enumerate() {
+            let out = task.await.unwrap().unwrap();
+            assert_eq!(&out[0].data[..], &[2 * i as u8, 2]);
         }
-        assert!(pool.execute(vec![]).await.is_err());
+        assert!(pool
+            .execute(vec![])
+            .await
+            .unwrap_err()
+            .to_string()
+            .contains("no input"));
     }
 
     #[tokio::test]
@@ -132,16 +142,5 @@ mod tests {
             let err = pool.execute(vec![]).await.unwrap_err();
             assert!(err.to_string().contains("panicked"));
         }
-    }
-
-    async fn futures_join_all<F: std::future::Future>(
-        futures: impl Iterator<Item = F>,
-    ) -> Vec<F::Output> {
-        let handles: Vec<_> = futures.collect();
-        let mut out = Vec::new();
-        for f in handles {
-            out.push(f.await);
-        }
-        out
     }
 }
