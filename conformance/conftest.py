@@ -13,12 +13,14 @@ from __future__ import annotations
 import os
 import signal
 import socket
+import struct
 import subprocess
 import tempfile
 import time
 from pathlib import Path
 
 import grpc
+import numpy as np
 import pytest
 
 from tritonclient.grpc import service_pb2, service_pb2_grpc
@@ -135,11 +137,14 @@ class KilnServer:
                     f"cmd: {' '.join(self.args)}\n{self.log_tail()}",
                     pytrace=False,
                 )
-            try:
-                if self.stub().ServerLive(service_pb2.ServerLiveRequest(), timeout=2).live:
-                    return
-            except grpc.RpcError as e:  # not listening yet
-                last_err = e
+            # a fresh channel per attempt: a long-lived one would sit in reconnect backoff
+            with grpc.insecure_channel(self.grpc_url) as ch:
+                try:
+                    stub = service_pb2_grpc.GRPCInferenceServiceStub(ch)
+                    if stub.ServerLive(service_pb2.ServerLiveRequest(), timeout=2).live:
+                        return
+                except grpc.RpcError as e:  # not listening yet
+                    last_err = e
             time.sleep(0.2)
         self.stop()
         pytest.fail(
@@ -206,14 +211,31 @@ class KilnServer:
 _SERVERS: list[KilnServer] = []
 
 
+_START_FAILURES: dict[str, str] = {}
+
+
 def start_server(repos, name="kiln") -> KilnServer:
+    """Start kiln; a failed start is remembered so later tests fail fast instead of retrying."""
+    if name in _START_FAILURES:
+        pytest.fail(f"(earlier start failed) {_START_FAILURES[name]}", pytrace=False)
     srv = KilnServer(repos, name=name)
     _SERVERS.append(srv)
     try:
         return srv.start()
-    except BaseException:
-        srv.stop()
+    except BaseException as e:
+        _START_FAILURES[name] = str(e)[:4000]
+        stop_server(srv)
         raise
+
+
+def stop_server(srv: KilnServer) -> None:
+    srv.stop()
+    if srv in _SERVERS:
+        _SERVERS.remove(srv)
+    _STOPPED.append(srv)
+
+
+_STOPPED: list[KilnServer] = []
 
 
 @pytest.fixture(scope="session")
@@ -221,8 +243,7 @@ def server():
     """kiln serving the bundled repo and the test-only fixture repo at once."""
     srv = start_server([BUNDLED_REPO, FIXTURE_REPO], name="kiln-main")
     yield srv
-    srv.stop()
-    _SERVERS.remove(srv)
+    stop_server(srv)
 
 
 @pytest.fixture(scope="session")
@@ -230,8 +251,7 @@ def bundled_server():
     """A second kiln with only the bundled repository: every model loads, so it is READY."""
     srv = start_server([BUNDLED_REPO], name="kiln-bundled")
     yield srv
-    srv.stop()
-    _SERVERS.remove(srv)
+    stop_server(srv)
 
 
 @pytest.fixture(scope="session")
@@ -289,28 +309,30 @@ def pytest_runtest_makereport(item, call):
     rep = outcome.get_result()
     if rep.failed:
         for srv in list(_SERVERS):
-            rep.sections.append((f"{srv.name} log", srv.log_tail(60)))
+            rep.sections.append((f"{srv.name} log", srv.log_tail(40)))
 
 
 def pytest_sessionfinish(session, exitstatus):
     for srv in list(_SERVERS):
-        srv.stop()
+        stop_server(srv)
+    # keep the server logs only when something failed
+    for srv in _STOPPED:
+        if exitstatus == 0 and not os.environ.get("KILN_KEEP_LOGS"):
+            srv.log_path.unlink(missing_ok=True)
+        else:
+            print(f"\n{srv.name} log: {srv.log_path}")
 
 
 # ---------------------------------------------------------------------------
 # data helpers shared by the test modules
 # ---------------------------------------------------------------------------
-import struct  # noqa: E402
-
-import numpy as np  # noqa: E402
-
-# (Triton datatype, numpy dtype) for every type identity_types carries.
 def _bf16():
     import ml_dtypes
 
     return ml_dtypes.bfloat16
 
 
+# (Triton datatype, numpy dtype) for every type identity_types carries (BF16: ml_dtypes).
 DATATYPES = [
     ("BOOL", np.bool_), ("UINT8", np.uint8), ("UINT16", np.uint16), ("UINT32", np.uint32),
     ("UINT64", np.uint64), ("INT8", np.int8), ("INT16", np.int16), ("INT32", np.int32),

@@ -118,8 +118,21 @@ pub async fn run(
             .await;
     }
     let _ = stop.send(true);
-    match tokio::time::timeout(config.exit_timeout, serve).await {
-        Ok(result) => result.map_err(ServerError::from),
+    // The transport's own graceful shutdown also waits for idle client connections to close;
+    // kiln waits only for the requests it is running.
+    let drained = async {
+        while engine.in_flight() > 0 {
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        }
+    };
+    let finished = async {
+        tokio::select! {
+            result = &mut serve => result.map_err(ServerError::from),
+            () = drained => Ok(()),
+        }
+    };
+    match tokio::time::timeout(config.exit_timeout, finished).await {
+        Ok(result) => result,
         Err(_) => {
             warn!("exit timeout reached with requests still in flight");
             Ok(())

@@ -172,8 +172,8 @@ fn input_value(tensor: &Tensor) -> Result<SessionInputValue<'_>, BackendError> {
         DataType::Fp32 => numeric_input!(tensor, f32),
         DataType::Fp64 => numeric_input!(tensor, f64),
         DataType::Bytes => {
-            let strings = utf8_elements(tensor)?;
-            ort::value::Tensor::from_string_array((tensor.shape.clone(), strings.as_slice()))
+            let elements = string_elements(tensor)?;
+            ort::value::Tensor::from_string_array((tensor.shape.clone(), elements.as_slice()))
                 .map(SessionInputValue::from)
         }
     };
@@ -185,20 +185,80 @@ fn input_value(tensor: &Tensor) -> Result<SessionInputValue<'_>, BackendError> {
     })
 }
 
-// ONNX Runtime's string tensors hold text; reject bytes that are not UTF-8 with a clear message.
-fn utf8_elements(tensor: &Tensor) -> Result<Vec<String>, BackendError> {
+/// One BYTES element handed to ONNX Runtime as-is. ONNX string tensors are byte strings in the C
+/// API, so any bytes pass (only an embedded NUL cannot, as ONNX Runtime copies C strings).
+#[derive(Clone)]
+struct StringElement(Bytes);
+
+impl ort::value::Utf8Data for StringElement {
+    fn as_utf8_bytes(&self) -> &[u8] {
+        &self.0
+    }
+}
+
+fn string_elements(tensor: &Tensor) -> Result<Vec<StringElement>, BackendError> {
     BytesElements::new(&tensor.data)
         .enumerate()
         .map(|(index, element)| {
             let element = element.map_err(|e| BackendError::Input(e.to_string()))?;
-            std::str::from_utf8(element).map(str::to_owned).map_err(|_| {
-                BackendError::Input(format!(
-                    "element {index} of BYTES input '{}' is not valid UTF-8, which ONNX string tensors require",
+            if element.contains(&0) {
+                return Err(BackendError::Input(format!(
+                    "element {index} of BYTES input '{}' contains a NUL byte, which ONNX string tensors cannot hold",
                     tensor.name
-                ))
-            })
+                )));
+            }
+            Ok(StringElement(tensor.data.slice_ref(element)))
         })
         .collect()
+}
+
+/// Turns a failed ONNX Runtime C API status into an error (and releases it).
+fn check_status(status: ort::sys::OrtStatusPtr) -> Result<(), BackendError> {
+    if status.0.is_null() {
+        return Ok(());
+    }
+    let api = ort::api();
+    // SAFETY: a non-null status from the C API is a valid OrtStatus until released below.
+    let message = unsafe {
+        let text = std::ffi::CStr::from_ptr((api.GetErrorMessage)(status.0))
+            .to_string_lossy()
+            .into_owned();
+        (api.ReleaseStatus)(status.0);
+        text
+    };
+    Err(BackendError::Run(format!(
+        "failed to read string output: {message}"
+    )))
+}
+
+/// Reads a string tensor's elements as raw bytes and frames them as BYTES. (`ort`'s own
+/// extraction insists on UTF-8; Triton passes arbitrary bytes through.)
+fn string_output(value: &DynValue, count: usize) -> Result<Bytes, BackendError> {
+    use ort::AsPointer;
+    if count == 0 {
+        return Ok(Bytes::new());
+    }
+    let api = ort::api();
+    let ptr = value.ptr();
+    let mut total = 0usize;
+    // SAFETY: `ptr` is a live string tensor owned by `value`; the buffers have the sizes passed.
+    check_status(unsafe { (api.GetStringTensorDataLength)(ptr, &mut total) })?;
+    let mut content = vec![0u8; total];
+    let mut offsets = vec![0usize; count];
+    check_status(unsafe {
+        (api.GetStringTensorContent)(
+            ptr,
+            content.as_mut_ptr().cast(),
+            total,
+            offsets.as_mut_ptr(),
+            count,
+        )
+    })?;
+    offsets.push(total);
+    let elements = offsets
+        .windows(2)
+        .map(|w| content.get(w[0]..w[1]).unwrap_or_default());
+    Ok(crate::core::tensor::frame_bytes(elements))
 }
 
 macro_rules! numeric_output {
@@ -244,8 +304,10 @@ fn output_tensor(name: &str, value: &DynValue) -> Result<Tensor, BackendError> {
         DataType::Fp32 => numeric_output!(value, f32),
         DataType::Fp64 => numeric_output!(value, f64),
         DataType::Bytes => {
-            let (shape, strings) = value.try_extract_strings().map_err(run_error)?;
-            (shape.to_vec(), crate::core::tensor::frame_bytes(&strings))
+            let shape = value.shape().to_vec();
+            let count = shape.iter().map(|&d| d.max(0) as usize).product();
+            let data = string_output(value, count)?;
+            (shape, data)
         }
     };
     Ok(Tensor::new(name, datatype, shape, data))

@@ -9,6 +9,7 @@ use crate::core::{DataType, Error, InferRequest, InferResponse, ParamValue, Tens
 use crate::invalid_arg;
 use crate::proto::inference::ModelConfig;
 use crate::repository::{Model, Repository, ServingVersion, VersionState};
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 
 /// Protocol extensions kiln implements, as reported by server metadata.
@@ -53,11 +54,37 @@ pub struct IndexEntry {
 /// The inference engine: owns the loaded repository.
 pub struct Engine {
     repository: Repository,
+    /// Inference requests between arrival and response, for graceful shutdown.
+    in_flight: AtomicUsize,
+}
+
+/// Counts one request in flight for as long as it lives.
+struct InFlight<'a>(&'a AtomicUsize);
+
+impl<'a> InFlight<'a> {
+    fn enter(counter: &'a AtomicUsize) -> Self {
+        counter.fetch_add(1, Ordering::SeqCst);
+        InFlight(counter)
+    }
+}
+
+impl Drop for InFlight<'_> {
+    fn drop(&mut self) {
+        self.0.fetch_sub(1, Ordering::SeqCst);
+    }
 }
 
 impl Engine {
     pub fn new(repository: Repository) -> Engine {
-        Engine { repository }
+        Engine {
+            repository,
+            in_flight: AtomicUsize::new(0),
+        }
+    }
+
+    /// Inference requests currently being handled.
+    pub fn in_flight(&self) -> usize {
+        self.in_flight.load(Ordering::SeqCst)
     }
 
     /// The process is up and answering.
@@ -173,6 +200,7 @@ impl Engine {
     /// Lookup errors as [`Engine::model_ready`]; INVALID_ARGUMENT for a request that does not fit
     /// the model; INTERNAL when the model fails while running.
     pub async fn infer(&self, mut request: InferRequest) -> Result<InferResponse, Error> {
+        let _in_flight = InFlight::enter(&self.in_flight);
         let (model, serving) = self.resolve(&request.model_name, &request.model_version)?;
         check_parameters(&request)?;
         let inputs = validate::prepare_inputs(&model.name, &serving.io, &mut request)?;

@@ -1,7 +1,9 @@
 //! Checking an inference request against a model version's [`IoSpec`], with Triton's error texts,
 //! and mapping shapes between what clients send and what the ONNX graph takes. Pure functions.
 
-use crate::core::tensor::{check_bytes_framing, element_count, format_dims, ShapeError};
+use crate::core::tensor::{
+    check_bytes_framing, element_count, format_dims, FramingError, ShapeError,
+};
 use crate::core::{Error, InferRequest, Tensor};
 use crate::invalid_arg;
 use crate::repository::{IoSpec, TensorSpec};
@@ -28,6 +30,21 @@ pub fn prepare_inputs(
     request: &mut InferRequest,
 ) -> Result<Vec<Tensor>, Error> {
     let prefix = request_prefix(&request.id);
+    if request.inputs.len() != io.inputs.len() {
+        let missing = io
+            .inputs
+            .iter()
+            .filter(|spec| !request.inputs.iter().any(|i| i.name == spec.name))
+            .map(|spec| spec.name.as_str());
+        return Err(invalid_arg!(
+            "{prefix}expected {} inputs but got {} inputs for model '{model}'. Got input(s) {}, but missing \
+             required input(s) {}. Please provide all required input(s).",
+            io.inputs.len(),
+            request.inputs.len(),
+            quoted_list(request.inputs.iter().map(|i| i.name.as_str())),
+            quoted_list(missing)
+        ));
+    }
     for (index, input) in request.inputs.iter().enumerate() {
         if io.input(&input.name).is_none() {
             return Err(invalid_arg!(
@@ -44,21 +61,6 @@ pub fn prepare_inputs(
                 input.name
             ));
         }
-    }
-    if request.inputs.len() != io.inputs.len() {
-        let missing = io
-            .inputs
-            .iter()
-            .filter(|spec| !request.inputs.iter().any(|i| i.name == spec.name))
-            .map(|spec| spec.name.as_str());
-        return Err(invalid_arg!(
-            "{prefix}expected {} inputs but got {} inputs for model '{model}'. Got input(s) {}, but missing \
-             required input(s) {}. Please provide all required input(s).",
-            io.inputs.len(),
-            request.inputs.len(),
-            quoted_list(request.inputs.iter().map(|i| i.name.as_str())),
-            quoted_list(missing)
-        ));
     }
     for output in &request.outputs {
         if io.output(&output.name).is_none() {
@@ -155,10 +157,15 @@ fn check_input(
         } else {
             ""
         };
+        let expected: Vec<i64> = batched
+            .then_some(-1)
+            .into_iter()
+            .chain(spec.dims.iter().copied())
+            .collect();
         return Err(invalid_arg!(
             "{prefix}unexpected shape for input '{name}' for model '{model}'. Expected {}, got {}. {note}",
-            format_dims(&spec.dims),
-            format_dims(dims)
+            format_dims(&expected),
+            format_dims(&input.shape)
         ));
     }
     let count = element_count(&input.shape).map_err(|e| match e {
@@ -177,8 +184,14 @@ fn check_input(
                 ));
             }
         }
-        None => check_bytes_framing(&input.data, count).map_err(|e| {
-            invalid_arg!("{prefix}invalid BYTES data for input '{name}' for model '{model}': {e}")
+        None => check_bytes_framing(&input.data, count).map_err(|e| match e {
+            FramingError::Count { expected, found } => invalid_arg!(
+                "{prefix}expected {expected} string elements for inference input '{name}' for model '{model}', got {found}"
+            ),
+            truncated => invalid_arg!(
+                "{prefix}element byte size indicator exceeds the end of the buffer for inference input '{name}' \
+                 for model '{model}' ({truncated})"
+            ),
         })?,
     }
     Ok(())
@@ -308,6 +321,15 @@ mod tests {
             request(vec![fp32("INPUT0", &[1, 16]), fp32("INPUT0", &[1, 16])])
         )
         .contains("more than once"));
+        let three = vec![
+            fp32("INPUT0", &[1, 16]),
+            fp32("INPUT1", &[1, 16]),
+            fp32("INPUT2", &[1, 16]),
+        ];
+        assert!(err(&io, request(three)).starts_with(
+            "[request id: <id_unknown>] expected 2 inputs but got 3 inputs for model 'add_sub'. \
+             Got input(s) ['INPUT0','INPUT1','INPUT2'], but missing required input(s) []."
+        ));
     }
 
     #[test]
@@ -342,13 +364,13 @@ mod tests {
             request(vec![fp32("INPUT0", &[1, 4]), fp32("INPUT1", &[1, 16])]),
         );
         assert!(message.starts_with(
-            "[request id: <id_unknown>] unexpected shape for input 'INPUT0' for model 'add_sub'. Expected [16], got [4]. NOTE: Setting a non-zero max_batch_size"
+            "[request id: <id_unknown>] unexpected shape for input 'INPUT0' for model 'add_sub'. Expected [-1,16], got [1,4]. NOTE: Setting a non-zero max_batch_size"
         ));
         let message = err(
             &add_sub(),
             request(vec![fp32("INPUT0", &[2]), fp32("INPUT1", &[2])]),
         );
-        assert!(message.contains("Expected [16], got []"));
+        assert!(message.contains("Expected [-1,16], got [2]"));
     }
 
     #[test]
@@ -430,7 +452,9 @@ mod tests {
             vec![3],
             frame_bytes([&b"a"[..], b"bc"]),
         );
-        assert!(err(&io, request(vec![short])).contains("expected 3 elements but found 2"));
+        assert!(err(&io, request(vec![short])).contains(
+            "expected 3 string elements for inference input 'S' for model 'add_sub', got 2"
+        ));
         let truncated = Tensor::new(
             "S",
             DataType::Bytes,

@@ -64,6 +64,20 @@ pub fn params_to_wire(params: Parameters) -> HashMap<String, InferParameter> {
 pub fn request_from_wire(request: ModelInferRequest) -> Result<InferRequest, Error> {
     let model = request.model_name;
     let uses_raw = !request.raw_input_contents.is_empty();
+    // Clients such as MLServer's converter send an empty `contents` beside raw data: only a
+    // populated typed field counts as typed data.
+    if uses_raw {
+        if let Some(typed) = request.inputs.iter().find(|i| {
+            i.contents
+                .as_ref()
+                .is_some_and(|c| populated_field(c).is_some())
+        }) {
+            return Err(invalid_arg!(
+                "contents field must not be specified when using raw_input_contents for '{}' for model '{model}'",
+                typed.name
+            ));
+        }
+    }
     let mut raw = request.raw_input_contents.into_iter();
     let mut inputs = Vec::with_capacity(request.inputs.len());
     for input in request.inputs {
@@ -113,14 +127,11 @@ fn input_from_wire(
         )));
     }
     let data = match input.contents {
-        Some(_) if uses_raw => {
-            return Err(invalid_arg!(
-                "contents field must not be specified when using raw_input_contents for '{name}' for model '{model}'"
-            ))
-        }
-        Some(contents) => typed_to_raw(contents, datatype, &name, model)?,
-        None => raw.next().ok_or_else(|| {
-            invalid_arg!("unable to find data for input tensor '{name}' for model '{model}' in request.")
+        Some(contents) if !uses_raw => typed_to_raw(contents, datatype, &name, model)?,
+        _ => raw.next().ok_or_else(|| {
+            invalid_arg!(
+                "unable to find data for input tensor '{name}' for model '{model}' in request."
+            )
         })?,
     };
     Ok(Tensor {
@@ -174,12 +185,16 @@ fn typed_to_raw(
         DataType::Fp32 => "FP32",
         DataType::Fp64 => "FP64",
         DataType::Bytes => "BYTES",
-        DataType::Fp16 | DataType::Bf16 => {
-            return Err(invalid_arg!(
-                "{datatype} input '{name}' for model '{model}' must be sent in raw_input_contents: \
-                 the protocol has no typed field for {datatype}"
-            ))
-        }
+        // No typed field exists for these: only an empty (zero-element) typed tensor is valid.
+        DataType::Fp16 | DataType::Bf16 => match populated_field(&c) {
+            None => return Ok(Bytes::new()),
+            Some(_) => {
+                return Err(invalid_arg!(
+                    "{datatype} input '{name}' for model '{model}' must be sent in raw_input_contents: \
+                     the protocol has no typed field for {datatype}"
+                ))
+            }
+        },
     };
     if let Some(found) = populated_field(&c) {
         if found != expected_field {
@@ -339,16 +354,26 @@ mod tests {
             err,
             "unexpected explicit tensor data for input tensor 'a' for model 'm' of type 'INT32', expected datatype 'FP32'"
         );
+        let fp16 = InferTensorContents {
+            fp32_contents: vec![1.0],
+            ..Default::default()
+        };
         let err = message(request_from_wire(request(
-            vec![input(
-                "h",
-                "FP16",
-                &[1],
-                Some(InferTensorContents::default()),
-            )],
+            vec![input("h", "FP16", &[1], Some(fp16))],
             vec![],
         )));
         assert!(err.contains("must be sent in raw_input_contents"));
+        let empty = request_from_wire(request(
+            vec![input(
+                "h",
+                "FP16",
+                &[2, 0],
+                Some(InferTensorContents::default()),
+            )],
+            vec![],
+        ))
+        .unwrap();
+        assert!(empty.inputs[0].data.is_empty());
     }
 
     #[test]
@@ -361,12 +386,30 @@ mod tests {
             err,
             "unable to find data for input tensor 'a' for model 'm' in request."
         );
+        let typed = InferTensorContents {
+            fp32_contents: vec![1.0],
+            ..Default::default()
+        };
         let mixed = request(
             vec![
-                input("a", "FP32", &[1], Some(InferTensorContents::default())),
+                input("a", "FP32", &[1], Some(typed)),
                 input("b", "FP32", &[1], None),
             ],
             vec![Bytes::from_static(&[0; 4])],
+        );
+        // An empty `contents` beside raw data (MLServer's converter) is not typed data.
+        let empty_typed = request(
+            vec![input(
+                "a",
+                "FP32",
+                &[1],
+                Some(InferTensorContents::default()),
+            )],
+            vec![Bytes::from_static(&[0; 4])],
+        );
+        assert_eq!(
+            request_from_wire(empty_typed).unwrap().inputs[0].data.len(),
+            4
         );
         assert_eq!(
             message(request_from_wire(mixed)),

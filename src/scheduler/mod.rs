@@ -2,6 +2,8 @@
 //! and pulls work from a queue shared by the instances of one model version, so a slow request
 //! never blocks a free instance. (Dynamic batching, priorities and deadlines build on this.)
 
+pub mod state;
+
 use crate::backend::{Backend, BackendError};
 use crate::core::Tensor;
 use std::panic::{catch_unwind, AssertUnwindSafe};

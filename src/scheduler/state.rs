@@ -1,0 +1,670 @@
+//! The queue and dynamic-batching decisions of one model version, as plain data: no channels, no
+//! clocks of its own (every call takes `now`), so every rule is unit-tested without threads.
+//!
+//! Rules (Triton's dynamic batcher):
+//! - priority levels 1 (highest) ..= N; requests without a priority (or an out-of-range one) go to
+//!   the default level; each level has its queue policy (max size, timeout, timeout action);
+//! - a batch starts with the oldest request of the highest non-empty level and extends, in queue
+//!   order, with requests of the same shape signature while the batch stays within
+//!   `max_batch_size`; the first incompatible request ends it (order is never skipped);
+//! - a batch is sent when it reaches `max_batch_size` or a preferred size, or once its oldest
+//!   request has waited `max_queue_delay`; otherwise the batcher waits until then;
+//! - a request whose timeout passes while queued is rejected (REJECT) or moved behind every request
+//!   that has not timed out (DELAY); a client deadline always rejects;
+//! - without dynamic batching every request runs alone, in priority and arrival order.
+
+use std::collections::VecDeque;
+use std::time::{Duration, Instant};
+
+/// What to do with a request whose queue-policy timeout expires.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum TimeoutAction {
+    #[default]
+    Reject,
+    Delay,
+}
+
+/// Triton's `ModelQueuePolicy` for one priority level.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct QueuePolicy {
+    /// 0 means unbounded.
+    pub max_queue_size: usize,
+    /// Time a request may wait in the queue; `None` means forever.
+    pub default_timeout: Option<Duration>,
+    pub timeout_action: TimeoutAction,
+    /// Whether a request's own `timeout` may replace `default_timeout`.
+    pub allow_timeout_override: bool,
+}
+
+/// How a model version's requests are queued and batched.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct BatchingConfig {
+    /// Merge requests along the batch dimension (`dynamic_batching` in the config).
+    pub dynamic: bool,
+    /// Largest merged batch; 0 for models without a batch dimension.
+    pub max_batch_size: usize,
+    /// Batch sizes sent as soon as they are reached, ascending.
+    pub preferred_batch_sizes: Vec<usize>,
+    pub max_queue_delay: Duration,
+    /// Number of priority levels (at least 1).
+    pub priority_levels: usize,
+    /// Level (1-based) for requests that give no valid priority.
+    pub default_priority: usize,
+    /// One policy per level, index 0 = level 1.
+    pub policies: Vec<QueuePolicy>,
+}
+
+impl Default for BatchingConfig {
+    fn default() -> Self {
+        BatchingConfig {
+            dynamic: false,
+            max_batch_size: 0,
+            preferred_batch_sizes: Vec::new(),
+            max_queue_delay: Duration::ZERO,
+            priority_levels: 1,
+            default_priority: 1,
+            policies: vec![QueuePolicy::default()],
+        }
+    }
+}
+
+impl BatchingConfig {
+    fn level(&self, priority: Option<u64>) -> usize {
+        match priority {
+            Some(p) if p >= 1 && p as usize <= self.priority_levels => p as usize - 1,
+            _ => self.default_priority.clamp(1, self.priority_levels) - 1,
+        }
+    }
+
+    fn policy(&self, level: usize) -> &QueuePolicy {
+        static UNBOUNDED: QueuePolicy = QueuePolicy {
+            max_queue_size: 0,
+            default_timeout: None,
+            timeout_action: TimeoutAction::Reject,
+            allow_timeout_override: false,
+        };
+        self.policies.get(level).unwrap_or(&UNBOUNDED)
+    }
+}
+
+/// Why a request left the queue without running.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Rejection {
+    /// The level's queue is full ("Exceeds maximum queue size").
+    QueueFull,
+    /// The queue policy's timeout passed (REJECT action).
+    Timeout,
+    /// The client's own deadline passed.
+    Deadline,
+}
+
+/// A request as the queue sees it.
+#[derive(Debug, Clone)]
+pub struct Submission<T> {
+    pub payload: T,
+    /// Rows this request adds to a batch (its first dim; 1 for models without batching).
+    pub batch_size: usize,
+    /// Requests merge only when their signatures (non-batch shapes and datatypes) are equal.
+    pub signature: u64,
+    pub priority: Option<u64>,
+    /// Client deadline (gRPC `grpc-timeout`).
+    pub deadline: Option<Instant>,
+    /// The request's own `timeout` parameter.
+    pub timeout: Option<Duration>,
+}
+
+#[derive(Debug)]
+struct Entry<T> {
+    id: u64,
+    payload: T,
+    batch_size: usize,
+    signature: u64,
+    enqueued: Instant,
+    /// When the queue policy's timeout fires, if it applies.
+    policy_expiry: Option<Instant>,
+    action: TimeoutAction,
+    deadline: Option<Instant>,
+}
+
+/// What the batcher can do now.
+#[derive(Debug, PartialEq, Eq)]
+pub enum Next<T> {
+    /// Send these requests to an instance as one batch.
+    Batch(Vec<T>),
+    /// Nothing to send before this instant (unless new requests arrive).
+    WaitUntil(Instant),
+    /// The queue is empty.
+    Idle,
+}
+
+/// The queues of one model version.
+#[derive(Debug)]
+pub struct State<T> {
+    config: BatchingConfig,
+    /// One FIFO per priority level, index 0 = highest.
+    levels: Vec<VecDeque<Entry<T>>>,
+    /// Requests whose DELAY timeout fired: served only when every level is empty.
+    delayed: VecDeque<Entry<T>>,
+    next_id: u64,
+}
+
+impl<T> State<T> {
+    pub fn new(mut config: BatchingConfig) -> State<T> {
+        config.priority_levels = config.priority_levels.max(1);
+        config.preferred_batch_sizes.sort_unstable();
+        let levels = (0..config.priority_levels)
+            .map(|_| VecDeque::new())
+            .collect();
+        State {
+            config,
+            levels,
+            delayed: VecDeque::new(),
+            next_id: 0,
+        }
+    }
+
+    pub fn config(&self) -> &BatchingConfig {
+        &self.config
+    }
+
+    /// Requests waiting (including delayed ones).
+    pub fn len(&self) -> usize {
+        self.levels.iter().map(VecDeque::len).sum::<usize>() + self.delayed.len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    /// Queues a request and returns its id (for [`State::cancel`]).
+    ///
+    /// # Errors
+    /// [`Rejection::QueueFull`] (with the payload back) when its level is at `max_queue_size`.
+    pub fn push(&mut self, submission: Submission<T>, now: Instant) -> Result<u64, (Rejection, T)> {
+        let level = self.config.level(submission.priority);
+        let policy = self.config.policy(level);
+        if policy.max_queue_size > 0 && self.levels[level].len() >= policy.max_queue_size {
+            return Err((Rejection::QueueFull, submission.payload));
+        }
+        // A request's own timeout replaces the policy's when allowed, or when the policy has none.
+        let timeout = match submission.timeout {
+            Some(own) if policy.allow_timeout_override || policy.default_timeout.is_none() => {
+                Some(own)
+            }
+            _ => policy.default_timeout,
+        };
+        let id = self.next_id;
+        self.next_id += 1;
+        self.levels[level].push_back(Entry {
+            id,
+            payload: submission.payload,
+            batch_size: submission.batch_size.max(1),
+            signature: submission.signature,
+            enqueued: now,
+            policy_expiry: timeout.map(|t| now + t),
+            action: policy.timeout_action,
+            deadline: submission.deadline,
+        });
+        Ok(id)
+    }
+
+    /// Removes a queued request (its client went away). `None` if it already left the queue.
+    pub fn cancel(&mut self, id: u64) -> Option<T> {
+        for queue in self
+            .levels
+            .iter_mut()
+            .chain(std::iter::once(&mut self.delayed))
+        {
+            if let Some(index) = queue.iter().position(|e| e.id == id) {
+                return queue.remove(index).map(|e| e.payload);
+            }
+        }
+        None
+    }
+
+    /// Applies deadlines and timeouts at `now`: returns the rejected requests; DELAY requests move
+    /// to the delayed queue.
+    pub fn expire(&mut self, now: Instant) -> Vec<(T, Rejection)> {
+        let mut rejected = Vec::new();
+        for level in 0..self.levels.len() {
+            let queue = std::mem::take(&mut self.levels[level]);
+            for mut entry in queue {
+                if entry.deadline.is_some_and(|d| d <= now) {
+                    rejected.push((entry.payload, Rejection::Deadline));
+                } else if entry.policy_expiry.is_some_and(|t| t <= now) {
+                    match entry.action {
+                        TimeoutAction::Reject => rejected.push((entry.payload, Rejection::Timeout)),
+                        TimeoutAction::Delay => {
+                            entry.policy_expiry = None;
+                            self.delayed.push_back(entry);
+                        }
+                    }
+                } else {
+                    self.levels[level].push_back(entry);
+                }
+            }
+        }
+        let delayed = std::mem::take(&mut self.delayed);
+        for entry in delayed {
+            if entry.deadline.is_some_and(|d| d <= now) {
+                rejected.push((entry.payload, Rejection::Deadline));
+            } else {
+                self.delayed.push_back(entry);
+            }
+        }
+        rejected
+    }
+
+    /// The earliest instant at which [`State::expire`] has work.
+    pub fn next_expiry(&self) -> Option<Instant> {
+        self.levels
+            .iter()
+            .flatten()
+            .flat_map(|e| [e.deadline, e.policy_expiry])
+            .chain(self.delayed.iter().map(|e| e.deadline))
+            .flatten()
+            .min()
+    }
+
+    /// Forms the next batch for a free instance, or says how long to wait. Call
+    /// [`State::expire`] first so that no expired request is sent.
+    pub fn next_batch(&mut self, now: Instant) -> Next<T> {
+        let Some(queue) = self
+            .levels
+            .iter_mut()
+            .chain(std::iter::once(&mut self.delayed))
+            .find(|q| !q.is_empty())
+        else {
+            return Next::Idle;
+        };
+        let head = &queue[0];
+        let batching = self.config.dynamic && self.config.max_batch_size > 0;
+        if !batching {
+            return Next::Batch(vec![queue.pop_front().expect("non-empty").payload]);
+        }
+        // Longest run of compatible requests, in order, that fits max_batch_size; remember the
+        // longest prefix whose size is a preferred one.
+        let (signature, oldest) = (head.signature, head.enqueued);
+        let mut total = 0;
+        let mut count = 0;
+        let mut preferred_prefix = None;
+        for entry in queue.iter() {
+            if entry.signature != signature || total + entry.batch_size > self.config.max_batch_size
+            {
+                break;
+            }
+            total += entry.batch_size;
+            count += 1;
+            if self
+                .config
+                .preferred_batch_sizes
+                .binary_search(&total)
+                .is_ok()
+            {
+                preferred_prefix = Some(count);
+            }
+        }
+        // A single request larger than max_batch_size cannot reach here: the engine rejects it.
+        let count = count.max(1);
+        let full = total >= self.config.max_batch_size;
+        let waited_enough = now.saturating_duration_since(oldest) >= self.config.max_queue_delay;
+        let take = if full || waited_enough {
+            count
+        } else if let Some(prefix) = preferred_prefix {
+            prefix
+        } else {
+            return Next::WaitUntil(oldest + self.config.max_queue_delay);
+        };
+        Next::Batch(queue.drain(..take).map(|e| e.payload).collect())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn dynamic(max: usize, preferred: &[usize], delay_us: u64) -> BatchingConfig {
+        BatchingConfig {
+            dynamic: true,
+            max_batch_size: max,
+            preferred_batch_sizes: preferred.to_vec(),
+            max_queue_delay: Duration::from_micros(delay_us),
+            ..BatchingConfig::default()
+        }
+    }
+
+    fn sub(payload: u32, batch_size: usize) -> Submission<u32> {
+        Submission {
+            payload,
+            batch_size,
+            signature: 7,
+            priority: None,
+            deadline: None,
+            timeout: None,
+        }
+    }
+
+    fn batch(next: Next<u32>) -> Vec<u32> {
+        match next {
+            Next::Batch(b) => b,
+            other => panic!("expected a batch, got {other:?}"),
+        }
+    }
+
+    #[test]
+    fn without_dynamic_batching_requests_run_alone_in_order() {
+        let now = Instant::now();
+        let mut state = State::new(BatchingConfig {
+            max_batch_size: 8,
+            ..Default::default()
+        });
+        for i in 0..3 {
+            state.push(sub(i, 1), now).unwrap();
+        }
+        assert_eq!(batch(state.next_batch(now)), vec![0]);
+        assert_eq!(batch(state.next_batch(now)), vec![1]);
+        assert_eq!(batch(state.next_batch(now)), vec![2]);
+        assert_eq!(state.next_batch(now), Next::Idle);
+    }
+
+    #[test]
+    fn zero_delay_sends_everything_compatible_at_once() {
+        let now = Instant::now();
+        let mut state = State::new(dynamic(8, &[], 0));
+        for i in 0..5 {
+            state.push(sub(i, 1), now).unwrap();
+        }
+        assert_eq!(batch(state.next_batch(now)), vec![0, 1, 2, 3, 4]);
+        assert!(state.is_empty());
+    }
+
+    #[test]
+    fn batches_never_exceed_max_batch_size() {
+        let now = Instant::now();
+        let mut state = State::new(dynamic(4, &[], 0));
+        for (i, rows) in [2, 1, 2, 3].into_iter().enumerate() {
+            state.push(sub(i as u32, rows), now).unwrap();
+        }
+        assert_eq!(batch(state.next_batch(now)), vec![0, 1]); // 2 + 1; adding 2 would give 5
+        assert_eq!(batch(state.next_batch(now)), vec![2]); // 2; adding 3 would give 5
+        assert_eq!(batch(state.next_batch(now)), vec![3]);
+    }
+
+    #[test]
+    fn different_signatures_are_never_merged_and_order_is_kept() {
+        let now = Instant::now();
+        let mut state = State::new(dynamic(8, &[], 0));
+        state.push(sub(0, 1), now).unwrap();
+        state
+            .push(
+                Submission {
+                    signature: 9,
+                    ..sub(1, 1)
+                },
+                now,
+            )
+            .unwrap();
+        state.push(sub(2, 1), now).unwrap();
+        assert_eq!(batch(state.next_batch(now)), vec![0]);
+        assert_eq!(batch(state.next_batch(now)), vec![1]);
+        assert_eq!(batch(state.next_batch(now)), vec![2]);
+    }
+
+    #[test]
+    fn delay_waits_for_more_requests_until_it_expires() {
+        let start = Instant::now();
+        let mut state = State::new(dynamic(8, &[], 1000));
+        state.push(sub(0, 1), start).unwrap();
+        let deadline = start + Duration::from_micros(1000);
+        assert_eq!(state.next_batch(start), Next::WaitUntil(deadline));
+        state
+            .push(sub(1, 1), start + Duration::from_micros(500))
+            .unwrap();
+        assert_eq!(
+            state.next_batch(start + Duration::from_micros(600)),
+            Next::WaitUntil(deadline)
+        );
+        assert_eq!(batch(state.next_batch(deadline)), vec![0, 1]);
+    }
+
+    #[test]
+    fn a_full_batch_goes_before_the_delay() {
+        let now = Instant::now();
+        let mut state = State::new(dynamic(4, &[], 1_000_000));
+        for i in 0..5 {
+            state.push(sub(i, 1), now).unwrap();
+        }
+        assert_eq!(batch(state.next_batch(now)), vec![0, 1, 2, 3]);
+        assert!(matches!(state.next_batch(now), Next::WaitUntil(_)));
+    }
+
+    #[test]
+    fn preferred_sizes_go_early_taking_the_longest_preferred_prefix() {
+        let now = Instant::now();
+        let mut state = State::new(dynamic(16, &[4, 2], 1_000_000));
+        state.push(sub(0, 1), now).unwrap();
+        assert!(matches!(state.next_batch(now), Next::WaitUntil(_)));
+        for i in 1..5 {
+            state.push(sub(i, 1), now).unwrap();
+        }
+        // 5 queued, preferred {2, 4}: send 4 now, keep 1 waiting.
+        assert_eq!(batch(state.next_batch(now)), vec![0, 1, 2, 3]);
+        assert!(matches!(state.next_batch(now), Next::WaitUntil(_)));
+        assert_eq!(state.len(), 1);
+    }
+
+    #[test]
+    fn higher_priority_goes_first_and_bad_priorities_use_the_default() {
+        let now = Instant::now();
+        let config = BatchingConfig {
+            priority_levels: 3,
+            default_priority: 2,
+            policies: vec![QueuePolicy::default(); 3],
+            ..BatchingConfig::default()
+        };
+        let mut state = State::new(config);
+        state
+            .push(
+                Submission {
+                    priority: Some(3),
+                    ..sub(0, 1)
+                },
+                now,
+            )
+            .unwrap();
+        state
+            .push(
+                Submission {
+                    priority: None,
+                    ..sub(1, 1)
+                },
+                now,
+            )
+            .unwrap();
+        state
+            .push(
+                Submission {
+                    priority: Some(99),
+                    ..sub(2, 1)
+                },
+                now,
+            )
+            .unwrap();
+        state
+            .push(
+                Submission {
+                    priority: Some(1),
+                    ..sub(3, 1)
+                },
+                now,
+            )
+            .unwrap();
+        let order: Vec<u32> = (0..4).flat_map(|_| batch(state.next_batch(now))).collect();
+        assert_eq!(order, vec![3, 1, 2, 0]);
+    }
+
+    #[test]
+    fn max_queue_size_rejects_per_level() {
+        let now = Instant::now();
+        let config = BatchingConfig {
+            priority_levels: 2,
+            default_priority: 1,
+            policies: vec![
+                QueuePolicy {
+                    max_queue_size: 2,
+                    ..Default::default()
+                },
+                QueuePolicy::default(),
+            ],
+            ..dynamic(8, &[], 0)
+        };
+        let mut state = State::new(config);
+        state.push(sub(0, 1), now).unwrap();
+        state.push(sub(1, 1), now).unwrap();
+        assert_eq!(state.push(sub(2, 1), now), Err((Rejection::QueueFull, 2)));
+        state
+            .push(
+                Submission {
+                    priority: Some(2),
+                    ..sub(3, 1)
+                },
+                now,
+            )
+            .unwrap();
+        assert_eq!(state.len(), 3);
+    }
+
+    #[test]
+    fn policy_timeout_rejects_or_delays() {
+        let start = Instant::now();
+        let policy = |action| QueuePolicy {
+            default_timeout: Some(Duration::from_millis(10)),
+            timeout_action: action,
+            ..Default::default()
+        };
+        let mut reject = State::new(BatchingConfig {
+            policies: vec![policy(TimeoutAction::Reject)],
+            ..dynamic(8, &[], 0)
+        });
+        reject.push(sub(0, 1), start).unwrap();
+        assert_eq!(
+            reject.next_expiry(),
+            Some(start + Duration::from_millis(10))
+        );
+        assert!(reject.expire(start + Duration::from_millis(9)).is_empty());
+        assert_eq!(
+            reject.expire(start + Duration::from_millis(10)),
+            vec![(0, Rejection::Timeout)]
+        );
+        assert!(reject.is_empty());
+
+        let mut delay = State::new(BatchingConfig {
+            policies: vec![policy(TimeoutAction::Delay)],
+            ..dynamic(8, &[], 0)
+        });
+        delay.push(sub(0, 1), start).unwrap();
+        let later = start + Duration::from_millis(20);
+        assert!(delay.expire(later).is_empty());
+        delay.push(sub(1, 1), later).unwrap();
+        // The fresh request runs before the one whose timeout passed.
+        assert_eq!(batch(delay.next_batch(later)), vec![1]);
+        assert_eq!(batch(delay.next_batch(later)), vec![0]);
+    }
+
+    #[test]
+    fn request_timeout_overrides_only_when_allowed() {
+        let start = Instant::now();
+        let own = Some(Duration::from_millis(1));
+        // No policy timeout: the request's own timeout applies.
+        let mut state = State::new(dynamic(8, &[], 0));
+        state
+            .push(
+                Submission {
+                    timeout: own,
+                    ..sub(0, 1)
+                },
+                start,
+            )
+            .unwrap();
+        assert_eq!(
+            state.expire(start + Duration::from_millis(1)),
+            vec![(0, Rejection::Timeout)]
+        );
+        // A policy timeout without override: the request's is ignored.
+        let policy = QueuePolicy {
+            default_timeout: Some(Duration::from_secs(5)),
+            ..Default::default()
+        };
+        let mut state = State::new(BatchingConfig {
+            policies: vec![policy.clone()],
+            ..dynamic(8, &[], 0)
+        });
+        state
+            .push(
+                Submission {
+                    timeout: own,
+                    ..sub(0, 1)
+                },
+                start,
+            )
+            .unwrap();
+        assert!(state.expire(start + Duration::from_millis(2)).is_empty());
+        // With override allowed it applies.
+        let policy = QueuePolicy {
+            allow_timeout_override: true,
+            ..policy
+        };
+        let mut state = State::new(BatchingConfig {
+            policies: vec![policy],
+            ..dynamic(8, &[], 0)
+        });
+        state
+            .push(
+                Submission {
+                    timeout: own,
+                    ..sub(0, 1)
+                },
+                start,
+            )
+            .unwrap();
+        assert_eq!(state.expire(start + Duration::from_millis(2)).len(), 1);
+    }
+
+    #[test]
+    fn client_deadlines_reject_even_delayed_requests() {
+        let start = Instant::now();
+        let mut state = State::new(dynamic(8, &[], 0));
+        state
+            .push(
+                Submission {
+                    deadline: Some(start + Duration::from_millis(5)),
+                    ..sub(0, 1)
+                },
+                start,
+            )
+            .unwrap();
+        state.push(sub(1, 1), start).unwrap();
+        assert_eq!(state.next_expiry(), Some(start + Duration::from_millis(5)));
+        assert_eq!(
+            state.expire(start + Duration::from_millis(5)),
+            vec![(0, Rejection::Deadline)]
+        );
+        assert_eq!(batch(state.next_batch(start)), vec![1]);
+    }
+
+    #[test]
+    fn cancel_removes_a_queued_request() {
+        let now = Instant::now();
+        let mut state = State::new(dynamic(8, &[], 1000));
+        let a = state.push(sub(0, 1), now).unwrap();
+        let b = state.push(sub(1, 1), now).unwrap();
+        assert_eq!(state.cancel(a), Some(0));
+        assert_eq!(state.cancel(a), None);
+        assert_eq!(state.len(), 1);
+        assert_eq!(
+            batch(state.next_batch(now + Duration::from_millis(1))),
+            vec![1]
+        );
+        assert_eq!(state.cancel(b), None);
+    }
+}
