@@ -87,30 +87,18 @@ async fn health_metadata_and_index() {
         name: name.into(),
         version: version.into(),
     };
-    assert!(
-        client
-            .model_ready(ready("add_sub", ""))
-            .await
-            .unwrap()
-            .into_inner()
-            .ready
-    );
-    assert_eq!(
-        client
-            .model_ready(ready("nope", ""))
-            .await
-            .unwrap_err()
-            .code(),
-        Code::NotFound
-    );
-    assert_eq!(
-        client
-            .model_ready(ready("broken", "1"))
-            .await
-            .unwrap_err()
-            .code(),
-        Code::Unavailable
-    );
+    // As in Triton, ModelReady never fails: unknown or unloadable models are simply not ready.
+    for (name, version, expected) in [
+        ("add_sub", "", true),
+        ("mlp_classifier", "2", true),
+        ("nope", "", false),
+        ("broken", "1", false),
+        ("versioned", "2", false),
+        ("add_sub", "abc", false),
+    ] {
+        let response = client.model_ready(ready(name, version)).await.unwrap();
+        assert_eq!(response.into_inner().ready, expected, "{name} {version}");
+    }
 
     let meta = client
         .model_metadata(ModelMetadataRequest {

@@ -105,19 +105,17 @@ impl Engine {
         }
     }
 
-    /// Whether a model (or one version of it) is ready.
-    ///
-    /// # Errors
-    /// NOT_FOUND / UNAVAILABLE / INVALID_ARGUMENT as for inference, when the model or version is
-    /// unknown, not ready, or the version string is not a number.
-    pub fn model_ready(&self, name: &str, version: &str) -> Result<bool, Error> {
-        self.resolve(name, version).map(|_| true)
+    /// Whether a model (or one version of it) is ready to serve. As in Triton this never fails:
+    /// an unknown model, version or version string is simply not ready.
+    pub fn model_ready(&self, name: &str, version: &str) -> bool {
+        self.resolve(name, version).is_ok()
     }
 
     /// Model metadata for a model, or one version of it.
     ///
     /// # Errors
-    /// As [`Engine::model_ready`].
+    /// NOT_FOUND / UNAVAILABLE / INVALID_ARGUMENT, as for inference, when the model or version is
+    /// unknown, not ready, or the version string is not a number.
     pub fn model_metadata(&self, name: &str, version: &str) -> Result<ModelMetadata, Error> {
         let (model, serving) = self.resolve(name, version)?;
         let config = model_config(model)?;
@@ -153,7 +151,7 @@ impl Engine {
     /// The effective (normalised, auto-completed) config.
     ///
     /// # Errors
-    /// As [`Engine::model_ready`].
+    /// As [`Engine::model_metadata`].
     pub fn model_config(&self, name: &str, version: &str) -> Result<Arc<ModelConfig>, Error> {
         let (model, _) = self.resolve(name, version)?;
         model_config(model).cloned()
@@ -197,7 +195,7 @@ impl Engine {
     /// Runs one inference request.
     ///
     /// # Errors
-    /// Lookup errors as [`Engine::model_ready`]; INVALID_ARGUMENT for a request that does not fit
+    /// Lookup errors as [`Engine::model_metadata`]; INVALID_ARGUMENT for a request that does not fit
     /// the model; INTERNAL when the model fails while running.
     pub async fn infer(&self, mut request: InferRequest) -> Result<InferResponse, Error> {
         let _in_flight = InFlight::enter(&self.in_flight);

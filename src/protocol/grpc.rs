@@ -62,10 +62,7 @@ impl GrpcInferenceService for InferenceService {
         request: Request<ModelReadyRequest>,
     ) -> RpcResult<ModelReadyResponse> {
         let request = request.into_inner();
-        let ready = self
-            .engine
-            .model_ready(&request.name, &request.version)
-            .map_err(status)?;
+        let ready = self.engine.model_ready(&request.name, &request.version);
         Ok(Response::new(ModelReadyResponse { ready }))
     }
 
