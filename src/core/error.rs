@@ -14,6 +14,9 @@ pub enum Error {
     /// The model or server cannot take the request now (gRPC UNAVAILABLE, HTTP 503).
     #[error("{0}")]
     Unavailable(String),
+    /// The request's deadline passed before it could run (gRPC DEADLINE_EXCEEDED, HTTP 504).
+    #[error("{0}")]
+    DeadlineExceeded(String),
     /// The feature is not implemented (gRPC UNIMPLEMENTED, HTTP 501).
     #[error("{0}")]
     Unsupported(String),
@@ -29,6 +32,7 @@ impl Error {
             Error::InvalidArgument(m)
             | Error::NotFound(m)
             | Error::Unavailable(m)
+            | Error::DeadlineExceeded(m)
             | Error::Unsupported(m)
             | Error::Internal(m) => m,
         }

@@ -2,6 +2,7 @@
 
 use super::tensor::Tensor;
 use std::collections::HashMap;
+use std::time::Instant;
 
 /// A request or tensor parameter value. Triton's protocol carries five kinds; all are accepted.
 #[derive(Debug, Clone, PartialEq)]
@@ -46,6 +47,8 @@ pub struct InferRequest {
     pub inputs: Vec<Tensor>,
     /// Empty means "every output of the model".
     pub outputs: Vec<RequestedOutput>,
+    /// When the client stops waiting (gRPC `grpc-timeout`); queued requests past it never run.
+    pub deadline: Option<Instant>,
 }
 
 /// The answer to one [`InferRequest`].

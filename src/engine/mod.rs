@@ -7,10 +7,13 @@ mod validate;
 use crate::backend::BackendError;
 use crate::core::{DataType, Error, InferRequest, InferResponse, ParamValue, Tensor};
 use crate::invalid_arg;
+use crate::metrics::{FailureReason, ModelStats};
 use crate::proto::inference::ModelConfig;
 use crate::repository::{Model, Repository, ServingVersion, VersionState};
+use crate::scheduler::{self, ScheduleError};
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
+use std::time::{Duration, Instant};
 
 /// Protocol extensions kiln implements, as reported by server metadata.
 pub const EXTENSIONS: &[&str] = &["model_configuration", "parameters"];
@@ -199,14 +202,54 @@ impl Engine {
     /// the model; INTERNAL when the model fails while running.
     pub async fn infer(&self, mut request: InferRequest) -> Result<InferResponse, Error> {
         let _in_flight = InFlight::enter(&self.in_flight);
+        let arrived = Instant::now();
         let (model, serving) = self.resolve(&request.model_name, &request.model_version)?;
-        check_parameters(&request)?;
-        let inputs = validate::prepare_inputs(&model.name, &serving.io, &mut request)?;
-        let outputs = serving.pool.execute(inputs).await.map_err(|e| match e {
-            BackendError::Input(message) => invalid_arg!("{message} (model '{}')", model.name),
-            other => Error::Internal(other.to_string()),
-        })?;
-        Ok(self.response(model, &serving, request, outputs))
+        let mut record = Recorder {
+            stats: &serving.stats,
+            arrived,
+            finished: false,
+        };
+        let prefix = validate::request_prefix(&request.id);
+        let scheduled = check_parameters(&request)
+            .and_then(|()| validate::prepare_inputs(&model.name, &serving.io, &mut request))
+            .map_err(|e| (e, FailureReason::Other))
+            .map(|inputs| scheduler::Request {
+                rows: validate::rows(&serving.io, &inputs),
+                inputs,
+                priority: unsigned_param(&request, "priority"),
+                timeout: unsigned_param(&request, "timeout")
+                    .filter(|&t| t > 0)
+                    .map(Duration::from_micros),
+                deadline: request.deadline,
+            });
+        let result = match scheduled {
+            Ok(job) => {
+                let rows = job.rows;
+                serving
+                    .scheduler
+                    .submit(job)
+                    .await
+                    .map(|outcome| (rows, outcome))
+                    .map_err(|e| schedule_error(e, &prefix, &model.name))
+            }
+            Err(failure) => Err(failure),
+        };
+        record.finished = true;
+        match result {
+            Ok((rows, outcome)) => {
+                serving.stats.record_success(
+                    rows,
+                    arrived.elapsed(),
+                    outcome.queue,
+                    outcome.compute,
+                );
+                Ok(self.response(model, &serving, request, outcome.outputs))
+            }
+            Err((error, reason)) => {
+                serving.stats.record_failure(arrived.elapsed(), reason);
+                Err(error)
+            }
+        }
     }
 
     fn response(
@@ -286,6 +329,56 @@ fn model_config(model: &Model) -> Result<&Arc<ModelConfig>, Error> {
             model.name
         ))
     })
+}
+
+/// Records a request whose caller stopped waiting as CANCELED.
+struct Recorder<'a> {
+    stats: &'a ModelStats,
+    arrived: Instant,
+    finished: bool,
+}
+
+impl Drop for Recorder<'_> {
+    fn drop(&mut self) {
+        if !self.finished {
+            self.stats
+                .record_failure(self.arrived.elapsed(), FailureReason::Canceled);
+        }
+    }
+}
+
+/// A non-negative integer request parameter (`priority`, `timeout`), from either integer kind.
+fn unsigned_param(request: &InferRequest, key: &str) -> Option<u64> {
+    match request.parameters.get(key)? {
+        ParamValue::Uint64(v) => Some(*v),
+        ParamValue::Int64(v) => u64::try_from(*v).ok(),
+        _ => None,
+    }
+}
+
+/// Scheduler outcomes in Triton's words, with the failure reason for metrics.
+fn schedule_error(error: ScheduleError, prefix: &str, model: &str) -> (Error, FailureReason) {
+    match error {
+        ScheduleError::QueueFull | ScheduleError::Timeout => (
+            Error::Unavailable(format!("{prefix}{error}")),
+            FailureReason::Rejected,
+        ),
+        ScheduleError::Deadline => (
+            Error::DeadlineExceeded(format!("{prefix}{error}")),
+            FailureReason::Rejected,
+        ),
+        ScheduleError::Backend(BackendError::Input(message)) => (
+            invalid_arg!("{message} (model '{model}')"),
+            FailureReason::Other,
+        ),
+        ScheduleError::Backend(other) => {
+            (Error::Internal(other.to_string()), FailureReason::Backend)
+        }
+        ScheduleError::Stopped => (
+            Error::Unavailable(format!("{prefix}{error}")),
+            FailureReason::Other,
+        ),
+    }
 }
 
 /// MLServer's codec selector, carried from requests to responses.

@@ -9,7 +9,7 @@ use crate::invalid_arg;
 use crate::repository::{IoSpec, TensorSpec};
 
 /// Triton's request prefix for errors found while normalising a request.
-fn request_prefix(id: &str) -> String {
+pub fn request_prefix(id: &str) -> String {
     let id = if id.is_empty() { "<id_unknown>" } else { id };
     format!("[request id: {id}] ")
 }
@@ -72,7 +72,9 @@ pub fn prepare_inputs(
     }
 
     let batch = batch_size(model, io, request, &prefix)?;
-    let inputs = std::mem::take(&mut request.inputs);
+    let mut inputs = std::mem::take(&mut request.inputs);
+    // The model's order, so that requests batch input by input.
+    inputs.sort_by_key(|input| io.inputs.iter().position(|spec| spec.name == input.name));
     inputs
         .into_iter()
         .map(|input| {
@@ -81,6 +83,17 @@ pub fn prepare_inputs(
             Ok(to_model_shape(input, spec, batch))
         })
         .collect()
+}
+
+/// Rows a validated request adds to a batch: its batch size, or 1 for models without batching.
+pub fn rows(io: &IoSpec, inputs: &[Tensor]) -> usize {
+    if io.max_batch_size == 0 {
+        return 1;
+    }
+    inputs
+        .first()
+        .and_then(|t| t.shape.first())
+        .map_or(1, |&b| b.max(0) as usize)
 }
 
 /// The request's batch size (1 for models that do not batch).
@@ -293,10 +306,17 @@ mod tests {
 
     #[test]
     fn valid_request_passes() {
-        let mut req = request(vec![fp32("INPUT0", &[2, 16]), fp32("INPUT1", &[2, 16])]);
+        let mut req = request(vec![fp32("INPUT1", &[2, 16]), fp32("INPUT0", &[2, 16])]);
         let inputs = prepare_inputs("add_sub", &add_sub(), &mut req).unwrap();
-        assert_eq!(inputs.len(), 2);
+        let names: Vec<&str> = inputs.iter().map(|t| t.name.as_str()).collect();
+        assert_eq!(names, vec!["INPUT0", "INPUT1"], "model order");
         assert_eq!(inputs[0].shape, vec![2, 16]);
+        assert_eq!(rows(&add_sub(), &inputs), 2);
+        let unbatched = IoSpec {
+            max_batch_size: 0,
+            ..add_sub()
+        };
+        assert_eq!(rows(&unbatched, &inputs), 1);
     }
 
     #[test]

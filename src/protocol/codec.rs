@@ -104,6 +104,7 @@ pub fn request_from_wire(request: ModelInferRequest) -> Result<InferRequest, Err
         parameters: params_from_wire(request.parameters),
         inputs,
         outputs,
+        deadline: None,
     })
 }
 

@@ -6,9 +6,12 @@ use crate::proto::inference::{
     model_config::SchedulingChoice, model_instance_group::Kind, model_version_policy,
     DataType as ConfigDataType, ModelConfig, ModelInstanceGroup, ModelVersionPolicy,
 };
+use crate::proto::inference::{model_queue_policy, ModelQueuePolicy};
 use crate::proto::FILE_DESCRIPTOR_SET;
+use crate::scheduler::{BatchingConfig, QueuePolicy, TimeoutAction};
 use prost_reflect::{DescriptorPool, DynamicMessage};
 use std::sync::OnceLock;
+use std::time::Duration;
 
 /// The ONNX Runtime platform and backend names; either one in a config selects ONNX Runtime.
 pub const ONNX_PLATFORM: &str = "onnxruntime_onnx";
@@ -290,6 +293,49 @@ pub fn validate_io(config: &ModelConfig) -> Result<(), ConfigError> {
     Ok(())
 }
 
+/// The scheduler settings a config asks for: `dynamic_batching` (preferred sizes, delay, priority
+/// levels, queue policies per level); without it requests run one at a time.
+pub fn batching_config(config: &ModelConfig) -> BatchingConfig {
+    let max_batch_size = config.max_batch_size.max(0) as usize;
+    let Some(SchedulingChoice::DynamicBatching(dynamic)) = &config.scheduling_choice else {
+        return BatchingConfig {
+            max_batch_size,
+            ..BatchingConfig::default()
+        };
+    };
+    let levels = (dynamic.priority_levels as usize).max(1);
+    let policy = |p: Option<&ModelQueuePolicy>| {
+        p.map_or_else(QueuePolicy::default, |p| QueuePolicy {
+            max_queue_size: p.max_queue_size as usize,
+            default_timeout: (p.default_timeout_microseconds > 0)
+                .then(|| Duration::from_micros(p.default_timeout_microseconds)),
+            timeout_action: if p.timeout_action == model_queue_policy::TimeoutAction::Delay as i32 {
+                TimeoutAction::Delay
+            } else {
+                TimeoutAction::Reject
+            },
+            allow_timeout_override: p.allow_timeout_override,
+        })
+    };
+    let default_policy = dynamic.default_queue_policy.as_ref();
+    BatchingConfig {
+        dynamic: true,
+        max_batch_size,
+        preferred_batch_sizes: dynamic
+            .preferred_batch_size
+            .iter()
+            .filter(|&&size| size > 0)
+            .map(|&size| size as usize)
+            .collect(),
+        max_queue_delay: Duration::from_micros(dynamic.max_queue_delay_microseconds),
+        priority_levels: levels,
+        default_priority: (dynamic.default_priority_level as usize).clamp(1, levels),
+        policies: (1..=levels as u64)
+            .map(|level| policy(dynamic.priority_queue_policy.get(&level).or(default_policy)))
+            .collect(),
+    }
+}
+
 /// Whether the config asks for the dynamic batcher.
 pub fn has_dynamic_batching(config: &ModelConfig) -> bool {
     matches!(
@@ -371,6 +417,46 @@ mod tests {
         .unwrap();
         assert_eq!(config.input[0].name, "a");
         assert_eq!(config.instance_group[0].count, 1);
+    }
+
+    #[test]
+    fn batching_settings_from_config() {
+        let plain = batching_config(&parse_config("max_batch_size: 8").unwrap());
+        assert!(!plain.dynamic);
+        assert_eq!(plain.max_batch_size, 8);
+        let config = parse_config(
+            "max_batch_size: 16 dynamic_batching { preferred_batch_size: [ 8, 4 ] \
+             max_queue_delay_microseconds: 500 priority_levels: 3 default_priority_level: 2 \
+             default_queue_policy { max_queue_size: 10 default_timeout_microseconds: 2000 } \
+             priority_queue_policy { key: 1 value: { timeout_action: DELAY allow_timeout_override: true } } }",
+        )
+        .unwrap();
+        let batching = batching_config(&config);
+        assert!(batching.dynamic);
+        assert_eq!(batching.preferred_batch_sizes, vec![8, 4]);
+        assert_eq!(batching.max_queue_delay, Duration::from_micros(500));
+        assert_eq!(
+            (batching.priority_levels, batching.default_priority),
+            (3, 2)
+        );
+        assert_eq!(batching.policies.len(), 3);
+        assert_eq!(batching.policies[0].timeout_action, TimeoutAction::Delay);
+        assert!(batching.policies[0].allow_timeout_override);
+        assert_eq!(batching.policies[1].max_queue_size, 10);
+        assert_eq!(
+            batching.policies[2].default_timeout,
+            Some(Duration::from_millis(2))
+        );
+        let empty =
+            batching_config(&parse_config("max_batch_size: 4 dynamic_batching { }").unwrap());
+        assert_eq!(
+            (
+                empty.priority_levels,
+                empty.default_priority,
+                empty.policies.len()
+            ),
+            (1, 1, 1)
+        );
     }
 
     #[test]

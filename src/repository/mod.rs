@@ -12,8 +12,9 @@ mod versions;
 pub use io::{IoSpec, TensorSpec};
 
 use crate::backend::{Backend, OnnxRuntime, OnnxSession, SessionOptions};
+use crate::metrics::ModelStats;
 use crate::proto::inference::ModelConfig;
-use crate::scheduler::InstancePool;
+use crate::scheduler::Scheduler;
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
@@ -33,7 +34,9 @@ pub struct ServingVersion {
     pub version: i64,
     /// What requests must look like, and how their shapes map to the model's.
     pub io: IoSpec,
-    pub pool: InstancePool,
+    pub scheduler: Scheduler,
+    /// Triton's statistics and the Prometheus metrics of this version.
+    pub stats: Arc<ModelStats>,
 }
 
 /// The state of one version the policy selected.
@@ -288,7 +291,18 @@ fn load_version(
         backends.push(Box::new(session));
     }
     let io = io.ok_or_else(|| format!("model '{name}' has no instances"))?;
-    let pool = InstancePool::start(&format!("{name}-{version}"), backends)
-        .map_err(|e| format!("failed to start instances: {e}"))?;
-    Ok(ServingVersion { version, io, pool })
+    let stats = Arc::new(ModelStats::new(name, version));
+    let scheduler = Scheduler::start(
+        &format!("{name}-{version}"),
+        config::batching_config(config),
+        backends,
+        Arc::clone(&stats),
+    )
+    .map_err(|e| format!("failed to start instances: {e}"))?;
+    Ok(ServingVersion {
+        version,
+        io,
+        scheduler,
+        stats,
+    })
 }

@@ -1,80 +1,321 @@
-//! Running requests on model instances. Each instance owns one backend session on its own thread
-//! and pulls work from a queue shared by the instances of one model version, so a slow request
-//! never blocks a free instance. (Dynamic batching, priorities and deadlines build on this.)
+//! The per-model-version scheduler: a queue actor that owns the batching [`State`] and a set of
+//! instances, each owning one backend session on its own thread. Instances pull: an idle instance
+//! tells the actor, which hands it the next batch as soon as the batching rules allow; the
+//! instance merges the batch, runs it, splits the outputs and answers every request itself.
+//!
+//! The actor is a plain thread with a channel (`recv_timeout` drives batching delays and
+//! deadlines), so scheduling never runs on, or blocks, the async network threads.
 
+pub mod batch;
 pub mod state;
 
 use crate::backend::{Backend, BackendError};
 use crate::core::Tensor;
+use crate::metrics::{ComputeTimes, ModelStats};
+use state::{Next, Rejection, State, Submission};
 use std::panic::{catch_unwind, AssertUnwindSafe};
-use std::sync::{mpsc, Arc, Mutex};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{mpsc, Arc};
+use std::time::{Duration, Instant};
 use tokio::sync::oneshot;
 
-/// One unit of work: inputs in the model's layout, and where to send the outputs.
-struct Job {
-    inputs: Vec<Tensor>,
-    reply: oneshot::Sender<Result<Vec<Tensor>, BackendError>>,
+pub use state::{BatchingConfig, QueuePolicy, TimeoutAction};
+
+/// Why a request was not answered with outputs.
+#[derive(Debug, Clone, thiserror::Error)]
+pub enum ScheduleError {
+    #[error("Exceeds maximum queue size")]
+    QueueFull,
+    /// The queue policy's timeout passed before the request ran.
+    #[error("Request timeout expired")]
+    Timeout,
+    /// The client's deadline passed before the request ran.
+    #[error("Request timeout expired")]
+    Deadline,
+    #[error(transparent)]
+    Backend(#[from] BackendError),
+    #[error("the model's instances have stopped")]
+    Stopped,
 }
 
-/// The instances of one model version. Dropping the pool closes the queue; each instance thread
-/// finishes its current job and exits.
-pub struct InstancePool {
-    queue: mpsc::Sender<Job>,
+impl From<Rejection> for ScheduleError {
+    fn from(rejection: Rejection) -> Self {
+        match rejection {
+            Rejection::QueueFull => ScheduleError::QueueFull,
+            Rejection::Timeout => ScheduleError::Timeout,
+            Rejection::Deadline => ScheduleError::Deadline,
+        }
+    }
+}
+
+/// A validated request on its way to an instance.
+#[derive(Debug)]
+pub struct Request {
+    /// Inputs in the model's layout and in the model's input order.
+    pub inputs: Vec<Tensor>,
+    /// Rows this request contributes to a batch (1 for models without a batch dimension).
+    pub rows: usize,
+    pub priority: Option<u64>,
+    /// The request's own `timeout` parameter.
+    pub timeout: Option<Duration>,
+    /// The client's deadline (gRPC `grpc-timeout`).
+    pub deadline: Option<Instant>,
+}
+
+/// A request's outputs and where its time went.
+#[derive(Debug)]
+pub struct Outcome {
+    pub outputs: Vec<Tensor>,
+    pub queue: Duration,
+    pub compute: ComputeTimes,
+}
+
+struct Job {
+    inputs: Vec<Tensor>,
+    rows: usize,
+    ticket: u64,
+    enqueued: Instant,
+    reply: oneshot::Sender<Result<Outcome, ScheduleError>>,
+}
+
+enum Command {
+    Submit(Submission<Job>),
+    /// The client of this ticket went away.
+    Cancel(u64),
+    /// Instance `n` is idle and waiting for a batch.
+    Ready(usize),
+    Shutdown,
+}
+
+/// The scheduler of one model version. Dropping it stops the actor; instances finish the batch
+/// they are running and exit.
+pub struct Scheduler {
+    commands: mpsc::Sender<Command>,
+    next_ticket: AtomicU64,
+    batching: bool,
     instances: usize,
 }
 
-impl InstancePool {
-    /// Starts one thread per backend, named `<label>-<index>`.
+impl Scheduler {
+    /// Starts the actor and one thread per backend, named after `label`.
     ///
     /// # Errors
     /// The OS error when a thread cannot be spawned.
-    pub fn start(label: &str, backends: Vec<Box<dyn Backend>>) -> std::io::Result<InstancePool> {
-        let (queue, receiver) = mpsc::channel::<Job>();
-        let receiver = Arc::new(Mutex::new(receiver));
+    pub fn start(
+        label: &str,
+        config: BatchingConfig,
+        backends: Vec<Box<dyn Backend>>,
+        stats: Arc<ModelStats>,
+    ) -> std::io::Result<Scheduler> {
+        let (commands, inbox) = mpsc::channel::<Command>();
+        let batching = config.dynamic && config.max_batch_size > 0;
         let instances = backends.len();
+        let mut batch_senders = Vec::with_capacity(instances);
         for (index, backend) in backends.into_iter().enumerate() {
-            let receiver = Arc::clone(&receiver);
+            let (batches, batch_inbox) = mpsc::channel::<Vec<Job>>();
+            batch_senders.push(batches);
+            let commands = commands.clone();
+            let stats = Arc::clone(&stats);
             std::thread::Builder::new()
                 .name(format!("{label}-{index}"))
-                .spawn(move || instance_loop(backend, &receiver))?;
+                .spawn(move || instance_loop(index, backend, &commands, &batch_inbox, &stats))?;
         }
-        Ok(InstancePool { queue, instances })
+        let state = State::new(config);
+        std::thread::Builder::new()
+            .name(format!("{label}-queue"))
+            .spawn(move || queue_loop(state, &inbox, &batch_senders, &stats))?;
+        Ok(Scheduler {
+            commands,
+            next_ticket: AtomicU64::new(0),
+            batching,
+            instances,
+        })
     }
 
-    /// Number of instances serving this pool.
+    /// Number of instances serving this version.
     pub fn instances(&self) -> usize {
         self.instances
     }
 
-    /// Runs `inputs` on the next free instance.
+    /// Queues a request and waits for its outcome. If this future is dropped first (the client
+    /// went away), the request leaves the queue; if it is already running, its result is dropped.
     ///
     /// # Errors
-    /// The backend's error, or [`BackendError::Run`] if the instances are gone.
-    pub async fn execute(&self, inputs: Vec<Tensor>) -> Result<Vec<Tensor>, BackendError> {
+    /// [`ScheduleError`] for rejections, timeouts, model failures and a stopped scheduler.
+    pub async fn submit(&self, request: Request) -> Result<Outcome, ScheduleError> {
+        let ticket = self.next_ticket.fetch_add(1, Ordering::Relaxed);
         let (reply, answer) = oneshot::channel();
-        self.queue
-            .send(Job { inputs, reply })
-            .map_err(|_| BackendError::Run("model instances have stopped".into()))?;
-        answer.await.map_err(|_| {
-            BackendError::Run("model instance stopped while running the request".into())
-        })?
+        let signature = if self.batching {
+            batch::signature(&request.inputs)
+        } else {
+            0
+        };
+        let submission = Submission {
+            batch_size: request.rows,
+            signature,
+            priority: request.priority,
+            deadline: request.deadline,
+            timeout: request.timeout,
+            payload: Job {
+                inputs: request.inputs,
+                rows: request.rows,
+                ticket,
+                enqueued: Instant::now(),
+                reply,
+            },
+        };
+        self.commands
+            .send(Command::Submit(submission))
+            .map_err(|_| ScheduleError::Stopped)?;
+        let mut guard = CancelOnDrop {
+            commands: &self.commands,
+            ticket: Some(ticket),
+        };
+        let outcome = answer.await;
+        guard.ticket = None;
+        outcome.map_err(|_| ScheduleError::Stopped)?
     }
 }
 
-fn instance_loop(mut backend: Box<dyn Backend>, queue: &Mutex<mpsc::Receiver<Job>>) {
-    loop {
-        // Hold the lock only while waiting for the next job, never while running one.
-        let job = match queue.lock() {
-            Ok(receiver) => receiver.recv(),
-            Err(_) => return,
-        };
-        let Ok(job) = job else { return };
-        if job.reply.is_closed() {
-            continue; // the caller gave up; skip the work
+impl Drop for Scheduler {
+    fn drop(&mut self) {
+        let _ = self.commands.send(Command::Shutdown);
+    }
+}
+
+/// Tells the actor to drop a queued request whose caller stopped waiting.
+struct CancelOnDrop<'a> {
+    commands: &'a mpsc::Sender<Command>,
+    ticket: Option<u64>,
+}
+
+impl Drop for CancelOnDrop<'_> {
+    fn drop(&mut self) {
+        if let Some(ticket) = self.ticket {
+            let _ = self.commands.send(Command::Cancel(ticket));
         }
-        let result = catch_unwind(AssertUnwindSafe(|| backend.run(&job.inputs)))
-            .unwrap_or_else(|_| Err(BackendError::Run("model instance panicked".into())));
-        let _ = job.reply.send(result);
+    }
+}
+
+fn queue_loop(
+    mut state: State<Job>,
+    inbox: &mpsc::Receiver<Command>,
+    instances: &[mpsc::Sender<Vec<Job>>],
+    stats: &ModelStats,
+) {
+    let mut idle: Vec<usize> = Vec::with_capacity(instances.len());
+    let mut wake: Option<Instant> = None;
+    loop {
+        let first = match wake {
+            Some(at) => match inbox.recv_timeout(at.saturating_duration_since(Instant::now())) {
+                Ok(command) => Some(command),
+                Err(mpsc::RecvTimeoutError::Timeout) => None,
+                Err(mpsc::RecvTimeoutError::Disconnected) => return,
+            },
+            None => match inbox.recv() {
+                Ok(command) => Some(command),
+                Err(_) => return,
+            },
+        };
+        // Take everything already waiting before deciding, so concurrent arrivals batch together.
+        for command in first
+            .into_iter()
+            .chain(std::iter::from_fn(|| inbox.try_recv().ok()))
+        {
+            match command {
+                Command::Submit(submission) => {
+                    if let Err((rejection, job)) = state.push(submission, Instant::now()) {
+                        let _ = job.reply.send(Err(rejection.into()));
+                    }
+                }
+                Command::Cancel(ticket) => drop(state.cancel(|job| job.ticket == ticket)),
+                Command::Ready(instance) => idle.push(instance),
+                Command::Shutdown => return,
+            }
+        }
+        let now = Instant::now();
+        for (job, rejection) in state.expire(now) {
+            let _ = job.reply.send(Err(rejection.into()));
+        }
+        wake = None;
+        while let Some(&instance) = idle.last() {
+            match state.next_batch(now) {
+                Next::Batch(mut jobs) => {
+                    jobs.retain(|job| !job.reply.is_closed());
+                    if jobs.is_empty() {
+                        continue;
+                    }
+                    idle.pop();
+                    if let Err(mpsc::SendError(jobs)) = instances[instance].send(jobs) {
+                        for job in jobs {
+                            let _ = job.reply.send(Err(ScheduleError::Stopped));
+                        }
+                    }
+                }
+                Next::WaitUntil(at) => {
+                    wake = Some(at);
+                    break;
+                }
+                Next::Idle => break,
+            }
+        }
+        wake = wake.into_iter().chain(state.next_expiry()).min();
+        stats.set_pending(state.len());
+    }
+}
+
+fn instance_loop(
+    index: usize,
+    mut backend: Box<dyn Backend>,
+    commands: &mpsc::Sender<Command>,
+    batches: &mpsc::Receiver<Vec<Job>>,
+    stats: &ModelStats,
+) {
+    loop {
+        if commands.send(Command::Ready(index)).is_err() {
+            return;
+        }
+        let Ok(jobs) = batches.recv() else { return };
+        execute(backend.as_mut(), jobs, stats);
+    }
+}
+
+/// Merges, runs and splits one batch, then answers each request.
+fn execute(backend: &mut dyn Backend, jobs: Vec<Job>, stats: &ModelStats) {
+    let start = Instant::now();
+    let rows: Vec<usize> = jobs.iter().map(|job| job.rows).collect();
+    let inputs: Vec<&[Tensor]> = jobs.iter().map(|job| job.inputs.as_slice()).collect();
+    let merged = batch::concat(&inputs);
+    let ran = Instant::now();
+    let result = catch_unwind(AssertUnwindSafe(|| backend.run(&merged)))
+        .unwrap_or_else(|_| Err(BackendError::Run("model instance panicked".into())));
+    drop(merged);
+    let inferred = Instant::now();
+    let split = result.map_err(ScheduleError::from).and_then(|outputs| {
+        batch::split(outputs, &rows).map_err(|e| ScheduleError::Backend(BackendError::Run(e)))
+    });
+    let times = ComputeTimes {
+        input: ran - start,
+        infer: inferred - ran,
+        output: inferred.elapsed(),
+    };
+    stats.record_execution(rows.iter().sum(), times);
+    match split {
+        Ok(per_request) => {
+            for (job, outputs) in jobs.into_iter().zip(per_request) {
+                let queue = start.saturating_duration_since(job.enqueued);
+                let _ = job.reply.send(Ok(Outcome {
+                    outputs,
+                    queue,
+                    compute: times,
+                }));
+            }
+        }
+        Err(error) => {
+            for job in jobs {
+                let _ = job.reply.send(Err(error.clone()));
+            }
+        }
     }
 }
 
@@ -83,20 +324,26 @@ mod tests {
     use super::*;
     use crate::core::DataType;
     use bytes::Bytes;
+    use std::sync::Mutex;
 
-    /// Doubles every byte of the first input; fails on an empty input list.
-    struct Doubler;
+    /// Adds one to every byte of its single input and records the batch sizes it saw.
+    struct AddOne {
+        batches: Arc<Mutex<Vec<i64>>>,
+        delay: Duration,
+    }
 
-    impl Backend for Doubler {
+    impl Backend for AddOne {
         fn run(&mut self, inputs: &[Tensor]) -> Result<Vec<Tensor>, BackendError> {
-            let first = inputs
+            std::thread::sleep(self.delay);
+            let input = inputs
                 .first()
                 .ok_or_else(|| BackendError::Run("no input".into()))?;
-            let data: Vec<u8> = first.data.iter().map(|b| b.wrapping_mul(2)).collect();
+            self.batches.lock().unwrap().push(input.shape[0]);
+            let data: Vec<u8> = input.data.iter().map(|b| b.wrapping_add(1)).collect();
             Ok(vec![Tensor::new(
                 "out",
                 DataType::Uint8,
-                first.shape.clone(),
+                input.shape.clone(),
                 Bytes::from(data),
             )])
         }
@@ -110,39 +357,177 @@ mod tests {
         }
     }
 
+    fn request(value: u8, rows: usize) -> Request {
+        let input = Tensor::new(
+            "in",
+            DataType::Uint8,
+            vec![rows as i64, 1],
+            Bytes::from(vec![value; rows]),
+        );
+        Request {
+            inputs: vec![input],
+            rows,
+            priority: None,
+            timeout: None,
+            deadline: None,
+        }
+    }
+
+    fn scheduler(
+        config: BatchingConfig,
+        instances: usize,
+        delay: Duration,
+    ) -> (Arc<Scheduler>, Arc<Mutex<Vec<i64>>>, Arc<ModelStats>) {
+        let batches = Arc::new(Mutex::new(Vec::new()));
+        let backends: Vec<Box<dyn Backend>> = (0..instances)
+            .map(|_| {
+                Box::new(AddOne {
+                    batches: Arc::clone(&batches),
+                    delay,
+                }) as Box<dyn Backend>
+            })
+            .collect();
+        let stats = Arc::new(ModelStats::new("m", 1));
+        let scheduler = Scheduler::start("t", config, backends, Arc::clone(&stats)).unwrap();
+        (Arc::new(scheduler), batches, stats)
+    }
+
+    fn dynamic(max: usize, delay: Duration) -> BatchingConfig {
+        BatchingConfig {
+            dynamic: true,
+            max_batch_size: max,
+            max_queue_delay: delay,
+            ..Default::default()
+        }
+    }
+
     #[tokio::test]
-    async fn concurrent_jobs_are_all_answered() {
-        let pool =
-            Arc::new(InstancePool::start("t", vec![Box::new(Doubler), Box::new(Doubler)]).unwrap());
-        assert_eq!(pool.instances(), 2);
-        let tasks: Vec<_> = (0..16u8)
+    async fn concurrent_requests_are_batched_and_split_correctly() {
+        let (scheduler, batches, stats) =
+            scheduler(dynamic(8, Duration::from_millis(20)), 1, Duration::ZERO);
+        let tasks: Vec<_> = (0..6u8)
             .map(|i| {
-                let pool = Arc::clone(&pool);
+                let scheduler = Arc::clone(&scheduler);
                 tokio::spawn(async move {
-                    let input =
-                        Tensor::new("in", DataType::Uint8, vec![2], Bytes::from(vec![i, 1]));
-                    pool.execute(vec![input]).await
+                    (
+                        i,
+                        scheduler
+                            .submit(request(i * 10, 1 + usize::from(i % 2)))
+                            .await,
+                    )
                 })
             })
             .collect();
-        for (i, task) in tasks.into_iter().enumerate() {
-            let out = task.await.unwrap().unwrap();
-            assert_eq!(&out[0].data[..], &[2 * i as u8, 2]);
+        for task in tasks {
+            let (i, outcome) = task.await.unwrap();
+            let outcome = outcome.unwrap();
+            let rows = 1 + usize::from(i % 2);
+            assert_eq!(outcome.outputs[0].shape, vec![rows as i64, 1]);
+            assert_eq!(&outcome.outputs[0].data[..], &vec![i * 10 + 1; rows][..]);
         }
-        assert!(pool
-            .execute(vec![])
-            .await
-            .unwrap_err()
-            .to_string()
-            .contains("no input"));
+        let seen = batches.lock().unwrap().clone();
+        assert_eq!(seen.iter().sum::<i64>(), 9);
+        assert!(
+            seen.iter().any(|&b| b > 2),
+            "requests were merged: {seen:?}"
+        );
+        let snapshot = stats.snapshot();
+        assert_eq!(snapshot.execution_count as usize, seen.len());
+    }
+
+    #[tokio::test]
+    async fn without_dynamic_batching_each_request_runs_alone() {
+        let config = BatchingConfig {
+            max_batch_size: 8,
+            ..Default::default()
+        };
+        let (scheduler, batches, _) = scheduler(config, 2, Duration::from_millis(2));
+        let tasks: Vec<_> = (0..8u8)
+            .map(|i| {
+                let scheduler = Arc::clone(&scheduler);
+                tokio::spawn(async move { scheduler.submit(request(i, 1)).await })
+            })
+            .collect();
+        for task in tasks {
+            task.await.unwrap().unwrap();
+        }
+        assert_eq!(batches.lock().unwrap().as_slice(), &[1; 8]);
+    }
+
+    #[tokio::test]
+    async fn full_queue_rejects_and_deadlines_expire_without_running() {
+        let config = BatchingConfig {
+            policies: vec![QueuePolicy {
+                max_queue_size: 1,
+                ..Default::default()
+            }],
+            ..dynamic(1, Duration::ZERO)
+        };
+        let (scheduler, batches, _) = scheduler(config, 1, Duration::from_millis(100));
+        // Occupies the only instance.
+        let busy = {
+            let scheduler = Arc::clone(&scheduler);
+            tokio::spawn(async move { scheduler.submit(request(1, 1)).await })
+        };
+        tokio::time::sleep(Duration::from_millis(20)).await;
+        let mut expiring = request(2, 1);
+        expiring.deadline = Some(Instant::now() + Duration::from_millis(10));
+        let waiting = {
+            let scheduler = Arc::clone(&scheduler);
+            tokio::spawn(async move { scheduler.submit(expiring).await })
+        };
+        tokio::time::sleep(Duration::from_millis(5)).await;
+        assert!(matches!(
+            scheduler.submit(request(3, 1)).await,
+            Err(ScheduleError::QueueFull)
+        ));
+        assert!(matches!(
+            waiting.await.unwrap(),
+            Err(ScheduleError::Deadline)
+        ));
+        assert!(busy.await.unwrap().is_ok());
+        assert_eq!(
+            batches.lock().unwrap().len(),
+            1,
+            "the expired request never ran"
+        );
+    }
+
+    #[tokio::test]
+    async fn dropped_callers_leave_the_queue() {
+        let (scheduler, batches, _) =
+            scheduler(dynamic(1, Duration::ZERO), 1, Duration::from_millis(50));
+        let busy = {
+            let scheduler = Arc::clone(&scheduler);
+            tokio::spawn(async move { scheduler.submit(request(1, 1)).await })
+        };
+        tokio::time::sleep(Duration::from_millis(10)).await;
+        // Times out client-side while queued: its future is dropped.
+        let gave_up =
+            tokio::time::timeout(Duration::from_millis(5), scheduler.submit(request(2, 1))).await;
+        assert!(gave_up.is_err());
+        assert!(busy.await.unwrap().is_ok());
+        assert!(scheduler.submit(request(3, 1)).await.is_ok());
+        assert_eq!(
+            batches.lock().unwrap().len(),
+            2,
+            "the abandoned request never ran"
+        );
     }
 
     #[tokio::test]
     async fn a_panicking_backend_reports_an_error_and_keeps_serving() {
-        let pool = InstancePool::start("p", vec![Box::new(Panicker)]).unwrap();
+        let stats = Arc::new(ModelStats::new("m", 1));
+        let scheduler = Scheduler::start(
+            "p",
+            BatchingConfig::default(),
+            vec![Box::new(Panicker)],
+            stats,
+        )
+        .unwrap();
         for _ in 0..2 {
-            let err = pool.execute(vec![]).await.unwrap_err();
-            assert!(err.to_string().contains("panicked"));
+            let error = scheduler.submit(request(0, 1)).await.unwrap_err();
+            assert!(error.to_string().contains("panicked"));
         }
     }
 }

@@ -115,7 +115,6 @@ pub struct Submission<T> {
 
 #[derive(Debug)]
 struct Entry<T> {
-    id: u64,
     payload: T,
     batch_size: usize,
     signature: u64,
@@ -145,7 +144,6 @@ pub struct State<T> {
     levels: Vec<VecDeque<Entry<T>>>,
     /// Requests whose DELAY timeout fired: served only when every level is empty.
     delayed: VecDeque<Entry<T>>,
-    next_id: u64,
 }
 
 impl<T> State<T> {
@@ -159,7 +157,6 @@ impl<T> State<T> {
             config,
             levels,
             delayed: VecDeque::new(),
-            next_id: 0,
         }
     }
 
@@ -176,11 +173,11 @@ impl<T> State<T> {
         self.len() == 0
     }
 
-    /// Queues a request and returns its id (for [`State::cancel`]).
+    /// Queues a request.
     ///
     /// # Errors
     /// [`Rejection::QueueFull`] (with the payload back) when its level is at `max_queue_size`.
-    pub fn push(&mut self, submission: Submission<T>, now: Instant) -> Result<u64, (Rejection, T)> {
+    pub fn push(&mut self, submission: Submission<T>, now: Instant) -> Result<(), (Rejection, T)> {
         let level = self.config.level(submission.priority);
         let policy = self.config.policy(level);
         if policy.max_queue_size > 0 && self.levels[level].len() >= policy.max_queue_size {
@@ -193,10 +190,7 @@ impl<T> State<T> {
             }
             _ => policy.default_timeout,
         };
-        let id = self.next_id;
-        self.next_id += 1;
         self.levels[level].push_back(Entry {
-            id,
             payload: submission.payload,
             batch_size: submission.batch_size.max(1),
             signature: submission.signature,
@@ -205,17 +199,18 @@ impl<T> State<T> {
             action: policy.timeout_action,
             deadline: submission.deadline,
         });
-        Ok(id)
+        Ok(())
     }
 
-    /// Removes a queued request (its client went away). `None` if it already left the queue.
-    pub fn cancel(&mut self, id: u64) -> Option<T> {
+    /// Removes the first queued request `matches` selects (its client went away). `None` if it
+    /// already left the queue.
+    pub fn cancel(&mut self, matches: impl Fn(&T) -> bool) -> Option<T> {
         for queue in self
             .levels
             .iter_mut()
             .chain(std::iter::once(&mut self.delayed))
         {
-            if let Some(index) = queue.iter().position(|e| e.id == id) {
+            if let Some(index) = queue.iter().position(|e| matches(&e.payload)) {
                 return queue.remove(index).map(|e| e.payload);
             }
         }
@@ -656,15 +651,15 @@ mod tests {
     fn cancel_removes_a_queued_request() {
         let now = Instant::now();
         let mut state = State::new(dynamic(8, &[], 1000));
-        let a = state.push(sub(0, 1), now).unwrap();
-        let b = state.push(sub(1, 1), now).unwrap();
-        assert_eq!(state.cancel(a), Some(0));
-        assert_eq!(state.cancel(a), None);
+        state.push(sub(0, 1), now).unwrap();
+        state.push(sub(1, 1), now).unwrap();
+        assert_eq!(state.cancel(|&p| p == 0), Some(0));
+        assert_eq!(state.cancel(|&p| p == 0), None);
         assert_eq!(state.len(), 1);
         assert_eq!(
             batch(state.next_batch(now + Duration::from_millis(1))),
             vec![1]
         );
-        assert_eq!(state.cancel(b), None);
+        assert_eq!(state.cancel(|&p| p == 1), None);
     }
 }

@@ -1,0 +1,368 @@
+//! Per-model-version statistics (Triton's `ModelStatistics`) and Prometheus metrics with Triton's
+//! names, recorded together at the same points: once per request (success or failure, with its
+//! queue and compute times) and once per execution (a batch run on an instance).
+//!
+//! Metrics (labels `model`, `version`; counters carry no `_total` suffix, as Triton's):
+//! `nv_inference_request_success`, `nv_inference_request_failure` (+ `reason`),
+//! `nv_inference_count`, `nv_inference_exec_count`, `nv_inference_request_duration_us`,
+//! `nv_inference_queue_duration_us`, `nv_inference_compute_{input,infer,output}_duration_us`,
+//! `nv_inference_pending_request_count` (gauge) and `nv_inference_request_summary_us`, a summary
+//! (quantiles 0.5, 0.9, 0.99 over a sliding window) of end-to-end request latency.
+
+use crate::proto::inference::{
+    InferBatchStatistics, InferStatistics, ModelStatistics, StatisticDuration,
+};
+use metrics::{counter, gauge, histogram, Counter, Gauge, Histogram};
+use metrics_exporter_prometheus::{PrometheusBuilder, PrometheusHandle};
+use std::collections::BTreeMap;
+use std::sync::{Mutex, OnceLock};
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+/// Installs the Prometheus recorder once per process and returns its handle (`None` if another
+/// recorder was installed first).
+pub fn prometheus() -> Option<PrometheusHandle> {
+    static HANDLE: OnceLock<Option<PrometheusHandle>> = OnceLock::new();
+    HANDLE
+        .get_or_init(|| {
+            PrometheusBuilder::new()
+                .install_recorder()
+                .map_err(|e| tracing::warn!("Prometheus metrics disabled: {e}"))
+                .ok()
+        })
+        .clone()
+}
+
+/// Why a request failed, as Triton's `reason` label spells it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum FailureReason {
+    /// Refused by the queue: full, or timed out while waiting.
+    Rejected,
+    /// The client went away before the answer.
+    Canceled,
+    /// The model failed while running.
+    Backend,
+    /// Anything else after the model was found (e.g. an invalid request).
+    Other,
+}
+
+impl FailureReason {
+    fn label(self) -> &'static str {
+        match self {
+            FailureReason::Rejected => "REJECTED",
+            FailureReason::Canceled => "CANCELED",
+            FailureReason::Backend => "BACKEND",
+            FailureReason::Other => "OTHER",
+        }
+    }
+}
+
+/// Time spent in each phase of one execution, shared by every request of its batch.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct ComputeTimes {
+    pub input: Duration,
+    pub infer: Duration,
+    pub output: Duration,
+}
+
+#[derive(Debug, Default, Clone, Copy)]
+struct Total {
+    count: u64,
+    ns: u64,
+}
+
+impl Total {
+    fn add(&mut self, d: Duration) {
+        self.count += 1;
+        self.ns += d.as_nanos() as u64;
+    }
+
+    fn proto(self) -> Option<StatisticDuration> {
+        Some(StatisticDuration {
+            count: self.count,
+            ns: self.ns,
+        })
+    }
+}
+
+#[derive(Debug, Default)]
+struct Totals {
+    last_inference_ms: u64,
+    inference_count: u64,
+    execution_count: u64,
+    success: Total,
+    fail: Total,
+    queue: Total,
+    compute_input: Total,
+    compute_infer: Total,
+    compute_output: Total,
+    /// Per executed batch size: (input, infer, output).
+    batches: BTreeMap<u64, [Total; 3]>,
+}
+
+/// Prometheus handles for one model version, registered once.
+struct Handles {
+    success: Counter,
+    failures: [Counter; 4],
+    inference_count: Counter,
+    exec_count: Counter,
+    request_us: Counter,
+    queue_us: Counter,
+    compute_input_us: Counter,
+    compute_infer_us: Counter,
+    compute_output_us: Counter,
+    pending: Gauge,
+    latency: Histogram,
+}
+
+/// Statistics of one model version.
+pub struct ModelStats {
+    model: String,
+    version: String,
+    totals: Mutex<Totals>,
+    handles: Handles,
+}
+
+fn micros(d: Duration) -> u64 {
+    d.as_micros() as u64
+}
+
+impl ModelStats {
+    pub fn new(model: &str, version: i64) -> ModelStats {
+        let version = version.to_string();
+        let labels = [("model", model.to_string()), ("version", version.clone())];
+        let failure = |reason: FailureReason| counter!("nv_inference_request_failure", "model" => model.to_string(), "version" => version.clone(), "reason" => reason.label());
+        let handles = Handles {
+            success: counter!("nv_inference_request_success", &labels),
+            failures: [
+                failure(FailureReason::Rejected),
+                failure(FailureReason::Canceled),
+                failure(FailureReason::Backend),
+                failure(FailureReason::Other),
+            ],
+            inference_count: counter!("nv_inference_count", &labels),
+            exec_count: counter!("nv_inference_exec_count", &labels),
+            request_us: counter!("nv_inference_request_duration_us", &labels),
+            queue_us: counter!("nv_inference_queue_duration_us", &labels),
+            compute_input_us: counter!("nv_inference_compute_input_duration_us", &labels),
+            compute_infer_us: counter!("nv_inference_compute_infer_duration_us", &labels),
+            compute_output_us: counter!("nv_inference_compute_output_duration_us", &labels),
+            pending: gauge!("nv_inference_pending_request_count", &labels),
+            latency: histogram!("nv_inference_request_summary_us", &labels),
+        };
+        ModelStats {
+            model: model.to_string(),
+            version,
+            totals: Mutex::new(Totals::default()),
+            handles,
+        }
+    }
+
+    fn totals(&self) -> std::sync::MutexGuard<'_, Totals> {
+        self.totals
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner())
+    }
+
+    /// Requests waiting in the queue.
+    pub fn set_pending(&self, pending: usize) {
+        self.handles.pending.set(pending as f64);
+    }
+
+    /// One execution of a batch of `batch_size` rows.
+    pub fn record_execution(&self, batch_size: usize, times: ComputeTimes) {
+        {
+            let mut totals = self.totals();
+            totals.execution_count += 1;
+            let entry = totals.batches.entry(batch_size as u64).or_default();
+            entry[0].add(times.input);
+            entry[1].add(times.infer);
+            entry[2].add(times.output);
+        }
+        self.handles.exec_count.increment(1);
+    }
+
+    /// One request answered successfully: `rows` inferences, `total` end to end.
+    pub fn record_success(
+        &self,
+        rows: usize,
+        total: Duration,
+        queue: Duration,
+        times: ComputeTimes,
+    ) {
+        {
+            let mut totals = self.totals();
+            totals.last_inference_ms = now_ms();
+            totals.inference_count += rows as u64;
+            totals.success.add(total);
+            totals.queue.add(queue);
+            totals.compute_input.add(times.input);
+            totals.compute_infer.add(times.infer);
+            totals.compute_output.add(times.output);
+        }
+        let h = &self.handles;
+        h.success.increment(1);
+        h.inference_count.increment(rows as u64);
+        h.request_us.increment(micros(total));
+        h.queue_us.increment(micros(queue));
+        h.compute_input_us.increment(micros(times.input));
+        h.compute_infer_us.increment(micros(times.infer));
+        h.compute_output_us.increment(micros(times.output));
+        h.latency.record(micros(total) as f64);
+    }
+
+    /// One request that failed after its model was found.
+    pub fn record_failure(&self, total: Duration, reason: FailureReason) {
+        {
+            let mut totals = self.totals();
+            totals.last_inference_ms = now_ms();
+            totals.fail.add(total);
+        }
+        let index = match reason {
+            FailureReason::Rejected => 0,
+            FailureReason::Canceled => 1,
+            FailureReason::Backend => 2,
+            FailureReason::Other => 3,
+        };
+        self.handles.failures[index].increment(1);
+        self.handles.request_us.increment(micros(total));
+    }
+
+    /// Triton's `ModelStatistics` message for this version.
+    pub fn snapshot(&self) -> ModelStatistics {
+        let totals = self.totals();
+        ModelStatistics {
+            name: self.model.clone(),
+            version: self.version.clone(),
+            last_inference: totals.last_inference_ms,
+            inference_count: totals.inference_count,
+            execution_count: totals.execution_count,
+            inference_stats: Some(InferStatistics {
+                success: totals.success.proto(),
+                fail: totals.fail.proto(),
+                queue: totals.queue.proto(),
+                compute_input: totals.compute_input.proto(),
+                compute_infer: totals.compute_infer.proto(),
+                compute_output: totals.compute_output.proto(),
+                cache_hit: Total::default().proto(),
+                cache_miss: Total::default().proto(),
+            }),
+            batch_stats: totals
+                .batches
+                .iter()
+                .map(
+                    |(&batch_size, [input, infer, output])| InferBatchStatistics {
+                        batch_size,
+                        compute_input: input.proto(),
+                        compute_infer: infer.proto(),
+                        compute_output: output.proto(),
+                    },
+                )
+                .collect(),
+            memory_usage: Vec::new(),
+            response_stats: Default::default(),
+        }
+    }
+}
+
+fn now_ms() -> u64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map_or(0, |d| d.as_millis() as u64)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const MS: Duration = Duration::from_millis(1);
+
+    #[test]
+    fn idle_versions_report_zeros() {
+        let stats = ModelStats::new("m", 3).snapshot();
+        assert_eq!((stats.name.as_str(), stats.version.as_str()), ("m", "3"));
+        assert_eq!(
+            (
+                stats.inference_count,
+                stats.execution_count,
+                stats.last_inference
+            ),
+            (0, 0, 0)
+        );
+        let inference = stats.inference_stats.unwrap();
+        assert_eq!(inference.success.unwrap().count, 0);
+        assert!(stats.batch_stats.is_empty());
+    }
+
+    #[test]
+    fn requests_and_executions_are_counted_separately() {
+        let stats = ModelStats::new("m", 1);
+        let times = ComputeTimes {
+            input: MS,
+            infer: 2 * MS,
+            output: MS,
+        };
+        // One execution of a batch of 3 rows serving two requests (1 + 2 rows).
+        stats.record_execution(3, times);
+        stats.record_success(1, 5 * MS, MS, times);
+        stats.record_success(2, 6 * MS, 2 * MS, times);
+        stats.record_failure(MS, FailureReason::Rejected);
+        let snapshot = stats.snapshot();
+        assert_eq!(snapshot.inference_count, 3);
+        assert_eq!(snapshot.execution_count, 1);
+        assert!(snapshot.last_inference > 0);
+        let inference = snapshot.inference_stats.unwrap();
+        assert_eq!(
+            inference.success.unwrap(),
+            StatisticDuration {
+                count: 2,
+                ns: 11_000_000
+            }
+        );
+        assert_eq!(
+            inference.fail.unwrap(),
+            StatisticDuration {
+                count: 1,
+                ns: 1_000_000
+            }
+        );
+        assert_eq!(
+            inference.queue.unwrap(),
+            StatisticDuration {
+                count: 2,
+                ns: 3_000_000
+            }
+        );
+        assert_eq!(
+            inference.compute_infer.unwrap(),
+            StatisticDuration {
+                count: 2,
+                ns: 4_000_000
+            }
+        );
+        assert_eq!(snapshot.batch_stats.len(), 1);
+        let batch = &snapshot.batch_stats[0];
+        assert_eq!(batch.batch_size, 3);
+        assert_eq!(
+            batch.compute_infer.unwrap(),
+            StatisticDuration {
+                count: 1,
+                ns: 2_000_000
+            }
+        );
+    }
+
+    #[test]
+    fn batch_stats_are_sorted_by_size() {
+        let stats = ModelStats::new("m", 1);
+        for size in [4, 1, 2, 4] {
+            stats.record_execution(size, ComputeTimes::default());
+        }
+        let sizes: Vec<(u64, u64)> = stats
+            .snapshot()
+            .batch_stats
+            .iter()
+            .map(|b| (b.batch_size, b.compute_infer.unwrap().count))
+            .collect();
+        assert_eq!(sizes, vec![(1, 1), (2, 1), (4, 2)]);
+    }
+}
