@@ -446,6 +446,29 @@ def int_div(w, repo):
     w.checks.append((path, check))
 
 
+def slow_batcher(w, repo):
+    """Y = X + 1 behind a dynamic batcher that waits up to 2 s for a preferred batch of 4, with a
+    queue of at most 2 requests: lets tests see batches form, queues fill and deadlines expire."""
+    d = os.path.join(repo, "slow_batcher")
+    m = make_model("slow_batcher", [helper.make_node("Add", ["X", "one"], ["Y"])],
+                   [vi("X", TensorProto.FLOAT, ["batch", 1])], [vi("Y", TensorProto.FLOAT, ["batch", 1])],
+                   [const("one", 1.0)])
+    path = w.model(d, 1, m)
+    w.text(os.path.join(d, "config.pbtxt"), config(
+        "slow_batcher", backend="onnxruntime", max_batch_size=8,
+        inputs=[fp32("X", [1])], outputs=[fp32("Y", [1])],
+        extra=("dynamic_batching {\n  preferred_batch_size: [ 4 ]\n  max_queue_delay_microseconds: 2000000\n"
+               "  default_queue_policy { max_queue_size: 4 }\n}\n"
+               "instance_group [ { count: 1 kind: KIND_CPU } ]\n")))
+
+    def check(ort):
+        x = np.arange(4, dtype=np.float32).reshape(4, 1)
+        (y,) = run(ort, path, {"X": x})
+        assert_equal(y, x + 1)
+        return "batch 4: Y == X+1"
+    w.checks.append((path, check))
+
+
 # ------------------------------------------------------------------------------------------------ verify
 
 
@@ -553,6 +576,7 @@ def generate():
     name_mismatch(w, FIXTURES)
     nobatch_dynamic(w, FIXTURES)
     int_div(w, FIXTURES)
+    slow_batcher(w, FIXTURES)
     return w
 
 

@@ -1,7 +1,7 @@
 //! `kiln`: a Triton-compatible (KServe v2) inference server for ONNX models.
 
 use clap::Parser;
-use kiln::server::{self, Config};
+use kiln::server::{self, Config, Listeners};
 use std::io::IsTerminal;
 use std::net::{IpAddr, SocketAddr};
 use std::path::PathBuf;
@@ -36,9 +36,17 @@ struct Args {
     #[arg(long, env = "KILN_HTTP_PORT", default_value_t = 8000)]
     http_port: u16,
 
-    /// Port of the Prometheus metrics endpoint (not served by this build yet).
+    /// Port of the Prometheus metrics endpoint (`/metrics`; 0 picks a free port).
     #[arg(long, env = "KILN_METRICS_PORT", default_value_t = 8002)]
     metrics_port: u16,
+
+    /// Address the metrics endpoint binds.
+    #[arg(long, env = "KILN_METRICS_ADDRESS", default_value = "0.0.0.0")]
+    metrics_address: IpAddr,
+
+    /// Serve Prometheus metrics (`--allow-metrics=false` turns the endpoint off).
+    #[arg(long, env = "KILN_ALLOW_METRICS", default_value_t = true, action = clap::ArgAction::Set)]
+    allow_metrics: bool,
 
     /// Largest gRPC message received or sent, in bytes (Triton allows 2 GiB - 1).
     #[arg(long, env = "KILN_GRPC_MAX_MESSAGE_BYTES", default_value_t = i32::MAX as usize)]
@@ -72,6 +80,16 @@ fn init_logging(verbose: u32) {
         .init();
 }
 
+async fn bind(address: SocketAddr, what: &str) -> Option<tokio::net::TcpListener> {
+    match tokio::net::TcpListener::bind(address).await {
+        Ok(listener) => Some(listener),
+        Err(e) => {
+            error!("cannot bind {what} address {address}: {e}");
+            None
+        }
+    }
+}
+
 /// Resolves on Ctrl-C or SIGTERM.
 async fn shutdown_signal() {
     let ctrl_c = tokio::signal::ctrl_c();
@@ -93,18 +111,26 @@ async fn shutdown_signal() {
 async fn main() -> ExitCode {
     let args = Args::parse();
     init_logging(args.log_verbose);
-    let grpc_address = SocketAddr::new(args.grpc_address, args.grpc_port);
-    let listener = match tokio::net::TcpListener::bind(grpc_address).await {
-        Ok(listener) => listener,
-        Err(e) => {
-            error!("cannot bind gRPC address {grpc_address}: {e}");
-            return ExitCode::FAILURE;
+    let grpc = match bind(SocketAddr::new(args.grpc_address, args.grpc_port), "gRPC").await {
+        Some(listener) => listener,
+        None => return ExitCode::FAILURE,
+    };
+    let metrics = if args.allow_metrics {
+        match bind(
+            SocketAddr::new(args.metrics_address, args.metrics_port),
+            "metrics",
+        )
+        .await
+        {
+            Some(listener) => Some(listener),
+            None => return ExitCode::FAILURE,
         }
+    } else {
+        None
     };
     info!(
         http_port = args.http_port,
-        metrics_port = args.metrics_port,
-        "REST and metrics endpoints are not served by this build yet"
+        "the REST endpoint is not served by this build yet"
     );
     let config = Config {
         model_repositories: args.model_repositories,
@@ -112,7 +138,7 @@ async fn main() -> ExitCode {
         exit_timeout: Duration::from_secs(args.exit_timeout_secs),
         auto_complete: !args.disable_auto_complete_config,
     };
-    match server::run(config, listener, shutdown_signal()).await {
+    match server::run(config, Listeners { grpc, metrics }, shutdown_signal()).await {
         Ok(()) => {
             info!("stopped");
             ExitCode::SUCCESS

@@ -36,8 +36,17 @@ pub enum ServerError {
     Grpc(#[from] tonic::transport::Error),
     #[error("model loading failed: {0}")]
     Load(String),
+    #[error("metrics endpoint: {0}")]
+    Metrics(String),
     #[error("reflection service: {0}")]
     Reflection(#[from] tonic_reflection::server::Error),
+}
+
+/// The sockets `run` serves on, bound by the caller (so tests can bind port 0).
+pub struct Listeners {
+    pub grpc: TcpListener,
+    /// Prometheus metrics; `None` when metrics are disabled.
+    pub metrics: Option<TcpListener>,
 }
 
 /// gRPC service names answered by the health service.
@@ -50,9 +59,18 @@ const HEALTH_SERVICES: &[&str] = &["", "inference.GRPCInferenceService"];
 /// load is not an error: it is reported not ready).
 pub async fn run(
     config: Config,
-    grpc: TcpListener,
+    listeners: Listeners,
     shutdown: impl Future<Output = ()>,
 ) -> Result<(), ServerError> {
+    // The recorder must exist before models register their metrics.
+    let metrics = listeners
+        .metrics
+        .map(|listener| {
+            crate::metrics::prometheus()
+                .map(|handle| (listener, handle))
+                .ok_or_else(|| ServerError::Metrics("another metrics recorder is installed".into()))
+        })
+        .transpose()?;
     let options = LoadOptions {
         auto_complete: config.auto_complete,
         cores: std::thread::available_parallelism().map_or(1, |n| n.get()),
@@ -84,14 +102,18 @@ pub async fn run(
         .max_decoding_message_size(config.max_message_bytes)
         .max_encoding_message_size(config.max_message_bytes)
         .accept_compressed(CompressionEncoding::Gzip)
-        .accept_compressed(CompressionEncoding::Deflate)
-        .send_compressed(CompressionEncoding::Gzip)
-        .send_compressed(CompressionEncoding::Deflate);
+        .accept_compressed(CompressionEncoding::Deflate);
+    // Responses stay uncompressed, as Triton's: gRPC clients advertise gzip by default, and
+    // compressing every response would cost CPU that inference needs.
 
-    let address = grpc
+    if let Some((listener, handle)) = metrics {
+        serve_metrics(listener, handle)?;
+    }
+    let address = listeners
+        .grpc
         .local_addr()
         .map_err(|e| ServerError::Load(e.to_string()))?;
-    let incoming = TcpIncoming::from(grpc).with_nodelay(Some(true));
+    let incoming = TcpIncoming::from(listeners.grpc).with_nodelay(Some(true));
     let (stop, stopped) = tokio::sync::watch::channel(false);
     let serve = tonic::transport::Server::builder()
         .add_service(inference)
@@ -138,4 +160,43 @@ pub async fn run(
             Ok(())
         }
     }
+}
+
+/// Serves Prometheus metrics at `/metrics` (and `/metrics/`, as Triton) until the process ends.
+fn serve_metrics(
+    listener: TcpListener,
+    handle: metrics_exporter_prometheus::PrometheusHandle,
+) -> Result<(), ServerError> {
+    let address = listener
+        .local_addr()
+        .map_err(|e| ServerError::Metrics(e.to_string()))?;
+    let upkeep = handle.clone();
+    tokio::spawn(async move {
+        loop {
+            tokio::time::sleep(Duration::from_secs(5)).await;
+            upkeep.run_upkeep();
+        }
+    });
+    let render = move || {
+        let handle = handle.clone();
+        async move {
+            (
+                [(
+                    axum::http::header::CONTENT_TYPE,
+                    "text/plain; charset=utf-8",
+                )],
+                handle.render(),
+            )
+        }
+    };
+    let app = axum::Router::new()
+        .route("/metrics", axum::routing::get(render.clone()))
+        .route("/metrics/", axum::routing::get(render));
+    info!("Started Metrics Service at {address}");
+    tokio::spawn(async move {
+        if let Err(e) = axum::serve(listener, app).await {
+            warn!("metrics endpoint stopped: {e}");
+        }
+    });
+    Ok(())
 }

@@ -8,7 +8,7 @@ use crate::backend::BackendError;
 use crate::core::{DataType, Error, InferRequest, InferResponse, ParamValue, Tensor};
 use crate::invalid_arg;
 use crate::metrics::{FailureReason, ModelStats};
-use crate::proto::inference::ModelConfig;
+use crate::proto::inference::{ModelConfig, ModelStatistics};
 use crate::repository::{Model, Repository, ServingVersion, VersionState};
 use crate::scheduler::{self, ScheduleError};
 use std::sync::atomic::{AtomicUsize, Ordering};
@@ -158,6 +158,41 @@ impl Engine {
     pub fn model_config(&self, name: &str, version: &str) -> Result<Arc<ModelConfig>, Error> {
         let (model, _) = self.resolve(name, version)?;
         model_config(model).cloned()
+    }
+
+    /// Triton's statistics for every serving version of every model (`name` empty), of one model
+    /// (`version` empty), or of one version.
+    ///
+    /// # Errors
+    /// As [`Engine::model_metadata`] when a named model or version is not serving.
+    pub fn model_statistics(
+        &self,
+        name: &str,
+        version: &str,
+    ) -> Result<Vec<ModelStatistics>, Error> {
+        let serving_versions = |model: &Model| -> Vec<ModelStatistics> {
+            model
+                .versions
+                .values()
+                .filter_map(|state| match state {
+                    VersionState::Ready(serving) => Some(serving.stats.snapshot()),
+                    VersionState::Unavailable(_) => None,
+                })
+                .collect()
+        };
+        if name.is_empty() {
+            return Ok(self
+                .repository
+                .models()
+                .flat_map(serving_versions)
+                .collect());
+        }
+        let (model, serving) = self.resolve(name, version)?;
+        if version.is_empty() {
+            Ok(serving_versions(model))
+        } else {
+            Ok(vec![serving.stats.snapshot()])
+        }
     }
 
     /// Every model in the repository with the state of each selected version. `ready_only` keeps

@@ -8,8 +8,9 @@ use crate::proto::inference::{
     grpc_inference_service_server::GrpcInferenceService, model_metadata_response::TensorMetadata,
     repository_index_response::ModelIndex, *,
 };
+use futures_util::stream::{FuturesOrdered, StreamExt};
 use std::sync::Arc;
-use tokio_stream::StreamExt;
+use std::time::{Duration, Instant};
 use tonic::{Request, Response, Status, Streaming};
 
 type BoxStream<T> =
@@ -28,8 +29,75 @@ pub fn status(error: Error) -> Status {
     }
 }
 
+/// The deadline a call's `grpc-timeout` header sets, if it has a valid one. It is moved slightly
+/// earlier than the header says, so that a request still queued is answered DEADLINE_EXCEEDED by
+/// the scheduler before the transport's own timer (started when the headers arrived) cancels the
+/// call.
+fn grpc_deadline(metadata: &tonic::metadata::MetadataMap) -> Option<Instant> {
+    let timeout = parse_grpc_timeout(metadata.get("grpc-timeout")?.to_str().ok()?)?;
+    let margin = (timeout / 10).min(Duration::from_millis(5));
+    Instant::now().checked_add(timeout - margin)
+}
+
+/// Parses gRPC's `grpc-timeout` value: at most 8 digits and a unit (H, M, S, m, u, n).
+fn parse_grpc_timeout(value: &str) -> Option<Duration> {
+    if !value.is_ascii() {
+        return None;
+    }
+    let (digits, unit) = value.split_at(value.len().checked_sub(1)?);
+    if digits.is_empty() || digits.len() > 8 || !digits.bytes().all(|b| b.is_ascii_digit()) {
+        return None;
+    }
+    let amount: u64 = digits.parse().ok()?;
+    Some(match unit {
+        "H" => Duration::from_secs(amount * 3600),
+        "M" => Duration::from_secs(amount * 60),
+        "S" => Duration::from_secs(amount),
+        "m" => Duration::from_millis(amount),
+        "u" => Duration::from_micros(amount),
+        "n" => Duration::from_nanos(amount),
+        _ => return None,
+    })
+}
+
 fn not_yet(rpc: &str) -> Status {
     Status::unimplemented(format!("{rpc} is not implemented by this server yet"))
+}
+
+/// Requests of one stream that may run at the same time.
+const STREAM_CONCURRENCY: usize = 64;
+
+/// One stream request's answer: the response, or its error in `error_message` with the request's
+/// model and id so the client can match it.
+async fn stream_answer(
+    engine: Arc<Engine>,
+    wire: ModelInferRequest,
+    deadline: Option<Instant>,
+) -> ModelStreamInferResponse {
+    let id = wire.id.clone();
+    let (model_name, model_version) = (wire.model_name.clone(), wire.model_version.clone());
+    let result = match request_from_wire(wire) {
+        Ok(mut request) => {
+            request.deadline = deadline;
+            engine.infer(request).await
+        }
+        Err(e) => Err(e),
+    };
+    match result {
+        Ok(response) => ModelStreamInferResponse {
+            error_message: String::new(),
+            infer_response: Some(response_to_wire(response)),
+        },
+        Err(e) => ModelStreamInferResponse {
+            error_message: e.message().to_string(),
+            infer_response: Some(ModelInferResponse {
+                model_name,
+                model_version,
+                id,
+                ..Default::default()
+            }),
+        },
+    }
 }
 
 /// The gRPC front end.
@@ -110,47 +178,40 @@ impl GrpcInferenceService for InferenceService {
         &self,
         request: Request<ModelInferRequest>,
     ) -> RpcResult<ModelInferResponse> {
-        let request = request_from_wire(request.into_inner()).map_err(status)?;
+        let deadline = grpc_deadline(request.metadata());
+        let mut request = request_from_wire(request.into_inner()).map_err(status)?;
+        request.deadline = deadline;
         let response = self.engine.infer(request).await.map_err(status)?;
         Ok(Response::new(response_to_wire(response)))
     }
 
-    /// Answers each request on the stream in turn; a failed request is reported in
-    /// `error_message` and the stream stays open.
+    /// Runs the requests of a stream concurrently (up to [`STREAM_CONCURRENCY`] at a time) and
+    /// answers them in request order, as Triton does for models that are not decoupled. A failed
+    /// request is answered with `error_message` and the stream stays open; when the client goes
+    /// away, its queued requests are cancelled.
     async fn model_stream_infer(
         &self,
         request: Request<Streaming<ModelInferRequest>>,
     ) -> RpcResult<BoxStream<ModelStreamInferResponse>> {
+        let deadline = grpc_deadline(request.metadata());
         let mut inbound = request.into_inner();
         let engine = Arc::clone(&self.engine);
-        let (sender, receiver) = tokio::sync::mpsc::channel(16);
+        let (sender, receiver) = tokio::sync::mpsc::channel(STREAM_CONCURRENCY);
         tokio::spawn(async move {
-            while let Some(message) = inbound.next().await {
-                let Ok(wire) = message else { break };
-                let id = wire.id.clone();
-                let (model_name, model_version) =
-                    (wire.model_name.clone(), wire.model_version.clone());
-                let result = match request_from_wire(wire) {
-                    Ok(request) => engine.infer(request).await,
-                    Err(e) => Err(e),
-                };
-                let reply = match result {
-                    Ok(response) => ModelStreamInferResponse {
-                        error_message: String::new(),
-                        infer_response: Some(response_to_wire(response)),
+            let mut running = FuturesOrdered::new();
+            let mut reading = true;
+            while reading || !running.is_empty() {
+                tokio::select! {
+                    message = inbound.next(), if reading && running.len() < STREAM_CONCURRENCY => match message {
+                        Some(Ok(wire)) => running.push_back(stream_answer(Arc::clone(&engine), wire, deadline)),
+                        _ => reading = false,
                     },
-                    Err(e) => ModelStreamInferResponse {
-                        error_message: e.message().to_string(),
-                        infer_response: Some(ModelInferResponse {
-                            model_name,
-                            model_version,
-                            id,
-                            ..Default::default()
-                        }),
-                    },
-                };
-                if sender.send(Ok(reply)).await.is_err() {
-                    break;
+                    Some(reply) = running.next(), if !running.is_empty() => {
+                        if sender.send(Ok(reply)).await.is_err() {
+                            return;
+                        }
+                    }
+                    () = sender.closed() => return,
                 }
             }
         });
@@ -175,9 +236,14 @@ impl GrpcInferenceService for InferenceService {
 
     async fn model_statistics(
         &self,
-        _: Request<ModelStatisticsRequest>,
+        request: Request<ModelStatisticsRequest>,
     ) -> RpcResult<ModelStatisticsResponse> {
-        Err(not_yet("ModelStatistics"))
+        let request = request.into_inner();
+        let model_stats = self
+            .engine
+            .model_statistics(&request.name, &request.version)
+            .map_err(status)?;
+        Ok(Response::new(ModelStatisticsResponse { model_stats }))
     }
 
     async fn repository_index(
@@ -273,5 +339,26 @@ impl GrpcInferenceService for InferenceService {
 
     async fn log_settings(&self, _: Request<LogSettingsRequest>) -> RpcResult<LogSettingsResponse> {
         Err(not_yet("LogSettings"))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn grpc_timeout_values() {
+        assert_eq!(parse_grpc_timeout("100m"), Some(Duration::from_millis(100)));
+        assert_eq!(parse_grpc_timeout("2S"), Some(Duration::from_secs(2)));
+        assert_eq!(parse_grpc_timeout("1H"), Some(Duration::from_secs(3600)));
+        assert_eq!(parse_grpc_timeout("5M"), Some(Duration::from_secs(300)));
+        assert_eq!(parse_grpc_timeout("7u"), Some(Duration::from_micros(7)));
+        assert_eq!(
+            parse_grpc_timeout("99999999n"),
+            Some(Duration::from_nanos(99_999_999))
+        );
+        for bad in ["", "m", "123456789S", "10x", "-1S", "1.5S", "é"] {
+            assert_eq!(parse_grpc_timeout(bad), None, "{bad:?}");
+        }
     }
 }

@@ -10,7 +10,10 @@ use tonic::transport::Channel;
 
 pub struct Server {
     child: Child,
+    /// gRPC address.
     pub address: String,
+    /// Prometheus metrics address.
+    pub metrics: String,
 }
 
 pub fn repo_path(relative: &str) -> PathBuf {
@@ -33,32 +36,43 @@ impl Server {
         }
         command
             .args(["--grpc-address", "127.0.0.1", "--grpc-port", "0"])
+            .args(["--metrics-address", "127.0.0.1", "--metrics-port", "0"])
             .args(extra)
             .env("RUST_LOG", "info,ort=error")
             .stdout(Stdio::null())
             .stderr(Stdio::piped());
         let mut child = command.spawn().expect("kiln binary starts");
         let stderr = child.stderr.take().expect("stderr is piped");
-        let (found, address) = mpsc::channel();
+        // The log announces each listener: "Started <Service> at <address>".
+        let (found, addresses) = mpsc::channel();
         std::thread::spawn(move || {
-            let mut found = Some(found);
             for line in BufReader::new(stderr).lines().map_while(Result::ok) {
                 eprintln!("[kiln] {line}");
-                if let Some(rest) = line.split("Started GRPCInferenceService at ").nth(1) {
-                    if let Some(sender) = found.take() {
-                        let _ = sender.send(rest.trim().to_string());
+                if let Some(rest) = line.split("Started ").nth(1) {
+                    if let Some((service, address)) = rest.split_once(" at ") {
+                        let _ = found.send((service.to_string(), address.trim().to_string()));
                     }
                 }
             }
         });
-        let address = match address.recv_timeout(Duration::from_secs(60)) {
-            Ok(address) => address,
-            Err(_) => {
-                let _ = child.kill();
-                panic!("kiln did not start within 60 s");
+        let mut address = None;
+        let mut metrics = None;
+        while address.is_none() || metrics.is_none() {
+            match addresses.recv_timeout(Duration::from_secs(60)) {
+                Ok((service, at)) if service == "GRPCInferenceService" => address = Some(at),
+                Ok((service, at)) if service == "Metrics Service" => metrics = Some(at),
+                Ok(_) => {}
+                Err(_) => {
+                    let _ = child.kill();
+                    panic!("kiln did not start within 60 s");
+                }
             }
-        };
-        Server { child, address }
+        }
+        Server {
+            child,
+            address: address.expect("set above"),
+            metrics: metrics.expect("set above"),
+        }
     }
 
     pub async fn client(&self) -> GrpcInferenceServiceClient<Channel> {
@@ -67,6 +81,24 @@ impl Server {
             .expect("connects")
             .max_decoding_message_size(usize::MAX)
             .max_encoding_message_size(usize::MAX)
+    }
+
+    /// The Prometheus text from `/metrics`.
+    pub fn metrics_text(&self) -> String {
+        use std::io::{Read, Write};
+        let mut stream = std::net::TcpStream::connect(&self.metrics).expect("metrics port answers");
+        write!(
+            stream,
+            "GET /metrics HTTP/1.1\r\nHost: kiln\r\nConnection: close\r\n\r\n"
+        )
+        .unwrap();
+        let mut response = String::new();
+        stream.read_to_string(&mut response).unwrap();
+        assert!(response.starts_with("HTTP/1.1 200"), "{response}");
+        response
+            .split_once("\r\n\r\n")
+            .map(|(_, body)| body.to_string())
+            .unwrap_or_default()
     }
 
     /// True while the process has not exited.
