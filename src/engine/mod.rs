@@ -2,6 +2,7 @@
 //! model's instances, and the shaping of the response. Errors leave here as [`Error`] with
 //! Triton's texts; each protocol maps them to its status codes once.
 
+mod classification;
 mod validate;
 
 use crate::backend::BackendError;
@@ -16,7 +17,12 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 /// Protocol extensions kiln implements, as reported by server metadata.
-pub const EXTENSIONS: &[&str] = &["model_configuration", "parameters"];
+pub const EXTENSIONS: &[&str] = &[
+    "classification",
+    "model_configuration",
+    "binary_tensor_data",
+    "parameters",
+];
 
 /// Server name and version for `ServerMetadata`.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -278,7 +284,7 @@ impl Engine {
                     outcome.queue,
                     outcome.compute,
                 );
-                Ok(self.response(model, &serving, request, outcome.outputs))
+                response(model, &serving, request, outcome.outputs)
             }
             Err((error, reason)) => {
                 serving.stats.record_failure(arrived.elapsed(), reason);
@@ -287,48 +293,28 @@ impl Engine {
         }
     }
 
-    fn response(
+    /// Builds the request for Triton's raw binary HTTP request (`Inference-Header-Content-Length:
+    /// 0`): the whole body is the data of the model's only input, whose shape follows from the
+    /// data size (batch 1 when the model batches; at most one variable dimension; BYTES holds one
+    /// element).
+    ///
+    /// # Errors
+    /// Lookup errors as [`Engine::model_ready`]; INVALID_ARGUMENT when the model does not have
+    /// exactly one input or the size cannot give a shape.
+    pub fn raw_input_request(
         &self,
-        model: &Model,
-        serving: &ServingVersion,
-        request: InferRequest,
-        outputs: Vec<Tensor>,
-    ) -> InferResponse {
-        let batched = serving.io.max_batch_size > 0;
-        let outputs = outputs
-            .into_iter()
-            .filter_map(|output| {
-                let spec = serving.io.output(&output.name)?;
-                let requested = if request.outputs.is_empty() {
-                    None
-                } else {
-                    Some(request.outputs.iter().find(|r| r.name == output.name)?)
-                };
-                let mut output = validate::to_client_shape(output, spec, batched);
-                let content_type = output_content_type(
-                    requested.and_then(|r| r.parameters.get(CONTENT_TYPE)),
-                    request.parameters.get(CONTENT_TYPE),
-                    output.datatype,
-                );
-                if let Some(content_type) = content_type {
-                    output
-                        .parameters
-                        .insert(CONTENT_TYPE.into(), content_type.clone());
-                }
-                Some(output)
-            })
-            .collect();
-        let mut parameters = crate::core::Parameters::new();
-        if let Some(content_type) = request.parameters.get(CONTENT_TYPE) {
-            parameters.insert(CONTENT_TYPE.into(), content_type.clone());
-        }
-        InferResponse {
-            model_name: model.name.clone(),
-            model_version: serving.version.to_string(),
-            id: request.id,
-            parameters,
-            outputs,
-        }
+        name: &str,
+        version: &str,
+        data: bytes::Bytes,
+    ) -> Result<InferRequest, Error> {
+        let (model, serving) = self.resolve(name, version)?;
+        let input = validate::raw_input(&model.name, &serving.io, data)?;
+        Ok(InferRequest {
+            model_name: name.to_string(),
+            model_version: version.to_string(),
+            inputs: vec![input],
+            ..Default::default()
+        })
     }
 
     /// Finds the model and the version to serve: the given one, or the newest ready one.
@@ -416,6 +402,56 @@ fn schedule_error(error: ScheduleError, prefix: &str, model: &str) -> (Error, Fa
     }
 }
 
+/// Shapes the model's outputs for the client: keeps the requested ones (all when none were
+/// named), restores client shapes, applies the classification extension, and stamps MLServer
+/// content types.
+fn response(
+    model: &Model,
+    serving: &ServingVersion,
+    request: InferRequest,
+    outputs: Vec<Tensor>,
+) -> Result<InferResponse, Error> {
+    let batched = serving.io.max_batch_size > 0;
+    let mut kept = Vec::with_capacity(outputs.len());
+    for output in outputs {
+        let Some(spec) = serving.io.output(&output.name) else {
+            continue;
+        };
+        let requested = request.outputs.iter().find(|r| r.name == output.name);
+        if requested.is_none() && !request.outputs.is_empty() {
+            continue;
+        }
+        let mut output = validate::to_client_shape(output, spec, batched);
+        let classes = requested.map(|r| r.parameters.get(classification::CLASSIFICATION));
+        if let Some(k) = classification::requested_count(classes.flatten(), &output.name)? {
+            let labels = model.labels.get(&output.name).map(Vec::as_slice);
+            output = classification::classify(&output, k, batched, labels)?;
+        }
+        let content_type = output_content_type(
+            requested.and_then(|r| r.parameters.get(CONTENT_TYPE)),
+            request.parameters.get(CONTENT_TYPE),
+            output.datatype,
+        );
+        if let Some(content_type) = content_type {
+            output
+                .parameters
+                .insert(CONTENT_TYPE.into(), content_type.clone());
+        }
+        kept.push(output);
+    }
+    let mut parameters = crate::core::Parameters::new();
+    if let Some(content_type) = request.parameters.get(CONTENT_TYPE) {
+        parameters.insert(CONTENT_TYPE.into(), content_type.clone());
+    }
+    Ok(InferResponse {
+        model_name: model.name.clone(),
+        model_version: serving.version.to_string(),
+        id: request.id,
+        parameters,
+        outputs: kept,
+    })
+}
+
 /// MLServer's codec selector, carried from requests to responses.
 const CONTENT_TYPE: &str = "content_type";
 
@@ -450,8 +486,8 @@ fn parse_version(version: &str) -> Result<i64, Error> {
     })
 }
 
-/// Rejects reserved `triton_*` keys and extensions kiln does not implement yet. Triton's other
-/// reserved keys (`priority`, `timeout`, `sequence_*`) are accepted.
+/// Rejects reserved `triton_*` keys and malformed `classification` counts before the model runs.
+/// Triton's other reserved keys (`priority`, `timeout`, `sequence_*`) are accepted.
 fn check_parameters(request: &InferRequest) -> Result<(), Error> {
     for key in request.parameters.keys() {
         if key.starts_with("triton_") && key != "triton_enable_empty_final_response" {
@@ -460,14 +496,11 @@ fn check_parameters(request: &InferRequest) -> Result<(), Error> {
             ));
         }
     }
-    if let Some(ParamValue::Int64(_) | ParamValue::Uint64(_)) = request
-        .outputs
-        .iter()
-        .find_map(|o| o.parameters.get("classification"))
-    {
-        return Err(Error::Unsupported(
-            "the classification extension is not supported by this server yet".into(),
-        ));
+    for output in &request.outputs {
+        classification::requested_count(
+            output.parameters.get(classification::CLASSIFICATION),
+            &output.name,
+        )?;
     }
     Ok(())
 }
@@ -533,5 +566,38 @@ mod tests {
             .parameters
             .insert("custom".into(), ParamValue::Double(0.5));
         assert!(check_parameters(&request).is_ok());
+    }
+
+    #[test]
+    fn classification_counts_are_checked_before_running() {
+        let mut request = InferRequest::default();
+        let mut output = crate::core::RequestedOutput {
+            name: "OUT".into(),
+            ..Default::default()
+        };
+        output
+            .parameters
+            .insert("classification".into(), ParamValue::Int64(3));
+        request.outputs.push(output.clone());
+        assert!(check_parameters(&request).is_ok());
+        output
+            .parameters
+            .insert("classification".into(), ParamValue::Int64(-1));
+        request.outputs.push(output);
+        assert!(matches!(
+            check_parameters(&request),
+            Err(Error::InvalidArgument(_))
+        ));
+    }
+
+    #[test]
+    fn extensions_advertise_rest_features() {
+        for extension in [
+            "classification",
+            "binary_tensor_data",
+            "model_configuration",
+        ] {
+            assert!(EXTENSIONS.contains(&extension));
+        }
     }
 }

@@ -129,7 +129,9 @@ fn next_significant(bytes: &[u8], mut i: usize) -> Option<u8> {
     None
 }
 
-/// Renders a config as protobuf JSON (proto field names, enum names), as Triton's REST `/config`.
+/// Renders a config as protobuf JSON the way Triton's REST `/config` does: proto field names, enum
+/// names, 64-bit integers as numbers, and every field without presence printed even at its
+/// default (`always_print_primitive_fields`), so clients find e.g. `"max_batch_size": 0`.
 pub fn config_to_json(config: &ModelConfig) -> serde_json::Value {
     let descriptor = descriptor_pool()
         .get_message_by_name("inference.ModelConfig")
@@ -140,7 +142,8 @@ pub fn config_to_json(config: &ModelConfig) -> serde_json::Value {
         .expect("a prost ModelConfig always transcodes into its own descriptor");
     let options = prost_reflect::SerializeOptions::new()
         .use_proto_field_name(true)
-        .stringify_64_bit_integers(false);
+        .stringify_64_bit_integers(false)
+        .skip_default_fields(false);
     message
         .serialize_with_options(serde_json::value::Serializer, &options)
         .unwrap_or(serde_json::Value::Null)
@@ -519,6 +522,17 @@ mod tests {
         assert_eq!(json["input"][0]["data_type"], "TYPE_FP32");
         assert_eq!(json["input"][0]["dims"][0], 16);
         assert_eq!(json["instance_group"][0]["kind"], "KIND_CPU");
+        assert_eq!(json["output"][0]["label_filename"], "labels.txt");
+        // Defaults are printed, unset messages are not (protobuf's always_print_primitive_fields).
+        assert_eq!(json["input"][0]["optional"], false);
+        assert_eq!(json["output"][0]["is_shape_tensor"], false);
+        assert_eq!(json["batch_input"], serde_json::json!([]));
+        assert!(json.get("sequence_batching").is_none());
+        assert!(json["dynamic_batching"]["max_queue_delay_microseconds"].is_u64());
+        assert_eq!(
+            json["version_policy"]["specific"]["versions"],
+            serde_json::json!([1, 3])
+        );
     }
 
     #[test]

@@ -55,6 +55,9 @@ pub struct Model {
     pub failure: Option<String>,
     /// Versions selected by the version policy, by number.
     pub versions: BTreeMap<i64, VersionState>,
+    /// Class labels of each output that names a `label_filename`, one per line, read at load time
+    /// for the classification extension.
+    pub labels: BTreeMap<String, Vec<String>>,
 }
 
 impl Model {
@@ -159,6 +162,7 @@ fn failed(name: &str, config: Option<ModelConfig>, reason: String) -> Model {
         config: config.map(Arc::new),
         failure: Some(reason),
         versions: BTreeMap::new(),
+        labels: BTreeMap::new(),
     }
 }
 
@@ -222,6 +226,10 @@ fn load_model(name: &str, dir: &Path, options: &LoadOptions) -> Model {
     if let Err(e) = config::validate_io(&config) {
         return failed(name, Some(config), e.to_string());
     }
+    let labels = match read_labels(dir, &config) {
+        Ok(labels) => labels,
+        Err(reason) => return failed(name, Some(config), reason),
+    };
 
     let versions = selected
         .iter()
@@ -246,7 +254,33 @@ fn load_model(name: &str, dir: &Path, options: &LoadOptions) -> Model {
         config: Some(Arc::new(config)),
         failure: None,
         versions,
+        labels,
     }
+}
+
+/// Reads each output's `label_filename` (relative to the model directory), one label per line as
+/// Triton does. A named file that cannot be read fails the model.
+fn read_labels(dir: &Path, config: &ModelConfig) -> Result<BTreeMap<String, Vec<String>>, String> {
+    let mut labels = BTreeMap::new();
+    for output in config
+        .output
+        .iter()
+        .filter(|o| !o.label_filename.is_empty())
+    {
+        let path = dir.join(&output.label_filename);
+        let text = std::fs::read_to_string(&path).map_err(|e| {
+            format!(
+                "failed to read label file {} for output '{}': {e}",
+                path.display(),
+                output.name
+            )
+        })?;
+        labels.insert(
+            output.name.clone(),
+            text.lines().map(str::to_string).collect(),
+        );
+    }
+    Ok(labels)
 }
 
 fn read_config(dir: &Path) -> Result<ModelConfig, String> {
