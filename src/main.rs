@@ -1,6 +1,7 @@
 //! `kiln`: a Triton-compatible (KServe v2) inference server for ONNX models.
 
 use clap::Parser;
+use kiln::protocol::http::DEFAULT_MAX_INPUT_BYTES;
 use kiln::server::{self, Config, Listeners};
 use std::io::IsTerminal;
 use std::net::{IpAddr, SocketAddr};
@@ -10,8 +11,8 @@ use std::time::Duration;
 use tracing::{error, info};
 use tracing_subscriber::EnvFilter;
 
-/// Serve ONNX models over NVIDIA Triton's gRPC protocol (KServe v2 / Open Inference Protocol).
-/// Flags follow `tritonserver`.
+/// Serve ONNX models over NVIDIA Triton's gRPC and REST protocols (KServe v2 / Open Inference
+/// Protocol). Flags follow `tritonserver`.
 #[derive(Debug, Parser)]
 #[command(name = "kiln", version, about)]
 struct Args {
@@ -32,9 +33,18 @@ struct Args {
     #[arg(long, env = "KILN_GRPC_PORT", default_value_t = 8001)]
     grpc_port: u16,
 
-    /// Port of the REST API (not served by this build yet).
+    /// Address the REST API binds.
+    #[arg(long, env = "KILN_HTTP_ADDRESS", default_value = "0.0.0.0")]
+    http_address: IpAddr,
+
+    /// Port of the REST API (0 picks a free port; the log says which).
     #[arg(long, env = "KILN_HTTP_PORT", default_value_t = 8000)]
     http_port: u16,
+
+    /// Largest REST request body in bytes, checked while reading and again after decompression
+    /// (Triton's default: 64 MiB).
+    #[arg(long, env = "KILN_HTTP_MAX_INPUT_SIZE", default_value_t = DEFAULT_MAX_INPUT_BYTES)]
+    http_max_input_size: usize,
 
     /// Port of the Prometheus metrics endpoint (`/metrics`; 0 picks a free port).
     #[arg(long, env = "KILN_METRICS_PORT", default_value_t = 8002)]
@@ -115,6 +125,10 @@ async fn main() -> ExitCode {
         Some(listener) => listener,
         None => return ExitCode::FAILURE,
     };
+    let http = match bind(SocketAddr::new(args.http_address, args.http_port), "HTTP").await {
+        Some(listener) => listener,
+        None => return ExitCode::FAILURE,
+    };
     let metrics = if args.allow_metrics {
         match bind(
             SocketAddr::new(args.metrics_address, args.metrics_port),
@@ -128,17 +142,24 @@ async fn main() -> ExitCode {
     } else {
         None
     };
-    info!(
-        http_port = args.http_port,
-        "the REST endpoint is not served by this build yet"
-    );
     let config = Config {
         model_repositories: args.model_repositories,
         max_message_bytes: args.grpc_max_message_bytes,
+        http_max_input_bytes: args.http_max_input_size,
         exit_timeout: Duration::from_secs(args.exit_timeout_secs),
         auto_complete: !args.disable_auto_complete_config,
     };
-    match server::run(config, Listeners { grpc, metrics }, shutdown_signal()).await {
+    match server::run(
+        config,
+        Listeners {
+            grpc,
+            http,
+            metrics,
+        },
+        shutdown_signal(),
+    )
+    .await
+    {
         Ok(()) => {
             info!("stopped");
             ExitCode::SUCCESS

@@ -1,11 +1,13 @@
 //! Wiring: loads the repository, then serves gRPC (inference service, reflection v1 and v1alpha,
-//! `grpc.health.v1`) on the given listener until the shutdown future completes; in-flight
-//! requests then get up to `exit_timeout` to finish.
+//! `grpc.health.v1`), the REST API and Prometheus metrics on the given listeners, over one engine,
+//! until the shutdown future completes; in-flight requests then get up to `exit_timeout` to finish.
 
 use crate::engine::Engine;
 use crate::proto::inference::grpc_inference_service_server::GrpcInferenceServiceServer;
 use crate::protocol::grpc::InferenceService;
+use crate::protocol::http::{self, HttpConfig};
 use crate::repository::{LoadOptions, Repository};
+use axum::serve::ListenerExt;
 use std::future::Future;
 use std::path::PathBuf;
 use std::sync::Arc;
@@ -23,6 +25,8 @@ pub struct Config {
     pub model_repositories: Vec<PathBuf>,
     /// Largest gRPC message accepted or sent, in bytes.
     pub max_message_bytes: usize,
+    /// Largest REST request body, in bytes, before and after decompression.
+    pub http_max_input_bytes: usize,
     /// How long in-flight requests may run after shutdown starts.
     pub exit_timeout: Duration,
     /// Complete configs from the ONNX graph.
@@ -34,6 +38,8 @@ pub struct Config {
 pub enum ServerError {
     #[error("gRPC server failed: {0}")]
     Grpc(#[from] tonic::transport::Error),
+    #[error("HTTP server failed: {0}")]
+    Http(#[from] std::io::Error),
     #[error("model loading failed: {0}")]
     Load(String),
     #[error("metrics endpoint: {0}")]
@@ -42,20 +48,24 @@ pub enum ServerError {
     Reflection(#[from] tonic_reflection::server::Error),
 }
 
+/// gRPC service names answered by the health service.
+const HEALTH_SERVICES: &[&str] = &["", "inference.GRPCInferenceService"];
+
 /// The sockets `run` serves on, bound by the caller (so tests can bind port 0).
+#[derive(Debug)]
 pub struct Listeners {
+    /// `inference.GRPCInferenceService`, health and reflection.
     pub grpc: TcpListener,
+    /// The KServe v2 / Triton REST API.
+    pub http: TcpListener,
     /// Prometheus metrics; `None` when metrics are disabled.
     pub metrics: Option<TcpListener>,
 }
 
-/// gRPC service names answered by the health service.
-const HEALTH_SERVICES: &[&str] = &["", "inference.GRPCInferenceService"];
-
-/// Loads every model, then serves on `grpc` until `shutdown` resolves.
+/// Loads every model, then serves on `listeners` until `shutdown` resolves.
 ///
 /// # Errors
-/// [`ServerError`] when the transport fails or loading cannot run at all (a model that fails to
+/// [`ServerError`] when a transport fails or loading cannot run at all (a model that fails to
 /// load is not an error: it is reported not ready).
 pub async fn run(
     config: Config,
@@ -109,25 +119,46 @@ pub async fn run(
     if let Some((listener, handle)) = metrics {
         serve_metrics(listener, handle)?;
     }
-    let address = listeners
-        .grpc
-        .local_addr()
-        .map_err(|e| ServerError::Load(e.to_string()))?;
+    let grpc_address = listeners.grpc.local_addr()?;
+    let http_address = listeners.http.local_addr()?;
     let incoming = TcpIncoming::from(listeners.grpc).with_nodelay(Some(true));
     let (stop, stopped) = tokio::sync::watch::channel(false);
-    let serve = tonic::transport::Server::builder()
+    let stop_signal = move || {
+        let mut stopped = stopped.clone();
+        async move {
+            let _ = stopped.wait_for(|s| *s).await;
+        }
+    };
+    let grpc_serve = tonic::transport::Server::builder()
         .add_service(inference)
         .add_service(health_service)
         .add_service(reflection().build_v1()?)
         .add_service(reflection().build_v1alpha()?)
-        .serve_with_incoming_shutdown(incoming, async move {
-            let mut stopped = stopped;
-            let _ = stopped.wait_for(|s| *s).await;
-        });
-    info!("Started GRPCInferenceService at {address}");
-    tokio::pin!(serve);
+        .serve_with_incoming_shutdown(incoming, stop_signal());
+    let router = http::router(
+        Arc::clone(&engine),
+        HttpConfig {
+            max_input_bytes: config.http_max_input_bytes,
+        },
+    );
+    let http_listener = listeners.http.tap_io(|stream| {
+        if let Err(e) = stream.set_nodelay(true) {
+            warn!("cannot set TCP_NODELAY on an HTTP connection: {e}");
+        }
+    });
+    let http_serve = axum::serve(http_listener, router).with_graceful_shutdown(stop_signal());
+    info!("Started GRPCInferenceService at {grpc_address}");
+    info!("Started HTTPService at {http_address}");
+    let servers = async {
+        tokio::try_join!(
+            async { grpc_serve.await.map_err(ServerError::from) },
+            async { http_serve.await.map_err(ServerError::from) },
+        )
+        .map(|_| ())
+    };
+    tokio::pin!(servers);
     tokio::select! {
-        result = &mut serve => return result.map_err(ServerError::from),
+        result = &mut servers => return result,
         () = shutdown => {}
     }
     info!(
@@ -140,8 +171,8 @@ pub async fn run(
             .await;
     }
     let _ = stop.send(true);
-    // The transport's own graceful shutdown also waits for idle client connections to close;
-    // kiln waits only for the requests it is running.
+    // tonic's graceful shutdown also waits for idle client connections to close; kiln waits
+    // only for the requests it is running (on either protocol).
     let drained = async {
         while engine.in_flight() > 0 {
             tokio::time::sleep(Duration::from_millis(5)).await;
@@ -149,7 +180,7 @@ pub async fn run(
     };
     let finished = async {
         tokio::select! {
-            result = &mut serve => result.map_err(ServerError::from),
+            result = &mut servers => result,
             () = drained => Ok(()),
         }
     };

@@ -3,6 +3,7 @@
 //! Triton's texts; each protocol maps them to its status codes once.
 
 mod classification;
+mod raw_input;
 mod validate;
 
 use crate::backend::BackendError;
@@ -308,7 +309,7 @@ impl Engine {
         data: bytes::Bytes,
     ) -> Result<InferRequest, Error> {
         let (model, serving) = self.resolve(name, version)?;
-        let input = validate::raw_input(&model.name, &serving.io, data)?;
+        let input = raw_input::raw_input(&model.name, &serving.io, data)?;
         Ok(InferRequest {
             model_name: name.to_string(),
             model_version: version.to_string(),

@@ -1,5 +1,6 @@
-//! Wire protocols over the engine: gRPC today ([`grpc`]), with the wire ⇄ core conversions in
-//! [`codec`] so that every front end shares them.
+//! Wire protocols over the engine: gRPC ([`grpc`], with the wire ⇄ core conversions in
+//! [`codec`]) and REST ([`http`]). Both decode to the engine's types and call the same façade.
 
 pub mod codec;
 pub mod grpc;
+pub mod http;

@@ -1,0 +1,290 @@
+//! Request bodies and response compression.
+//!
+//! Bodies are read frame by frame (plain `Content-Length` or chunked) and refused with 413 as
+//! soon as they pass the limit, so a client cannot make the server buffer more than
+//! `--http-max-input-size`; a declared `Content-Length` above the limit is refused before any
+//! byte is read. `Content-Encoding: gzip | deflate` bodies are inflated under the same cap (a
+//! compression bomb stops at the limit). Responses are compressed when `Accept-Encoding` asks,
+//! choosing as Triton does among `gzip`, `deflate` and `identity` by `q` weight.
+
+use super::HttpError;
+use axum::body::Body;
+use axum::http::{header, HeaderMap, HeaderValue, StatusCode};
+use bytes::{Bytes, BytesMut};
+use std::io::{Read, Write};
+use tokio_stream::StreamExt;
+
+/// A supported content coding.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Encoding {
+    Identity,
+    Gzip,
+    /// HTTP's `deflate`: a zlib stream (what tritonclient sends and expects).
+    Deflate,
+}
+
+impl Encoding {
+    /// The `Content-Encoding` value, `None` for identity.
+    pub fn header_value(self) -> Option<HeaderValue> {
+        match self {
+            Encoding::Identity => None,
+            Encoding::Gzip => Some(HeaderValue::from_static("gzip")),
+            Encoding::Deflate => Some(HeaderValue::from_static("deflate")),
+        }
+    }
+}
+
+fn too_large(limit: usize) -> HttpError {
+    HttpError::new(
+        StatusCode::PAYLOAD_TOO_LARGE,
+        format!(
+            "request body exceeds the maximum input size of {limit} bytes (--http-max-input-size)"
+        ),
+    )
+}
+
+/// The request's `Content-Encoding`.
+///
+/// # Errors
+/// 501 "Unsupported compression type" with `Accept-Encoding: gzip, deflate`, as Triton answers.
+pub fn request_encoding(headers: &HeaderMap) -> Result<Encoding, HttpError> {
+    let Some(value) = headers.get(header::CONTENT_ENCODING) else {
+        return Ok(Encoding::Identity);
+    };
+    match value.to_str().map(str::trim) {
+        Ok("" | "identity") => Ok(Encoding::Identity),
+        Ok("gzip") => Ok(Encoding::Gzip),
+        Ok("deflate") => Ok(Encoding::Deflate),
+        _ => Err(
+            HttpError::new(StatusCode::NOT_IMPLEMENTED, "Unsupported compression type")
+                .with_header(header::ACCEPT_ENCODING, "gzip, deflate"),
+        ),
+    }
+}
+
+/// Reads the whole body, decompressed, refusing more than `limit` bytes either way.
+///
+/// # Errors
+/// 413 past the limit, 501 for an unknown encoding, 400 for a body that does not inflate or a
+/// connection that fails mid-body.
+pub async fn read(body: Body, headers: &HeaderMap, limit: usize) -> Result<Bytes, HttpError> {
+    let encoding = request_encoding(headers)?;
+    let declared = headers
+        .get(header::CONTENT_LENGTH)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.trim().parse::<u64>().ok());
+    if declared.is_some_and(|len| len > limit as u64) {
+        return Err(too_large(limit));
+    }
+    // Trust the declared length only as a capacity hint, and only up to the limit.
+    let mut buffer = BytesMut::with_capacity(declared.map_or(0, |len| len as usize));
+    let mut frames = body.into_data_stream();
+    while let Some(frame) = frames.next().await {
+        let frame = frame.map_err(|e| {
+            HttpError::new(
+                StatusCode::BAD_REQUEST,
+                format!("failed to read the request body: {e}"),
+            )
+        })?;
+        if buffer.len() + frame.len() > limit {
+            return Err(too_large(limit));
+        }
+        buffer.extend_from_slice(&frame);
+    }
+    let raw = buffer.freeze();
+    match encoding {
+        Encoding::Identity => Ok(raw),
+        compressed => tokio::task::spawn_blocking(move || inflate(compressed, &raw, limit))
+            .await
+            .map_err(|e| HttpError::new(StatusCode::INTERNAL_SERVER_ERROR, e.to_string()))?,
+    }
+}
+
+/// Decompresses `data`, stopping one byte past `limit` so a bomb never inflates further.
+fn inflate(encoding: Encoding, data: &[u8], limit: usize) -> Result<Bytes, HttpError> {
+    let cap = limit as u64 + 1;
+    let mut out = Vec::new();
+    let result = match encoding {
+        Encoding::Gzip => flate2::read::MultiGzDecoder::new(data)
+            .take(cap)
+            .read_to_end(&mut out),
+        Encoding::Deflate => flate2::read::ZlibDecoder::new(data)
+            .take(cap)
+            .read_to_end(&mut out),
+        Encoding::Identity => return Ok(Bytes::copy_from_slice(data)),
+    };
+    result.map_err(|e| {
+        HttpError::new(
+            StatusCode::BAD_REQUEST,
+            format!("failed to decompress the request body: {e}"),
+        )
+    })?;
+    if out.len() > limit {
+        return Err(too_large(limit));
+    }
+    Ok(Bytes::from(out))
+}
+
+/// The response encoding for an `Accept-Encoding` header: the highest-weighted of `gzip`,
+/// `deflate` and `identity` (ties keep the earlier one), identity when none is acceptable.
+pub fn response_encoding(accept: Option<&HeaderValue>) -> Encoding {
+    let Some(accept) = accept.and_then(|v| v.to_str().ok()) else {
+        return Encoding::Identity;
+    };
+    let mut best = (Encoding::Identity, 0.0f64);
+    for item in accept.split(',') {
+        let mut parts = item.split(';').map(str::trim);
+        let coding = match parts.next() {
+            Some("gzip") => Encoding::Gzip,
+            Some("deflate") => Encoding::Deflate,
+            Some("identity") => Encoding::Identity,
+            _ => continue,
+        };
+        let mut weight = 1.0;
+        for param in parts {
+            if let Some(q) = param.strip_prefix("q=") {
+                weight = q.trim().parse().unwrap_or(-1.0);
+            }
+        }
+        if weight > best.1 {
+            best = (coding, weight);
+        }
+    }
+    best.0
+}
+
+/// Compresses a response body; on failure the body is sent as is (Triton does the same).
+pub fn compress(encoding: Encoding, body: Vec<u8>) -> (Encoding, Vec<u8>) {
+    let level = flate2::Compression::default();
+    let result = match encoding {
+        Encoding::Identity => return (encoding, body),
+        Encoding::Gzip => {
+            let mut encoder = flate2::write::GzEncoder::new(Vec::new(), level);
+            encoder.write_all(&body).and_then(|()| encoder.finish())
+        }
+        Encoding::Deflate => {
+            let mut encoder = flate2::write::ZlibEncoder::new(Vec::new(), level);
+            encoder.write_all(&body).and_then(|()| encoder.finish())
+        }
+    };
+    match result {
+        Ok(compressed) => (encoding, compressed),
+        Err(_) => (Encoding::Identity, body),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn headers(pairs: &[(&'static str, &'static str)]) -> HeaderMap {
+        let mut map = HeaderMap::new();
+        for (k, v) in pairs {
+            map.insert(*k, HeaderValue::from_static(v));
+        }
+        map
+    }
+
+    fn gzip(data: &[u8]) -> Vec<u8> {
+        compress(Encoding::Gzip, data.to_vec()).1
+    }
+
+    #[tokio::test]
+    async fn reads_plain_and_compressed_bodies() {
+        let body = read(Body::from("hello"), &HeaderMap::new(), 100)
+            .await
+            .unwrap();
+        assert_eq!(&body[..], b"hello");
+        let gz = read(
+            Body::from(gzip(b"hello")),
+            &headers(&[("content-encoding", "gzip")]),
+            100,
+        )
+        .await
+        .unwrap();
+        assert_eq!(&gz[..], b"hello");
+        let zlib = compress(Encoding::Deflate, b"hello".to_vec()).1;
+        let inflated = read(
+            Body::from(zlib),
+            &headers(&[("content-encoding", "deflate")]),
+            100,
+        )
+        .await
+        .unwrap();
+        assert_eq!(&inflated[..], b"hello");
+    }
+
+    #[tokio::test]
+    async fn limits_apply_before_and_after_inflating() {
+        let err = read(Body::from(vec![0u8; 101]), &HeaderMap::new(), 100)
+            .await
+            .unwrap_err();
+        assert_eq!(err.status(), StatusCode::PAYLOAD_TOO_LARGE);
+        let declared = headers(&[("content-length", "1000000000000")]);
+        let err = read(Body::empty(), &declared, 100).await.unwrap_err();
+        assert_eq!(err.status(), StatusCode::PAYLOAD_TOO_LARGE);
+        // 10 MB of zeros compress to ~10 KB: under the limit compressed, over it inflated.
+        let bomb = gzip(&vec![0u8; 10_000_000]);
+        assert!(bomb.len() < 100_000);
+        let err = read(
+            Body::from(bomb),
+            &headers(&[("content-encoding", "gzip")]),
+            100_000,
+        )
+        .await
+        .unwrap_err();
+        assert_eq!(err.status(), StatusCode::PAYLOAD_TOO_LARGE);
+    }
+
+    #[tokio::test]
+    async fn bad_encodings() {
+        let err = read(
+            Body::from("x"),
+            &headers(&[("content-encoding", "br")]),
+            100,
+        )
+        .await
+        .unwrap_err();
+        assert_eq!(err.status(), StatusCode::NOT_IMPLEMENTED);
+        let err = read(
+            Body::from("not gzip"),
+            &headers(&[("content-encoding", "gzip")]),
+            100,
+        )
+        .await
+        .unwrap_err();
+        assert_eq!(err.status(), StatusCode::BAD_REQUEST);
+        assert_eq!(
+            request_encoding(&headers(&[("content-encoding", "identity")])).unwrap(),
+            Encoding::Identity
+        );
+    }
+
+    #[test]
+    fn accept_encoding_negotiation() {
+        let pick = |v: &'static str| response_encoding(Some(&HeaderValue::from_static(v)));
+        assert_eq!(response_encoding(None), Encoding::Identity);
+        assert_eq!(pick("gzip"), Encoding::Gzip);
+        assert_eq!(pick("deflate"), Encoding::Deflate);
+        assert_eq!(pick("gzip, deflate"), Encoding::Gzip);
+        assert_eq!(pick("gzip;q=0.5, deflate"), Encoding::Deflate);
+        assert_eq!(pick("gzip; q=0.9, identity;q=1"), Encoding::Identity);
+        assert_eq!(pick("br, *"), Encoding::Identity);
+        assert_eq!(pick("gzip;q=0"), Encoding::Identity);
+        assert_eq!(pick("gzip;q=abc"), Encoding::Identity);
+    }
+
+    #[test]
+    fn compression_round_trips() {
+        let data = b"some response body".repeat(10);
+        let (encoding, gz) = compress(Encoding::Gzip, data.clone());
+        assert_eq!(encoding, Encoding::Gzip);
+        assert_eq!(&inflate(Encoding::Gzip, &gz, 1000).unwrap()[..], &data[..]);
+        let (_, zlib) = compress(Encoding::Deflate, data.clone());
+        assert_eq!(
+            &inflate(Encoding::Deflate, &zlib, 1000).unwrap()[..],
+            &data[..]
+        );
+        assert_eq!(compress(Encoding::Identity, data.clone()).1, data);
+    }
+}

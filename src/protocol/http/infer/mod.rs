@@ -1,0 +1,97 @@
+//! `POST /v2/models/{m}[/versions/{v}]/infer`: JSON requests and Triton's binary tensor data
+//! extension, exactly as `tritonclient.http` uses it. No `Content-Type` is required (tritonclient
+//! sends none): the body is read as bytes and split by `Inference-Header-Content-Length`.
+//! `Inference-Header-Content-Length: 0` is Triton's raw binary request: the whole body is the data
+//! of the model's single input, and every output comes back binary.
+
+mod request;
+mod response;
+#[cfg(test)]
+mod tests;
+
+use super::body;
+use super::routes::{AppState, ModelPath};
+use super::HttpError;
+use crate::core::Error;
+use crate::invalid_arg;
+use axum::body::Body;
+use axum::extract::State;
+use axum::http::{header, HeaderMap, HeaderName, HeaderValue};
+use axum::response::{IntoResponse, Response};
+use request::OutputFormats;
+use std::sync::Arc;
+
+/// The header that splits a body into the JSON part and binary tensor data.
+pub const INFERENCE_HEADER_CONTENT_LENGTH: HeaderName =
+    HeaderName::from_static("inference-header-content-length");
+
+/// The infer endpoint.
+pub async fn handle(
+    State(state): State<Arc<AppState>>,
+    model: ModelPath,
+    headers: HeaderMap,
+    body: Body,
+) -> Response {
+    match infer(&state, model, &headers, body).await {
+        Ok(response) => response,
+        Err(error) => error.into_response(),
+    }
+}
+
+async fn infer(
+    state: &AppState,
+    model: ModelPath,
+    headers: &HeaderMap,
+    body: Body,
+) -> Result<Response, HttpError> {
+    let encoding = body::response_encoding(headers.get(header::ACCEPT_ENCODING));
+    let body = body::read(body, headers, state.config.max_input_bytes).await?;
+    let header_length = header_length(headers, body.len())?;
+    let (request, formats) = match header_length {
+        Some(0) => {
+            let request = state
+                .engine
+                .raw_input_request(&model.name, &model.version, body)?;
+            (request, OutputFormats::all_binary())
+        }
+        _ => request::decode(&model.name, &model.version, body, header_length)?,
+    };
+    let response = state.engine.infer(request).await?;
+    let encoded = response::encode(&response, &formats)?;
+    let content_type = if encoded.header_length.is_some() {
+        "application/octet-stream"
+    } else {
+        "application/json"
+    };
+    let (encoding, bytes) = body::compress(encoding, encoded.body);
+    let mut reply = ([(header::CONTENT_TYPE, content_type)], bytes).into_response();
+    let reply_headers = reply.headers_mut();
+    if let Some(length) = encoded.header_length {
+        reply_headers.insert(INFERENCE_HEADER_CONTENT_LENGTH, HeaderValue::from(length));
+    }
+    if let Some(value) = encoding.header_value() {
+        reply_headers.insert(header::CONTENT_ENCODING, value);
+    }
+    Ok(reply)
+}
+
+/// `Inference-Header-Content-Length`: `None` when absent (the body is all JSON).
+///
+/// # Errors
+/// INVALID_ARGUMENT, with Triton's texts, when it is not a number or exceeds the (decompressed)
+/// body.
+fn header_length(headers: &HeaderMap, body_length: usize) -> Result<Option<usize>, Error> {
+    let Some(value) = headers.get(INFERENCE_HEADER_CONTENT_LENGTH) else {
+        return Ok(None);
+    };
+    let text = String::from_utf8_lossy(value.as_bytes());
+    let length: i128 = text.trim().parse().map_err(|_| {
+        invalid_arg!("Unable to parse Inference-Header-Content-Length, got: {text}")
+    })?;
+    match usize::try_from(length) {
+        Ok(length) if length <= body_length => Ok(Some(length)),
+        _ => Err(invalid_arg!(
+            "inference header size should be in range (0, {body_length}), got: {text}"
+        )),
+    }
+}

@@ -1,0 +1,204 @@
+//! A small JSON reader and writer for inference headers.
+//!
+//! Why not serde_json: Triton (rapidjson with `kParseNanAndInfFlag` / `kWriteNanAndInfFlag`) reads
+//! and writes the tokens `NaN`, `Infinity` and `-Infinity`, which serde_json can neither parse nor
+//! print; and tensor `data` arrays are kept here as source text ([`Value::Raw`]) and decoded
+//! straight into raw tensor bytes by `tensor_json`, instead of first becoming a tree with one node
+//! per element. Nesting deeper than [`MAX_DEPTH`] is refused, so a hostile body cannot exhaust
+//! the stack. Everything else follows RFC 8259 strictly (no comments, no trailing commas).
+
+mod reader;
+#[cfg(test)]
+mod tests;
+mod write;
+
+use reader::Reader;
+use std::fmt;
+
+pub use write::{write_bytes_str, write_f32, write_f64, write_number, write_str};
+
+/// Deepest nesting of arrays and objects accepted. A request needs 4 levels plus one per
+/// dimension of a nested `data` array.
+pub const MAX_DEPTH: usize = 64;
+
+/// A JSON number, kept exact: integers stay integers so INT64 and UINT64 data round-trip.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub enum Number {
+    /// An integer ≥ 0.
+    Unsigned(u64),
+    /// An integer < 0 (or `-0`).
+    Negative(i64),
+    /// A number with a fraction or exponent, an integer too large for 64 bits, `NaN` or an
+    /// infinity.
+    Float(f64),
+}
+
+impl Number {
+    pub fn as_u64(self) -> Option<u64> {
+        match self {
+            Number::Unsigned(v) => Some(v),
+            _ => None,
+        }
+    }
+
+    pub fn as_i64(self) -> Option<i64> {
+        match self {
+            Number::Unsigned(v) => i64::try_from(v).ok(),
+            Number::Negative(v) => Some(v),
+            Number::Float(_) => None,
+        }
+    }
+
+    pub fn as_f64(self) -> f64 {
+        match self {
+            Number::Unsigned(v) => v as f64,
+            Number::Negative(v) => v as f64,
+            Number::Float(v) => v,
+        }
+    }
+}
+
+impl fmt::Display for Number {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Number::Unsigned(v) => write!(f, "{v}"),
+            Number::Negative(v) => write!(f, "{v}"),
+            Number::Float(v) => write!(f, "{v}"),
+        }
+    }
+}
+
+/// A parsed JSON value. Objects keep their members in order; lookups return the first match,
+/// as rapidjson's `FindMember` does.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Value<'a> {
+    Null,
+    Bool(bool),
+    Number(Number),
+    String(String),
+    Array(Vec<Value<'a>>),
+    Object(Vec<(String, Value<'a>)>),
+    /// The validated source text of a value left unparsed (the `data` of request tensors).
+    Raw(&'a [u8]),
+}
+
+impl<'a> Value<'a> {
+    /// The member `key` of an object.
+    pub fn get(&self, key: &str) -> Option<&Value<'a>> {
+        match self {
+            Value::Object(members) => members.iter().find(|(k, _)| k == key).map(|(_, v)| v),
+            _ => None,
+        }
+    }
+
+    pub fn as_str(&self) -> Option<&str> {
+        match self {
+            Value::String(s) => Some(s),
+            _ => None,
+        }
+    }
+
+    pub fn as_bool(&self) -> Option<bool> {
+        match self {
+            Value::Bool(b) => Some(*b),
+            _ => None,
+        }
+    }
+
+    pub fn as_u64(&self) -> Option<u64> {
+        match self {
+            Value::Number(n) => n.as_u64(),
+            _ => None,
+        }
+    }
+
+    pub fn as_array(&self) -> Option<&[Value<'a>]> {
+        match self {
+            Value::Array(items) => Some(items),
+            _ => None,
+        }
+    }
+
+    pub fn as_object(&self) -> Option<&[(String, Value<'a>)]> {
+        match self {
+            Value::Object(members) => Some(members),
+            _ => None,
+        }
+    }
+}
+
+/// A syntax error with the byte offset where it was found.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ParseError {
+    pub message: String,
+    pub offset: usize,
+}
+
+impl fmt::Display for ParseError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{} at {}", self.message, self.offset)
+    }
+}
+
+/// Parses one JSON document. Members named `lazy_key` are validated but kept as [`Value::Raw`].
+///
+/// # Errors
+/// [`ParseError`] for malformed JSON, nesting deeper than [`MAX_DEPTH`], strings that are not
+/// UTF-8, or trailing content.
+pub fn parse<'a>(src: &'a [u8], lazy_key: Option<&str>) -> Result<Value<'a>, ParseError> {
+    let mut reader = Reader { src, pos: 0 };
+    reader.skip_ws();
+    if reader.pos == src.len() {
+        return Err(reader.error("The document is empty."));
+    }
+    let value = reader.value(1, lazy_key)?;
+    reader.skip_ws();
+    if reader.pos != src.len() {
+        return Err(reader.error("The document root must not be followed by other values."));
+    }
+    Ok(value)
+}
+
+/// One leaf of a nested array, as [`visit_scalars`] reports it.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub enum Scalar<'s> {
+    Null,
+    Bool(bool),
+    Number(Number),
+    /// A string's bytes after unescaping (not checked for UTF-8: BYTES elements are bytes).
+    String(&'s [u8]),
+}
+
+/// Walks a (possibly nested) array in row-major order and hands each non-array element to
+/// `visit`, which may stop the walk by returning an error message.
+///
+/// # Errors
+/// [`VisitError::Visitor`] with the message from `visit`; [`VisitError::Syntax`] when `src` is
+/// not an array of scalars and arrays.
+pub fn visit_scalars(
+    src: &[u8],
+    mut visit: impl FnMut(Scalar<'_>) -> Result<(), String>,
+) -> Result<(), VisitError> {
+    let mut reader = Reader { src, pos: 0 };
+    reader.skip_ws();
+    if reader.peek() != Some(b'[') {
+        return Err(VisitError::Syntax(reader.error("'data' must be an array")));
+    }
+    let mut scratch = Vec::new();
+    reader.visit(1, &mut visit, &mut scratch)
+}
+
+/// Why [`visit_scalars`] stopped.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum VisitError {
+    /// The visitor refused an element, with its message.
+    Visitor(String),
+    /// The text is not an array of arrays and scalars.
+    Syntax(ParseError),
+}
+
+impl From<ParseError> for VisitError {
+    fn from(e: ParseError) -> Self {
+        VisitError::Syntax(e)
+    }
+}

@@ -1,0 +1,378 @@
+//! The recursive-descent reader behind [`super::parse`] and [`super::visit_scalars`].
+
+use super::{Number, ParseError, Scalar, Value, VisitError, MAX_DEPTH};
+
+pub(super) struct Reader<'a> {
+    pub(super) src: &'a [u8],
+    pub(super) pos: usize,
+}
+
+impl<'a> Reader<'a> {
+    pub(super) fn error(&self, message: impl Into<String>) -> ParseError {
+        ParseError {
+            message: message.into(),
+            offset: self.pos,
+        }
+    }
+
+    pub(super) fn peek(&self) -> Option<u8> {
+        self.src.get(self.pos).copied()
+    }
+
+    pub(super) fn skip_ws(&mut self) {
+        while matches!(self.peek(), Some(b' ' | b'\t' | b'\n' | b'\r')) {
+            self.pos += 1;
+        }
+    }
+
+    fn literal(&mut self, word: &str) -> Result<(), ParseError> {
+        if self.src[self.pos..].starts_with(word.as_bytes()) {
+            self.pos += word.len();
+            Ok(())
+        } else {
+            Err(self.error("Invalid value."))
+        }
+    }
+
+    fn check_depth(&self, depth: usize) -> Result<(), ParseError> {
+        if depth > MAX_DEPTH {
+            return Err(self.error(format!(
+                "JSON nesting is deeper than the limit of {MAX_DEPTH} levels"
+            )));
+        }
+        Ok(())
+    }
+
+    pub(super) fn value(
+        &mut self,
+        depth: usize,
+        lazy_key: Option<&str>,
+    ) -> Result<Value<'a>, ParseError> {
+        match self.peek() {
+            Some(b'{') => self.object(depth, lazy_key),
+            Some(b'[') => {
+                self.check_depth(depth)?;
+                self.pos += 1;
+                let mut items = Vec::new();
+                self.skip_ws();
+                if self.peek() == Some(b']') {
+                    self.pos += 1;
+                    return Ok(Value::Array(items));
+                }
+                loop {
+                    self.skip_ws();
+                    items.push(self.value(depth + 1, lazy_key)?);
+                    if self.separator(b']', "Missing a comma or ']' after an array element.")? {
+                        return Ok(Value::Array(items));
+                    }
+                }
+            }
+            Some(b'"') => {
+                let mut bytes = Vec::new();
+                self.string(Some(&mut bytes))?;
+                String::from_utf8(bytes)
+                    .map(Value::String)
+                    .map_err(|_| self.error("Invalid encoding in string."))
+            }
+            Some(b't') => self.literal("true").map(|()| Value::Bool(true)),
+            Some(b'f') => self.literal("false").map(|()| Value::Bool(false)),
+            Some(b'n') => self.literal("null").map(|()| Value::Null),
+            _ => self.number().map(Value::Number),
+        }
+    }
+
+    fn object(&mut self, depth: usize, lazy_key: Option<&str>) -> Result<Value<'a>, ParseError> {
+        self.check_depth(depth)?;
+        self.pos += 1;
+        let mut members = Vec::new();
+        self.skip_ws();
+        if self.peek() == Some(b'}') {
+            self.pos += 1;
+            return Ok(Value::Object(members));
+        }
+        loop {
+            self.skip_ws();
+            if self.peek() != Some(b'"') {
+                return Err(self.error("Missing a name for object member."));
+            }
+            let mut key = Vec::new();
+            self.string(Some(&mut key))?;
+            let key =
+                String::from_utf8(key).map_err(|_| self.error("Invalid encoding in string."))?;
+            self.skip_ws();
+            if self.peek() != Some(b':') {
+                return Err(self.error("Missing a colon after a name of object member."));
+            }
+            self.pos += 1;
+            self.skip_ws();
+            let value = if lazy_key == Some(key.as_str()) {
+                let start = self.pos;
+                self.skip(depth + 1)?;
+                Value::Raw(&self.src[start..self.pos])
+            } else {
+                self.value(depth + 1, lazy_key)?
+            };
+            members.push((key, value));
+            if self.separator(b'}', "Missing a comma or '}' after an object member.")? {
+                return Ok(Value::Object(members));
+            }
+        }
+    }
+
+    /// After an element: `true` at the closing byte, `false` after a comma.
+    fn separator(&mut self, close: u8, message: &str) -> Result<bool, ParseError> {
+        self.skip_ws();
+        match self.peek() {
+            Some(b',') => {
+                self.pos += 1;
+                Ok(false)
+            }
+            Some(b) if b == close => {
+                self.pos += 1;
+                Ok(true)
+            }
+            _ => Err(self.error(message)),
+        }
+    }
+
+    /// Validates a value without building it.
+    fn skip(&mut self, depth: usize) -> Result<(), ParseError> {
+        match self.peek() {
+            Some(open @ (b'[' | b'{')) => {
+                self.check_depth(depth)?;
+                let close = if open == b'[' { b']' } else { b'}' };
+                self.pos += 1;
+                self.skip_ws();
+                if self.peek() == Some(close) {
+                    self.pos += 1;
+                    return Ok(());
+                }
+                loop {
+                    self.skip_ws();
+                    if open == b'{' {
+                        if self.peek() != Some(b'"') {
+                            return Err(self.error("Missing a name for object member."));
+                        }
+                        self.string(None)?;
+                        self.skip_ws();
+                        if self.peek() != Some(b':') {
+                            return Err(
+                                self.error("Missing a colon after a name of object member.")
+                            );
+                        }
+                        self.pos += 1;
+                        self.skip_ws();
+                    }
+                    self.skip(depth + 1)?;
+                    if self.separator(close, "Missing a comma or closing bracket.")? {
+                        return Ok(());
+                    }
+                }
+            }
+            Some(b'"') => self.string(None),
+            Some(b't') => self.literal("true"),
+            Some(b'f') => self.literal("false"),
+            Some(b'n') => self.literal("null"),
+            _ => self.number().map(drop),
+        }
+    }
+
+    pub(super) fn visit(
+        &mut self,
+        depth: usize,
+        visit: &mut impl FnMut(Scalar<'_>) -> Result<(), String>,
+        scratch: &mut Vec<u8>,
+    ) -> Result<(), VisitError> {
+        let scalar = match self.peek() {
+            Some(b'[') => {
+                self.check_depth(depth)?;
+                self.pos += 1;
+                self.skip_ws();
+                if self.peek() == Some(b']') {
+                    self.pos += 1;
+                    return Ok(());
+                }
+                loop {
+                    self.skip_ws();
+                    self.visit(depth + 1, visit, scratch)?;
+                    if self.separator(b']', "Missing a comma or ']' after an array element.")? {
+                        return Ok(());
+                    }
+                }
+            }
+            Some(b'{') => {
+                return Err(VisitError::Syntax(
+                    self.error("objects are not allowed in 'data'"),
+                ))
+            }
+            Some(b'"') => {
+                scratch.clear();
+                self.string(Some(scratch))?;
+                Scalar::String(scratch)
+            }
+            Some(b't') => self.literal("true").map(|()| Scalar::Bool(true))?,
+            Some(b'f') => self.literal("false").map(|()| Scalar::Bool(false))?,
+            Some(b'n') => self.literal("null").map(|()| Scalar::Null)?,
+            _ => Scalar::Number(self.number()?),
+        };
+        visit(scalar).map_err(VisitError::Visitor)
+    }
+
+    /// Reads a string, unescaping into `out` when given.
+    fn string(&mut self, mut out: Option<&mut Vec<u8>>) -> Result<(), ParseError> {
+        self.pos += 1; // the opening quote
+        loop {
+            let run_start = self.pos;
+            while let Some(b) = self.peek() {
+                if b == b'"' || b == b'\\' || b < 0x20 {
+                    break;
+                }
+                self.pos += 1;
+            }
+            if let Some(out) = out.as_deref_mut() {
+                out.extend_from_slice(&self.src[run_start..self.pos]);
+            }
+            match self.peek() {
+                Some(b'"') => {
+                    self.pos += 1;
+                    return Ok(());
+                }
+                Some(b'\\') => {
+                    self.pos += 1;
+                    let c = self.escape()?;
+                    if let Some(out) = out.as_deref_mut() {
+                        let mut buf = [0; 4];
+                        out.extend_from_slice(c.encode_utf8(&mut buf).as_bytes());
+                    }
+                }
+                Some(_) => return Err(self.error("Invalid encoding in string.")),
+                None => return Err(self.error("Missing a closing quotation mark in string.")),
+            }
+        }
+    }
+
+    fn escape(&mut self) -> Result<char, ParseError> {
+        let Some(b) = self.peek() else {
+            return Err(self.error("Missing a closing quotation mark in string."));
+        };
+        self.pos += 1;
+        Ok(match b {
+            b'"' => '"',
+            b'\\' => '\\',
+            b'/' => '/',
+            b'b' => '\u{8}',
+            b'f' => '\u{c}',
+            b'n' => '\n',
+            b'r' => '\r',
+            b't' => '\t',
+            b'u' => {
+                let high = self.hex4()?;
+                let code = if (0xD800..0xDC00).contains(&high) {
+                    if !self.src[self.pos..].starts_with(b"\\u") {
+                        return Err(self.error("The surrogate pair in string is invalid."));
+                    }
+                    self.pos += 2;
+                    let low = self.hex4()?;
+                    if !(0xDC00..0xE000).contains(&low) {
+                        return Err(self.error("The surrogate pair in string is invalid."));
+                    }
+                    0x10000 + ((high - 0xD800) << 10) + (low - 0xDC00)
+                } else {
+                    high
+                };
+                char::from_u32(code)
+                    .ok_or_else(|| self.error("The surrogate pair in string is invalid."))?
+            }
+            _ => return Err(self.error("Invalid escape character in string.")),
+        })
+    }
+
+    fn hex4(&mut self) -> Result<u32, ParseError> {
+        let digits = self
+            .src
+            .get(self.pos..self.pos + 4)
+            .and_then(|d| std::str::from_utf8(d).ok())
+            .filter(|d| d.bytes().all(|b| b.is_ascii_hexdigit()))
+            .and_then(|d| u32::from_str_radix(d, 16).ok())
+            .ok_or_else(|| self.error("Incorrect hex digit after \\u escape in string."))?;
+        self.pos += 4;
+        Ok(digits)
+    }
+
+    fn digits(&mut self) -> usize {
+        let start = self.pos;
+        while matches!(self.peek(), Some(b'0'..=b'9')) {
+            self.pos += 1;
+        }
+        self.pos - start
+    }
+
+    /// A number, including rapidjson's `NaN`, `Inf` and `Infinity` with an optional minus.
+    fn number(&mut self) -> Result<Number, ParseError> {
+        let start = self.pos;
+        let negative = self.peek() == Some(b'-');
+        if negative {
+            self.pos += 1;
+        }
+        match self.peek() {
+            Some(b'N') => {
+                self.literal("NaN")?;
+                return Ok(Number::Float(f64::NAN));
+            }
+            Some(b'I') => {
+                self.literal("Inf")?;
+                if self.peek() == Some(b'i') {
+                    self.literal("inity")?;
+                }
+                let inf = if negative {
+                    f64::NEG_INFINITY
+                } else {
+                    f64::INFINITY
+                };
+                return Ok(Number::Float(inf));
+            }
+            Some(b'0') => {
+                self.pos += 1;
+                if matches!(self.peek(), Some(b'0'..=b'9')) {
+                    return Err(self.error("Leading zeros are not allowed in numbers."));
+                }
+            }
+            Some(b'1'..=b'9') => {
+                self.digits();
+            }
+            _ => return Err(self.error("Invalid value.")),
+        }
+        let mut integer = true;
+        if self.peek() == Some(b'.') {
+            self.pos += 1;
+            integer = false;
+            if self.digits() == 0 {
+                return Err(self.error("Missing fraction part in number."));
+            }
+        }
+        if matches!(self.peek(), Some(b'e' | b'E')) {
+            self.pos += 1;
+            integer = false;
+            if matches!(self.peek(), Some(b'+' | b'-')) {
+                self.pos += 1;
+            }
+            if self.digits() == 0 {
+                return Err(self.error("Missing exponent in number."));
+            }
+        }
+        // The grammar above admits only ASCII, so this cannot fail.
+        let text = std::str::from_utf8(&self.src[start..self.pos]).unwrap_or("0");
+        if integer {
+            if negative {
+                if let Ok(v) = text.parse::<i64>() {
+                    return Ok(Number::Negative(v));
+                }
+            } else if let Ok(v) = text.parse::<u64>() {
+                return Ok(Number::Unsigned(v));
+            }
+        }
+        text.parse::<f64>()
+            .map(Number::Float)
+            .map_err(|_| self.error("Invalid value."))
+    }
+}

@@ -1,0 +1,276 @@
+use super::*;
+
+fn doc(text: &str) -> Value<'_> {
+    parse(text.as_bytes(), None).unwrap()
+}
+
+fn error(text: &str) -> String {
+    parse(text.as_bytes(), None).unwrap_err().to_string()
+}
+
+#[test]
+fn values_of_every_kind() {
+    let v = doc(r#" {"a": [1, -2, 3.5, true, false, null, "s"], "b": {}} "#);
+    let a = v.get("a").unwrap().as_array().unwrap();
+    assert_eq!(a[0], Value::Number(Number::Unsigned(1)));
+    assert_eq!(a[1], Value::Number(Number::Negative(-2)));
+    assert_eq!(a[2], Value::Number(Number::Float(3.5)));
+    assert_eq!(a[3], Value::Bool(true));
+    assert_eq!(a[4].as_bool(), Some(false));
+    assert_eq!(a[5], Value::Null);
+    assert_eq!(a[6].as_str(), Some("s"));
+    assert_eq!(v.get("b").unwrap().as_object().unwrap().len(), 0);
+    assert!(v.get("c").is_none());
+    assert_eq!(doc("[]"), Value::Array(vec![]));
+}
+
+#[test]
+fn first_duplicate_key_wins() {
+    let v = doc(r#"{"k": 1, "k": 2}"#);
+    assert_eq!(v.get("k").unwrap().as_u64(), Some(1));
+}
+
+#[test]
+fn integers_stay_exact() {
+    let v = doc("[18446744073709551615, -9223372036854775808, 18446744073709551616, -0]");
+    let a = v.as_array().unwrap();
+    assert_eq!(a[0].as_u64(), Some(u64::MAX));
+    assert_eq!(a[1], Value::Number(Number::Negative(i64::MIN)));
+    assert_eq!(a[2], Value::Number(Number::Float(18446744073709551616.0)));
+    assert_eq!(a[3], Value::Number(Number::Negative(0)));
+    assert_eq!(Number::Unsigned(u64::MAX).as_i64(), None);
+    assert_eq!(Number::Unsigned(5).as_i64(), Some(5));
+    assert_eq!(Number::Float(1.0).as_i64(), None);
+}
+
+#[test]
+fn nan_and_infinity_tokens() {
+    let v = doc("[NaN, -NaN, Infinity, -Infinity, Inf, -Inf, 1e400]");
+    let values: Vec<f64> = v
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|x| match x {
+            Value::Number(n) => n.as_f64(),
+            other => panic!("{other:?}"),
+        })
+        .collect();
+    assert!(values[0].is_nan() && values[1].is_nan());
+    assert_eq!(
+        &values[2..],
+        &[
+            f64::INFINITY,
+            f64::NEG_INFINITY,
+            f64::INFINITY,
+            f64::NEG_INFINITY,
+            f64::INFINITY
+        ]
+    );
+    for bad in ["[nan]", "[Infin]", "[NaNa]", "[-]", "[+1]", "[Infinityy]"] {
+        assert!(parse(bad.as_bytes(), None).is_err(), "{bad}");
+    }
+}
+
+#[test]
+fn number_grammar_is_strict() {
+    for bad in ["[01]", "[1.]", "[.5]", "[1e]", "[1e+]", "[0x10]", "[- 1]"] {
+        assert!(parse(bad.as_bytes(), None).is_err(), "{bad}");
+    }
+    assert_eq!(
+        doc("[0, 0.5, 1E3, 2e-2]"),
+        Value::Array(vec![
+            Value::Number(Number::Unsigned(0)),
+            Value::Number(Number::Float(0.5)),
+            Value::Number(Number::Float(1000.0)),
+            Value::Number(Number::Float(0.02)),
+        ])
+    );
+}
+
+#[test]
+fn strings_unescape() {
+    let v = doc(r#"["a\"b\\c\/d\b\f\n\r\t", "\u00e9\u2603", "\ud83d\ude00", "héllo"]"#);
+    let a = v.as_array().unwrap();
+    assert_eq!(a[0].as_str(), Some("a\"b\\c/d\u{8}\u{c}\n\r\t"));
+    assert_eq!(a[1].as_str(), Some("é☃"));
+    assert_eq!(a[2].as_str(), Some("😀"));
+    assert_eq!(a[3].as_str(), Some("héllo"));
+    for bad in [
+        r#"["\ud83d"]"#,
+        r#"["\ude00"]"#,
+        r#"["\ud83d\u0041"]"#,
+        r#"["\x"]"#,
+        r#"["\u12"]"#,
+        "[\"tab\there\"]",
+        r#"["open"#,
+    ] {
+        assert!(parse(bad.as_bytes(), None).is_err(), "{bad}");
+    }
+    assert!(parse(b"[\"\xff\"]", None).is_err(), "strings must be UTF-8");
+}
+
+#[test]
+fn structural_errors_have_offsets() {
+    assert_eq!(error(""), "The document is empty. at 0");
+    assert_eq!(error("   "), "The document is empty. at 3");
+    assert!(error("{} {}").starts_with("The document root must not be followed"));
+    assert!(error("[1 2]").starts_with("Missing a comma or ']'"));
+    assert!(error(r#"{"a" 1}"#).starts_with("Missing a colon"));
+    assert!(error(r#"{"a": 1,}"#).starts_with("Missing a name"));
+    assert!(error("[1,]").starts_with("Invalid value."));
+    assert!(error("{1: 2}").starts_with("Missing a name"));
+    assert!(error("tru").starts_with("Invalid value."));
+    assert!(error("[").starts_with("Invalid value."));
+    assert!(error("garbage").starts_with("Invalid value."));
+}
+
+#[test]
+fn depth_is_limited_without_recursing_forever() {
+    let ok = format!("{}{}", "[".repeat(MAX_DEPTH), "]".repeat(MAX_DEPTH));
+    assert!(parse(ok.as_bytes(), None).is_ok());
+    let deep = format!("{}{}", "[".repeat(MAX_DEPTH + 1), "]".repeat(MAX_DEPTH + 1));
+    assert!(error(&deep).contains("deeper than the limit"));
+    // A bomb far past the limit fails fast on the way down.
+    let bomb = "[".repeat(10_000_000);
+    assert!(error(&bomb).contains("deeper than the limit"));
+    let objects = format!(
+        "{}1{}",
+        r#"{"a":"#.repeat(MAX_DEPTH + 1),
+        "}".repeat(MAX_DEPTH + 1)
+    );
+    assert!(error(&objects).contains("deeper than the limit"));
+}
+
+#[test]
+fn lazy_members_are_validated_but_kept_raw() {
+    let src = br#"{"data": [[1, 2], [3, NaN]], "x": {"data": "s"}}"#;
+    let v = parse(src, Some("data")).unwrap();
+    assert_eq!(v.get("data"), Some(&Value::Raw(b"[[1, 2], [3, NaN]]")));
+    assert_eq!(v.get("x").unwrap().get("data"), Some(&Value::Raw(b"\"s\"")));
+    assert!(parse(br#"{"data": [1, 2,]}"#, Some("data")).is_err());
+    assert!(parse(br#"{"data": [{"a" 1}]}"#, Some("data")).is_err());
+    let deep = format!(
+        r#"{{"data": {}{}}}"#,
+        "[".repeat(MAX_DEPTH),
+        "]".repeat(MAX_DEPTH)
+    );
+    assert!(parse(deep.as_bytes(), Some("data")).is_err());
+}
+
+#[test]
+fn visiting_flattens_row_major() {
+    let mut seen = Vec::new();
+    visit_scalars(br#"[[1, -2], [], [[3.5]], "s\u0041", true, null]"#, |s| {
+        seen.push(match s {
+            Scalar::Number(n) => n.to_string(),
+            Scalar::String(b) => String::from_utf8(b.to_vec()).unwrap(),
+            Scalar::Bool(b) => b.to_string(),
+            Scalar::Null => "null".into(),
+        });
+        Ok(())
+    })
+    .unwrap();
+    assert_eq!(seen, ["1", "-2", "3.5", "sA", "true", "null"]);
+}
+
+#[test]
+fn visiting_stops_on_errors() {
+    let mut count = 0;
+    let err = visit_scalars(b"[1, 2, 3]", |_| {
+        count += 1;
+        if count == 2 {
+            Err("enough".into())
+        } else {
+            Ok(())
+        }
+    })
+    .unwrap_err();
+    assert_eq!((err, count), (VisitError::Visitor("enough".into()), 2));
+    let syntax = |src: &[u8]| match visit_scalars(src, |_| Ok(())) {
+        Err(VisitError::Syntax(e)) => e.message,
+        other => panic!("{other:?}"),
+    };
+    assert!(syntax(b"1").contains("must be an array"));
+    assert!(syntax(br#"[{"a": 1}]"#).contains("objects are not allowed"));
+    assert!(syntax(b"[1 2]").starts_with("Missing a comma"));
+    // Strings in data are bytes: no UTF-8 requirement.
+    let mut got = Vec::new();
+    visit_scalars(b"[\"\xff\"]", |s| {
+        if let Scalar::String(b) = s {
+            got.extend_from_slice(b);
+        }
+        Ok(())
+    })
+    .unwrap();
+    assert_eq!(got, [0xff]);
+}
+
+#[test]
+fn writing_escapes_and_special_numbers() {
+    let mut out = Vec::new();
+    write_str(&mut out, "a\"b\\c\nd\u{1}é");
+    assert_eq!(out, "\"a\\\"b\\\\c\\nd\\u0001é\"".as_bytes());
+    let mut out = Vec::new();
+    write_bytes_str(&mut out, b"ok\xff");
+    assert_eq!(String::from_utf8(out).unwrap(), "\"ok\u{fffd}\"");
+    let mut out = Vec::new();
+    for v in [
+        f64::NAN,
+        f64::INFINITY,
+        f64::NEG_INFINITY,
+        0.1,
+        1e300,
+        -2.0,
+        1e-7,
+    ] {
+        write_f64(&mut out, v);
+        out.push(b',');
+    }
+    assert_eq!(
+        String::from_utf8(out).unwrap(),
+        "NaN,Infinity,-Infinity,0.1,1e300,-2.0,1e-7,"
+    );
+    let mut out = Vec::new();
+    write_f32(&mut out, 0.1);
+    out.push(b',');
+    write_f32(&mut out, f32::NEG_INFINITY);
+    out.push(b',');
+    write_number(&mut out, Number::Unsigned(u64::MAX));
+    out.push(b',');
+    write_number(&mut out, Number::Negative(-3));
+    assert_eq!(
+        String::from_utf8(out).unwrap(),
+        format!("0.1,-Infinity,{},-3", u64::MAX)
+    );
+}
+
+#[test]
+fn written_numbers_parse_back_exactly() {
+    let values = [
+        0.1f64,
+        -1.5e-300,
+        123456789.123,
+        f64::MAX,
+        f64::MIN_POSITIVE,
+        5e-324,
+    ];
+    let mut out = b"[".to_vec();
+    for (i, v) in values.iter().enumerate() {
+        if i > 0 {
+            out.push(b',');
+        }
+        write_f64(&mut out, *v);
+    }
+    out.push(b']');
+    let parsed = parse(&out, None).unwrap();
+    let back: Vec<f64> = parsed
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|v| match v {
+            Value::Number(n) => n.as_f64(),
+            other => panic!("{other:?}"),
+        })
+        .collect();
+    assert_eq!(back, values);
+}

@@ -1,0 +1,73 @@
+//! Writing JSON text, with Triton's spellings for non-finite numbers.
+
+use super::Number;
+use std::io::Write as _;
+
+/// Appends `s` as a JSON string.
+pub fn write_str(out: &mut Vec<u8>, s: &str) {
+    out.push(b'"');
+    let bytes = s.as_bytes();
+    let mut run_start = 0;
+    for (i, &b) in bytes.iter().enumerate() {
+        let escape: &[u8] = match b {
+            b'"' => b"\\\"",
+            b'\\' => b"\\\\",
+            b'\n' => b"\\n",
+            b'\r' => b"\\r",
+            b'\t' => b"\\t",
+            0..=0x1f => b"",
+            _ => continue,
+        };
+        out.extend_from_slice(&bytes[run_start..i]);
+        if escape.is_empty() {
+            let _ = write!(out, "\\u{b:04x}");
+        } else {
+            out.extend_from_slice(escape);
+        }
+        run_start = i + 1;
+    }
+    out.extend_from_slice(&bytes[run_start..]);
+    out.push(b'"');
+}
+
+/// Appends arbitrary bytes as a JSON string; bytes that are not UTF-8 become U+FFFD (binary data
+/// should be requested with `binary_data`).
+pub fn write_bytes_str(out: &mut Vec<u8>, bytes: &[u8]) {
+    write_str(out, &String::from_utf8_lossy(bytes));
+}
+
+/// Appends a double the way Triton writes it: shortest round-trip form, `NaN`, `Infinity`,
+/// `-Infinity`.
+pub fn write_f64(out: &mut Vec<u8>, v: f64) {
+    if v.is_nan() {
+        out.extend_from_slice(b"NaN");
+    } else if v.is_infinite() {
+        out.extend_from_slice(if v < 0.0 { b"-Infinity" } else { b"Infinity" });
+    } else {
+        // `{:?}` is the shortest representation that reads back to the same value, with an
+        // exponent for very large or small magnitudes: always a valid JSON number.
+        let _ = write!(out, "{v:?}");
+    }
+}
+
+/// Appends a float as its shortest single-precision form (reads back to the same f32).
+pub fn write_f32(out: &mut Vec<u8>, v: f32) {
+    if v.is_finite() {
+        let _ = write!(out, "{v:?}");
+    } else {
+        write_f64(out, v.into());
+    }
+}
+
+/// Appends a number.
+pub fn write_number(out: &mut Vec<u8>, n: Number) {
+    match n {
+        Number::Unsigned(v) => {
+            let _ = write!(out, "{v}");
+        }
+        Number::Negative(v) => {
+            let _ = write!(out, "{v}");
+        }
+        Number::Float(v) => write_f64(out, v),
+    }
+}

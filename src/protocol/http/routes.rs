@@ -1,0 +1,256 @@
+//! Every REST endpoint of KServe v2 and Triton (WIRE.md §e.1), and the small handlers: health,
+//! metadata, readiness, config, repository index. Endpoints whose features later issues bring
+//! (statistics, shared memory, trace, logging, generate) answer 501 with a JSON error until then.
+//! `/v2/models/stats` is a static route, so it wins over `/v2/models/{model}`. Unknown paths get
+//! Triton's 404 `{"error":"Not Found"}`, wrong methods 405 `{"error":"Method Not Allowed"}`.
+
+use super::{body, infer, HttpConfig, HttpError};
+use crate::engine::{Engine, TensorMetadata};
+use crate::repository::config::config_to_json;
+use axum::body::Body;
+use axum::extract::{FromRequestParts, Path, State};
+use axum::http::{request::Parts, HeaderMap, StatusCode};
+use axum::response::{IntoResponse, Response};
+use axum::routing::{get, post, MethodRouter};
+use axum::{Json, Router};
+use serde_json::{json, Value};
+use std::collections::HashMap;
+use std::sync::Arc;
+
+/// What every handler shares.
+pub struct AppState {
+    pub engine: Arc<Engine>,
+    pub config: HttpConfig,
+}
+
+type Shared = Arc<AppState>;
+
+/// The REST router over `engine`.
+pub fn router(engine: Arc<Engine>, config: HttpConfig) -> Router {
+    let mut router = Router::new()
+        .route("/v2", get(server_metadata))
+        .route("/v2/health/live", get(live))
+        .route("/v2/health/ready", get(ready))
+        .route("/v2/models/stats", get(not_yet("model statistics")))
+        .route("/v2/repository/index", post(repository_index))
+        .route("/v2/repository/{repository}/index", post(repository_name))
+        .route("/v2/repository/models/{model}/load", post(load_unload))
+        .route("/v2/repository/models/{model}/unload", post(load_unload))
+        .route(
+            "/v2/repository/{repository}/models/{model}/load",
+            post(repository_name),
+        )
+        .route(
+            "/v2/repository/{repository}/models/{model}/unload",
+            post(repository_name),
+        )
+        .route("/v2/trace/setting", trace_setting())
+        .route(
+            "/v2/logging",
+            get(not_yet("log settings")).post(not_yet("log settings")),
+        );
+    for prefix in [
+        "/v2/models/{model}",
+        "/v2/models/{model}/versions/{version}",
+    ] {
+        router = router
+            .route(prefix, get(model_metadata))
+            .route(&format!("{prefix}/ready"), get(model_ready))
+            .route(&format!("{prefix}/config"), get(model_config))
+            .route(&format!("{prefix}/infer"), post(infer::handle))
+            .route(&format!("{prefix}/stats"), get(not_yet("model statistics")))
+            .route(&format!("{prefix}/generate"), post(not_yet("generate")))
+            .route(
+                &format!("{prefix}/generate_stream"),
+                post(not_yet("generate_stream")),
+            );
+    }
+    router = router.route("/v2/models/{model}/trace/setting", trace_setting());
+    for kind in ["systemsharedmemory", "cudasharedmemory"] {
+        for prefix in [
+            format!("/v2/{kind}"),
+            format!("/v2/{kind}/region/{{region}}"),
+        ] {
+            router = router
+                .route(&format!("{prefix}/status"), get(not_yet("shared memory")))
+                .route(
+                    &format!("{prefix}/unregister"),
+                    post(not_yet("shared memory")),
+                );
+        }
+        router = router.route(
+            &format!("/v2/{kind}/region/{{region}}/register"),
+            post(not_yet("shared memory")),
+        );
+    }
+    router
+        .method_not_allowed_fallback(|| async {
+            HttpError::new(StatusCode::METHOD_NOT_ALLOWED, "Method Not Allowed")
+        })
+        .fallback(|| async { HttpError::not_found() })
+        .with_state(Arc::new(AppState { engine, config }))
+}
+
+fn trace_setting() -> MethodRouter<Shared> {
+    get(not_yet("trace settings")).post(not_yet("trace settings"))
+}
+
+/// A handler for a feature this build does not have yet: 501 with a JSON error.
+fn not_yet(feature: &'static str) -> MethodRouter<Shared> {
+    let handler = move || async move {
+        HttpError::new(
+            StatusCode::NOT_IMPLEMENTED,
+            format!("this server does not implement {feature} yet"),
+        )
+    };
+    get(handler).post(handler)
+}
+
+/// The model name and version of a `/v2/models/{model}[/versions/{version}]` path. Versions are
+/// decimal digits, as in Triton's route pattern: anything else is an unknown path.
+pub struct ModelPath {
+    pub name: String,
+    /// Empty when the path names no version.
+    pub version: String,
+}
+
+impl<S: Send + Sync> FromRequestParts<S> for ModelPath {
+    type Rejection = HttpError;
+
+    async fn from_request_parts(parts: &mut Parts, state: &S) -> Result<Self, Self::Rejection> {
+        let Path(mut params) = Path::<HashMap<String, String>>::from_request_parts(parts, state)
+            .await
+            .map_err(|e| HttpError::new(StatusCode::BAD_REQUEST, e.body_text()))?;
+        let name = params.remove("model").unwrap_or_default();
+        let version = params.remove("version").unwrap_or_default();
+        if !version.bytes().all(|b| b.is_ascii_digit()) {
+            return Err(HttpError::not_found());
+        }
+        Ok(ModelPath { name, version })
+    }
+}
+
+/// `{"live": true}` with 200, or `{"live": false}` with 400 (Triton's code; KServe's client
+/// reads the body).
+async fn live(State(state): State<Shared>) -> Response {
+    let live = state.engine.is_live();
+    health(live, json!({ "live": live }))
+}
+
+async fn ready(State(state): State<Shared>) -> Response {
+    let ready = state.engine.is_ready();
+    health(ready, json!({ "ready": ready }))
+}
+
+fn health(ok: bool, body: Value) -> Response {
+    let status = if ok {
+        StatusCode::OK
+    } else {
+        StatusCode::BAD_REQUEST
+    };
+    (status, Json(body)).into_response()
+}
+
+async fn server_metadata(State(state): State<Shared>) -> Json<Value> {
+    let metadata = state.engine.server_metadata();
+    Json(json!({
+        "name": metadata.name,
+        "version": metadata.version,
+        "extensions": metadata.extensions,
+    }))
+}
+
+async fn model_metadata(
+    State(state): State<Shared>,
+    model: ModelPath,
+) -> Result<Json<Value>, HttpError> {
+    let metadata = state.engine.model_metadata(&model.name, &model.version)?;
+    let tensors = |list: Vec<TensorMetadata>| -> Vec<Value> {
+        list.into_iter()
+            .map(|t| json!({ "name": t.name, "datatype": t.datatype, "shape": t.shape }))
+            .collect()
+    };
+    Ok(Json(json!({
+        "name": metadata.name,
+        "versions": metadata.versions,
+        "platform": metadata.platform,
+        "inputs": tensors(metadata.inputs),
+        "outputs": tensors(metadata.outputs),
+    })))
+}
+
+/// 200 with an empty body when ready; otherwise, as Triton's HTTP front end, 400 "Model version
+/// not ready" (unknown models and versions included: readiness never fails in the engine).
+async fn model_ready(State(state): State<Shared>, model: ModelPath) -> Response {
+    if state.engine.model_ready(&model.name, &model.version) {
+        StatusCode::OK.into_response()
+    } else {
+        HttpError::new(StatusCode::BAD_REQUEST, "Model version not ready").into_response()
+    }
+}
+
+/// The effective config as Triton's protobuf JSON (the config itself, not wrapped).
+async fn model_config(
+    State(state): State<Shared>,
+    model: ModelPath,
+) -> Result<Json<Value>, HttpError> {
+    let config = state.engine.model_config(&model.name, &model.version)?;
+    Ok(Json(config_to_json(&config)))
+}
+
+/// `POST /v2/repository/index` with an optional `{"ready": bool}` body; answers a JSON array.
+async fn repository_index(
+    State(state): State<Shared>,
+    headers: HeaderMap,
+    request: Body,
+) -> Result<Json<Value>, HttpError> {
+    let request = body::read(request, &headers, state.config.max_input_bytes).await?;
+    let bad = |message: String| HttpError::new(StatusCode::BAD_REQUEST, message);
+    let ready = if request.iter().all(u8::is_ascii_whitespace) {
+        false
+    } else {
+        let doc: Value = serde_json::from_slice(&request)
+            .map_err(|e| bad(format!("failed to parse the request JSON buffer: {e}")))?;
+        match doc.get("ready") {
+            None => false,
+            Some(Value::Bool(ready)) => *ready,
+            Some(_) => return Err(bad("Unable to parse 'ready': expected a boolean".into())),
+        }
+    };
+    let entries = state
+        .engine
+        .repository_index(ready)
+        .into_iter()
+        .map(|entry| {
+            let mut object = serde_json::Map::new();
+            object.insert("name".into(), entry.name.into());
+            for (key, value) in [
+                ("version", entry.version),
+                ("state", entry.state),
+                ("reason", entry.reason),
+            ] {
+                if !value.is_empty() {
+                    object.insert(key.into(), value.into());
+                }
+            }
+            Value::Object(object)
+        })
+        .collect();
+    Ok(Json(Value::Array(entries)))
+}
+
+/// Load and unload need the explicit model-control mode; the only mode today loads everything at
+/// start-up, so they answer as Triton does in that mode (and as kiln's gRPC service does).
+async fn load_unload() -> HttpError {
+    HttpError::new(
+        StatusCode::SERVICE_UNAVAILABLE,
+        "explicit model load / unload is not allowed if polling is enabled",
+    )
+}
+
+async fn repository_name() -> HttpError {
+    HttpError::new(
+        StatusCode::NOT_IMPLEMENTED,
+        "'repository_name' specification is not supported",
+    )
+}
