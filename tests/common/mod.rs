@@ -1,4 +1,8 @@
-//! Starts the real `kiln` binary on an ephemeral port and stops it (by PID) when dropped.
+//! Starts the real `kiln` binary on ephemeral ports and stops it (by PID) when dropped.
+// Each test crate uses a different part of these helpers.
+#![allow(dead_code)]
+
+pub mod http_client;
 
 use kiln::proto::inference::grpc_inference_service_client::GrpcInferenceServiceClient;
 use std::io::{BufRead, BufReader};
@@ -12,6 +16,8 @@ pub struct Server {
     child: Child,
     /// gRPC address.
     pub address: String,
+    /// REST address.
+    pub http_address: String,
     /// Prometheus metrics address.
     pub metrics: String,
 }
@@ -36,6 +42,7 @@ impl Server {
         }
         command
             .args(["--grpc-address", "127.0.0.1", "--grpc-port", "0"])
+            .args(["--http-address", "127.0.0.1", "--http-port", "0"])
             .args(["--metrics-address", "127.0.0.1", "--metrics-port", "0"])
             .args(extra)
             .env("RUST_LOG", "info,ort=error")
@@ -56,10 +63,12 @@ impl Server {
             }
         });
         let mut address = None;
+        let mut http_address = None;
         let mut metrics = None;
-        while address.is_none() || metrics.is_none() {
+        while address.is_none() || http_address.is_none() || metrics.is_none() {
             match addresses.recv_timeout(Duration::from_secs(60)) {
                 Ok((service, at)) if service == "GRPCInferenceService" => address = Some(at),
+                Ok((service, at)) if service == "HTTPService" => http_address = Some(at),
                 Ok((service, at)) if service == "Metrics Service" => metrics = Some(at),
                 Ok(_) => {}
                 Err(_) => {
@@ -71,6 +80,7 @@ impl Server {
         Server {
             child,
             address: address.expect("set above"),
+            http_address: http_address.expect("set above"),
             metrics: metrics.expect("set above"),
         }
     }

@@ -1,0 +1,568 @@
+//! The real binary on port 0, driven over real HTTP with a hand-written client.
+
+mod common;
+
+use common::http_client::{chunked, get, post, request, Response};
+use common::Server;
+use kiln::proto::inference::{
+    model_infer_request::{InferInputTensor, InferRequestedOutputTensor},
+    InferParameter, ModelInferRequest,
+};
+use serde_json::{json, Value};
+use std::io::Read;
+
+fn fp32_bytes(values: &[f32]) -> Vec<u8> {
+    values.iter().flat_map(|v| v.to_le_bytes()).collect()
+}
+
+fn fp32_values(bytes: &[u8]) -> Vec<f32> {
+    bytes
+        .chunks_exact(4)
+        .map(|c| f32::from_le_bytes(c.try_into().unwrap()))
+        .collect()
+}
+
+/// JSON header followed by binary blobs, with the header's length.
+fn binary_body(header: &Value, blobs: &[&[u8]]) -> (Vec<u8>, String) {
+    let mut body = header.to_string().into_bytes();
+    let length = body.len().to_string();
+    for blob in blobs {
+        body.extend_from_slice(blob);
+    }
+    (body, length)
+}
+
+/// Splits a binary-extension response into its JSON header and the blob after it.
+fn split_binary(response: &Response) -> (Value, Vec<u8>) {
+    assert_eq!(response.status, 200, "{}", response.text());
+    assert_eq!(
+        response.header("content-type"),
+        Some("application/octet-stream")
+    );
+    let length: usize = response
+        .header("inference-header-content-length")
+        .expect("header length")
+        .parse()
+        .unwrap();
+    let header = serde_json::from_slice(&response.body[..length]).unwrap();
+    (header, response.body[length..].to_vec())
+}
+
+#[tokio::test]
+async fn health_metadata_config_and_index() {
+    let server = Server::start();
+    let http = &server.http_address;
+    let live = get(http, "/v2/health/live").await;
+    assert_eq!((live.status, live.json()), (200, json!({"live": true})));
+    // `broken` and `name_mismatch` fail to load: strict readiness says not ready.
+    let ready = get(http, "/v2/health/ready").await;
+    assert_eq!((ready.status, ready.json()), (400, json!({"ready": false})));
+
+    let metadata = get(http, "/v2").await.json();
+    assert_eq!(metadata["name"], "kiln");
+    for extension in [
+        "binary_tensor_data",
+        "classification",
+        "model_configuration",
+    ] {
+        assert!(metadata["extensions"]
+            .as_array()
+            .unwrap()
+            .contains(&json!(extension)));
+    }
+
+    let model = get(http, "/v2/models/mlp_classifier").await.json();
+    assert_eq!(model["versions"], json!(["1", "2"]));
+    assert_eq!(model["platform"], "onnxruntime_onnx");
+    assert_eq!(
+        model["inputs"][0],
+        json!({"name": "INPUT0", "datatype": "FP32", "shape": [-1, 64]})
+    );
+    let v1 = get(http, "/v2/models/mlp_classifier/versions/1")
+        .await
+        .json();
+    assert_eq!(v1["versions"], json!(["1"]));
+
+    let ok = get(http, "/v2/models/add_sub/ready").await;
+    assert_eq!((ok.status, ok.body.len()), (200, 0));
+    assert_eq!(
+        get(http, "/v2/models/mlp_classifier/versions/2/ready")
+            .await
+            .status,
+        200
+    );
+    // As Triton's HTTP front end: anything not ready is 400 "Model version not ready".
+    for path in [
+        "/v2/models/nope/ready",
+        "/v2/models/broken/versions/1/ready",
+        "/v2/models/add_sub/versions/7/ready",
+    ] {
+        let response = get(http, path).await;
+        assert_eq!(response.status, 400, "{path}");
+        assert_eq!(response.error(), "Model version not ready");
+    }
+    let unknown = get(http, "/v2/models/nope").await;
+    assert_eq!(unknown.status, 404);
+    assert_eq!(
+        unknown.error(),
+        "Request for unknown model: 'nope' is not found"
+    );
+    let broken = get(http, "/v2/models/broken/versions/1").await;
+    assert_eq!(broken.status, 503, "{}", broken.text());
+    let no_version = get(http, "/v2/models/add_sub/versions/9").await;
+    assert_eq!(no_version.status, 404);
+    assert!(no_version.error().contains("version 9 is not found"));
+    let not_digits = get(http, "/v2/models/add_sub/versions/abc").await;
+    assert_eq!(
+        (not_digits.status, not_digits.error()),
+        (404, "Not Found".into())
+    );
+
+    let config = get(http, "/v2/models/mlp_classifier/config").await.json();
+    assert_eq!(config["name"], "mlp_classifier");
+    assert_eq!(config["max_batch_size"], 32);
+    assert_eq!(config["input"][0]["data_type"], "TYPE_FP32");
+    assert_eq!(config["input"][0]["dims"], json!([64]));
+    assert_eq!(config["output"][0]["label_filename"], "labels.txt");
+    assert_eq!(config["instance_group"][0]["kind"], "KIND_CPU");
+    let auto = get(http, "/v2/models/identity_types/config").await.json();
+    assert_eq!(auto["max_batch_size"], 4);
+    assert_eq!(auto["input"].as_array().unwrap().len(), 14);
+
+    let index = post(http, "/v2/repository/index", b"").await;
+    assert_eq!(index.status, 200);
+    let entries = index.json();
+    let broken = entries
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|e| e["name"] == "broken")
+        .unwrap();
+    assert_eq!(broken["state"], "UNAVAILABLE");
+    let ready_only = post(http, "/v2/repository/index", br#"{"ready": true}"#)
+        .await
+        .json();
+    assert!(ready_only
+        .as_array()
+        .unwrap()
+        .iter()
+        .all(|e| e["state"] == "READY"));
+    assert!(ready_only.as_array().unwrap().len() < entries.as_array().unwrap().len());
+}
+
+#[tokio::test]
+async fn routes_methods_and_placeholders() {
+    let server = Server::start();
+    let http = &server.http_address;
+    let wrong_method = request(http, "DELETE", "/v2/models/add_sub", &[], b"").await;
+    assert_eq!(wrong_method.status, 405);
+    assert_eq!(wrong_method.json(), json!({"error": "Method Not Allowed"}));
+    assert_eq!(get(http, "/v2/models/add_sub/infer").await.status, 405);
+    let missing = get(http, "/v2/nothing/here").await;
+    assert_eq!(
+        (missing.status, missing.json()),
+        (404, json!({"error": "Not Found"}))
+    );
+    // `stats` is not taken for a model name.
+    let stats = get(http, "/v2/models/stats").await;
+    assert_eq!(stats.status, 501);
+    assert!(stats.error().contains("statistics"));
+    for path in [
+        "/v2/models/add_sub/stats",
+        "/v2/models/add_sub/versions/1/stats",
+        "/v2/systemsharedmemory/status",
+        "/v2/cudasharedmemory/region/r/status",
+        "/v2/trace/setting",
+        "/v2/models/add_sub/trace/setting",
+        "/v2/logging",
+    ] {
+        let response = get(http, path).await;
+        assert_eq!(response.status, 501, "{path}: {}", response.text());
+        assert!(!response.error().is_empty());
+    }
+    let load = post(http, "/v2/repository/models/add_sub/load", b"").await;
+    assert_eq!(load.status, 503);
+    assert!(load
+        .error()
+        .contains("explicit model load / unload is not allowed"));
+    let named = post(http, "/v2/repository/other/models/add_sub/unload", b"{}").await;
+    assert_eq!(named.status, 501);
+    assert_eq!(
+        named.error(),
+        "'repository_name' specification is not supported"
+    );
+}
+
+#[tokio::test]
+async fn json_infer_flat_and_nested() {
+    let server = Server::start();
+    let a: Vec<f32> = (0..32).map(|i| i as f32).collect();
+    let nested: Vec<Vec<f32>> = vec![vec![0.5; 16], vec![1.5; 16]];
+    let request = json!({
+        "id": "req-7",
+        "inputs": [
+            {"name": "INPUT0", "shape": [2, 16], "datatype": "FP32", "data": a},
+            {"name": "INPUT1", "shape": [2, 16], "datatype": "FP32", "data": nested},
+        ],
+        "outputs": [{"name": "OUTPUT1"}],
+    });
+    let response = post(
+        &server.http_address,
+        "/v2/models/add_sub/infer",
+        request.to_string().as_bytes(),
+    )
+    .await;
+    assert_eq!(response.status, 200, "{}", response.text());
+    assert_eq!(response.header("content-type"), Some("application/json"));
+    let body = response.json();
+    assert_eq!(body["id"], "req-7");
+    assert_eq!(
+        (body["model_name"].as_str(), body["model_version"].as_str()),
+        (Some("add_sub"), Some("1"))
+    );
+    let outputs = body["outputs"].as_array().unwrap();
+    assert_eq!(outputs.len(), 1);
+    assert_eq!(outputs[0]["name"], "OUTPUT1");
+    assert_eq!(outputs[0]["shape"], json!([2, 16]));
+    let data: Vec<f64> = outputs[0]["data"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|v| v.as_f64().unwrap())
+        .collect();
+    let expected: Vec<f64> = (0..32)
+        .map(|i| i as f64 - if i < 16 { 0.5 } else { 1.5 })
+        .collect();
+    assert_eq!(data, expected);
+}
+
+#[tokio::test]
+async fn binary_infer_as_tritonclient_sends_it() {
+    let server = Server::start();
+    let a: Vec<f32> = (0..16).map(|i| i as f32).collect();
+    let b = vec![2.0f32; 16];
+    let header = json!({
+        "inputs": [
+            {"name": "INPUT0", "shape": [1, 16], "datatype": "FP32", "parameters": {"binary_data_size": 64}},
+            {"name": "INPUT1", "shape": [1, 16], "datatype": "FP32", "parameters": {"binary_data_size": 64}},
+        ],
+        "outputs": [
+            {"name": "OUTPUT0", "parameters": {"binary_data": true}},
+            {"name": "OUTPUT1", "parameters": {"binary_data": false}},
+        ],
+    });
+    let (body, length) = binary_body(&header, &[&fp32_bytes(&a), &fp32_bytes(&b)]);
+    // No Content-Type, as tritonclient sends.
+    let headers = [("Inference-Header-Content-Length", length.as_str())];
+    let response = request(
+        &server.http_address,
+        "POST",
+        "/v2/models/add_sub/infer",
+        &headers,
+        &body,
+    )
+    .await;
+    let (json, blob) = split_binary(&response);
+    assert_eq!(json["outputs"][0]["parameters"]["binary_data_size"], 64);
+    assert!(json["outputs"][0].get("data").is_none());
+    assert_eq!(
+        fp32_values(&blob),
+        a.iter().map(|x| x + 2.0).collect::<Vec<_>>()
+    );
+    let minus: Vec<f64> = json["outputs"][1]["data"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|v| v.as_f64().unwrap())
+        .collect();
+    assert_eq!(
+        minus,
+        a.iter().map(|x| f64::from(x - 2.0)).collect::<Vec<_>>()
+    );
+
+    // No outputs listed: binary_data_output makes every output binary, in model order.
+    let header = json!({
+        "inputs": header["inputs"],
+        "parameters": {"binary_data_output": true},
+    });
+    let (body, length) = binary_body(&header, &[&fp32_bytes(&a), &fp32_bytes(&b)]);
+    let headers = [("Inference-Header-Content-Length", length.as_str())];
+    let response = request(
+        &server.http_address,
+        "POST",
+        "/v2/models/add_sub/infer",
+        &headers,
+        &body,
+    )
+    .await;
+    let (json, blob) = split_binary(&response);
+    assert_eq!(json["outputs"].as_array().unwrap().len(), 2);
+    assert_eq!(blob.len(), 128);
+    assert_eq!(
+        fp32_values(&blob[64..]),
+        a.iter().map(|x| x - 2.0).collect::<Vec<_>>()
+    );
+}
+
+#[tokio::test]
+async fn raw_binary_request() {
+    let server = Server::start();
+    let input: Vec<f32> = (0..64).map(|i| i as f32 / 64.0).collect();
+    let headers = [("Inference-Header-Content-Length", "0")];
+    let response = request(
+        &server.http_address,
+        "POST",
+        "/v2/models/mlp_classifier/versions/1/infer",
+        &headers,
+        &fp32_bytes(&input),
+    )
+    .await;
+    let (json, blob) = split_binary(&response);
+    assert_eq!(json["model_version"], "1");
+    assert_eq!(json["outputs"][0]["shape"], json!([1, 10]));
+    let probabilities = fp32_values(&blob);
+    assert!((probabilities.iter().sum::<f32>() - 1.0).abs() < 1e-4);
+    let two_inputs = request(
+        &server.http_address,
+        "POST",
+        "/v2/models/add_sub/infer",
+        &headers,
+        &[0; 64],
+    )
+    .await;
+    assert_eq!(two_inputs.status, 400);
+    assert!(two_inputs.error().contains("exactly one input"));
+}
+
+fn classification_strings(values: &[Value]) -> Vec<String> {
+    values
+        .iter()
+        .map(|v| v.as_str().unwrap().to_string())
+        .collect()
+}
+
+#[tokio::test]
+async fn classification_matches_grpc() {
+    let server = Server::start();
+    let input: Vec<f32> = (0..128).map(|i| ((i * 37) % 64) as f32 / 64.0).collect();
+    let request_json = json!({
+        "inputs": [{"name": "INPUT0", "shape": [2, 64], "datatype": "FP32", "data": input}],
+        "outputs": [{"name": "OUTPUT0", "parameters": {"classification": 3}}],
+    });
+    let response = post(
+        &server.http_address,
+        "/v2/models/mlp_classifier/infer",
+        request_json.to_string().as_bytes(),
+    )
+    .await;
+    assert_eq!(response.status, 200, "{}", response.text());
+    let output = &response.json()["outputs"][0];
+    assert_eq!(output["datatype"], "BYTES");
+    assert_eq!(output["shape"], json!([2, 3]));
+    let http = classification_strings(output["data"].as_array().unwrap());
+    let labels = [
+        "airplane",
+        "automobile",
+        "bird",
+        "cat",
+        "deer",
+        "dog",
+        "frog",
+        "horse",
+        "ship",
+        "truck",
+    ];
+    for entry in &http {
+        let parts: Vec<&str> = entry.split(':').collect();
+        assert_eq!(parts.len(), 3, "{entry}");
+        assert_eq!(
+            parts[0].split('.').nth(1).map(str::len),
+            Some(6),
+            "printf %f: {entry}"
+        );
+        let index: usize = parts[1].parse().unwrap();
+        assert_eq!(parts[2], labels[index]);
+    }
+
+    let mut client = server.client().await;
+    let mut parameters = std::collections::HashMap::new();
+    parameters.insert(
+        "classification".to_string(),
+        InferParameter {
+            parameter_choice: Some(
+                kiln::proto::inference::infer_parameter::ParameterChoice::Int64Param(3),
+            ),
+        },
+    );
+    let grpc = client
+        .model_infer(ModelInferRequest {
+            model_name: "mlp_classifier".into(),
+            inputs: vec![InferInputTensor {
+                name: "INPUT0".into(),
+                datatype: "FP32".into(),
+                shape: vec![2, 64],
+                ..Default::default()
+            }],
+            raw_input_contents: vec![fp32_bytes(&input).into()],
+            outputs: vec![InferRequestedOutputTensor {
+                name: "OUTPUT0".into(),
+                parameters,
+            }],
+            ..Default::default()
+        })
+        .await
+        .unwrap()
+        .into_inner();
+    assert_eq!(grpc.outputs[0].datatype, "BYTES");
+    assert_eq!(grpc.outputs[0].shape, vec![2, 3]);
+    let raw = &grpc.raw_output_contents[0];
+    let mut grpc_strings = Vec::new();
+    let mut rest = &raw[..];
+    while !rest.is_empty() {
+        let len = u32::from_le_bytes(rest[..4].try_into().unwrap()) as usize;
+        grpc_strings.push(String::from_utf8(rest[4..4 + len].to_vec()).unwrap());
+        rest = &rest[4 + len..];
+    }
+    assert_eq!(grpc_strings, http);
+}
+
+#[tokio::test]
+async fn every_datatype_through_identity_types() {
+    let server = Server::start();
+    // JSON for every type JSON can carry, binary for FP16 and BF16 (as Triton requires).
+    let json_inputs = [
+        ("BOOL", json!([[true, false]])),
+        ("UINT8", json!([[0, 255]])),
+        ("UINT16", json!([[0, 65535]])),
+        ("UINT32", json!([[0, 4294967295u64]])),
+        ("UINT64", json!([[0, 18446744073709551615u64]])),
+        ("INT8", json!([[-128, 127]])),
+        ("INT16", json!([[-32768, 32767]])),
+        ("INT32", json!([[-2147483648i64, 2147483647]])),
+        (
+            "INT64",
+            json!([[-9223372036854775808i64, 9223372036854775807i64]]),
+        ),
+        ("BYTES", json!([["héllo", ""]])),
+    ];
+    let mut header = String::from(r#"{"inputs":["#);
+    for (datatype, data) in &json_inputs {
+        header.push_str(&format!(
+            r#"{{"name":"IN_{datatype}","shape":[1,2],"datatype":"{datatype}","data":{data}}},"#
+        ));
+    }
+    // Floats use Triton's non-finite tokens, which serde_json cannot write.
+    header
+        .push_str(r#"{"name":"IN_FP32","shape":[1,2],"datatype":"FP32","data":[NaN,-Infinity]},"#);
+    header.push_str(r#"{"name":"IN_FP64","shape":[1,2],"datatype":"FP64","data":[Infinity,0.1]},"#);
+    header.push_str(r#"{"name":"IN_FP16","shape":[1,2],"datatype":"FP16","parameters":{"binary_data_size":4}},"#);
+    header.push_str(r#"{"name":"IN_BF16","shape":[1,2],"datatype":"BF16","parameters":{"binary_data_size":4}}],"#);
+    header.push_str(r#""parameters":{"binary_data_output":false},"outputs":[{"name":"OUT_FP16","parameters":{"binary_data":true}},{"name":"OUT_BF16","parameters":{"binary_data":true}}"#);
+    for (datatype, _) in &json_inputs {
+        header.push_str(&format!(r#",{{"name":"OUT_{datatype}"}}"#));
+    }
+    header.push_str(r#",{"name":"OUT_FP32"},{"name":"OUT_FP64"}]}"#);
+    let halves = [0x00, 0x3c, 0x00, 0xc0]; // FP16 1.0, -2.0
+    let bf16 = [0x80, 0x3f, 0x00, 0x40]; // BF16 1.0, 2.0
+    let mut body = header.clone().into_bytes();
+    body.extend_from_slice(&halves);
+    body.extend_from_slice(&bf16);
+    let length = header.len().to_string();
+    let headers = [("Inference-Header-Content-Length", length.as_str())];
+    let response = request(
+        &server.http_address,
+        "POST",
+        "/v2/models/identity_types/infer",
+        &headers,
+        &body,
+    )
+    .await;
+    assert_eq!(response.status, 200, "{}", response.text());
+    let length: usize = response
+        .header("inference-header-content-length")
+        .unwrap()
+        .parse()
+        .unwrap();
+    let text = std::str::from_utf8(&response.body[..length]).unwrap();
+    assert!(
+        text.contains(
+            r#""name":"OUT_FP32","datatype":"FP32","shape":[1,2],"data":[NaN,-Infinity]"#
+        ),
+        "{text}"
+    );
+    assert!(text.contains(r#""data":[Infinity,0.1]"#), "{text}");
+    assert_eq!(&response.body[length..], [halves, bf16].concat());
+    // Everything else parses as standard JSON once the float outputs are dropped.
+    let cleaned = text
+        .replace("[NaN,-Infinity]", "[]")
+        .replace("[Infinity,0.1]", "[]");
+    let json: Value = serde_json::from_str(&cleaned).unwrap();
+    for (datatype, data) in &json_inputs {
+        let output = json["outputs"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|o| o["name"] == format!("OUT_{datatype}"))
+            .unwrap();
+        assert_eq!(output["datatype"], *datatype);
+        assert_eq!(output["shape"], json!([1, 2]));
+        assert_eq!(output["data"], data[0], "{datatype}: outputs are flat");
+    }
+}
+
+#[tokio::test]
+async fn compressed_and_chunked_bodies() {
+    let server = Server::start();
+    let request_json = json!({
+        "inputs": [
+            {"name": "INPUT0", "shape": [1, 16], "datatype": "FP32", "data": vec![1.0; 16]},
+            {"name": "INPUT1", "shape": [1, 16], "datatype": "FP32", "data": vec![2.0; 16]},
+        ],
+    })
+    .to_string();
+    let mut gzip = flate2::write::GzEncoder::new(Vec::new(), flate2::Compression::default());
+    std::io::Write::write_all(&mut gzip, request_json.as_bytes()).unwrap();
+    let compressed = gzip.finish().unwrap();
+    let headers = [("Content-Encoding", "gzip"), ("Accept-Encoding", "gzip")];
+    let response = request(
+        &server.http_address,
+        "POST",
+        "/v2/models/add_sub/infer",
+        &headers,
+        &compressed,
+    )
+    .await;
+    assert_eq!(response.status, 200, "{}", response.text());
+    assert_eq!(response.header("content-encoding"), Some("gzip"));
+    let mut text = String::new();
+    flate2::read::GzDecoder::new(&response.body[..])
+        .read_to_string(&mut text)
+        .unwrap();
+    let body: Value = serde_json::from_str(&text).unwrap();
+    assert_eq!(body["outputs"][0]["data"][0], 3.0);
+
+    let headers = [("Transfer-Encoding", "chunked")];
+    let response = request(
+        &server.http_address,
+        "POST",
+        "/v2/models/add_sub/infer",
+        &headers,
+        &chunked(request_json.as_bytes(), 7),
+    )
+    .await;
+    assert_eq!(response.status, 200, "{}", response.text());
+    assert_eq!(response.json()["outputs"][1]["data"][0], -1.0);
+}
+
+#[tokio::test]
+async fn sigterm_stops_both_listeners() {
+    let mut server = Server::start();
+    assert_eq!(
+        get(&server.http_address, "/v2/health/live").await.status,
+        200
+    );
+    assert!(server.terminate().success());
+    assert!(tokio::net::TcpStream::connect(&server.http_address)
+        .await
+        .is_err());
+}
