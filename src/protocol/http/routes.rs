@@ -222,16 +222,16 @@ async fn repository_index(
         .repository_index(ready)
         .into_iter()
         .map(|entry| {
+            // As Triton: `reason` accompanies every state, even empty (MLServer's
+            // RepositoryIndexResponseItem requires it); a failed model has no version.
             let mut object = serde_json::Map::new();
             object.insert("name".into(), entry.name.into());
-            for (key, value) in [
-                ("version", entry.version),
-                ("state", entry.state),
-                ("reason", entry.reason),
-            ] {
-                if !value.is_empty() {
-                    object.insert(key.into(), value.into());
-                }
+            if !entry.version.is_empty() {
+                object.insert("version".into(), entry.version.into());
+            }
+            if !entry.state.is_empty() {
+                object.insert("state".into(), entry.state.into());
+                object.insert("reason".into(), entry.reason.into());
             }
             Value::Object(object)
         })
