@@ -1,7 +1,7 @@
 """Shared fixtures for the kiln conformance suite.
 
 The suite runs the real `kiln` binary (env KILN_BIN, else target/debug/kiln) as a
-subprocess and talks to it over gRPC exactly like Triton/MLServer clients do.
+subprocess and talks to it over gRPC and REST exactly like Triton/MLServer clients do.
 
 NOTE: tritonclient and mlserver register the same protobuf names (package
 `inference`), so nothing here imports mlserver; MLServer flows run in a
@@ -10,6 +10,8 @@ subprocess (see mlserver_client.py / test_mlserver.py).
 
 from __future__ import annotations
 
+import http.client
+import json
 import os
 import signal
 import socket
@@ -206,6 +208,15 @@ class KilnServer:
         except grpc.RpcError as e:
             pytest.fail(f"ServerLive failed after bad input: {e.code()} {e.details()}\n{self.log_tail()}")
         assert live is True
+        self.assert_http_alive()
+
+    def assert_http_alive(self) -> None:
+        """The REST listener answers GET /v2/health/live with 200 {"live": true}."""
+        try:
+            reply = http_request(self.http_url, "GET", "/v2/health/live")
+        except OSError as e:
+            pytest.fail(f"REST health check failed after bad input: {e}\n{self.log_tail()}")
+        assert (reply.status, reply.json()) == (200, {"live": True}), reply
 
 
 _SERVERS: list[KilnServer] = []
@@ -257,6 +268,11 @@ def bundled_server():
 @pytest.fixture(scope="session")
 def grpc_url(server) -> str:
     return server.grpc_url
+
+
+@pytest.fixture(scope="session")
+def http_url(server) -> str:
+    return server.http_url
 
 
 @pytest.fixture(scope="session")
@@ -417,3 +433,35 @@ def infer_request(model: str, inputs, version: str = "", outputs=(), raw=None, r
 
 def f32(values) -> bytes:
     return np.asarray(values, dtype=np.float32).tobytes()
+
+
+# ---------------------------------------------------------------------------
+# a plain HTTP client for REST tests that need exact control over the request
+# ---------------------------------------------------------------------------
+class HttpReply:
+    """One REST response: status, headers (lower-case names) and the raw body."""
+
+    def __init__(self, status: int, headers: dict, body: bytes):
+        self.status, self.headers, self.body = status, headers, body
+
+    def json(self):
+        return json.loads(self.body)
+
+    def error(self) -> str:
+        return self.json()["error"]
+
+    def __repr__(self) -> str:
+        return f"HttpReply({self.status}, {self.headers}, {self.body[:300]!r})"
+
+
+def http_request(url: str, method: str, path: str, body: bytes = b"", headers=None) -> HttpReply:
+    """Send one request with http.client: no Content-Type unless given (tritonclient sends none),
+    Content-Length from the body. Every call carries RPC_TIMEOUT."""
+    host, port = url.rsplit(":", 1)
+    conn = http.client.HTTPConnection(host, int(port), timeout=RPC_TIMEOUT)
+    try:
+        conn.request(method, path, body=body, headers=dict(headers or {}))
+        r = conn.getresponse()
+        return HttpReply(r.status, {k.lower(): v for k, v in r.getheaders()}, r.read())
+    finally:
+        conn.close()
