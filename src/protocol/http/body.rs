@@ -8,6 +8,8 @@
 //! choosing as Triton does among `gzip`, `deflate` and `identity` by `q` weight.
 
 use super::HttpError;
+use crate::core::Error;
+use crate::invalid_arg;
 use axum::body::Body;
 use axum::http::{header, HeaderMap, HeaderValue, StatusCode};
 use bytes::{Bytes, BytesMut};
@@ -56,7 +58,7 @@ pub fn request_encoding(headers: &HeaderMap) -> Result<Encoding, HttpError> {
         Ok("gzip") => Ok(Encoding::Gzip),
         Ok("deflate") => Ok(Encoding::Deflate),
         _ => Err(
-            HttpError::new(StatusCode::NOT_IMPLEMENTED, "Unsupported compression type")
+            HttpError::from(Error::Unsupported("Unsupported compression type".into()))
                 .with_header(header::ACCEPT_ENCODING, "gzip, deflate"),
         ),
     }
@@ -80,12 +82,7 @@ pub async fn read(body: Body, headers: &HeaderMap, limit: usize) -> Result<Bytes
     let mut buffer = BytesMut::with_capacity(declared.map_or(0, |len| len as usize));
     let mut frames = body.into_data_stream();
     while let Some(frame) = frames.next().await {
-        let frame = frame.map_err(|e| {
-            HttpError::new(
-                StatusCode::BAD_REQUEST,
-                format!("failed to read the request body: {e}"),
-            )
-        })?;
+        let frame = frame.map_err(|e| invalid_arg!("failed to read the request body: {e}"))?;
         if buffer.len() + frame.len() > limit {
             return Err(too_large(limit));
         }
@@ -96,7 +93,7 @@ pub async fn read(body: Body, headers: &HeaderMap, limit: usize) -> Result<Bytes
         Encoding::Identity => Ok(raw),
         compressed => tokio::task::spawn_blocking(move || inflate(compressed, &raw, limit))
             .await
-            .map_err(|e| HttpError::new(StatusCode::INTERNAL_SERVER_ERROR, e.to_string()))?,
+            .map_err(|e| Error::Internal(e.to_string()))?,
     }
 }
 
@@ -113,12 +110,7 @@ fn inflate(encoding: Encoding, data: &[u8], limit: usize) -> Result<Bytes, HttpE
             .read_to_end(&mut out),
         Encoding::Identity => return Ok(Bytes::copy_from_slice(data)),
     };
-    result.map_err(|e| {
-        HttpError::new(
-            StatusCode::BAD_REQUEST,
-            format!("failed to decompress the request body: {e}"),
-        )
-    })?;
+    result.map_err(|e| invalid_arg!("failed to decompress the request body: {e}"))?;
     if out.len() > limit {
         return Err(too_large(limit));
     }

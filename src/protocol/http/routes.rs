@@ -5,7 +5,9 @@
 //! Triton's 404 `{"error":"Not Found"}`, wrong methods 405 `{"error":"Method Not Allowed"}`.
 
 use super::{body, infer, HttpConfig, HttpError};
+use crate::core::Error;
 use crate::engine::{Engine, TensorMetadata};
+use crate::invalid_arg;
 use crate::repository::config::config_to_json;
 use axum::body::Body;
 use axum::extract::{FromRequestParts, Path, State};
@@ -98,10 +100,9 @@ fn trace_setting() -> MethodRouter<Shared> {
 /// A handler for a feature this build does not have yet: 501 with a JSON error.
 fn not_yet(feature: &'static str) -> MethodRouter<Shared> {
     let handler = move || async move {
-        HttpError::new(
-            StatusCode::NOT_IMPLEMENTED,
-            format!("this server does not implement {feature} yet"),
-        )
+        HttpError::from(Error::Unsupported(format!(
+            "this server does not implement {feature} yet"
+        )))
     };
     get(handler).post(handler)
 }
@@ -120,7 +121,7 @@ impl<S: Send + Sync> FromRequestParts<S> for ModelPath {
     async fn from_request_parts(parts: &mut Parts, state: &S) -> Result<Self, Self::Rejection> {
         let Path(mut params) = Path::<HashMap<String, String>>::from_request_parts(parts, state)
             .await
-            .map_err(|e| HttpError::new(StatusCode::BAD_REQUEST, e.body_text()))?;
+            .map_err(|e| HttpError::from(Error::InvalidArgument(e.body_text())))?;
         let name = params.remove("model").unwrap_or_default();
         let version = params.remove("version").unwrap_or_default();
         if !version.bytes().all(|b| b.is_ascii_digit()) {
@@ -185,7 +186,7 @@ async fn model_ready(State(state): State<Shared>, model: ModelPath) -> Response 
     if state.engine.model_ready(&model.name, &model.version) {
         StatusCode::OK.into_response()
     } else {
-        HttpError::new(StatusCode::BAD_REQUEST, "Model version not ready").into_response()
+        HttpError::from(invalid_arg!("Model version not ready")).into_response()
     }
 }
 
@@ -205,7 +206,7 @@ async fn repository_index(
     request: Body,
 ) -> Result<Json<Value>, HttpError> {
     let request = body::read(request, &headers, state.config.max_input_bytes).await?;
-    let bad = |message: String| HttpError::new(StatusCode::BAD_REQUEST, message);
+    let bad = |message: String| HttpError::from(Error::InvalidArgument(message));
     let ready = if request.iter().all(u8::is_ascii_whitespace) {
         false
     } else {
@@ -242,15 +243,13 @@ async fn repository_index(
 /// Load and unload need the explicit model-control mode; the only mode today loads everything at
 /// start-up, so they answer as Triton does in that mode (and as kiln's gRPC service does).
 async fn load_unload() -> HttpError {
-    HttpError::new(
-        StatusCode::SERVICE_UNAVAILABLE,
-        "explicit model load / unload is not allowed if polling is enabled",
-    )
+    HttpError::from(Error::Unavailable(
+        "explicit model load / unload is not allowed if polling is enabled".into(),
+    ))
 }
 
 async fn repository_name() -> HttpError {
-    HttpError::new(
-        StatusCode::NOT_IMPLEMENTED,
-        "'repository_name' specification is not supported",
-    )
+    HttpError::from(Error::Unsupported(
+        "'repository_name' specification is not supported".into(),
+    ))
 }
