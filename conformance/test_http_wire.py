@@ -199,6 +199,7 @@ BAD_JSON = [
     ("nested depth bomb", b'{"inputs":[{"name":"INPUT0","shape":[1],"datatype":"FP32","data":' + b"[" * 200_000,
      "deeper than the limit"),
     ("object depth bomb", b'{"a":' * 200_000, "deeper than the limit"),
+    ("value count bomb", b'{"inputs":[],"x":[' + b"0," * 1_100_000 + b"0]}", "more than 1000000 values"),
     ("unknown datatype", _input([1, 16], "FLOAT", data=[1]), "invalid datatype 'FLOAT'"),
     ("data of the wrong kind", _input([1, 1], data=["1"]), "expected a number for FP32 input 'INPUT0'"),
     ("int out of range", _input([1, 1], "INT8", data=[300]), "signed integer in range"),

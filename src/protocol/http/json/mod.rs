@@ -21,6 +21,10 @@ pub use write::{write_bytes_str, write_f32, write_f64, write_number, write_str};
 /// dimension of a nested `data` array.
 pub const MAX_DEPTH: usize = 64;
 
+/// Most values [`parse`] builds (members kept raw do not count). A request header holds a few
+/// dozen; the cap keeps a hostile body of tiny values from growing a tree many times its size.
+pub const MAX_VALUES: usize = 1_000_000;
+
 /// A JSON number, kept exact: integers stay integers so INT64 and UINT64 data round-trip.
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub enum Number {
@@ -143,10 +147,14 @@ impl fmt::Display for ParseError {
 /// Parses one JSON document. Members named `lazy_key` are validated but kept as [`Value::Raw`].
 ///
 /// # Errors
-/// [`ParseError`] for malformed JSON, nesting deeper than [`MAX_DEPTH`], strings that are not
-/// UTF-8, or trailing content.
+/// [`ParseError`] for malformed JSON, nesting deeper than [`MAX_DEPTH`], more than
+/// [`MAX_VALUES`] values, strings that are not UTF-8, or trailing content.
 pub fn parse<'a>(src: &'a [u8], lazy_key: Option<&str>) -> Result<Value<'a>, ParseError> {
-    let mut reader = Reader { src, pos: 0 };
+    let mut reader = Reader {
+        src,
+        pos: 0,
+        budget: MAX_VALUES,
+    };
     reader.skip_ws();
     if reader.pos == src.len() {
         return Err(reader.error("The document is empty."));
@@ -179,7 +187,12 @@ pub fn visit_scalars(
     src: &[u8],
     mut visit: impl FnMut(Scalar<'_>) -> Result<(), String>,
 ) -> Result<(), VisitError> {
-    let mut reader = Reader { src, pos: 0 };
+    // Visiting builds nothing, so it needs no value budget.
+    let mut reader = Reader {
+        src,
+        pos: 0,
+        budget: usize::MAX,
+    };
     reader.skip_ws();
     if reader.peek() != Some(b'[') {
         return Err(VisitError::Syntax(reader.error("'data' must be an array")));

@@ -1,10 +1,12 @@
 //! The recursive-descent reader behind [`super::parse`] and [`super::visit_scalars`].
 
-use super::{Number, ParseError, Scalar, Value, VisitError, MAX_DEPTH};
+use super::{Number, ParseError, Scalar, Value, VisitError, MAX_DEPTH, MAX_VALUES};
 
 pub(super) struct Reader<'a> {
     pub(super) src: &'a [u8],
     pub(super) pos: usize,
+    /// How many more values `value` may build.
+    pub(super) budget: usize,
 }
 
 impl<'a> Reader<'a> {
@@ -48,6 +50,11 @@ impl<'a> Reader<'a> {
         depth: usize,
         lazy_key: Option<&str>,
     ) -> Result<Value<'a>, ParseError> {
+        self.budget = self.budget.checked_sub(1).ok_or_else(|| {
+            self.error(format!(
+                "JSON has more than {MAX_VALUES} values outside tensor 'data'"
+            ))
+        })?;
         match self.peek() {
             Some(b'{') => self.object(depth, lazy_key),
             Some(b'[') => {

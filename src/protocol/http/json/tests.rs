@@ -274,3 +274,14 @@ fn written_numbers_parse_back_exactly() {
         .collect();
     assert_eq!(back, values);
 }
+
+#[test]
+fn value_count_is_limited_outside_lazy_members() {
+    let many = format!("[{}0]", "0,".repeat(MAX_VALUES));
+    assert!(error(&many).contains("more than 1000000 values"));
+    let few = format!("[{}0]", "0,".repeat(MAX_VALUES - 2));
+    assert!(parse(few.as_bytes(), None).is_ok());
+    // Raw members are validated without building values, so they do not count.
+    let lazy = format!(r#"{{"data": [{}0]}}"#, "0,".repeat(MAX_VALUES));
+    assert!(parse(lazy.as_bytes(), Some("data")).is_ok());
+}
