@@ -295,8 +295,21 @@ def test_validation_errors_have_triton_statuses(hclient):
         hclient.infer("broken", [make_input("x", np.zeros(1, np.float32))], model_version="1")
     assert e.value.status() == "503"
     with pytest.raises(InferenceServerException) as e:
-        hclient.get_inference_statistics("add_sub")
-    assert e.value.status() == "501"
+        hclient.get_inference_statistics("nope")
+    assert e.value.status() == "404"
+
+
+def test_statistics_match_grpc(hclient, client):
+    infer(hclient, "add_sub", add_sub_arrays())
+    rest = hclient.get_inference_statistics("add_sub")["model_stats"]
+    grpc_stats = client.get_inference_statistics("add_sub", as_json=True)["model_stats"]
+    assert [s["name"] for s in rest] == [s["name"] for s in grpc_stats] == ["add_sub"]
+    assert rest[0]["version"] == "1" and rest[0]["inference_count"] >= 1
+    assert int(grpc_stats[0]["inference_count"]) >= rest[0]["inference_count"]
+    assert set(rest[0]["inference_stats"]) >= {"success", "fail", "queue", "compute_input", "compute_infer",
+                                                "compute_output"}
+    everything = hclient.get_inference_statistics()["model_stats"]
+    assert {"add_sub", "mlp_classifier", "string_echo"} <= {s["name"] for s in everything}
 
 
 # --------------------------------------------------------------------------- asyncio client

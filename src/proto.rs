@@ -1,6 +1,10 @@
 //! Generated protocol types: Triton's `grpc_service.proto` and `model_config.proto` (package
-//! `inference`), plus the encoded file-descriptor set used by gRPC reflection and by the
-//! `config.pbtxt` text-format parser. A leaf module: every layer may use these types.
+//! `inference`), plus the encoded file-descriptor set used by gRPC reflection, by the
+//! `config.pbtxt` text-format parser and by the REST API's protobuf JSON. A leaf module: every
+//! layer may use these types.
+
+use prost_reflect::{DescriptorPool, DynamicMessage};
+use std::sync::OnceLock;
 
 #[allow(clippy::all, clippy::pedantic, missing_docs)]
 pub mod inference {
@@ -10,3 +14,35 @@ pub mod inference {
 /// `FileDescriptorSet` of both protos, as written by `build.rs`.
 pub const FILE_DESCRIPTOR_SET: &[u8] =
     include_bytes!(concat!(env!("OUT_DIR"), "/inference_descriptor.bin"));
+
+/// The descriptors of both protos, decoded once.
+pub fn descriptor_pool() -> &'static DescriptorPool {
+    static POOL: OnceLock<DescriptorPool> = OnceLock::new();
+    POOL.get_or_init(|| {
+        DescriptorPool::decode(FILE_DESCRIPTOR_SET)
+            .expect("build.rs writes a valid descriptor set for the compiled protos")
+    })
+}
+
+/// A message as Triton's REST API prints it (`/config`, `/stats`): protobuf JSON with proto field
+/// names, enum names, 64-bit integers as numbers, and every field without presence printed even
+/// at its default (`always_print_primitive_fields`).
+///
+/// # Panics
+/// When `type_name` is not the full name of `T` in the protos (a programming error).
+pub fn to_json<T: prost::Message>(message: &T, type_name: &str) -> serde_json::Value {
+    let descriptor = descriptor_pool()
+        .get_message_by_name(type_name)
+        .unwrap_or_else(|| panic!("{type_name} is in the descriptor set"));
+    let mut dynamic = DynamicMessage::new(descriptor);
+    dynamic
+        .transcode_from(message)
+        .unwrap_or_else(|e| panic!("a prost message transcodes into its own descriptor: {e}"));
+    let options = prost_reflect::SerializeOptions::new()
+        .use_proto_field_name(true)
+        .stringify_64_bit_integers(false)
+        .skip_default_fields(false);
+    dynamic
+        .serialize_with_options(serde_json::value::Serializer, &options)
+        .unwrap_or(serde_json::Value::Null)
+}

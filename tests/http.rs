@@ -163,13 +163,23 @@ async fn routes_methods_and_placeholders() {
         (missing.status, missing.json()),
         (404, json!({"error": "Not Found"}))
     );
-    // `stats` is not taken for a model name.
-    let stats = get(http, "/v2/models/stats").await;
-    assert_eq!(stats.status, 501);
-    assert!(stats.error().contains("statistics"));
+    // `stats` is not taken for a model name: every serving version is listed.
+    let all = get(http, "/v2/models/stats").await.json();
+    let names: Vec<&str> = all["model_stats"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|s| s["name"].as_str().unwrap())
+        .collect();
+    assert!(names.contains(&"add_sub") && names.contains(&"mlp_classifier"));
+    let one = get(http, "/v2/models/mlp_classifier/versions/1/stats")
+        .await
+        .json();
+    assert_eq!(one["model_stats"].as_array().unwrap().len(), 1);
+    assert_eq!(one["model_stats"][0]["version"], "1");
+    assert!(one["model_stats"][0]["inference_stats"]["success"]["count"].is_u64());
+    assert_eq!(get(http, "/v2/models/nope/stats").await.status, 404);
     for path in [
-        "/v2/models/add_sub/stats",
-        "/v2/models/add_sub/versions/1/stats",
         "/v2/systemsharedmemory/status",
         "/v2/cudasharedmemory/region/r/status",
         "/v2/trace/setting",

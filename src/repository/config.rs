@@ -2,15 +2,14 @@
 //! defaults Triton fills, and mapping config datatypes to protocol datatypes.
 
 use crate::core::DataType;
+use crate::proto::descriptor_pool;
 use crate::proto::inference::{
     model_config::SchedulingChoice, model_instance_group::Kind, model_version_policy,
     DataType as ConfigDataType, ModelConfig, ModelInstanceGroup, ModelVersionPolicy,
 };
 use crate::proto::inference::{model_queue_policy, ModelQueuePolicy};
-use crate::proto::FILE_DESCRIPTOR_SET;
 use crate::scheduler::{BatchingConfig, QueuePolicy, TimeoutAction};
-use prost_reflect::{DescriptorPool, DynamicMessage};
-use std::sync::OnceLock;
+use prost_reflect::DynamicMessage;
 use std::time::Duration;
 
 /// The ONNX Runtime platform and backend names; either one in a config selects ONNX Runtime.
@@ -27,14 +26,6 @@ pub enum ConfigError {
     Parse(String),
     #[error("{0}")]
     Invalid(String),
-}
-
-fn descriptor_pool() -> &'static DescriptorPool {
-    static POOL: OnceLock<DescriptorPool> = OnceLock::new();
-    POOL.get_or_init(|| {
-        DescriptorPool::decode(FILE_DESCRIPTOR_SET)
-            .expect("build.rs writes a valid descriptor set for the compiled protos")
-    })
 }
 
 /// Parses protobuf text format into a [`ModelConfig`].
@@ -129,24 +120,10 @@ fn next_significant(bytes: &[u8], mut i: usize) -> Option<u8> {
     None
 }
 
-/// Renders a config as protobuf JSON the way Triton's REST `/config` does: proto field names, enum
-/// names, 64-bit integers as numbers, and every field without presence printed even at its
-/// default (`always_print_primitive_fields`), so clients find e.g. `"max_batch_size": 0`.
+/// Renders a config as protobuf JSON the way Triton's REST `/config` does (see
+/// [`crate::proto::to_json`]), so clients find e.g. `"max_batch_size": 0`.
 pub fn config_to_json(config: &ModelConfig) -> serde_json::Value {
-    let descriptor = descriptor_pool()
-        .get_message_by_name("inference.ModelConfig")
-        .expect("inference.ModelConfig is in the descriptor set");
-    let mut message = DynamicMessage::new(descriptor);
-    message
-        .transcode_from(config)
-        .expect("a prost ModelConfig always transcodes into its own descriptor");
-    let options = prost_reflect::SerializeOptions::new()
-        .use_proto_field_name(true)
-        .stringify_64_bit_integers(false)
-        .skip_default_fields(false);
-    message
-        .serialize_with_options(serde_json::value::Serializer, &options)
-        .unwrap_or(serde_json::Value::Null)
+    crate::proto::to_json(config, "inference.ModelConfig")
 }
 
 /// Config datatype (`TYPE_FP32`) → protocol datatype (`FP32`); `TYPE_STRING` is `BYTES`.

@@ -1,6 +1,6 @@
 //! Every REST endpoint of KServe v2 and Triton (WIRE.md §e.1), and the small handlers: health,
-//! metadata, readiness, config, repository index. Endpoints whose features later issues bring
-//! (statistics, shared memory, trace, logging, generate) answer 501 with a JSON error until then.
+//! metadata, readiness, config, statistics, repository index. Endpoints whose features later
+//! issues bring (shared memory, trace, logging, generate) answer 501 with a JSON error until then.
 //! `/v2/models/stats` is a static route, so it wins over `/v2/models/{model}`. Unknown paths get
 //! Triton's 404 `{"error":"Not Found"}`, wrong methods 405 `{"error":"Method Not Allowed"}`.
 
@@ -33,7 +33,7 @@ pub fn router(engine: Arc<Engine>, config: HttpConfig) -> Router {
         .route("/v2", get(server_metadata))
         .route("/v2/health/live", get(live))
         .route("/v2/health/ready", get(ready))
-        .route("/v2/models/stats", get(not_yet("model statistics")))
+        .route("/v2/models/stats", get(all_statistics))
         .route("/v2/repository/index", post(repository_index))
         .route("/v2/repository/{repository}/index", post(repository_name))
         .route("/v2/repository/models/{model}/load", post(load_unload))
@@ -60,7 +60,7 @@ pub fn router(engine: Arc<Engine>, config: HttpConfig) -> Router {
             .route(&format!("{prefix}/ready"), get(model_ready))
             .route(&format!("{prefix}/config"), get(model_config))
             .route(&format!("{prefix}/infer"), post(infer::handle))
-            .route(&format!("{prefix}/stats"), get(not_yet("model statistics")))
+            .route(&format!("{prefix}/stats"), get(model_statistics))
             .route(&format!("{prefix}/generate"), post(not_yet("generate")))
             .route(
                 &format!("{prefix}/generate_stream"),
@@ -197,6 +197,30 @@ async fn model_config(
 ) -> Result<Json<Value>, HttpError> {
     let config = state.engine.model_config(&model.name, &model.version)?;
     Ok(Json(config_to_json(&config)))
+}
+
+/// `GET /v2/models/stats`: Triton's statistics of every serving model version.
+async fn all_statistics(State(state): State<Shared>) -> Result<Json<Value>, HttpError> {
+    statistics(&state, "", "")
+}
+
+/// `GET /v2/models/{m}[/versions/{v}]/stats`.
+async fn model_statistics(
+    State(state): State<Shared>,
+    model: ModelPath,
+) -> Result<Json<Value>, HttpError> {
+    statistics(&state, &model.name, &model.version)
+}
+
+/// `{"model_stats": [...]}`, each entry the protobuf JSON of Triton's `ModelStatistics`, as
+/// Triton's REST API answers (the same numbers the gRPC `ModelStatistics` returns).
+fn statistics(state: &AppState, name: &str, version: &str) -> Result<Json<Value>, HttpError> {
+    let stats = state.engine.model_statistics(name, version)?;
+    let model_stats: Vec<Value> = stats
+        .iter()
+        .map(|s| crate::proto::to_json(s, "inference.ModelStatistics"))
+        .collect();
+    Ok(Json(json!({ "model_stats": model_stats })))
 }
 
 /// `POST /v2/repository/index` with an optional `{"ready": bool}` body; answers a JSON array.
