@@ -218,7 +218,10 @@ pub fn normalize_identity(config: &mut ModelConfig, dir_name: &str) -> Result<()
 
 /// Fills instance groups the way Triton does on a machine without GPUs: one CPU group of two
 /// instances when none is given; every group named, kinded and counted.
-pub fn normalize_instance_groups(config: &mut ModelConfig) {
+///
+/// # Errors
+/// [`ConfigError::Invalid`] for a `KIND_GPU` group: sessions run on CPU only in this build.
+pub fn normalize_instance_groups(config: &mut ModelConfig) -> Result<(), ConfigError> {
     if config.instance_group.is_empty() {
         config.instance_group.push(ModelInstanceGroup::default());
     }
@@ -227,13 +230,22 @@ pub fn normalize_instance_groups(config: &mut ModelConfig) {
         if group.name.is_empty() {
             group.name = format!("{model_name}_{index}");
         }
-        if group.kind == Kind::Auto as i32 {
+        if group.kind == Kind::Gpu as i32 {
+            return Err(ConfigError::Invalid(format!(
+                "instance group '{}' of model '{model_name}' asks for KIND_GPU, but this build runs \
+                 ONNX Runtime on CPU only",
+                group.name
+            )));
+        }
+        // KIND_AUTO without a GPU, and KIND_MODEL (the model places itself), run on CPU.
+        if group.kind != Kind::Cpu as i32 {
             group.kind = Kind::Cpu as i32;
         }
         if group.count < 1 {
             group.count = DEFAULT_CPU_INSTANCE_COUNT;
         }
     }
+    Ok(())
 }
 
 /// Checks every declared input and output has a usable datatype and dims.
@@ -469,12 +481,24 @@ mod tests {
     #[test]
     fn instance_groups_default_to_two_cpu_instances() {
         let mut config = parse_config("name: \"m\"").unwrap();
-        normalize_instance_groups(&mut config);
+        normalize_instance_groups(&mut config).unwrap();
         assert_eq!(config.instance_group.len(), 1);
         let group = &config.instance_group[0];
         assert_eq!(
             (group.name.as_str(), group.count, group.kind),
             ("m_0", 2, Kind::Cpu as i32)
+        );
+        let mut gpu = parse_config("name: \"m\" instance_group [ { kind: KIND_GPU } ]").unwrap();
+        assert!(normalize_instance_groups(&mut gpu)
+            .unwrap_err()
+            .to_string()
+            .contains("KIND_GPU"));
+        let mut model =
+            parse_config("name: \"m\" instance_group [ { kind: KIND_MODEL count: 3 } ]").unwrap();
+        normalize_instance_groups(&mut model).unwrap();
+        assert_eq!(
+            (model.instance_group[0].kind, model.instance_group[0].count),
+            (Kind::Cpu as i32, 3)
         );
     }
 

@@ -187,7 +187,9 @@ fn load_model(name: &str, dir: &Path, options: &LoadOptions) -> Model {
         Ok(selected) => selected,
         Err(reason) => return failed(name, Some(config), reason),
     };
-    config::normalize_instance_groups(&mut config);
+    if let Err(e) = config::normalize_instance_groups(&mut config) {
+        return failed(name, Some(config), e.to_string());
+    }
     let instances: usize = config
         .instance_group
         .iter()

@@ -1,0 +1,347 @@
+//! Unit tests of the batching rules.
+use super::*;
+
+fn dynamic(max: usize, preferred: &[usize], delay_us: u64) -> BatchingConfig {
+    BatchingConfig {
+        dynamic: true,
+        max_batch_size: max,
+        preferred_batch_sizes: preferred.to_vec(),
+        max_queue_delay: Duration::from_micros(delay_us),
+        ..BatchingConfig::default()
+    }
+}
+
+fn sub(payload: u32, batch_size: usize) -> Submission<u32> {
+    Submission {
+        payload,
+        batch_size,
+        signature: 7,
+        priority: None,
+        deadline: None,
+        timeout: None,
+    }
+}
+
+fn batch(next: Next<u32>) -> Vec<u32> {
+    match next {
+        Next::Batch(b) => b,
+        other => panic!("expected a batch, got {other:?}"),
+    }
+}
+
+#[test]
+fn without_dynamic_batching_requests_run_alone_in_order() {
+    let now = Instant::now();
+    let mut state = State::new(BatchingConfig {
+        max_batch_size: 8,
+        ..Default::default()
+    });
+    for i in 0..3 {
+        state.push(sub(i, 1), now).unwrap();
+    }
+    assert_eq!(batch(state.next_batch(now)), vec![0]);
+    assert_eq!(batch(state.next_batch(now)), vec![1]);
+    assert_eq!(batch(state.next_batch(now)), vec![2]);
+    assert_eq!(state.next_batch(now), Next::Idle);
+}
+
+#[test]
+fn zero_delay_sends_everything_compatible_at_once() {
+    let now = Instant::now();
+    let mut state = State::new(dynamic(8, &[], 0));
+    for i in 0..5 {
+        state.push(sub(i, 1), now).unwrap();
+    }
+    assert_eq!(batch(state.next_batch(now)), vec![0, 1, 2, 3, 4]);
+    assert!(state.is_empty());
+}
+
+#[test]
+fn batches_never_exceed_max_batch_size() {
+    let now = Instant::now();
+    let mut state = State::new(dynamic(4, &[], 0));
+    for (i, rows) in [2, 1, 2, 3].into_iter().enumerate() {
+        state.push(sub(i as u32, rows), now).unwrap();
+    }
+    assert_eq!(batch(state.next_batch(now)), vec![0, 1]); // 2 + 1; adding 2 would give 5
+    assert_eq!(batch(state.next_batch(now)), vec![2]); // 2; adding 3 would give 5
+    assert_eq!(batch(state.next_batch(now)), vec![3]);
+}
+
+#[test]
+fn different_signatures_are_never_merged_and_order_is_kept() {
+    let now = Instant::now();
+    let mut state = State::new(dynamic(8, &[], 0));
+    state.push(sub(0, 1), now).unwrap();
+    state
+        .push(
+            Submission {
+                signature: 9,
+                ..sub(1, 1)
+            },
+            now,
+        )
+        .unwrap();
+    state.push(sub(2, 1), now).unwrap();
+    assert_eq!(batch(state.next_batch(now)), vec![0]);
+    assert_eq!(batch(state.next_batch(now)), vec![1]);
+    assert_eq!(batch(state.next_batch(now)), vec![2]);
+}
+
+#[test]
+fn delay_waits_for_more_requests_until_it_expires() {
+    let start = Instant::now();
+    let mut state = State::new(dynamic(8, &[], 1000));
+    state.push(sub(0, 1), start).unwrap();
+    let deadline = start + Duration::from_micros(1000);
+    assert_eq!(state.next_batch(start), Next::WaitUntil(deadline));
+    state
+        .push(sub(1, 1), start + Duration::from_micros(500))
+        .unwrap();
+    assert_eq!(
+        state.next_batch(start + Duration::from_micros(600)),
+        Next::WaitUntil(deadline)
+    );
+    assert_eq!(batch(state.next_batch(deadline)), vec![0, 1]);
+}
+
+#[test]
+fn a_full_batch_goes_before_the_delay() {
+    let now = Instant::now();
+    let mut state = State::new(dynamic(4, &[], 1_000_000));
+    for i in 0..5 {
+        state.push(sub(i, 1), now).unwrap();
+    }
+    assert_eq!(batch(state.next_batch(now)), vec![0, 1, 2, 3]);
+    assert!(matches!(state.next_batch(now), Next::WaitUntil(_)));
+}
+
+#[test]
+fn preferred_sizes_go_early_taking_the_longest_preferred_prefix() {
+    let now = Instant::now();
+    let mut state = State::new(dynamic(16, &[4, 2], 1_000_000));
+    state.push(sub(0, 1), now).unwrap();
+    assert!(matches!(state.next_batch(now), Next::WaitUntil(_)));
+    for i in 1..5 {
+        state.push(sub(i, 1), now).unwrap();
+    }
+    // 5 queued, preferred {2, 4}: send 4 now, keep 1 waiting.
+    assert_eq!(batch(state.next_batch(now)), vec![0, 1, 2, 3]);
+    assert!(matches!(state.next_batch(now), Next::WaitUntil(_)));
+    assert_eq!(state.len(), 1);
+}
+
+#[test]
+fn higher_priority_goes_first_and_bad_priorities_use_the_default() {
+    let now = Instant::now();
+    let config = BatchingConfig {
+        priority_levels: 3,
+        default_priority: 2,
+        policies: vec![QueuePolicy::default(); 3],
+        ..BatchingConfig::default()
+    };
+    let mut state = State::new(config);
+    state
+        .push(
+            Submission {
+                priority: Some(3),
+                ..sub(0, 1)
+            },
+            now,
+        )
+        .unwrap();
+    state
+        .push(
+            Submission {
+                priority: None,
+                ..sub(1, 1)
+            },
+            now,
+        )
+        .unwrap();
+    state
+        .push(
+            Submission {
+                priority: Some(99),
+                ..sub(2, 1)
+            },
+            now,
+        )
+        .unwrap();
+    state
+        .push(
+            Submission {
+                priority: Some(1),
+                ..sub(3, 1)
+            },
+            now,
+        )
+        .unwrap();
+    let order: Vec<u32> = (0..4).flat_map(|_| batch(state.next_batch(now))).collect();
+    assert_eq!(order, vec![3, 1, 2, 0]);
+}
+
+#[test]
+fn max_queue_size_rejects_per_level() {
+    let now = Instant::now();
+    let config = BatchingConfig {
+        priority_levels: 2,
+        default_priority: 1,
+        policies: vec![
+            QueuePolicy {
+                max_queue_size: 2,
+                ..Default::default()
+            },
+            QueuePolicy::default(),
+        ],
+        ..dynamic(8, &[], 0)
+    };
+    let mut state = State::new(config);
+    state.push(sub(0, 1), now).unwrap();
+    state.push(sub(1, 1), now).unwrap();
+    assert_eq!(state.push(sub(2, 1), now), Err((Rejection::QueueFull, 2)));
+    state
+        .push(
+            Submission {
+                priority: Some(2),
+                ..sub(3, 1)
+            },
+            now,
+        )
+        .unwrap();
+    assert_eq!(state.len(), 3);
+}
+
+#[test]
+fn policy_timeout_rejects_or_delays() {
+    let start = Instant::now();
+    let policy = |action| QueuePolicy {
+        default_timeout: Some(Duration::from_millis(10)),
+        timeout_action: action,
+        ..Default::default()
+    };
+    let mut reject = State::new(BatchingConfig {
+        policies: vec![policy(TimeoutAction::Reject)],
+        ..dynamic(8, &[], 0)
+    });
+    reject.push(sub(0, 1), start).unwrap();
+    assert_eq!(
+        reject.next_expiry(),
+        Some(start + Duration::from_millis(10))
+    );
+    assert!(reject.expire(start + Duration::from_millis(9)).is_empty());
+    assert_eq!(
+        reject.expire(start + Duration::from_millis(10)),
+        vec![(0, Rejection::Timeout)]
+    );
+    assert!(reject.is_empty());
+
+    let mut delay = State::new(BatchingConfig {
+        policies: vec![policy(TimeoutAction::Delay)],
+        ..dynamic(8, &[], 0)
+    });
+    delay.push(sub(0, 1), start).unwrap();
+    let later = start + Duration::from_millis(20);
+    assert!(delay.expire(later).is_empty());
+    delay.push(sub(1, 1), later).unwrap();
+    // The fresh request runs before the one whose timeout passed.
+    assert_eq!(batch(delay.next_batch(later)), vec![1]);
+    assert_eq!(batch(delay.next_batch(later)), vec![0]);
+}
+
+#[test]
+fn request_timeout_overrides_only_when_allowed() {
+    let start = Instant::now();
+    let own = Some(Duration::from_millis(1));
+    // No policy timeout: the request's own timeout applies.
+    let mut state = State::new(dynamic(8, &[], 0));
+    state
+        .push(
+            Submission {
+                timeout: own,
+                ..sub(0, 1)
+            },
+            start,
+        )
+        .unwrap();
+    assert_eq!(
+        state.expire(start + Duration::from_millis(1)),
+        vec![(0, Rejection::Timeout)]
+    );
+    // A policy timeout without override: the request's is ignored.
+    let policy = QueuePolicy {
+        default_timeout: Some(Duration::from_secs(5)),
+        ..Default::default()
+    };
+    let mut state = State::new(BatchingConfig {
+        policies: vec![policy.clone()],
+        ..dynamic(8, &[], 0)
+    });
+    state
+        .push(
+            Submission {
+                timeout: own,
+                ..sub(0, 1)
+            },
+            start,
+        )
+        .unwrap();
+    assert!(state.expire(start + Duration::from_millis(2)).is_empty());
+    // With override allowed it applies.
+    let policy = QueuePolicy {
+        allow_timeout_override: true,
+        ..policy
+    };
+    let mut state = State::new(BatchingConfig {
+        policies: vec![policy],
+        ..dynamic(8, &[], 0)
+    });
+    state
+        .push(
+            Submission {
+                timeout: own,
+                ..sub(0, 1)
+            },
+            start,
+        )
+        .unwrap();
+    assert_eq!(state.expire(start + Duration::from_millis(2)).len(), 1);
+}
+
+#[test]
+fn client_deadlines_reject_even_delayed_requests() {
+    let start = Instant::now();
+    let mut state = State::new(dynamic(8, &[], 0));
+    state
+        .push(
+            Submission {
+                deadline: Some(start + Duration::from_millis(5)),
+                ..sub(0, 1)
+            },
+            start,
+        )
+        .unwrap();
+    state.push(sub(1, 1), start).unwrap();
+    assert_eq!(state.next_expiry(), Some(start + Duration::from_millis(5)));
+    assert_eq!(
+        state.expire(start + Duration::from_millis(5)),
+        vec![(0, Rejection::Deadline)]
+    );
+    assert_eq!(batch(state.next_batch(start)), vec![1]);
+}
+
+#[test]
+fn cancel_removes_a_queued_request() {
+    let now = Instant::now();
+    let mut state = State::new(dynamic(8, &[], 1000));
+    state.push(sub(0, 1), now).unwrap();
+    state.push(sub(1, 1), now).unwrap();
+    assert_eq!(state.cancel(|&p| p == 0), Some(0));
+    assert_eq!(state.cancel(|&p| p == 0), None);
+    assert_eq!(state.len(), 1);
+    assert_eq!(
+        batch(state.next_batch(now + Duration::from_millis(1))),
+        vec![1]
+    );
+    assert_eq!(state.cancel(|&p| p == 1), None);
+}
