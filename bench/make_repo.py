@@ -2,7 +2,13 @@
 """Writes kiln's copy of the peers' model repository (same ONNX files) with the settings a
 benchmark variant needs: two CPU instances, as the peers run, and optionally a dynamic batcher.
 
-usage: make_repo.py SRC DST [--dynamic-batching] [--max-queue-delay-us N]
+usage: make_repo.py SRC DST [--dynamic-batching] [--max-queue-delay-us N] [--instances N]
+                    [--instances-for MODEL=N ...]
+
+With one instance a model gets every core for its intra-op threads (kiln gives each instance
+cores / instances threads): the better setting for a memory-bound model such as matmul_stack,
+whose weights are read once per batch, so one instance running larger batches beats two running
+small ones.
 """
 import argparse
 import os
@@ -19,7 +25,9 @@ def main():
     p.add_argument("--dynamic-batching", action="store_true")
     p.add_argument("--max-queue-delay-us", type=int, default=500)
     p.add_argument("--instances", type=int, default=2)
+    p.add_argument("--instances-for", action="append", default=[], metavar="MODEL=N")
     a = p.parse_args()
+    per_model = {k: int(v) for k, v in (item.split("=", 1) for item in a.instances_for)}
     for model in MODELS:
         src, dst = os.path.join(a.src, model), os.path.join(a.dst, model)
         shutil.rmtree(dst, ignore_errors=True)
@@ -28,7 +36,8 @@ def main():
         with open(path) as f:
             text = f.read()
         text = re.sub(r"instance_group\s*\[[^\]]*\]\s*", "", text)
-        text += f"instance_group [ {{ count: {a.instances} kind: KIND_CPU }} ]\n"
+        count = per_model.get(model, a.instances)
+        text += f"instance_group [ {{ count: {count} kind: KIND_CPU }} ]\n"
         if a.dynamic_batching:
             text += f"dynamic_batching {{ max_queue_delay_microseconds: {a.max_queue_delay_us} }}\n"
         with open(path, "w") as f:

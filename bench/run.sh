@@ -16,7 +16,7 @@ export PEERS_HOME=${PEERS_HOME:-$HOME/.cache/kiln-peers}
 cargo build --release --manifest-path "$ROOT/Cargo.toml"
 python3 "$ROOT/bench/make_repo.py" "$PEERS_HOME/model_repository" "$PEERS_HOME/kiln/plain"
 python3 "$ROOT/bench/make_repo.py" "$PEERS_HOME/model_repository" "$PEERS_HOME/kiln/dynbatch" \
-  --dynamic-batching --max-queue-delay-us 500
+  --dynamic-batching --max-queue-delay-us 500 --instances-for matmul_stack=1
 
 export OURS_BIN="$ROOT/target/release/kiln"
 export ORT_DYLIB_PATH="$ROOT/.kiln/onnxruntime/libonnxruntime.so"

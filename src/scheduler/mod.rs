@@ -1,10 +1,14 @@
-//! The per-model-version scheduler: a queue actor that owns the batching [`State`] and a set of
-//! instances, each owning one backend session on its own thread. Instances pull: an idle instance
-//! tells the actor, which hands it the next batch as soon as the batching rules allow; the
-//! instance merges the batch, runs it, splits the outputs and answers every request itself.
+//! The per-model-version scheduler. The batching [`State`] (pure, unit-tested) sits behind one
+//! mutex; the instances, each owning one backend session on its own thread, pull from it: an idle
+//! instance takes the next batch as soon as the batching rules allow (or sleeps on a condition
+//! variable until a request arrives or the batching delay ends), merges it, runs it, splits the
+//! outputs and answers every request itself.
 //!
-//! The actor is a plain thread with a channel (`recv_timeout` drives batching delays and
-//! deadlines), so scheduling never runs on, or blocks, the async network threads.
+//! No thread sits between the caller and the instances: a request costs one lock and at most one
+//! wake-up on the way in and one on the way out. (A separate queue thread — the first design —
+//! added two more context switches per request, which on two cores cost more than the model.)
+//! Deadlines and REJECT timeouts are timed by the waiting caller, which takes its request back
+//! out of the queue when they pass; instances also drop anything expired they come across.
 
 pub mod batch;
 pub mod state;
@@ -15,7 +19,8 @@ use crate::metrics::{ComputeTimes, ModelStats};
 use state::{Next, Rejection, State, Submission};
 use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{mpsc, Arc};
+use std::sync::Arc;
+use std::sync::{Condvar, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 use tokio::sync::oneshot;
 
@@ -78,26 +83,39 @@ struct Job {
     reply: oneshot::Sender<Result<Outcome, ScheduleError>>,
 }
 
-enum Command {
-    Submit(Submission<Job>),
-    /// The client of this ticket went away.
-    Cancel(u64),
-    /// Instance `n` is idle and waiting for a batch.
-    Ready(usize),
-    Shutdown,
+/// What the caller and the instances share.
+struct Shared {
+    queue: Mutex<Queue>,
+    /// Signalled when work arrives or the scheduler stops.
+    work: Condvar,
+    stats: Arc<ModelStats>,
 }
 
-/// The scheduler of one model version. Dropping it stops the actor; instances finish the batch
-/// they are running and exit.
+struct Queue {
+    state: State<Job>,
+    stopped: bool,
+}
+
+impl Shared {
+    fn lock(&self) -> MutexGuard<'_, Queue> {
+        // A panic never happens while the lock is held (backends run outside it); recover anyway.
+        self.queue
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner())
+    }
+}
+
+/// The scheduler of one model version. Dropping it stops the instances once they finish the
+/// batch they are running; requests still queued are answered [`ScheduleError::Stopped`].
 pub struct Scheduler {
-    commands: mpsc::Sender<Command>,
+    shared: Arc<Shared>,
     next_ticket: AtomicU64,
     batching: bool,
     instances: usize,
 }
 
 impl Scheduler {
-    /// Starts the actor and one thread per backend, named after `label`.
+    /// Starts one thread per backend, named `<label>-<index>`.
     ///
     /// # Errors
     /// The OS error when a thread cannot be spawned.
@@ -107,25 +125,24 @@ impl Scheduler {
         backends: Vec<Box<dyn Backend>>,
         stats: Arc<ModelStats>,
     ) -> std::io::Result<Scheduler> {
-        let (commands, inbox) = mpsc::channel::<Command>();
         let batching = config.dynamic && config.max_batch_size > 0;
+        let shared = Arc::new(Shared {
+            queue: Mutex::new(Queue {
+                state: State::new(config),
+                stopped: false,
+            }),
+            work: Condvar::new(),
+            stats,
+        });
         let instances = backends.len();
-        let mut batch_senders = Vec::with_capacity(instances);
         for (index, backend) in backends.into_iter().enumerate() {
-            let (batches, batch_inbox) = mpsc::channel::<Vec<Job>>();
-            batch_senders.push(batches);
-            let commands = commands.clone();
-            let stats = Arc::clone(&stats);
+            let shared = Arc::clone(&shared);
             std::thread::Builder::new()
                 .name(format!("{label}-{index}"))
-                .spawn(move || instance_loop(index, backend, &commands, &batch_inbox, &stats))?;
+                .spawn(move || instance_loop(backend, &shared))?;
         }
-        let state = State::new(config);
-        std::thread::Builder::new()
-            .name(format!("{label}-queue"))
-            .spawn(move || queue_loop(state, &inbox, &batch_senders, &stats))?;
         Ok(Scheduler {
-            commands,
+            shared,
             next_ticket: AtomicU64::new(0),
             batching,
             instances,
@@ -144,7 +161,7 @@ impl Scheduler {
     /// [`ScheduleError`] for rejections, timeouts, model failures and a stopped scheduler.
     pub async fn submit(&self, request: Request) -> Result<Outcome, ScheduleError> {
         let ticket = self.next_ticket.fetch_add(1, Ordering::Relaxed);
-        let (reply, answer) = oneshot::channel();
+        let (reply, mut answer) = oneshot::channel();
         let signature = if self.batching {
             batch::signature(&request.inputs)
         } else {
@@ -164,119 +181,108 @@ impl Scheduler {
                 reply,
             },
         };
-        self.commands
-            .send(Command::Submit(submission))
-            .map_err(|_| ScheduleError::Stopped)?;
+        let rejection_at = {
+            let mut queue = self.shared.lock();
+            if queue.stopped {
+                return Err(ScheduleError::Stopped);
+            }
+            let pushed = queue.state.push(submission, Instant::now());
+            self.shared.stats.set_pending(queue.state.len());
+            pushed.map_err(|(rejection, _)| ScheduleError::from(rejection))?
+        };
+        self.shared.work.notify_one();
         let mut guard = CancelOnDrop {
-            commands: &self.commands,
+            shared: &self.shared,
             ticket: Some(ticket),
         };
+        if let Some((at, rejection)) = rejection_at {
+            if let Ok(outcome) = tokio::time::timeout_at(at.into(), &mut answer).await {
+                guard.ticket = None;
+                return outcome.map_err(|_| ScheduleError::Stopped)?;
+            }
+            // Still queued: it leaves the queue unanswered. Already running: wait for it.
+            if self.shared.cancel(ticket) {
+                guard.ticket = None;
+                return Err(rejection.into());
+            }
+        }
         let outcome = answer.await;
         guard.ticket = None;
         outcome.map_err(|_| ScheduleError::Stopped)?
     }
 }
 
-impl Drop for Scheduler {
-    fn drop(&mut self) {
-        let _ = self.commands.send(Command::Shutdown);
+impl Shared {
+    /// Removes a queued request; false if it already left the queue.
+    fn cancel(&self, ticket: u64) -> bool {
+        let mut queue = self.lock();
+        let removed = queue.state.cancel(|job| job.ticket == ticket).is_some();
+        self.stats.set_pending(queue.state.len());
+        removed
     }
 }
 
-/// Tells the actor to drop a queued request whose caller stopped waiting.
+impl Drop for Scheduler {
+    fn drop(&mut self) {
+        self.shared.lock().stopped = true;
+        self.shared.work.notify_all();
+    }
+}
+
+/// Takes a request out of the queue when its caller stops waiting.
 struct CancelOnDrop<'a> {
-    commands: &'a mpsc::Sender<Command>,
+    shared: &'a Shared,
     ticket: Option<u64>,
 }
 
 impl Drop for CancelOnDrop<'_> {
     fn drop(&mut self) {
         if let Some(ticket) = self.ticket {
-            let _ = self.commands.send(Command::Cancel(ticket));
+            self.shared.cancel(ticket);
         }
     }
 }
 
-fn queue_loop(
-    mut state: State<Job>,
-    inbox: &mpsc::Receiver<Command>,
-    instances: &[mpsc::Sender<Vec<Job>>],
-    stats: &ModelStats,
-) {
-    let mut idle: Vec<usize> = Vec::with_capacity(instances.len());
-    let mut wake: Option<Instant> = None;
+fn instance_loop(mut backend: Box<dyn Backend>, shared: &Shared) {
+    while let Some(jobs) = next_batch(shared) {
+        execute(backend.as_mut(), jobs, &shared.stats);
+    }
+}
+
+/// Waits for the next batch; `None` once the scheduler stops.
+fn next_batch(shared: &Shared) -> Option<Vec<Job>> {
+    let mut queue = shared.lock();
     loop {
-        let first = match wake {
-            Some(at) => match inbox.recv_timeout(at.saturating_duration_since(Instant::now())) {
-                Ok(command) => Some(command),
-                Err(mpsc::RecvTimeoutError::Timeout) => None,
-                Err(mpsc::RecvTimeoutError::Disconnected) => return,
-            },
-            None => match inbox.recv() {
-                Ok(command) => Some(command),
-                Err(_) => return,
-            },
-        };
-        // Take everything already waiting before deciding, so concurrent arrivals batch together.
-        for command in first
-            .into_iter()
-            .chain(std::iter::from_fn(|| inbox.try_recv().ok()))
-        {
-            match command {
-                Command::Submit(submission) => {
-                    if let Err((rejection, job)) = state.push(submission, Instant::now()) {
-                        let _ = job.reply.send(Err(rejection.into()));
-                    }
-                }
-                Command::Cancel(ticket) => drop(state.cancel(|job| job.ticket == ticket)),
-                Command::Ready(instance) => idle.push(instance),
-                Command::Shutdown => return,
-            }
+        if queue.stopped {
+            return None;
         }
         let now = Instant::now();
-        for (job, rejection) in state.expire(now) {
+        for (job, rejection) in queue.state.expire(now) {
             let _ = job.reply.send(Err(rejection.into()));
         }
-        wake = None;
-        while let Some(&instance) = idle.last() {
-            match state.next_batch(now) {
-                Next::Batch(mut jobs) => {
-                    jobs.retain(|job| !job.reply.is_closed());
-                    if jobs.is_empty() {
-                        continue;
-                    }
-                    idle.pop();
-                    if let Err(mpsc::SendError(jobs)) = instances[instance].send(jobs) {
-                        for job in jobs {
-                            let _ = job.reply.send(Err(ScheduleError::Stopped));
-                        }
-                    }
+        match queue.state.next_batch(now) {
+            Next::Batch(mut jobs) => {
+                jobs.retain(|job| !job.reply.is_closed());
+                if jobs.is_empty() {
+                    continue;
                 }
-                Next::WaitUntil(at) => {
-                    wake = Some(at);
-                    break;
+                shared.stats.set_pending(queue.state.len());
+                if !queue.state.is_empty() {
+                    shared.work.notify_one(); // more work for another idle instance
                 }
-                Next::Idle => break,
+                return Some(jobs);
+            }
+            Next::WaitUntil(at) => {
+                let wait = at.saturating_duration_since(now);
+                queue = shared
+                    .work
+                    .wait_timeout(queue, wait)
+                    .map_or_else(|e| e.into_inner().0, |(q, _)| q);
+            }
+            Next::Idle => {
+                queue = shared.work.wait(queue).unwrap_or_else(|e| e.into_inner());
             }
         }
-        wake = wake.into_iter().chain(state.next_expiry()).min();
-        stats.set_pending(state.len());
-    }
-}
-
-fn instance_loop(
-    index: usize,
-    mut backend: Box<dyn Backend>,
-    commands: &mpsc::Sender<Command>,
-    batches: &mpsc::Receiver<Vec<Job>>,
-    stats: &ModelStats,
-) {
-    loop {
-        if commands.send(Command::Ready(index)).is_err() {
-            return;
-        }
-        let Ok(jobs) = batches.recv() else { return };
-        execute(backend.as_mut(), jobs, stats);
     }
 }
 

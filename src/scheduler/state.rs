@@ -173,11 +173,16 @@ impl<T> State<T> {
         self.len() == 0
     }
 
-    /// Queues a request.
+    /// Queues a request and says when, if it is still queued then, it will be rejected: its
+    /// client deadline, or its REJECT timeout (a DELAY timeout only reorders, so it is not one).
     ///
     /// # Errors
     /// [`Rejection::QueueFull`] (with the payload back) when its level is at `max_queue_size`.
-    pub fn push(&mut self, submission: Submission<T>, now: Instant) -> Result<(), (Rejection, T)> {
+    pub fn push(
+        &mut self,
+        submission: Submission<T>,
+        now: Instant,
+    ) -> Result<Option<(Instant, Rejection)>, (Rejection, T)> {
         let level = self.config.level(submission.priority);
         let policy = self.config.policy(level);
         if policy.max_queue_size > 0 && self.levels[level].len() >= policy.max_queue_size {
@@ -190,16 +195,26 @@ impl<T> State<T> {
             }
             _ => policy.default_timeout,
         };
+        let policy_expiry = timeout.map(|t| now + t);
+        let rejection_at = [
+            submission.deadline.map(|at| (at, Rejection::Deadline)),
+            policy_expiry
+                .filter(|_| policy.timeout_action == TimeoutAction::Reject)
+                .map(|at| (at, Rejection::Timeout)),
+        ]
+        .into_iter()
+        .flatten()
+        .min_by_key(|(at, _)| *at);
         self.levels[level].push_back(Entry {
             payload: submission.payload,
             batch_size: submission.batch_size.max(1),
             signature: submission.signature,
             enqueued: now,
-            policy_expiry: timeout.map(|t| now + t),
+            policy_expiry,
             action: policy.timeout_action,
             deadline: submission.deadline,
         });
-        Ok(())
+        Ok(rejection_at)
     }
 
     /// Removes the first queued request `matches` selects (its client went away). `None` if it
@@ -221,6 +236,9 @@ impl<T> State<T> {
     /// to the delayed queue.
     pub fn expire(&mut self, now: Instant) -> Vec<(T, Rejection)> {
         let mut rejected = Vec::new();
+        if self.next_expiry().is_none_or(|at| at > now) {
+            return rejected;
+        }
         for level in 0..self.levels.len() {
             let queue = std::mem::take(&mut self.levels[level]);
             for mut entry in queue {

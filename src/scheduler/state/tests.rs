@@ -200,6 +200,10 @@ fn max_queue_size_rejects_per_level() {
     state.push(sub(0, 1), now).unwrap();
     state.push(sub(1, 1), now).unwrap();
     assert_eq!(state.push(sub(2, 1), now), Err((Rejection::QueueFull, 2)));
+    assert_eq!(
+        state.push(sub(9, 1), now).map_err(|(r, _)| r),
+        Err(Rejection::QueueFull)
+    );
     state
         .push(
             Submission {
@@ -306,6 +310,46 @@ fn request_timeout_overrides_only_when_allowed() {
         )
         .unwrap();
     assert_eq!(state.expire(start + Duration::from_millis(2)).len(), 1);
+}
+
+#[test]
+fn push_reports_when_a_request_will_be_rejected() {
+    let start = Instant::now();
+    let ms = Duration::from_millis;
+    let policy = |action| QueuePolicy {
+        default_timeout: Some(ms(10)),
+        timeout_action: action,
+        ..Default::default()
+    };
+    let mut reject = State::new(BatchingConfig {
+        policies: vec![policy(TimeoutAction::Reject)],
+        ..dynamic(8, &[], 0)
+    });
+    assert_eq!(
+        reject.push(sub(0, 1), start),
+        Ok(Some((start + ms(10), Rejection::Timeout)))
+    );
+    let early = Submission {
+        deadline: Some(start + ms(3)),
+        ..sub(1, 1)
+    };
+    assert_eq!(
+        reject.push(early, start),
+        Ok(Some((start + ms(3), Rejection::Deadline)))
+    );
+    let mut delay = State::new(BatchingConfig {
+        policies: vec![policy(TimeoutAction::Delay)],
+        ..dynamic(8, &[], 0)
+    });
+    assert_eq!(
+        delay.push(sub(0, 1), start),
+        Ok(None),
+        "DELAY never rejects"
+    );
+    assert_eq!(
+        State::new(dynamic(8, &[], 0)).push(sub(0, 1), start),
+        Ok(None)
+    );
 }
 
 #[test]
