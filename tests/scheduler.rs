@@ -106,18 +106,16 @@ async fn full_queue_rejects_and_waiting_requests_still_complete() {
         })
         .collect();
     let mut client = client.clone();
-    let mut rejected = None;
-    for _ in 0..50 {
-        tokio::time::sleep(Duration::from_millis(20)).await;
-        match client.model_infer(slow(100.0, 3)).await {
-            Err(status) => {
-                rejected = Some(status);
-                break;
-            }
-            Ok(_) => {} // the queue had not filled yet
+    // Wait until the server reports all four queued, then one more must be refused.
+    let queued = "nv_inference_pending_request_count{model=\"slow_batcher\",version=\"1\"} 4";
+    for _ in 0..500 {
+        if server.metrics_text().lines().any(|l| l == queued) {
+            break;
         }
+        tokio::time::sleep(Duration::from_millis(10)).await;
     }
-    let rejected = rejected.expect("the queue filled up");
+    let rejected = client.model_infer(slow(100.0, 3)).await.err();
+    let rejected = rejected.expect("the fifth request is refused");
     assert_eq!(rejected.code(), Code::Unavailable);
     assert!(
         rejected.message().ends_with("Exceeds maximum queue size"),
