@@ -3,7 +3,7 @@
 mod common;
 
 use bytes::Bytes;
-use common::Server;
+use common::{fp32_bytes, fp32_values, Server};
 use kiln::proto::inference::{
     model_infer_request::{InferInputTensor, InferRequestedOutputTensor},
     InferTensorContents, ModelConfigRequest, ModelInferRequest, ModelMetadataRequest,
@@ -11,21 +11,6 @@ use kiln::proto::inference::{
     ServerReadyRequest, SystemSharedMemoryStatusRequest,
 };
 use tonic::Code;
-
-fn fp32_bytes(values: &[f32]) -> Bytes {
-    values
-        .iter()
-        .flat_map(|v| v.to_le_bytes())
-        .collect::<Vec<u8>>()
-        .into()
-}
-
-fn fp32_values(bytes: &[u8]) -> Vec<f32> {
-    bytes
-        .chunks_exact(4)
-        .map(|c| f32::from_le_bytes(c.try_into().unwrap()))
-        .collect()
-}
 
 fn input(name: &str, datatype: &str, shape: &[i64]) -> InferInputTensor {
     InferInputTensor {

@@ -3,23 +3,12 @@
 mod common;
 
 use common::http_client::{get, post, request, Response};
-use common::Server;
+use common::{fp32_bytes, fp32_values, Server};
 use kiln::proto::inference::{
     model_infer_request::{InferInputTensor, InferRequestedOutputTensor},
     InferParameter, ModelInferRequest,
 };
 use serde_json::{json, Value};
-
-fn fp32_bytes(values: &[f32]) -> Vec<u8> {
-    values.iter().flat_map(|v| v.to_le_bytes()).collect()
-}
-
-fn fp32_values(bytes: &[u8]) -> Vec<f32> {
-    bytes
-        .chunks_exact(4)
-        .map(|c| f32::from_le_bytes(c.try_into().unwrap()))
-        .collect()
-}
 
 /// JSON header followed by binary blobs, with the header's length.
 fn binary_body(header: &Value, blobs: &[&[u8]]) -> (Vec<u8>, String) {

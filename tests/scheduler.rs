@@ -5,7 +5,7 @@
 mod common;
 
 use bytes::Bytes;
-use common::Server;
+use common::{fp32_bytes, fp32_values, Server};
 use kiln::proto::inference::{
     grpc_inference_service_client::GrpcInferenceServiceClient, infer_parameter::ParameterChoice,
     model_infer_request::InferInputTensor, InferParameter, ModelInferRequest, ModelStatistics,
@@ -14,21 +14,6 @@ use kiln::proto::inference::{
 use std::time::Duration;
 use tonic::transport::Channel;
 use tonic::Code;
-
-fn fp32_bytes(values: &[f32]) -> Bytes {
-    values
-        .iter()
-        .flat_map(|v| v.to_le_bytes())
-        .collect::<Vec<u8>>()
-        .into()
-}
-
-fn fp32_values(bytes: &[u8]) -> Vec<f32> {
-    bytes
-        .chunks_exact(4)
-        .map(|c| f32::from_le_bytes(c.try_into().unwrap()))
-        .collect()
-}
 
 /// A request to `slow_batcher` (Y = X + 1) with `rows` rows starting at `first`.
 fn slow(first: f32, rows: usize) -> ModelInferRequest {

@@ -134,3 +134,20 @@ impl Drop for Server {
         }
     }
 }
+
+/// Little-endian FP32 bytes, the raw layout of an FP32 tensor.
+pub fn fp32_bytes(values: &[f32]) -> bytes::Bytes {
+    values
+        .iter()
+        .flat_map(|v| v.to_le_bytes())
+        .collect::<Vec<u8>>()
+        .into()
+}
+
+/// The values of a raw FP32 tensor.
+pub fn fp32_values(bytes: &[u8]) -> Vec<f32> {
+    bytes
+        .chunks_exact(4)
+        .map(|c| f32::from_le_bytes(c.try_into().unwrap()))
+        .collect()
+}
