@@ -9,9 +9,9 @@
 
 mod body;
 mod infer;
-mod json;
+pub mod json;
 mod routes;
-mod tensor_json;
+pub mod tensor_json;
 
 pub use routes::router;
 
