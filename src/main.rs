@@ -2,6 +2,7 @@
 
 use clap::Parser;
 use kiln::protocol::http::DEFAULT_MAX_INPUT_BYTES;
+use kiln::repository::ControlMode;
 use kiln::server::{self, Config, Listeners};
 use std::io::IsTerminal;
 use std::net::{IpAddr, SocketAddr};
@@ -74,6 +75,48 @@ struct Args {
     /// ONNX graph.
     #[arg(long, env = "KILN_DISABLE_AUTO_COMPLETE_CONFIG")]
     disable_auto_complete_config: bool,
+
+    /// How models are loaded: `none` loads every model at start-up and ignores later changes;
+    /// `poll` does the same, then applies repository changes every --repository-poll-secs;
+    /// `explicit` loads only --load-model models, then whatever the load/unload API asks.
+    #[arg(
+        long,
+        env = "KILN_MODEL_CONTROL_MODE",
+        value_enum,
+        default_value = "none"
+    )]
+    model_control_mode: ModelControlMode,
+
+    /// A model to load at start-up in explicit mode (repeatable); `*` alone loads every model.
+    #[arg(long = "load-model", env = "KILN_LOAD_MODEL", value_delimiter = ',')]
+    load_models: Vec<String>,
+
+    /// Seconds between two scans of the repository in poll mode.
+    #[arg(long, env = "KILN_REPOSITORY_POLL_SECS", default_value_t = 15)]
+    repository_poll_secs: u64,
+
+    /// Ready only when every model that should be loaded is ready (`false`: ready once the
+    /// start-up load has run, whatever its outcome). Live is true either way.
+    #[arg(long, env = "KILN_STRICT_READINESS", default_value_t = true, action = clap::ArgAction::Set)]
+    strict_readiness: bool,
+}
+
+/// `--model-control-mode` values, spelled as `tritonserver` spells them.
+#[derive(Debug, Clone, Copy, clap::ValueEnum)]
+enum ModelControlMode {
+    None,
+    Poll,
+    Explicit,
+}
+
+impl From<ModelControlMode> for ControlMode {
+    fn from(mode: ModelControlMode) -> ControlMode {
+        match mode {
+            ModelControlMode::None => ControlMode::None,
+            ModelControlMode::Poll => ControlMode::Poll,
+            ModelControlMode::Explicit => ControlMode::Explicit,
+        }
+    }
 }
 
 fn init_logging(verbose: u32) {
@@ -148,6 +191,10 @@ async fn main() -> ExitCode {
         http_max_input_bytes: args.http_max_input_size,
         exit_timeout: Duration::from_secs(args.exit_timeout_secs),
         auto_complete: !args.disable_auto_complete_config,
+        control_mode: args.model_control_mode.into(),
+        load_models: args.load_models,
+        poll_interval: Duration::from_secs(args.repository_poll_secs),
+        strict_readiness: args.strict_readiness,
     };
     match server::run(
         config,

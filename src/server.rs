@@ -1,12 +1,19 @@
-//! Wiring: loads the repository, then serves gRPC (inference service, reflection v1 and v1alpha,
-//! `grpc.health.v1`), the REST API and Prometheus metrics on the given listeners, over one engine,
-//! until the shutdown future completes; in-flight requests then get up to `exit_timeout` to finish.
+//! Wiring: serves gRPC (inference service, reflection v1 and v1alpha, `grpc.health.v1`), the REST
+//! API and Prometheus metrics on the given listeners, over one engine, until the shutdown future
+//! completes; in-flight requests then get up to `exit_timeout` to finish.
+//!
+//! Listeners answer before any model has loaded: live is true at once, while the start-up load
+//! runs in the background and readiness (REST, `ServerReady`, and the gRPC health service, which
+//! follows every change) turns true when it may. In poll mode the repository is re-scanned every
+//! `poll_interval` after that.
 
 use crate::engine::Engine;
 use crate::proto::inference::grpc_inference_service_server::GrpcInferenceServiceServer;
 use crate::protocol::grpc::InferenceService;
 use crate::protocol::http::{self, HttpConfig};
-use crate::repository::{LoadOptions, Repository};
+use crate::repository::{
+    ControlMode, LoadOptions, LocalStore, ModelRepository, ModelStore, RepositoryOptions,
+};
 use axum::serve::ListenerExt;
 use std::future::Future;
 use std::path::PathBuf;
@@ -31,6 +38,14 @@ pub struct Config {
     pub exit_timeout: Duration,
     /// Complete configs from the ONNX graph.
     pub auto_complete: bool,
+    /// `--model-control-mode`.
+    pub control_mode: ControlMode,
+    /// `--load-model` names (explicit mode); `*` alone loads every model.
+    pub load_models: Vec<String>,
+    /// `--repository-poll-secs` (poll mode).
+    pub poll_interval: Duration,
+    /// `--strict-readiness`: ready only when every model that should be loaded is ready.
+    pub strict_readiness: bool,
 }
 
 /// Errors that stop the server.
@@ -42,6 +57,8 @@ pub enum ServerError {
     Http(#[from] std::io::Error),
     #[error("model loading failed: {0}")]
     Load(String),
+    #[error("invalid configuration: {0}")]
+    Config(String),
     #[error("metrics endpoint: {0}")]
     Metrics(String),
     #[error("reflection service: {0}")]
@@ -62,11 +79,11 @@ pub struct Listeners {
     pub metrics: Option<TcpListener>,
 }
 
-/// Loads every model, then serves on `listeners` until `shutdown` resolves.
+/// Serves on `listeners` until `shutdown` resolves, loading models in the background.
 ///
 /// # Errors
-/// [`ServerError`] when a transport fails or loading cannot run at all (a model that fails to
-/// load is not an error: it is reported not ready).
+/// [`ServerError`] when the configuration is inconsistent, a transport fails or loading cannot
+/// run at all (a model that fails to load is not an error: it is reported not ready).
 pub async fn run(
     config: Config,
     listeners: Listeners,
@@ -81,28 +98,19 @@ pub async fn run(
                 .ok_or_else(|| ServerError::Metrics("another metrics recorder is installed".into()))
         })
         .transpose()?;
-    let options = LoadOptions {
-        auto_complete: config.auto_complete,
-        cores: std::thread::available_parallelism().map_or(1, |n| n.get()),
-    };
-    let roots = config.model_repositories.clone();
-    let repository = tokio::task::spawn_blocking(move || Repository::load(&roots, &options))
-        .await
-        .map_err(|e| ServerError::Load(e.to_string()))?;
-    let engine = Arc::new(Engine::new(repository));
-    if !engine.is_ready() {
-        warn!("not every model loaded: the server is live but not ready");
-    }
+    let repository = Arc::new(open_repository(&config)?);
+    let engine = Arc::new(Engine::new(
+        Arc::clone(&repository),
+        config.strict_readiness,
+    ));
 
     let (health, health_service) = tonic_health::server::health_reporter();
-    let health_status = if engine.is_ready() {
-        ServingStatus::Serving
-    } else {
-        ServingStatus::NotServing
-    };
     for service in HEALTH_SERVICES {
-        health.set_service_status(*service, health_status).await;
+        health
+            .set_service_status(*service, ServingStatus::NotServing)
+            .await;
     }
+    let health_watch = tokio::spawn(follow_readiness(Arc::clone(&engine), health.clone()));
     let reflection = || {
         tonic_reflection::server::Builder::configure()
             .register_encoded_file_descriptor_set(crate::proto::FILE_DESCRIPTOR_SET)
@@ -149,6 +157,7 @@ pub async fn run(
     let http_serve = axum::serve(http_listener, router).with_graceful_shutdown(stop_signal());
     info!("Started GRPCInferenceService at {grpc_address}");
     info!("Started HTTPService at {http_address}");
+    let lifecycle = tokio::spawn(manage_models(repository, config.poll_interval));
     let servers = async {
         tokio::try_join!(
             async { grpc_serve.await.map_err(ServerError::from) },
@@ -165,6 +174,8 @@ pub async fn run(
         "shutting down: waiting up to {:?} for in-flight requests",
         config.exit_timeout
     );
+    lifecycle.abort();
+    health_watch.abort();
     for service in HEALTH_SERVICES {
         health
             .set_service_status(*service, ServingStatus::NotServing)
@@ -189,6 +200,81 @@ pub async fn run(
         Err(_) => {
             warn!("exit timeout reached with requests still in flight");
             Ok(())
+        }
+    }
+}
+
+/// The repository over the configured roots, checked against the control mode's rules.
+fn open_repository(config: &Config) -> Result<ModelRepository, ServerError> {
+    let wildcard = config.load_models.iter().any(|m| m == "*");
+    if wildcard && config.load_models.len() > 1 {
+        return Err(ServerError::Config(
+            "Wildcard model name '*' must be the ONLY startup model if specified at all.".into(),
+        ));
+    }
+    if config.control_mode != ControlMode::Explicit && !config.load_models.is_empty() {
+        warn!("--load-model is only used with --model-control-mode=explicit; ignoring it");
+    }
+    if config.control_mode == ControlMode::Poll && config.poll_interval.is_zero() {
+        return Err(ServerError::Config(
+            "--repository-poll-secs must be greater than 0 in poll mode".into(),
+        ));
+    }
+    let stores: Vec<Box<dyn ModelStore>> = config
+        .model_repositories
+        .iter()
+        .map(|root| Box::new(LocalStore::new(root.clone())) as Box<dyn ModelStore>)
+        .collect();
+    let options = RepositoryOptions {
+        mode: config.control_mode,
+        startup_models: config.load_models.clone(),
+        load: LoadOptions {
+            auto_complete: config.auto_complete,
+            cores: std::thread::available_parallelism().map_or(1, |n| n.get()),
+        },
+    };
+    ModelRepository::new(stores, options).map_err(|e| ServerError::Load(e.to_string()))
+}
+
+/// Runs the start-up load, then (poll mode) a poll every `interval`, each on a blocking thread.
+async fn manage_models(repository: Arc<ModelRepository>, interval: Duration) {
+    let startup = Arc::clone(&repository);
+    if let Err(e) = tokio::task::spawn_blocking(move || startup.load_startup()).await {
+        warn!("start-up model loading stopped: {e}");
+        return;
+    }
+    if repository.mode() != ControlMode::Poll {
+        return;
+    }
+    loop {
+        tokio::time::sleep(interval).await;
+        let polling = Arc::clone(&repository);
+        if let Err(e) = tokio::task::spawn_blocking(move || polling.poll()).await {
+            warn!("repository poll failed: {e}");
+        }
+    }
+}
+
+/// Keeps the gRPC health service in step with readiness: re-evaluated on every model change.
+async fn follow_readiness(engine: Arc<Engine>, health: tonic_health::server::HealthReporter) {
+    let mut changes = engine.repository().subscribe();
+    let mut last = Some(false); // run() starts the health service at NOT_SERVING
+    loop {
+        let ready = engine.is_ready();
+        if last != Some(ready) {
+            let status = if ready {
+                ServingStatus::Serving
+            } else {
+                ServingStatus::NotServing
+            };
+            for service in HEALTH_SERVICES {
+                health.set_service_status(*service, status).await;
+            }
+            info!(ready, "server readiness changed");
+            last = Some(ready);
+        }
+        if changes.changed().await.is_err() {
+            return;
         }
     }
 }

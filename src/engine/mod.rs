@@ -12,15 +12,20 @@ use crate::core::{Error, InferRequest, InferResponse, ParamValue};
 use crate::invalid_arg;
 use crate::metrics::{FailureReason, ModelStats};
 use crate::proto::inference::{ModelConfig, ModelStatistics};
-use crate::repository::{Model, Repository, ServingVersion, VersionState};
+use crate::repository::{Model, ModelRepository, ServingVersion, Status};
 use crate::scheduler::{self, ScheduleError};
+use std::collections::BTreeMap;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+pub use crate::repository::{IndexEntry, LoadParameter};
+
 /// Protocol extensions kiln implements, as reported by server metadata.
 pub const EXTENSIONS: &[&str] = &[
     "classification",
+    "model_repository",
+    "model_repository(unload_dependents)",
     "model_configuration",
     "binary_tensor_data",
     "parameters",
@@ -53,18 +58,12 @@ pub struct ModelMetadata {
     pub outputs: Vec<TensorMetadata>,
 }
 
-/// One row of the repository index.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct IndexEntry {
-    pub name: String,
-    pub version: String,
-    pub state: String,
-    pub reason: String,
-}
-
-/// The inference engine: owns the loaded repository.
+/// The inference engine: serves from the repository's current snapshot.
 pub struct Engine {
-    repository: Repository,
+    repository: Arc<ModelRepository>,
+    /// `--strict-readiness`: ready only when every expected model serves (otherwise ready once
+    /// the start-up load has run).
+    strict_readiness: bool,
     /// Inference requests between arrival and response, for graceful shutdown.
     in_flight: AtomicUsize,
 }
@@ -86,11 +85,17 @@ impl Drop for InFlight<'_> {
 }
 
 impl Engine {
-    pub fn new(repository: Repository) -> Engine {
+    pub fn new(repository: Arc<ModelRepository>, strict_readiness: bool) -> Engine {
         Engine {
             repository,
+            strict_readiness,
             in_flight: AtomicUsize::new(0),
         }
+    }
+
+    /// The repository, for the server's start-up load, polling and readiness watch.
+    pub fn repository(&self) -> &Arc<ModelRepository> {
+        &self.repository
     }
 
     /// Inference requests currently being handled.
@@ -103,9 +108,14 @@ impl Engine {
         true
     }
 
-    /// Every model that should be loaded is ready (Triton's strict readiness).
+    /// Strict (the default): the start-up load has run and every model that should be loaded
+    /// serves. Otherwise: the start-up load has run.
     pub fn is_ready(&self) -> bool {
-        self.repository.all_ready()
+        if self.strict_readiness {
+            self.repository.all_expected_ready()
+        } else {
+            self.repository.started()
+        }
     }
 
     pub fn server_metadata(&self) -> ServerMetadata {
@@ -129,14 +139,8 @@ impl Engine {
     /// unknown, not ready, or the version string is not a number.
     pub fn model_metadata(&self, name: &str, version: &str) -> Result<ModelMetadata, Error> {
         let (model, serving) = self.resolve(name, version)?;
-        let config = model_config(model)?;
         let versions = if version.is_empty() {
-            model
-                .versions
-                .iter()
-                .filter(|(_, state)| matches!(state, VersionState::Ready(_)))
-                .map(|(v, _)| v.to_string())
-                .collect()
+            model.versions.keys().map(i64::to_string).collect()
         } else {
             vec![serving.version.to_string()]
         };
@@ -153,7 +157,7 @@ impl Engine {
         Ok(ModelMetadata {
             name: model.name.clone(),
             versions,
-            platform: config.platform.clone(),
+            platform: model.config.platform.clone(),
             inputs: serving.io.inputs.iter().map(describe).collect(),
             outputs: serving.io.outputs.iter().map(describe).collect(),
         })
@@ -165,7 +169,7 @@ impl Engine {
     /// As [`Engine::model_metadata`].
     pub fn model_config(&self, name: &str, version: &str) -> Result<Arc<ModelConfig>, Error> {
         let (model, _) = self.resolve(name, version)?;
-        model_config(model).cloned()
+        Ok(Arc::clone(&model.config))
     }
 
     /// Triton's statistics for every serving version of every model (`name` empty), of one model
@@ -182,60 +186,59 @@ impl Engine {
             model
                 .versions
                 .values()
-                .filter_map(|state| match state {
-                    VersionState::Ready(serving) => Some(serving.stats.snapshot()),
-                    VersionState::Unavailable(_) => None,
-                })
+                .map(|v| v.stats.snapshot())
                 .collect()
         };
         if name.is_empty() {
             return Ok(self
                 .repository
-                .models()
+                .snapshot()
+                .values()
+                .filter_map(|slot| slot.serving.as_deref())
                 .flat_map(serving_versions)
                 .collect());
         }
         let (model, serving) = self.resolve(name, version)?;
         if version.is_empty() {
-            Ok(serving_versions(model))
+            Ok(serving_versions(&model))
         } else {
             Ok(vec![serving.stats.snapshot()])
         }
     }
 
-    /// Every model in the repository with the state of each selected version. `ready_only` keeps
+    /// Every model in the repository with the state of each known version. `ready_only` keeps
     /// only READY versions.
     pub fn repository_index(&self, ready_only: bool) -> Vec<IndexEntry> {
-        let mut entries = Vec::new();
-        for model in self.repository.models() {
-            if let Some(reason) = &model.failure {
-                if !ready_only {
-                    entries.push(IndexEntry {
-                        name: model.name.clone(),
-                        version: String::new(),
-                        state: "UNAVAILABLE".into(),
-                        reason: reason.clone(),
-                    });
-                }
-                continue;
-            }
-            for (version, state) in &model.versions {
-                let (state, reason) = match state {
-                    VersionState::Ready(_) => ("READY", String::new()),
-                    VersionState::Unavailable(reason) => ("UNAVAILABLE", reason.clone()),
-                };
-                if ready_only && state != "READY" {
-                    continue;
-                }
-                entries.push(IndexEntry {
-                    name: model.name.clone(),
-                    version: version.to_string(),
-                    state: state.into(),
-                    reason,
-                });
-            }
-        }
-        entries
+        self.repository.index(ready_only)
+    }
+
+    /// Loads or reloads a model (explicit model-control mode), off the async runtime.
+    ///
+    /// # Errors
+    /// As [`ModelRepository::load`].
+    pub async fn load_model(
+        &self,
+        name: &str,
+        parameters: BTreeMap<String, LoadParameter>,
+    ) -> Result<(), Error> {
+        let repository = Arc::clone(&self.repository);
+        let name = name.to_string();
+        tokio::task::spawn_blocking(move || repository.load(&name, parameters))
+            .await
+            .map_err(|e| Error::Internal(format!("model load task failed: {e}")))?
+    }
+
+    /// Unloads a model (explicit model-control mode). `unload_dependents` is accepted and has
+    /// nothing to act on: kiln has no ensembles.
+    ///
+    /// # Errors
+    /// As [`ModelRepository::unload`].
+    pub async fn unload_model(&self, name: &str) -> Result<(), Error> {
+        let repository = Arc::clone(&self.repository);
+        let name = name.to_string();
+        tokio::task::spawn_blocking(move || repository.unload(&name))
+            .await
+            .map_err(|e| Error::Internal(format!("model unload task failed: {e}")))?
     }
 
     /// Runs one inference request.
@@ -286,7 +289,7 @@ impl Engine {
                     outcome.queue,
                     outcome.compute,
                 );
-                response::response(model, &serving, request, outcome.outputs)
+                response::response(&model, &serving, request, outcome.outputs)
             }
             Err((error, reason)) => {
                 serving.stats.record_failure(arrived.elapsed(), reason);
@@ -319,39 +322,54 @@ impl Engine {
         })
     }
 
-    /// Finds the model and the version to serve: the given one, or the newest ready one.
-    fn resolve(&self, name: &str, version: &str) -> Result<(&Model, Arc<ServingVersion>), Error> {
-        let model = self.repository.get(name).ok_or_else(|| {
+    /// Finds the model and the version to serve: the given one, or the newest ready one. Both
+    /// come out of the current snapshot by `Arc`, so a reload or unload that happens meanwhile
+    /// lets this request finish on what it resolved.
+    fn resolve(
+        &self,
+        name: &str,
+        version: &str,
+    ) -> Result<(Arc<Model>, Arc<ServingVersion>), Error> {
+        let snapshot = self.repository.snapshot();
+        let slot = snapshot.get(name).ok_or_else(|| {
             Error::NotFound(format!("Request for unknown model: '{name}' is not found"))
         })?;
+        let model = slot.serving.clone();
         if version.is_empty() {
-            let serving = model.latest_ready().ok_or_else(|| {
-                Error::NotFound(format!(
-                    "Request for unknown model: '{name}' has no available versions"
-                ))
-            })?;
-            return Ok((model, Arc::clone(serving)));
+            return model
+                .and_then(|model| Some((Arc::clone(model.latest()?), model)))
+                .map(|(serving, model)| (model, serving))
+                .ok_or_else(|| {
+                    Error::NotFound(format!(
+                        "Request for unknown model: '{name}' has no available versions"
+                    ))
+                });
         }
         let number = parse_version(version)?;
-        match model.versions.get(&number) {
-            Some(VersionState::Ready(serving)) => Ok((model, Arc::clone(serving))),
-            Some(VersionState::Unavailable(_)) => Err(Error::Unavailable(format!(
+        if let Some(model) = model {
+            if let Some(serving) = model.versions.get(&number) {
+                return Ok((Arc::clone(&model), Arc::clone(serving)));
+            }
+        }
+        let known = match &slot.status {
+            Status::Loading { versions } | Status::Unloaded { versions } => {
+                versions.contains(&number)
+            }
+            Status::Failed(crate::repository::LoadFailure::Versions(reasons)) => {
+                reasons.contains_key(&number)
+            }
+            Status::Failed(_) | Status::Ready => false,
+        };
+        if known {
+            Err(Error::Unavailable(format!(
                 "Request for unknown model: '{name}' version {number} is not at ready state"
-            ))),
-            None => Err(Error::NotFound(format!(
+            )))
+        } else {
+            Err(Error::NotFound(format!(
                 "Request for unknown model: '{name}' version {number} is not found"
-            ))),
+            )))
         }
     }
-}
-
-fn model_config(model: &Model) -> Result<&Arc<ModelConfig>, Error> {
-    model.config.as_ref().ok_or_else(|| {
-        Error::NotFound(format!(
-            "Request for unknown model: '{}' has no available versions",
-            model.name
-        ))
-    })
 }
 
 /// Records a request whose caller stopped waiting as CANCELED.

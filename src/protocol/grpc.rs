@@ -3,7 +3,8 @@
 
 use super::codec::{request_from_wire, response_to_wire};
 use crate::core::Error;
-use crate::engine::Engine;
+use crate::engine::{Engine, LoadParameter};
+
 use crate::proto::inference::{
     grpc_inference_service_server::GrpcInferenceService, model_metadata_response::TensorMetadata,
     repository_index_response::ModelIndex, *,
@@ -58,6 +59,24 @@ fn parse_grpc_timeout(value: &str) -> Option<Duration> {
         "n" => Duration::from_nanos(amount),
         _ => return None,
     })
+}
+
+/// Triton answers UNSUPPORTED for any named repository (a KServe-python client's model name
+/// lands in that field, see WIRE.md §a.4).
+fn repository_name_unsupported() -> Status {
+    Status::unimplemented("'repository_name' specification is not supported")
+}
+
+/// A repository parameter as the engine takes it; one without a value is refused.
+fn load_parameter(key: &str, value: ModelRepositoryParameter) -> Result<LoadParameter, Error> {
+    use model_repository_parameter::ParameterChoice;
+    match value.parameter_choice {
+        Some(ParameterChoice::BoolParam(v)) => Ok(LoadParameter::Bool(v)),
+        Some(ParameterChoice::Int64Param(v)) => Ok(LoadParameter::Int64(v)),
+        Some(ParameterChoice::StringParam(v)) => Ok(LoadParameter::String(v)),
+        Some(ParameterChoice::BytesParam(v)) => Ok(LoadParameter::Bytes(v)),
+        None => Err(crate::invalid_arg!("parameter '{key}' has no value")),
+    }
 }
 
 fn not_yet(rpc: &str) -> Status {
@@ -252,9 +271,7 @@ impl GrpcInferenceService for InferenceService {
     ) -> RpcResult<RepositoryIndexResponse> {
         let request = request.into_inner();
         if !request.repository_name.is_empty() {
-            return Err(Status::unimplemented(
-                "'repository_name' specification is not supported",
-            ));
+            return Err(repository_name_unsupported());
         }
         let models = self
             .engine
@@ -272,20 +289,39 @@ impl GrpcInferenceService for InferenceService {
 
     async fn repository_model_load(
         &self,
-        _: Request<RepositoryModelLoadRequest>,
+        request: Request<RepositoryModelLoadRequest>,
     ) -> RpcResult<RepositoryModelLoadResponse> {
-        Err(Status::unavailable(
-            "explicit model load / unload is not allowed if polling is enabled",
-        ))
+        let request = request.into_inner();
+        if !request.repository_name.is_empty() {
+            return Err(repository_name_unsupported());
+        }
+        let parameters = request
+            .parameters
+            .into_iter()
+            .map(|(key, value)| load_parameter(&key, value).map(|v| (key, v)))
+            .collect::<Result<_, _>>()
+            .map_err(status)?;
+        self.engine
+            .load_model(&request.model_name, parameters)
+            .await
+            .map_err(status)?;
+        Ok(Response::new(RepositoryModelLoadResponse {}))
     }
 
     async fn repository_model_unload(
         &self,
-        _: Request<RepositoryModelUnloadRequest>,
+        request: Request<RepositoryModelUnloadRequest>,
     ) -> RpcResult<RepositoryModelUnloadResponse> {
-        Err(Status::unavailable(
-            "explicit model load / unload is not allowed if polling is enabled",
-        ))
+        let request = request.into_inner();
+        if !request.repository_name.is_empty() {
+            return Err(repository_name_unsupported());
+        }
+        // `unload_dependents` (and any other parameter) is accepted: nothing depends on a model.
+        self.engine
+            .unload_model(&request.model_name)
+            .await
+            .map_err(status)?;
+        Ok(Response::new(RepositoryModelUnloadResponse {}))
     }
 
     async fn system_shared_memory_status(

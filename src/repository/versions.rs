@@ -3,9 +3,10 @@
 use crate::proto::inference::{model_version_policy::PolicyChoice, ModelConfig};
 use std::path::Path;
 
-/// The versions the model's policy selects, ascending. Version directories have numeric names;
-/// names with a leading zero are ignored, as Triton does. A `specific` policy may name versions
-/// that have no directory: they are still selected and fail to load with a clear reason.
+/// The versions the model's policy selects, ascending; evaluated again on every (re)load.
+/// Version directories have numeric names; names with a leading zero are ignored, as Triton does.
+/// A `specific` policy naming a version that has no directory skips it with a warning (Triton's
+/// behaviour), so the versions that exist still load.
 ///
 /// # Errors
 /// The I/O error when the model directory cannot be listed.
@@ -22,6 +23,19 @@ pub fn select(dir: &Path, config: &ModelConfig) -> Result<Vec<i64>, String> {
         }
     }
     on_disk.sort_unstable();
+    if let Some(PolicyChoice::Specific(specific)) = config
+        .version_policy
+        .as_ref()
+        .and_then(|p| p.policy_choice.as_ref())
+    {
+        for missing in specific.versions.iter().filter(|v| !on_disk.contains(v)) {
+            tracing::warn!(
+                model = %config.name,
+                "version {missing} is specified for model '{}', but the version directory is not present",
+                config.name
+            );
+        }
+    }
     Ok(apply_policy(
         &on_disk,
         config
@@ -52,7 +66,7 @@ pub fn apply_policy(on_disk: &[i64], policy: Option<&PolicyChoice>) -> Vec<i64> 
                 .versions
                 .iter()
                 .copied()
-                .filter(|&v| v > 0)
+                .filter(|v| on_disk.contains(v))
                 .collect();
             versions.sort_unstable();
             versions.dedup();
@@ -92,7 +106,7 @@ mod tests {
         let specific = PolicyChoice::Specific(Specific {
             versions: vec![3, 1, 3, 7],
         });
-        assert_eq!(apply_policy(&disk, Some(&specific)), vec![1, 3, 7]);
+        assert_eq!(apply_policy(&disk, Some(&specific)), vec![1, 3]);
         assert_eq!(apply_policy(&[], None), Vec::<i64>::new());
     }
 }

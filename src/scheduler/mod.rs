@@ -107,11 +107,15 @@ impl Shared {
 
 /// The scheduler of one model version. Dropping it stops the instances once they finish the
 /// batch they are running; requests still queued are answered [`ScheduleError::Stopped`].
+/// [`Scheduler::stop`] does the same and waits for the threads, so a caller knows the sessions
+/// are freed when it returns.
 pub struct Scheduler {
     shared: Arc<Shared>,
     next_ticket: AtomicU64,
     batching: bool,
     instances: usize,
+    /// The instance threads, joined by [`Scheduler::stop`].
+    threads: Vec<std::thread::JoinHandle<()>>,
 }
 
 impl Scheduler {
@@ -135,18 +139,32 @@ impl Scheduler {
             stats,
         });
         let instances = backends.len();
+        let mut threads = Vec::with_capacity(instances);
         for (index, backend) in backends.into_iter().enumerate() {
             let shared = Arc::clone(&shared);
-            std::thread::Builder::new()
-                .name(format!("{label}-{index}"))
-                .spawn(move || instance_loop(backend, &shared))?;
+            threads.push(
+                std::thread::Builder::new()
+                    .name(format!("{label}-{index}"))
+                    .spawn(move || instance_loop(backend, &shared))?,
+            );
         }
         Ok(Scheduler {
             shared,
             next_ticket: AtomicU64::new(0),
             batching,
             instances,
+            threads,
         })
+    }
+
+    /// Stops the instances and waits until each has finished its batch, dropped its session and
+    /// exited. Blocking: call it off the async runtime.
+    pub fn stop(mut self) {
+        let threads = std::mem::take(&mut self.threads);
+        drop(self);
+        for thread in threads {
+            let _ = thread.join();
+        }
     }
 
     /// Number of instances serving this version.
@@ -535,5 +553,34 @@ mod tests {
             let error = scheduler.submit(request(0, 1)).await.unwrap_err();
             assert!(error.to_string().contains("panicked"));
         }
+    }
+
+    /// Records when it is dropped, i.e. when its instance thread has released the session.
+    struct DropFlag(Arc<std::sync::atomic::AtomicBool>);
+
+    impl Backend for DropFlag {
+        fn run(&mut self, inputs: &[Tensor]) -> Result<Vec<Tensor>, BackendError> {
+            Ok(inputs.to_vec())
+        }
+    }
+
+    impl Drop for DropFlag {
+        fn drop(&mut self) {
+            self.0.store(true, Ordering::SeqCst);
+        }
+    }
+
+    #[test]
+    fn stop_returns_after_the_instances_have_released_their_backends() {
+        let dropped = Arc::new(std::sync::atomic::AtomicBool::new(false));
+        let scheduler = Scheduler::start(
+            "s",
+            BatchingConfig::default(),
+            vec![Box::new(DropFlag(Arc::clone(&dropped)))],
+            Arc::new(ModelStats::new("m", 1)),
+        )
+        .unwrap();
+        scheduler.stop();
+        assert!(dropped.load(Ordering::SeqCst));
     }
 }

@@ -3,6 +3,7 @@
 #![allow(dead_code)]
 
 pub mod http_client;
+pub mod onnx;
 
 use kiln::proto::inference::grpc_inference_service_client::GrpcInferenceServiceClient;
 use std::io::{BufRead, BufReader};
@@ -35,10 +36,19 @@ impl Server {
         )
     }
 
+    /// Serves `repositories` (relative to the crate) with `extra` flags, and returns once the
+    /// listeners answer and the start-up model load has finished.
     pub fn start_with(repositories: &[&str], extra: &[&str]) -> Server {
+        let paths: Vec<PathBuf> = repositories.iter().map(|r| repo_path(r)).collect();
+        Server::launch(&paths, extra, true)
+    }
+
+    /// Starts kiln on repositories given by absolute path; `wait_for_models` false returns as soon
+    /// as the listeners answer, while models may still be loading.
+    pub fn launch(repositories: &[PathBuf], extra: &[&str], wait_for_models: bool) -> Server {
         let mut command = Command::new(env!("CARGO_BIN_EXE_kiln"));
         for repository in repositories {
-            command.arg("--model-repository").arg(repo_path(repository));
+            command.arg("--model-repository").arg(repository);
         }
         command
             .args(["--grpc-address", "127.0.0.1", "--grpc-port", "0"])
@@ -55,6 +65,9 @@ impl Server {
         std::thread::spawn(move || {
             for line in BufReader::new(stderr).lines().map_while(Result::ok) {
                 eprintln!("[kiln] {line}");
+                if line.contains("start-up model loading finished") {
+                    let _ = found.send(("models".to_string(), String::new()));
+                }
                 if let Some(rest) = line.split("Started ").nth(1) {
                     if let Some((service, address)) = rest.split_once(" at ") {
                         let _ = found.send((service.to_string(), address.trim().to_string()));
@@ -65,11 +78,13 @@ impl Server {
         let mut address = None;
         let mut http_address = None;
         let mut metrics = None;
-        while address.is_none() || http_address.is_none() || metrics.is_none() {
+        let mut loaded = !wait_for_models;
+        while address.is_none() || http_address.is_none() || metrics.is_none() || !loaded {
             match addresses.recv_timeout(Duration::from_secs(60)) {
                 Ok((service, at)) if service == "GRPCInferenceService" => address = Some(at),
                 Ok((service, at)) if service == "HTTPService" => http_address = Some(at),
                 Ok((service, at)) if service == "Metrics Service" => metrics = Some(at),
+                Ok((service, _)) if service == "models" => loaded = true,
                 Ok(_) => {}
                 Err(_) => {
                     let _ = child.kill();
@@ -111,6 +126,22 @@ impl Server {
             .unwrap_or_default()
     }
 
+    /// The server's process id.
+    pub fn pid(&self) -> u32 {
+        self.child.id()
+    }
+
+    /// The server's resident memory (`VmRSS` of /proc/<pid>/status), in KiB.
+    pub fn rss_kib(&self) -> u64 {
+        let status = std::fs::read_to_string(format!("/proc/{}/status", self.pid()))
+            .expect("/proc/<pid>/status is readable");
+        status
+            .lines()
+            .find_map(|line| line.strip_prefix("VmRSS:"))
+            .and_then(|rest| rest.trim().trim_end_matches("kB").trim().parse().ok())
+            .expect("VmRSS is reported")
+    }
+
     /// True while the process has not exited.
     pub fn is_running(&mut self) -> bool {
         matches!(self.child.try_wait(), Ok(None))
@@ -150,4 +181,33 @@ pub fn fp32_values(bytes: &[u8]) -> Vec<f32> {
         .chunks_exact(4)
         .map(|c| f32::from_le_bytes(c.try_into().unwrap()))
         .collect()
+}
+
+/// A model repository in a fresh temporary directory, removed when dropped.
+pub struct TempRepo {
+    pub path: PathBuf,
+}
+
+impl TempRepo {
+    pub fn new(tag: &str) -> TempRepo {
+        static NEXT: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
+        let n = NEXT.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        let path = std::env::temp_dir().join(format!("kiln-test-{tag}-{}-{n}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&path);
+        std::fs::create_dir_all(&path).expect("temporary repository is created");
+        TempRepo { path }
+    }
+
+    /// Writes `file` (relative to the repository) with `contents`, creating directories.
+    pub fn write(&self, file: &str, contents: impl AsRef<[u8]>) {
+        let path = self.path.join(file);
+        std::fs::create_dir_all(path.parent().expect("files live in directories")).unwrap();
+        std::fs::write(path, contents).unwrap();
+    }
+}
+
+impl Drop for TempRepo {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.path);
+    }
 }

@@ -6,17 +6,18 @@
 
 use super::{body, infer, HttpConfig, HttpError};
 use crate::core::Error;
-use crate::engine::{Engine, TensorMetadata};
+use crate::engine::{Engine, LoadParameter, TensorMetadata};
 use crate::invalid_arg;
 use crate::repository::config::config_to_json;
 use axum::body::Body;
+use axum::extract::rejection::PathRejection;
 use axum::extract::{FromRequestParts, Path, State};
 use axum::http::{request::Parts, HeaderMap, StatusCode};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post, MethodRouter};
 use axum::{Json, Router};
 use serde_json::{json, Value};
-use std::collections::HashMap;
+use std::collections::{BTreeMap, HashMap};
 use std::sync::Arc;
 
 /// What every handler shares.
@@ -36,8 +37,8 @@ pub fn router(engine: Arc<Engine>, config: HttpConfig) -> Router {
         .route("/v2/models/stats", get(all_statistics))
         .route("/v2/repository/index", post(repository_index))
         .route("/v2/repository/{repository}/index", post(repository_name))
-        .route("/v2/repository/models/{model}/load", post(load_unload))
-        .route("/v2/repository/models/{model}/unload", post(load_unload))
+        .route("/v2/repository/models/{model}/load", post(load))
+        .route("/v2/repository/models/{model}/unload", post(unload))
         .route(
             "/v2/repository/{repository}/models/{model}/load",
             post(repository_name),
@@ -264,12 +265,77 @@ async fn repository_index(
     Ok(Json(Value::Array(entries)))
 }
 
-/// Load and unload need the explicit model-control mode; the only mode today loads everything at
-/// start-up, so they answer as Triton does in that mode (and as kiln's gRPC service does).
-async fn load_unload() -> HttpError {
-    HttpError::from(Error::Unavailable(
-        "explicit model load / unload is not allowed if polling is enabled".into(),
-    ))
+/// `POST /v2/repository/models/{model}/load` with an optional `{"parameters": {...}}` body:
+/// `config` (a JSON config as a string) and `file:<path>` (base64 file contents). 200 with an
+/// empty body once the model serves.
+async fn load(
+    State(state): State<Shared>,
+    model: Result<Path<String>, PathRejection>,
+    headers: HeaderMap,
+    request: Body,
+) -> Result<StatusCode, HttpError> {
+    let Path(model) = model.map_err(|e| HttpError::from(Error::InvalidArgument(e.body_text())))?;
+    let parameters = repository_parameters(&state, &headers, request).await?;
+    state.engine.load_model(&model, parameters).await?;
+    Ok(StatusCode::OK)
+}
+
+/// `POST /v2/repository/models/{model}/unload` with an optional `{"parameters":
+/// {"unload_dependents": bool}}` body.
+async fn unload(
+    State(state): State<Shared>,
+    model: Result<Path<String>, PathRejection>,
+    headers: HeaderMap,
+    request: Body,
+) -> Result<StatusCode, HttpError> {
+    let Path(model) = model.map_err(|e| HttpError::from(Error::InvalidArgument(e.body_text())))?;
+    // Checked for shape only: `unload_dependents` has nothing to act on (no ensembles).
+    repository_parameters(&state, &headers, request).await?;
+    state.engine.unload_model(&model).await?;
+    Ok(StatusCode::OK)
+}
+
+/// The `parameters` object of a load or unload body (an empty body has none). `file:` values
+/// are base64 strings, decoded here so the engine sees the bytes gRPC would carry.
+async fn repository_parameters(
+    state: &AppState,
+    headers: &HeaderMap,
+    request: Body,
+) -> Result<BTreeMap<String, LoadParameter>, HttpError> {
+    let request = body::read(request, headers, state.config.max_input_bytes).await?;
+    let bad = |message: String| HttpError::from(Error::InvalidArgument(message));
+    if request.iter().all(u8::is_ascii_whitespace) {
+        return Ok(BTreeMap::new());
+    }
+    let doc: Value = serde_json::from_slice(&request)
+        .map_err(|e| bad(format!("failed to parse the request JSON buffer: {e}")))?;
+    let parameters = match doc.get("parameters") {
+        None | Some(Value::Null) => return Ok(BTreeMap::new()),
+        Some(Value::Object(parameters)) => parameters,
+        Some(_) => return Err(bad("'parameters' must be a JSON object".into())),
+    };
+    let mut decoded = BTreeMap::new();
+    for (key, value) in parameters {
+        let parameter = match value {
+            Value::String(text) if key.starts_with("file:") => {
+                use base64::Engine as _;
+                let bytes = base64::engine::general_purpose::STANDARD
+                    .decode(text)
+                    .map_err(|e| {
+                        bad(format!(
+                            "failed to decode base64 for parameter '{key}': {e}"
+                        ))
+                    })?;
+                LoadParameter::Bytes(bytes.into())
+            }
+            Value::String(text) => LoadParameter::String(text.clone()),
+            Value::Bool(flag) => LoadParameter::Bool(*flag),
+            Value::Number(n) if n.is_i64() => LoadParameter::Int64(n.as_i64().unwrap_or_default()),
+            _ => return Err(bad(format!("parameter '{key}' has an unsupported type"))),
+        };
+        decoded.insert(key.clone(), parameter);
+    }
+    Ok(decoded)
 }
 
 async fn repository_name() -> HttpError {

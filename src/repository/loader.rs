@@ -1,0 +1,307 @@
+//! Loading one model from a local directory, in two steps so the lifecycle can report LOADING
+//! versions in between: [`prepare`] reads and completes the config, applies the version policy
+//! and reads labels (cheap, except for the auto-complete probe); [`build`] starts the instances of
+//! every selected version. A load is all or nothing, as in Triton: if one version fails, the
+//! versions built so far are stopped and the model is reported with each version's reason.
+
+use super::config::{self, DEFAULT_MODEL_FILENAME};
+use super::store::{contained, plain_relative};
+use super::{autocomplete, versions, IoSpec, LoadOptions, Model, ServingVersion};
+use crate::backend::{Backend, OnnxRuntime, OnnxSession, SessionOptions};
+use crate::metrics::ModelStats;
+use crate::proto::inference::ModelConfig;
+use crate::scheduler::Scheduler;
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+
+/// Why a load failed: the model as a whole (config, policy, auto-complete), or some versions.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum LoadFailure {
+    Model(String),
+    /// Every selected version with its state reason; versions that loaded but were discarded
+    /// because another failed say so.
+    Versions(BTreeMap<i64, String>),
+}
+
+impl LoadFailure {
+    /// Triton's load error text: `version 1 is at UNAVAILABLE state: <reason>;` per failed version.
+    pub fn message(&self, name: &str) -> String {
+        match self {
+            LoadFailure::Model(reason) => format!("load failed for model '{name}': {reason}"),
+            LoadFailure::Versions(reasons) => {
+                let detail: String = reasons
+                    .iter()
+                    .filter(|(_, reason)| reason.as_str() != DISCARDED)
+                    .map(|(v, reason)| format!("version {v} is at UNAVAILABLE state: {reason};"))
+                    .collect();
+                format!("load failed for model '{name}': {detail}")
+            }
+        }
+    }
+}
+
+/// The reason given to a version that loaded but was dropped because a sibling failed; Triton
+/// reports such versions as unloaded.
+pub const DISCARDED: &str = "unloaded";
+
+/// A model whose config is complete and whose versions are chosen, not yet running.
+pub struct Prepared {
+    pub name: String,
+    dir: PathBuf,
+    config: ModelConfig,
+    /// The versions the policy selected, ascending.
+    pub versions: Vec<i64>,
+    labels: BTreeMap<String, Vec<String>>,
+    instances: usize,
+    session_options: SessionOptions,
+}
+
+/// Versions of the model being replaced that may serve on unchanged: only when the config is the
+/// same and the version's files did not change.
+pub type Reuse<'a> = Option<(&'a Model, &'a dyn Fn(i64) -> bool)>;
+
+/// Reads `dir/config.pbtxt` (or takes `config_override`), normalises it, selects versions and
+/// completes the config from the newest version's graph.
+///
+/// # Errors
+/// The reason, as the index reports it.
+pub fn prepare(
+    name: &str,
+    dir: &Path,
+    config_override: Option<ModelConfig>,
+    options: &LoadOptions,
+) -> Result<Prepared, String> {
+    let mut config = match config_override {
+        Some(config) => config,
+        None => read_config(dir)?,
+    };
+    config::normalize_identity(&mut config, name).map_err(|e| e.to_string())?;
+    let selected = versions::select(dir, &config)?;
+    if selected.is_empty() {
+        return Err(format!(
+            "at least one version must be available under the version policy of model '{name}'"
+        ));
+    }
+    config::normalize_instance_groups(&mut config).map_err(|e| e.to_string())?;
+    let instances: usize = config
+        .instance_group
+        .iter()
+        .map(|g| g.count.max(1) as usize)
+        .sum();
+    let session_options = SessionOptions {
+        intra_op_threads: (options.cores / instances.max(1)).max(1),
+    };
+    let complete = !config.input.is_empty() && !config.output.is_empty();
+    if options.auto_complete && !complete {
+        // Triton completes the config from the newest selected version's graph.
+        let runtime = OnnxRuntime::get().map_err(|e| e.to_string())?;
+        let newest = selected
+            .iter()
+            .rev()
+            .filter_map(|&v| model_path(dir, v, &config.default_model_filename).ok())
+            .find(|path| path.is_file())
+            .ok_or_else(|| format!("no model file found for model '{name}'"))?;
+        let probe =
+            OnnxSession::load(&runtime, &newest, &session_options).map_err(|e| e.to_string())?;
+        autocomplete::autocomplete(&mut config, probe.inputs(), probe.outputs())?;
+    }
+    config::validate_io(&config).map_err(|e| e.to_string())?;
+    let labels = read_labels(dir, &config)?;
+    Ok(Prepared {
+        name: name.to_string(),
+        dir: dir.to_path_buf(),
+        config,
+        versions: selected,
+        labels,
+        instances,
+        session_options,
+    })
+}
+
+/// Starts every selected version (or takes it over from `reuse`).
+///
+/// # Errors
+/// [`LoadFailure::Versions`] when any version fails; nothing built here keeps running then.
+pub fn build(prepared: Prepared, reuse: Reuse<'_>) -> Result<Model, LoadFailure> {
+    let Prepared {
+        name,
+        dir,
+        config,
+        versions,
+        labels,
+        instances,
+        session_options,
+    } = prepared;
+    let runtime = OnnxRuntime::get().map_err(|e| LoadFailure::Model(e.to_string()))?;
+    let reusable = |version: i64| -> Option<Arc<ServingVersion>> {
+        let (old, unchanged) = reuse?;
+        if *old.config != config || !unchanged(version) {
+            return None;
+        }
+        old.versions.get(&version).cloned()
+    };
+    let mut built = BTreeMap::new();
+    let mut failures = BTreeMap::new();
+    for &version in &versions {
+        if let Some(serving) = reusable(version) {
+            built.insert(version, serving);
+            continue;
+        }
+        let started = model_path(&dir, version, &config.default_model_filename).and_then(|path| {
+            start_version(
+                &name,
+                version,
+                &path,
+                &config,
+                instances,
+                &runtime,
+                &session_options,
+            )
+        });
+        match started {
+            Ok(serving) => {
+                built.insert(version, Arc::new(serving));
+            }
+            Err(reason) => {
+                failures.insert(version, reason);
+            }
+        }
+    }
+    if !failures.is_empty() {
+        for (version, serving) in built {
+            failures.insert(version, DISCARDED.to_string());
+            // Stop only what this load started; reused versions still serve the old model.
+            if let Ok(serving) = Arc::try_unwrap(serving) {
+                serving.scheduler.stop();
+            }
+        }
+        return Err(LoadFailure::Versions(failures));
+    }
+    Ok(Model {
+        name,
+        config: Arc::new(config),
+        versions: built,
+        labels,
+    })
+}
+
+/// Reads each output's `label_filename` (inside the model directory), one label per line as
+/// Triton does. A named file that cannot be read fails the model.
+fn read_labels(dir: &Path, config: &ModelConfig) -> Result<BTreeMap<String, Vec<String>>, String> {
+    let mut labels = BTreeMap::new();
+    for output in config
+        .output
+        .iter()
+        .filter(|o| !o.label_filename.is_empty())
+    {
+        let path = contained(dir, &output.label_filename)
+            .map_err(|e| format!("label file of output '{}': {e}", output.name))?;
+        let text = std::fs::read_to_string(&path).map_err(|e| {
+            format!(
+                "failed to read label file {} for output '{}': {e}",
+                path.display(),
+                output.name
+            )
+        })?;
+        labels.insert(
+            output.name.clone(),
+            text.lines().map(str::to_string).collect(),
+        );
+    }
+    Ok(labels)
+}
+
+fn read_config(dir: &Path) -> Result<ModelConfig, String> {
+    let path = dir.join("config.pbtxt");
+    match std::fs::read_to_string(&path) {
+        Ok(text) => config::parse_config(&text).map_err(|e| e.to_string()),
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(ModelConfig::default()),
+        Err(e) => Err(format!("failed to read {}: {e}", path.display())),
+    }
+}
+
+/// `<model>/<version>/<file>`, or `<file>/model.onnx` when the file is a directory holding a model
+/// with external data. The file name comes from the config, so it must stay inside the model
+/// directory.
+fn model_path(dir: &Path, version: i64, file: &str) -> Result<PathBuf, String> {
+    if !plain_relative(file) {
+        return Err(format!(
+            "default_model_filename '{file}' must be a relative path inside the version directory"
+        ));
+    }
+    let path = contained(dir, &format!("{version}/{file}"))
+        .map_err(|e| format!("default_model_filename: {e}"))?;
+    Ok(if path.is_dir() {
+        path.join(DEFAULT_MODEL_FILENAME)
+    } else {
+        path
+    })
+}
+
+fn start_version(
+    name: &str,
+    version: i64,
+    path: &Path,
+    config: &ModelConfig,
+    instances: usize,
+    runtime: &OnnxRuntime,
+    options: &SessionOptions,
+) -> Result<ServingVersion, String> {
+    if !path.is_file() {
+        return Err(format!("model file {} not found", path.display()));
+    }
+    let mut backends: Vec<Box<dyn Backend>> = Vec::with_capacity(instances);
+    let mut io = None;
+    for _ in 0..instances {
+        let session = OnnxSession::load(runtime, path, options).map_err(|e| e.to_string())?;
+        if io.is_none() {
+            io = Some(IoSpec::new(config, session.inputs(), session.outputs())?);
+        }
+        backends.push(Box::new(session));
+    }
+    let io = io.ok_or_else(|| format!("model '{name}' has no instances"))?;
+    let stats = Arc::new(ModelStats::new(name, version));
+    let scheduler = Scheduler::start(
+        &format!("{name}-{version}"),
+        config::batching_config(config),
+        backends,
+        Arc::clone(&stats),
+    )
+    .map_err(|e| format!("failed to start instances: {e}"))?;
+    Ok(ServingVersion {
+        version,
+        io,
+        scheduler,
+        stats,
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn failure_messages_follow_triton() {
+        let failure = LoadFailure::Versions(BTreeMap::from([
+            (1, "bad graph".to_string()),
+            (2, DISCARDED.to_string()),
+        ]));
+        assert_eq!(
+            failure.message("m"),
+            "load failed for model 'm': version 1 is at UNAVAILABLE state: bad graph;"
+        );
+        assert_eq!(
+            LoadFailure::Model("no config".into()).message("m"),
+            "load failed for model 'm': no config"
+        );
+    }
+
+    #[test]
+    fn model_files_stay_inside_the_model_directory() {
+        let dir = std::env::temp_dir();
+        assert!(model_path(&dir, 1, "model.onnx").is_ok());
+        assert!(model_path(&dir, 1, "../../etc/passwd").is_err());
+        assert!(model_path(&dir, 1, "/etc/passwd").is_err());
+    }
+}

@@ -1,0 +1,234 @@
+//! The load API's parameters, checked as Triton checks them: `config` (a JSON model config used
+//! instead of `config.pbtxt`) and `file:<path>` (bytes of a file in an override model directory,
+//! which then replaces the repository's directory entirely and requires `config`). Override files
+//! are written to a fresh temporary directory that is removed once the load has read them.
+
+use super::config::config_from_json;
+use super::store::plain_relative;
+use crate::core::Error;
+use crate::invalid_arg;
+use crate::proto::inference::ModelConfig;
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicU64, Ordering};
+
+/// One load or unload parameter as either protocol sends it.
+#[derive(Debug, Clone, PartialEq)]
+pub enum LoadParameter {
+    Bool(bool),
+    Int64(i64),
+    String(String),
+    /// gRPC `bytes_param`; REST sends `file:` contents base64-encoded and the front end decodes it.
+    Bytes(bytes::Bytes),
+}
+
+impl LoadParameter {
+    /// Triton's name for the parameter type, used in its error messages.
+    fn type_name(&self) -> &'static str {
+        match self {
+            LoadParameter::Bool(_) => "BOOL",
+            LoadParameter::Int64(_) => "INT",
+            LoadParameter::String(_) => "STRING",
+            LoadParameter::Bytes(_) => "BYTES",
+        }
+    }
+}
+
+const FILE_PREFIX: &str = "file:";
+
+/// What a load request asks for beyond the repository's own files.
+#[derive(Debug, Default)]
+pub struct Overrides {
+    pub config: Option<ModelConfig>,
+    /// `(relative path, contents)` of every override file.
+    pub files: Vec<(String, bytes::Bytes)>,
+}
+
+/// Checks and decodes load parameters.
+///
+/// # Errors
+/// INVALID_ARGUMENT with Triton's text for a mistyped, unknown or unusable parameter.
+pub fn parse(parameters: BTreeMap<String, LoadParameter>) -> Result<Overrides, Error> {
+    let mut overrides = Overrides::default();
+    for (key, value) in parameters {
+        if key == "config" {
+            let LoadParameter::String(json) = value else {
+                return Err(invalid_arg!(
+                    "Config parameter 'config' must have string type for its value"
+                ));
+            };
+            let config = config_from_json(&json)
+                .map_err(|e| invalid_arg!("Invalid config override: {e}"))?;
+            overrides.config = Some(config);
+        } else if let Some(path) = key.strip_prefix(FILE_PREFIX) {
+            let LoadParameter::Bytes(contents) = value else {
+                return Err(invalid_arg!(
+                    "File parameter '{key}' must have bytes type for its value"
+                ));
+            };
+            if !plain_relative(path) {
+                return Err(invalid_arg!(
+                    "Invalid file parameter '{key}' with normalized path '{path}' must stay within model directory."
+                ));
+            }
+            overrides.files.push((path.to_string(), contents));
+        } else {
+            return Err(invalid_arg!(
+                "Unrecognized load parameter '{key}' with type '{}'",
+                value.type_name()
+            ));
+        }
+    }
+    if !overrides.files.is_empty() && overrides.config.is_none() {
+        return Err(invalid_arg!(
+            "Load parameter 'config' must be specified for model file override"
+        ));
+    }
+    Ok(overrides)
+}
+
+/// A temporary model directory made of override files; removed when dropped.
+#[derive(Debug)]
+pub struct OverrideDir {
+    /// `<temp>/kiln-override-<pid>-<n>`, removed on drop.
+    base: PathBuf,
+    /// `<base>/<model name>`, the directory the model loads from.
+    model: PathBuf,
+}
+
+impl OverrideDir {
+    /// Writes `files` under a new directory named after the model.
+    ///
+    /// # Errors
+    /// INVALID_ARGUMENT when a path collides with a file, INTERNAL when writing fails.
+    pub fn write(name: &str, files: &[(String, bytes::Bytes)]) -> Result<OverrideDir, Error> {
+        static NEXT: AtomicU64 = AtomicU64::new(0);
+        let base = std::env::temp_dir().join(format!(
+            "kiln-override-{}-{}",
+            std::process::id(),
+            NEXT.fetch_add(1, Ordering::Relaxed)
+        ));
+        let dir = OverrideDir {
+            model: base.join(name),
+            base,
+        };
+        let internal =
+            |e: std::io::Error| Error::Internal(format!("failed to write override files: {e}"));
+        std::fs::create_dir_all(&dir.model).map_err(internal)?;
+        for (relative, contents) in files {
+            let path = dir.model.join(relative);
+            if let Some(parent) = path.parent() {
+                if parent.exists() && !parent.is_dir() {
+                    return Err(invalid_arg!(
+                        "Invalid file parameter '{FILE_PREFIX}{relative}', directory has been created as a file"
+                    ));
+                }
+                std::fs::create_dir_all(parent).map_err(internal)?;
+            }
+            if path.is_dir() {
+                return Err(invalid_arg!(
+                    "Invalid file parameter '{FILE_PREFIX}{relative}', a directory of that name was created by another file"
+                ));
+            }
+            std::fs::write(&path, contents).map_err(internal)?;
+        }
+        Ok(dir)
+    }
+
+    pub fn path(&self) -> &Path {
+        &self.model
+    }
+}
+
+impl Drop for OverrideDir {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.base);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn params(list: &[(&str, LoadParameter)]) -> BTreeMap<String, LoadParameter> {
+        list.iter()
+            .map(|(k, v)| (k.to_string(), v.clone()))
+            .collect()
+    }
+
+    fn error(list: &[(&str, LoadParameter)]) -> String {
+        parse(params(list)).unwrap_err().message().to_string()
+    }
+
+    #[test]
+    fn parameters_are_checked_as_triton_checks_them() {
+        use LoadParameter::*;
+        assert!(parse(BTreeMap::new()).unwrap().config.is_none());
+        let ok = parse(params(&[
+            ("config", String(r#"{"max_batch_size": 2}"#.into())),
+            ("file:1/model.onnx", Bytes(vec![1u8, 2].into())),
+        ]))
+        .unwrap();
+        assert_eq!(ok.config.unwrap().max_batch_size, 2);
+        assert_eq!(ok.files[0].0, "1/model.onnx");
+        assert_eq!(&ok.files[0].1[..], &[1, 2]);
+        assert_eq!(
+            error(&[("config", Bytes(bytes::Bytes::new()))]),
+            "Config parameter 'config' must have string type for its value"
+        );
+        assert!(error(&[("config", String("{".into()))]).starts_with("Invalid config override: "));
+        assert_eq!(
+            error(&[("file:1/model.onnx", String("x".into()))]),
+            "File parameter 'file:1/model.onnx' must have bytes type for its value"
+        );
+        assert_eq!(
+            error(&[("file:1/model.onnx", Bytes(bytes::Bytes::new()))]),
+            "Load parameter 'config' must be specified for model file override"
+        );
+        assert_eq!(
+            error(&[("colour", Int64(1))]),
+            "Unrecognized load parameter 'colour' with type 'INT'"
+        );
+        for bad in [
+            "file:../x",
+            "file:/etc/passwd",
+            "file:1/../../x",
+            "file:",
+            "file:a//b",
+        ] {
+            assert!(
+                error(&[
+                    ("config", String("{}".into())),
+                    (bad, Bytes(bytes::Bytes::new()))
+                ])
+                .contains("must stay within model directory"),
+                "{bad}"
+            );
+        }
+    }
+
+    #[test]
+    fn override_directories_are_written_and_removed() {
+        let files = vec![
+            (
+                "1/model.onnx".to_string(),
+                bytes::Bytes::from_static(b"onnx"),
+            ),
+            ("labels.txt".to_string(), bytes::Bytes::from_static(b"a\nb")),
+        ];
+        let dir = OverrideDir::write("m", &files).unwrap();
+        let path = dir.path().to_path_buf();
+        assert!(path.ends_with("m"));
+        assert_eq!(std::fs::read(path.join("1/model.onnx")).unwrap(), b"onnx");
+        drop(dir);
+        assert!(!path.exists());
+        let clash = vec![
+            ("1".to_string(), bytes::Bytes::from_static(b"file")),
+            (
+                "1/model.onnx".to_string(),
+                bytes::Bytes::from_static(b"onnx"),
+            ),
+        ];
+        assert!(OverrideDir::write("m", &clash).is_err());
+    }
+}

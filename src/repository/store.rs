@@ -1,0 +1,318 @@
+//! Where model directories come from. A [`ModelStore`] lists model names, hands the loader a local
+//! directory holding one model's files, and fingerprints them so polling can tell what changed.
+//! [`LocalStore`] is a directory on disk in Triton's layout; a remote store (object storage) would
+//! copy a model into a local cache in [`ModelStore::fetch`] and fingerprint it from object
+//! metadata, and nothing above this module would change.
+//!
+//! Names are checked before they touch a path: a model name is one directory name, never a path,
+//! and the directory it names must stay inside the repository after symlinks are resolved.
+
+use std::collections::BTreeMap;
+use std::hash::{Hash, Hasher};
+use std::io;
+use std::path::{Component, Path, PathBuf};
+use std::time::UNIX_EPOCH;
+
+/// What changed between two looks at a model's files: one hash for everything outside the version
+/// directories (config, labels...) and one per version directory.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Fingerprint {
+    /// Files outside the numeric version directories; a change reloads every version.
+    pub shared: u64,
+    /// Each numeric version directory by name; a change reloads that version only.
+    pub versions: BTreeMap<String, u64>,
+}
+
+/// A source of model directories.
+pub trait ModelStore: Send + Sync {
+    /// Where the store is, for logs.
+    fn location(&self) -> String;
+
+    /// The model names (top-level directory names) in the store, sorted. Hidden entries
+    /// (starting with `.`) are not models.
+    ///
+    /// # Errors
+    /// The store cannot be listed.
+    fn list(&self) -> io::Result<Vec<String>>;
+
+    /// Whether the store holds model `name` (a name already checked by [`validate_name`]).
+    fn contains(&self, name: &str) -> bool;
+
+    /// A local directory with the model's files, ready for ONNX Runtime.
+    ///
+    /// # Errors
+    /// Why the model cannot be read: missing, or its directory leaves the repository.
+    fn fetch(&self, name: &str) -> Result<PathBuf, String>;
+
+    /// The model's current fingerprint.
+    ///
+    /// # Errors
+    /// As [`ModelStore::fetch`].
+    fn fingerprint(&self, name: &str) -> Result<Fingerprint, String>;
+}
+
+/// Checks a model name as Triton does, and more strictly: not empty or blank, and no path
+/// separators or parent references, so a name can never leave the repository.
+///
+/// # Errors
+/// Triton's message for the rule broken.
+pub fn validate_name(name: &str) -> Result<(), String> {
+    if name.is_empty() {
+        return Err("model name must not be empty".into());
+    }
+    if name.trim().is_empty() {
+        return Err("model name must not contain only whitespace characters".into());
+    }
+    let traversal = name.contains("..")
+        || name.contains('/')
+        || name.contains('\\')
+        || name.contains('\0')
+        || name == ".";
+    if traversal {
+        return Err(format!(
+            "invalid model name '{name}', model name must not contain path traversal characters"
+        ));
+    }
+    Ok(())
+}
+
+/// A non-empty relative path made of plain names only: no root, no `..`, no empty segment.
+pub fn plain_relative(path: &str) -> bool {
+    !path.is_empty()
+        && !path.starts_with('/')
+        && path.split('/').all(|segment| {
+            !segment.is_empty()
+                && segment != ".."
+                && !segment.contains('\\')
+                && !segment.contains('\0')
+        })
+        && Path::new(path)
+            .components()
+            .all(|c| matches!(c, Component::Normal(_) | Component::CurDir))
+}
+
+/// `relative` joined to `dir`, refused unless it is a plain relative path (no root, no `..`)
+/// whose target, symlinks resolved, stays inside `dir`. Used for every path a config or a client
+/// names inside a model directory (model file, label files, override files).
+///
+/// # Errors
+/// A message naming the path and why it was refused.
+pub fn contained(dir: &Path, relative: &str) -> Result<PathBuf, String> {
+    if !plain_relative(relative) {
+        return Err(format!(
+            "path '{relative}' must be relative and stay within the model directory"
+        ));
+    }
+    let path = dir.join(relative);
+    // A path that does not exist yet cannot point anywhere; one that does must resolve inside.
+    if let Ok(real) = path.canonicalize() {
+        let base = dir
+            .canonicalize()
+            .map_err(|e| format!("cannot resolve {}: {e}", dir.display()))?;
+        if !real.starts_with(&base) {
+            return Err(format!(
+                "path '{relative}' resolves to {} outside the model directory",
+                real.display()
+            ));
+        }
+    }
+    Ok(path)
+}
+
+/// A model repository directory on the local file system.
+#[derive(Debug, Clone)]
+pub struct LocalStore {
+    root: PathBuf,
+}
+
+impl LocalStore {
+    pub fn new(root: PathBuf) -> LocalStore {
+        LocalStore { root }
+    }
+
+    /// The model's directory, refused when it resolves outside the repository (a symlink
+    /// pointing elsewhere).
+    fn model_dir(&self, name: &str) -> Result<PathBuf, String> {
+        validate_name(name)?;
+        let dir = self.root.join(name);
+        let real = dir
+            .canonicalize()
+            .map_err(|_| format!("model '{name}' not found in {}", self.root.display()))?;
+        let root = self
+            .root
+            .canonicalize()
+            .map_err(|e| format!("cannot resolve {}: {e}", self.root.display()))?;
+        if real.parent() != Some(root.as_path()) {
+            return Err(format!(
+                "model directory '{name}' resolves to {} outside the model repository {}",
+                real.display(),
+                root.display()
+            ));
+        }
+        if !real.is_dir() {
+            return Err(format!("model '{name}' is not a directory"));
+        }
+        Ok(dir)
+    }
+}
+
+impl ModelStore for LocalStore {
+    fn location(&self) -> String {
+        self.root.display().to_string()
+    }
+
+    fn list(&self) -> io::Result<Vec<String>> {
+        let mut names = Vec::new();
+        for entry in std::fs::read_dir(&self.root)? {
+            let entry = entry?;
+            // Follows symlinks, so a linked model is listed (and refused at load if it leaves).
+            if !entry.path().is_dir() {
+                continue;
+            }
+            let Ok(name) = entry.file_name().into_string() else {
+                continue;
+            };
+            if !name.starts_with('.') {
+                names.push(name);
+            }
+        }
+        names.sort();
+        Ok(names)
+    }
+
+    fn contains(&self, name: &str) -> bool {
+        validate_name(name).is_ok() && self.root.join(name).is_dir()
+    }
+
+    fn fetch(&self, name: &str) -> Result<PathBuf, String> {
+        self.model_dir(name)
+    }
+
+    fn fingerprint(&self, name: &str) -> Result<Fingerprint, String> {
+        let dir = self.model_dir(name)?;
+        let mut fingerprint = Fingerprint::default();
+        let mut shared = std::collections::hash_map::DefaultHasher::new();
+        let entries = std::fs::read_dir(&dir)
+            .map_err(|e| format!("failed to list {}: {e}", dir.display()))?;
+        let mut entries: Vec<_> = entries.flatten().collect();
+        entries.sort_by_key(|e| e.file_name());
+        for entry in entries {
+            let file_name = entry.file_name().to_string_lossy().into_owned();
+            let path = entry.path();
+            if path.is_dir() && file_name.bytes().all(|b| b.is_ascii_digit()) {
+                let mut hasher = std::collections::hash_map::DefaultHasher::new();
+                hash_tree(&path, Path::new(""), &mut hasher);
+                fingerprint.versions.insert(file_name, hasher.finish());
+            } else {
+                hash_tree(&path, Path::new(&file_name), &mut shared);
+            }
+        }
+        fingerprint.shared = shared.finish();
+        Ok(fingerprint)
+    }
+}
+
+/// Hashes the relative path, size and modification time of `path` and, for a directory,
+/// everything below it (sorted, so the order is stable).
+fn hash_tree(path: &Path, relative: &Path, hasher: &mut impl Hasher) {
+    let Ok(metadata) = path.metadata() else {
+        relative.hash(hasher);
+        return;
+    };
+    relative.hash(hasher);
+    metadata.is_dir().hash(hasher);
+    if !metadata.is_dir() {
+        metadata.len().hash(hasher);
+        let mtime = metadata
+            .modified()
+            .ok()
+            .and_then(|t| t.duration_since(UNIX_EPOCH).ok())
+            .map_or(0, |d| d.as_nanos());
+        mtime.hash(hasher);
+        return;
+    }
+    let Ok(entries) = std::fs::read_dir(path) else {
+        return;
+    };
+    let mut entries: Vec<_> = entries.flatten().collect();
+    entries.sort_by_key(|e| e.file_name());
+    for entry in entries {
+        hash_tree(&entry.path(), &relative.join(entry.file_name()), hasher);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn scratch(tag: &str) -> PathBuf {
+        let dir = std::env::temp_dir().join(format!("kiln-store-{tag}-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        std::fs::create_dir_all(&dir).unwrap();
+        dir
+    }
+
+    #[test]
+    fn names_that_could_leave_the_repository_are_refused() {
+        for bad in ["", "  ", "..", "../x", "a/b", "a\\b", "x..y", ".", "a\0b"] {
+            assert!(validate_name(bad).is_err(), "{bad:?}");
+        }
+        for good in ["add_sub", "model-1", "a.b", "ünï"] {
+            assert!(validate_name(good).is_ok(), "{good:?}");
+        }
+        assert_eq!(
+            validate_name("../etc").unwrap_err(),
+            "invalid model name '../etc', model name must not contain path traversal characters"
+        );
+    }
+
+    #[test]
+    fn contained_paths() {
+        let dir = scratch("contained");
+        std::fs::write(dir.join("labels.txt"), "a").unwrap();
+        assert!(contained(&dir, "labels.txt").is_ok());
+        assert!(contained(&dir, "1/model.onnx").is_ok());
+        for bad in ["", "/etc/passwd", "../x", "1/../../x"] {
+            assert!(contained(&dir, bad).is_err(), "{bad}");
+        }
+        std::os::unix::fs::symlink("/etc", dir.join("escape")).unwrap();
+        assert!(contained(&dir, "escape/hostname").is_err());
+        let _ = std::fs::remove_dir_all(&dir);
+    }
+
+    #[test]
+    fn local_store_lists_fetches_and_refuses_escaping_links() {
+        let root = scratch("local");
+        std::fs::create_dir_all(root.join("m/1")).unwrap();
+        std::fs::create_dir_all(root.join(".hidden")).unwrap();
+        let outside = scratch("outside");
+        std::os::unix::fs::symlink(&outside, root.join("linked")).unwrap();
+        let store = LocalStore::new(root.clone());
+        assert_eq!(store.list().unwrap(), vec!["linked", "m"]);
+        assert!(store.contains("m") && !store.contains("nope") && !store.contains("../m"));
+        assert_eq!(store.fetch("m").unwrap(), root.join("m"));
+        assert!(store.fetch("linked").unwrap_err().contains("outside"));
+        assert!(store.fetch("nope").unwrap_err().contains("not found"));
+        let _ = std::fs::remove_dir_all(&root);
+        let _ = std::fs::remove_dir_all(&outside);
+    }
+
+    #[test]
+    fn fingerprints_tell_shared_files_from_versions() {
+        let root = scratch("fingerprint");
+        std::fs::create_dir_all(root.join("m/1")).unwrap();
+        std::fs::write(root.join("m/config.pbtxt"), "x").unwrap();
+        std::fs::write(root.join("m/1/model.onnx"), "one").unwrap();
+        let store = LocalStore::new(root.clone());
+        let before = store.fingerprint("m").unwrap();
+        assert_eq!(before.versions.keys().collect::<Vec<_>>(), vec!["1"]);
+        std::fs::create_dir_all(root.join("m/2")).unwrap();
+        std::fs::write(root.join("m/2/model.onnx"), "two").unwrap();
+        let added = store.fingerprint("m").unwrap();
+        assert_eq!(added.shared, before.shared);
+        assert_eq!(added.versions["1"], before.versions["1"]);
+        std::fs::write(root.join("m/config.pbtxt"), "changed").unwrap();
+        assert_ne!(store.fingerprint("m").unwrap().shared, before.shared);
+        let _ = std::fs::remove_dir_all(&root);
+    }
+}
