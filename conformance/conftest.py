@@ -70,9 +70,10 @@ def _distinct_ports(n: int) -> list[int]:
 class KilnServer:
     """One running kiln process."""
 
-    def __init__(self, repos: list[Path], name: str = "kiln"):
+    def __init__(self, repos: list[Path], name: str = "kiln", extra_args=()):
         self.repos = [Path(r) for r in repos]
         self.name = name
+        self.extra_args = list(extra_args)
         self.grpc_port, self.http_port, self.metrics_port = _distinct_ports(3)
         self.grpc_url = f"127.0.0.1:{self.grpc_port}"
         self.http_url = f"127.0.0.1:{self.http_port}"
@@ -97,6 +98,7 @@ class KilnServer:
             "--http-port", str(self.http_port),
             "--metrics-port", str(self.metrics_port),
         ]
+        args += self.extra_args
         if os.environ.get("KILN_CONFORMANCE_VERBOSE"):
             args += ["--log-verbose", "1"]
         self.args = args
@@ -225,11 +227,11 @@ _SERVERS: list[KilnServer] = []
 _START_FAILURES: dict[str, str] = {}
 
 
-def start_server(repos, name="kiln") -> KilnServer:
+def start_server(repos, name="kiln", extra_args=()) -> KilnServer:
     """Start kiln; a failed start is remembered so later tests fail fast instead of retrying."""
     if name in _START_FAILURES:
         pytest.fail(f"(earlier start failed) {_START_FAILURES[name]}", pytrace=False)
-    srv = KilnServer(repos, name=name)
+    srv = KilnServer(repos, name=name, extra_args=extra_args)
     _SERVERS.append(srv)
     try:
         return srv.start()

@@ -1,0 +1,188 @@
+"""Model lifecycle with tritonclient (grpc and http): get_model_repository_index, load_model (plain,
+with a config override, with file overrides) and unload_model against kiln in explicit
+model-control mode; the mode rules and Triton's error texts.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+import time
+
+import numpy as np
+import pytest
+import tritonclient.grpc as grpcclient
+import tritonclient.http as httpclient
+from tritonclient.utils import InferenceServerException
+
+from conftest import BUNDLED_REPO, RPC_TIMEOUT, assert_triton_error, start_server, stop_server
+
+import grpc
+
+T = RPC_TIMEOUT
+ADD_SUB_ONNX = (BUNDLED_REPO / "add_sub" / "1" / "model.onnx").read_bytes()
+
+
+def add_sub_config(name: str, max_batch_size: int = 8, instances: int = 1) -> str:
+    """add_sub's config as the JSON the load API takes."""
+    tensor = lambda n: {"name": n, "data_type": "TYPE_FP32", "dims": [16]}  # noqa: E731
+    return json.dumps({
+        "name": name,
+        "backend": "onnxruntime",
+        "max_batch_size": max_batch_size,
+        "input": [tensor("INPUT0"), tensor("INPUT1")],
+        "output": [tensor("OUTPUT0"), tensor("OUTPUT1")],
+        "instance_group": [{"count": instances, "kind": "KIND_CPU"}],
+    })
+
+
+@pytest.fixture(scope="module")
+def explicit(tmp_path_factory):
+    """kiln in explicit mode over a copy of add_sub and string_echo, nothing loaded at start."""
+    repo = tmp_path_factory.mktemp("explicit-repo")
+    for model in ("add_sub", "string_echo"):
+        shutil.copytree(BUNDLED_REPO / model, repo / model)
+    srv = start_server([repo], name="kiln-explicit", extra_args=["--model-control-mode", "explicit"])
+    yield srv
+    stop_server(srv)
+
+
+@pytest.fixture(scope="module")
+def grpc_client(explicit):
+    c = grpcclient.InferenceServerClient(explicit.grpc_url)
+    yield c
+    c.close()
+
+
+@pytest.fixture(scope="module")
+def http_client(explicit):
+    c = httpclient.InferenceServerClient(explicit.http_url, network_timeout=T)
+    yield c
+    c.close()
+
+
+def add_sub_grpc(client, model: str):
+    a = np.arange(16, dtype=np.float32).reshape(1, 16)
+    b = np.full((1, 16), 0.5, dtype=np.float32)
+    inputs = []
+    for name, arr in (("INPUT0", a), ("INPUT1", b)):
+        inp = grpcclient.InferInput(name, list(arr.shape), "FP32")
+        inp.set_data_from_numpy(arr)
+        inputs.append(inp)
+    result = client.infer(model, inputs, client_timeout=T)
+    np.testing.assert_allclose(result.as_numpy("OUTPUT0"), a + b)
+
+
+def add_sub_http(client, model: str):
+    a = np.arange(16, dtype=np.float32).reshape(1, 16)
+    b = np.full((1, 16), 0.5, dtype=np.float32)
+    inputs = []
+    for name, arr in (("INPUT0", a), ("INPUT1", b)):
+        inp = httpclient.InferInput(name, list(arr.shape), "FP32")
+        inp.set_data_from_numpy(arr)
+        inputs.append(inp)
+    result = client.infer(model, inputs)
+    np.testing.assert_allclose(result.as_numpy("OUTPUT1"), a - b)
+
+
+def wait_for(predicate, what: str, timeout: float = 20.0):
+    deadline = time.monotonic() + timeout
+    while not predicate():
+        assert time.monotonic() < deadline, f"timed out waiting for {what}"
+        time.sleep(0.05)
+
+
+def states(grpc_client) -> dict:
+    idx = grpc_client.get_model_repository_index(client_timeout=T)
+    return {(m.name, m.version): (m.state, m.reason) for m in idx.models}
+
+
+def test_index_lists_models_never_loaded_by_name_only(grpc_client, http_client):
+    grpc_index = grpc_client.get_model_repository_index(as_json=True, client_timeout=T)
+    assert grpc_index["models"] == [{"name": "add_sub"}, {"name": "string_echo"}]
+    assert http_client.get_model_repository_index() == [{"name": "add_sub"}, {"name": "string_echo"}]
+    assert grpc_client.is_server_ready(client_timeout=T) is True
+
+
+def test_load_and_unload_over_grpc_and_http(grpc_client, http_client):
+    grpc_client.load_model("add_sub", client_timeout=T)
+    assert grpc_client.is_model_ready("add_sub", client_timeout=T) is True
+    add_sub_grpc(grpc_client, "add_sub")
+    http_client.load_model("string_echo")
+    assert http_client.is_model_ready("string_echo") is True
+    assert states(grpc_client)[("add_sub", "1")] == ("READY", "")
+
+    http_client.unload_model("add_sub", unload_dependents=True)
+    wait_for(lambda: states(grpc_client).get(("add_sub", "1")) == ("UNAVAILABLE", "unloaded"),
+             "add_sub to be unloaded")
+    assert grpc_client.is_model_ready("add_sub", client_timeout=T) is False
+    grpc_client.unload_model("string_echo", unload_dependents=True, client_timeout=T)
+    wait_for(lambda: states(grpc_client).get(("string_echo", "1")) == ("UNAVAILABLE", "unloaded"),
+             "string_echo to be unloaded")
+    http_index = http_client.get_model_repository_index()
+    assert {"name": "add_sub", "version": "1", "state": "UNAVAILABLE", "reason": "unloaded"} in http_index
+    assert http_client.is_server_ready() is True
+
+
+def test_config_override_reloads_without_downtime(grpc_client, http_client):
+    grpc_client.load_model("add_sub", config=add_sub_config("add_sub", max_batch_size=4), client_timeout=T)
+    assert grpc_client.get_model_config("add_sub", as_json=True, client_timeout=T)["config"]["max_batch_size"] == 4
+    http_client.load_model("add_sub", config=add_sub_config("add_sub", max_batch_size=2, instances=2))
+    config = http_client.get_model_config("add_sub")
+    assert (config["max_batch_size"], config["instance_group"][0]["count"]) == (2, 2)
+    add_sub_http(http_client, "add_sub")
+    with pytest.raises(InferenceServerException) as e:
+        grpc_client.load_model("add_sub", config="{not json", client_timeout=T)
+    assert_triton_error(e.value, grpc.StatusCode.INVALID_ARGUMENT, "Invalid config override")
+    add_sub_grpc(grpc_client, "add_sub")  # the loaded model still serves
+
+
+def test_file_overrides_make_new_models(grpc_client, http_client):
+    files = {"file:1/model.onnx": ADD_SUB_ONNX}
+    grpc_client.load_model("uploaded_grpc", config=add_sub_config("uploaded_grpc"), files=files, client_timeout=T)
+    add_sub_grpc(grpc_client, "uploaded_grpc")
+    # tritonclient.http base64-encodes the bytes (rapidjson writes them as a string).
+    http_client.load_model("uploaded_http", config=add_sub_config("uploaded_http"), files=files)
+    add_sub_http(http_client, "uploaded_http")
+    names = {m["name"] for m in http_client.get_model_repository_index()}
+    assert {"uploaded_grpc", "uploaded_http"} <= names
+    with pytest.raises(InferenceServerException) as e:
+        grpc_client.load_model("lonely", files=files, client_timeout=T)
+    assert_triton_error(e.value, grpc.StatusCode.INVALID_ARGUMENT,
+                        "Load parameter 'config' must be specified for model file override")
+    with pytest.raises(InferenceServerException) as e:
+        grpc_client.load_model("evil", config=add_sub_config("evil"),
+                               files={"file:../../evil/1/model.onnx": ADD_SUB_ONNX}, client_timeout=T)
+    assert_triton_error(e.value, grpc.StatusCode.INVALID_ARGUMENT, "must stay within model directory")
+
+
+def test_load_errors_follow_triton(grpc_client, http_client):
+    with pytest.raises(InferenceServerException) as e:
+        grpc_client.load_model("missing", client_timeout=T)
+    assert_triton_error(e.value, grpc.StatusCode.INTERNAL,
+                        "failed to load 'missing', failed to poll from model repository")
+    with pytest.raises(InferenceServerException) as e:
+        http_client.load_model("missing")
+    assert e.value.status() == "500"
+    with pytest.raises(InferenceServerException) as e:
+        grpc_client.load_model("../add_sub", client_timeout=T)
+    assert_triton_error(e.value, grpc.StatusCode.INVALID_ARGUMENT,
+                        "model name must not contain path traversal characters")
+    with pytest.raises(InferenceServerException) as e:
+        http_client.load_model("..")
+    assert e.value.status() == "400"
+    assert "path traversal" in e.value.message()
+
+
+def test_server_metadata_lists_the_extension(grpc_client):
+    extensions = grpc_client.get_server_metadata(as_json=True, client_timeout=T)["extensions"]
+    assert "model_repository" in extensions and "model_repository(unload_dependents)" in extensions
+
+
+def test_load_unload_refused_outside_explicit_mode(client):
+    for call in (lambda: client.load_model("add_sub", client_timeout=T),
+                 lambda: client.unload_model("add_sub", client_timeout=T)):
+        with pytest.raises(InferenceServerException) as e:
+            call()
+        assert_triton_error(e.value, grpc.StatusCode.UNAVAILABLE,
+                            "explicit model load / unload is not allowed if polling is enabled")
