@@ -3,6 +3,7 @@
 //! Triton's texts; each protocol maps them to its status codes once.
 
 mod classification;
+mod lookup;
 mod raw_input;
 mod response;
 mod validate;
@@ -12,7 +13,7 @@ use crate::core::{Error, InferRequest, InferResponse, ParamValue};
 use crate::invalid_arg;
 use crate::metrics::{FailureReason, ModelStats};
 use crate::proto::inference::{ModelConfig, ModelStatistics};
-use crate::repository::{Model, ModelRepository, ServingVersion, Status};
+use crate::repository::{Model, ModelRepository};
 use crate::scheduler::{self, ScheduleError};
 use std::collections::BTreeMap;
 use std::sync::atomic::{AtomicUsize, Ordering};
@@ -321,55 +322,6 @@ impl Engine {
             ..Default::default()
         })
     }
-
-    /// Finds the model and the version to serve: the given one, or the newest ready one. Both
-    /// come out of the current snapshot by `Arc`, so a reload or unload that happens meanwhile
-    /// lets this request finish on what it resolved.
-    fn resolve(
-        &self,
-        name: &str,
-        version: &str,
-    ) -> Result<(Arc<Model>, Arc<ServingVersion>), Error> {
-        let snapshot = self.repository.snapshot();
-        let slot = snapshot.get(name).ok_or_else(|| {
-            Error::NotFound(format!("Request for unknown model: '{name}' is not found"))
-        })?;
-        let model = slot.serving.clone();
-        if version.is_empty() {
-            return model
-                .and_then(|model| Some((Arc::clone(model.latest()?), model)))
-                .map(|(serving, model)| (model, serving))
-                .ok_or_else(|| {
-                    Error::NotFound(format!(
-                        "Request for unknown model: '{name}' has no available versions"
-                    ))
-                });
-        }
-        let number = parse_version(version)?;
-        if let Some(model) = model {
-            if let Some(serving) = model.versions.get(&number) {
-                return Ok((Arc::clone(&model), Arc::clone(serving)));
-            }
-        }
-        let known = match &slot.status {
-            Status::Loading { versions } | Status::Unloaded { versions } => {
-                versions.contains(&number)
-            }
-            Status::Failed(crate::repository::LoadFailure::Versions(reasons)) => {
-                reasons.contains_key(&number)
-            }
-            Status::Failed(_) | Status::Ready => false,
-        };
-        if known {
-            Err(Error::Unavailable(format!(
-                "Request for unknown model: '{name}' version {number} is not at ready state"
-            )))
-        } else {
-            Err(Error::NotFound(format!(
-                "Request for unknown model: '{name}' version {number} is not found"
-            )))
-        }
-    }
 }
 
 /// Records a request whose caller stopped waiting as CANCELED.
@@ -422,16 +374,6 @@ fn schedule_error(error: ScheduleError, prefix: &str, model: &str) -> (Error, Fa
     }
 }
 
-/// Parses a version string as Triton does: an integer greater than zero.
-fn parse_version(version: &str) -> Result<i64, Error> {
-    version.parse::<i64>().ok().filter(|&v| v > 0).ok_or_else(|| {
-        invalid_arg!(
-            "failed to get model version from specified version string '{version}' (details: stol), \
-             version should be an integral value > 0"
-        )
-    })
-}
-
 /// Rejects reserved `triton_*` keys and malformed `classification` counts before the model runs.
 /// Triton's other reserved keys (`priority`, `timeout`, `sequence_*`) are accepted.
 fn check_parameters(request: &InferRequest) -> Result<(), Error> {
@@ -454,16 +396,6 @@ fn check_parameters(request: &InferRequest) -> Result<(), Error> {
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn version_strings() {
-        assert_eq!(parse_version("3"), Ok(3));
-        for bad in ["abc", "0", "-1", "1.5", " 1", "99999999999999999999"] {
-            let err = parse_version(bad).unwrap_err();
-            assert!(matches!(err, Error::InvalidArgument(_)), "{bad}");
-            assert!(err.message().contains(&format!("'{bad}'")));
-        }
-    }
 
     #[test]
     fn reserved_triton_parameters_are_rejected() {

@@ -44,27 +44,6 @@ pub fn parse_config(text: &str) -> Result<ModelConfig, ConfigError> {
         .map_err(|e| ConfigError::Parse(e.to_string()))
 }
 
-/// Parses the protobuf-JSON form of a [`ModelConfig`] (the load API's `config` parameter): field
-/// names as in the proto or in lowerCamelCase, enums by name, 64-bit integers as numbers or
-/// strings; unknown fields are refused, as Triton refuses them.
-///
-/// # Errors
-/// [`ConfigError::Parse`] with the JSON position and reason.
-pub fn config_from_json(text: &str) -> Result<ModelConfig, ConfigError> {
-    let descriptor = descriptor_pool()
-        .get_message_by_name("inference.ModelConfig")
-        .expect("inference.ModelConfig is in the descriptor set");
-    let mut deserializer = serde_json::Deserializer::from_str(text);
-    let message = DynamicMessage::deserialize(descriptor, &mut deserializer)
-        .map_err(|e| ConfigError::Parse(e.to_string()))?;
-    deserializer
-        .end()
-        .map_err(|e| ConfigError::Parse(e.to_string()))?;
-    message
-        .transcode_to::<ModelConfig>()
-        .map_err(|e| ConfigError::Parse(e.to_string()))
-}
-
 /// The text-format grammar lets a list of messages follow its field name without a colon
 /// (`input [ { ... } ]`), which is how Triton's configs are written; prost-reflect's parser insists
 /// on the colon. This inserts it: after an identifier in field-name position (not preceded by
@@ -566,21 +545,5 @@ mod tests {
         )
         .unwrap();
         assert!(validate_io(&config).is_err());
-    }
-
-    #[test]
-    fn json_configs_parse_like_the_load_api_sends_them() {
-        let config = config_from_json(
-            r#"{"name": "m", "backend": "onnxruntime", "max_batch_size": 4,
-                "input": [{"name": "X", "data_type": "TYPE_FP32", "dims": [2, "-1"]}],
-                "instanceGroup": [{"count": 1, "kind": "KIND_CPU"}]}"#,
-        )
-        .unwrap();
-        assert_eq!(config.max_batch_size, 4);
-        assert_eq!(config.input[0].dims, vec![2, -1]);
-        assert_eq!(config.instance_group[0].count, 1);
-        assert!(config_from_json(r#"{"nonsense": 1}"#).is_err());
-        assert!(config_from_json("{").is_err());
-        assert!(config_from_json("{} trailing").is_err());
     }
 }

@@ -3,11 +3,13 @@
 //! which then replaces the repository's directory entirely and requires `config`). Override files
 //! are written to a fresh temporary directory that is removed once the load has read them.
 
-use super::config::config_from_json;
+use super::config::ConfigError;
 use super::store::plain_relative;
 use crate::core::Error;
 use crate::invalid_arg;
+use crate::proto::descriptor_pool;
 use crate::proto::inference::ModelConfig;
+use prost_reflect::DynamicMessage;
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -85,6 +87,27 @@ pub fn parse(parameters: BTreeMap<String, LoadParameter>) -> Result<Overrides, E
         ));
     }
     Ok(overrides)
+}
+
+/// Parses the protobuf-JSON form of a [`ModelConfig`] (the load API's `config` parameter): field
+/// names as in the proto or in lowerCamelCase, enums by name, 64-bit integers as numbers or
+/// strings; unknown fields are refused, as Triton refuses them.
+///
+/// # Errors
+/// [`ConfigError::Parse`] with the JSON position and reason.
+pub fn config_from_json(text: &str) -> Result<ModelConfig, ConfigError> {
+    let descriptor = descriptor_pool()
+        .get_message_by_name("inference.ModelConfig")
+        .expect("inference.ModelConfig is in the descriptor set");
+    let mut deserializer = serde_json::Deserializer::from_str(text);
+    let message = DynamicMessage::deserialize(descriptor, &mut deserializer)
+        .map_err(|e| ConfigError::Parse(e.to_string()))?;
+    deserializer
+        .end()
+        .map_err(|e| ConfigError::Parse(e.to_string()))?;
+    message
+        .transcode_to::<ModelConfig>()
+        .map_err(|e| ConfigError::Parse(e.to_string()))
 }
 
 /// A temporary model directory made of override files; removed when dropped.
@@ -230,5 +253,21 @@ mod tests {
             ),
         ];
         assert!(OverrideDir::write("m", &clash).is_err());
+    }
+
+    #[test]
+    fn json_configs_parse_like_the_load_api_sends_them() {
+        let config = config_from_json(
+            r#"{"name": "m", "backend": "onnxruntime", "max_batch_size": 4,
+                "input": [{"name": "X", "data_type": "TYPE_FP32", "dims": [2, "-1"]}],
+                "instanceGroup": [{"count": 1, "kind": "KIND_CPU"}]}"#,
+        )
+        .unwrap();
+        assert_eq!(config.max_batch_size, 4);
+        assert_eq!(config.input[0].dims, vec![2, -1]);
+        assert_eq!(config.instance_group[0].count, 1);
+        assert!(config_from_json(r#"{"nonsense": 1}"#).is_err());
+        assert!(config_from_json("{").is_err());
+        assert!(config_from_json("{} trailing").is_err());
     }
 }

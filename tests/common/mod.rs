@@ -3,6 +3,7 @@
 #![allow(dead_code)]
 
 pub mod http_client;
+pub mod lifecycle;
 pub mod onnx;
 
 use kiln::proto::inference::grpc_inference_service_client::GrpcInferenceServiceClient;

@@ -330,7 +330,10 @@ async fn repository_parameters(
             }
             Value::String(text) => LoadParameter::String(text.clone()),
             Value::Bool(flag) => LoadParameter::Bool(*flag),
-            Value::Number(n) if n.is_i64() => LoadParameter::Int64(n.as_i64().unwrap_or_default()),
+            Value::Number(n) => match n.as_i64() {
+                Some(n) => LoadParameter::Int64(n),
+                None => return Err(bad(format!("parameter '{key}' must be an integer"))),
+            },
             _ => return Err(bad(format!("parameter '{key}' has an unsupported type"))),
         };
         decoded.insert(key.clone(), parameter);

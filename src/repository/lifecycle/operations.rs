@@ -1,178 +1,20 @@
-//! The mutable repository: which models serve, in which state every known model is, and the
-//! operations that change it (start-up load, explicit load and unload, polling).
-//!
-//! Requests never wait on a load. They take a snapshot (an `Arc` of an immutable map, swapped
-//! whole under a short write lock) and keep the model and version they resolved by `Arc`. A
-//! (re)load builds the new version set beside the old one without touching the snapshot, then
-//! swaps it in at once; the versions that no longer serve go to the [`Retirer`], which stops
-//! them when their last in-flight request has finished. A failed reload leaves the old versions
-//! serving. Operations on one model are serialised; different models load in parallel. Every
-//! change bumps a watch channel so readiness (and the gRPC health service) follow it.
+//! The operations that change models: the start-up load, the load and unload API, polling, and
+//! the load pipeline they share (prepare and build beside what serves, then commit).
 
-use super::index::{self, IndexEntry};
-use super::loader::{self, LoadFailure};
-use super::overrides::{self, LoadParameter, OverrideDir};
-use super::retire::Retirer;
-use super::store::{validate_name, Fingerprint, ModelStore};
-use super::{LoadOptions, Model};
+use super::{ControlMode, ModelRepository, Slot, Status};
 use crate::core::Error;
 use crate::proto::inference::ModelConfig;
-use std::collections::{BTreeMap, BTreeSet, HashMap};
+use crate::repository::loader::{self, LoadFailure};
+use crate::repository::overrides::{self, LoadParameter, OverrideDir};
+use crate::repository::store::{validate_name, Fingerprint};
+use crate::repository::Model;
+use std::collections::BTreeMap;
 use std::path::PathBuf;
-use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::{Arc, Mutex, RwLock};
-use tokio::sync::watch;
+use std::sync::atomic::Ordering;
+use std::sync::Arc;
 use tracing::{info, warn};
 
-/// `--model-control-mode`, as `tritonserver` spells it.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum ControlMode {
-    /// Load every model at start-up; ignore later changes; no load/unload API.
-    None,
-    /// As `None`, then re-scan the repository periodically and apply what changed.
-    Poll,
-    /// Load only `--load-model` models at start-up; then only the load/unload API changes models.
-    Explicit,
-}
-
-/// How the repository behaves.
-#[derive(Debug, Clone)]
-pub struct RepositoryOptions {
-    pub mode: ControlMode,
-    /// `--load-model` names for explicit mode; `["*"]` loads every model.
-    pub startup_models: Vec<String>,
-    pub load: LoadOptions,
-}
-
-/// The lifecycle state of a model that is not simply serving.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub enum Status {
-    /// A load runs; the versions it builds once its policy is known. A model being reloaded
-    /// keeps serving its old versions meanwhile.
-    Loading {
-        versions: Vec<i64>,
-    },
-    Ready,
-    /// The last load of a model that does not serve failed.
-    Failed(LoadFailure),
-    /// Unloaded; its versions are UNLOADING until their sessions are freed.
-    Unloaded {
-        versions: Vec<i64>,
-    },
-}
-
-/// Everything known about one model name.
-#[derive(Clone)]
-pub struct Slot {
-    /// What serves requests now.
-    pub serving: Option<Arc<Model>>,
-    pub status: Status,
-    /// The server is only ready (strict readiness) when every expected model serves: models to
-    /// load at start-up, models in the repository in poll mode, models loaded through the API.
-    pub expected: bool,
-    /// Fingerprint of the files `serving` was built from: versions whose files still match are
-    /// kept on a poll-triggered reload.
-    loaded: Option<Fingerprint>,
-    /// Fingerprint at the last load attempt: polling reloads only when the files differ from it.
-    seen: Option<Fingerprint>,
-    /// Loaded from override files rather than a store (polling leaves it alone).
-    from_override: bool,
-}
-
-impl Slot {
-    fn new(expected: bool) -> Slot {
-        Slot {
-            serving: None,
-            status: Status::Loading {
-                versions: Vec::new(),
-            },
-            expected,
-            loaded: None,
-            seen: None,
-            from_override: false,
-        }
-    }
-}
-
-/// What requests read: every known model by name.
-pub type Snapshot = BTreeMap<String, Slot>;
-
-const NOT_EXPLICIT: &str = "explicit model load / unload is not allowed if polling is enabled";
-
-/// The repository and the lifecycle of its models.
-pub struct ModelRepository {
-    stores: Vec<Box<dyn ModelStore>>,
-    options: RepositoryOptions,
-    state: RwLock<Arc<Snapshot>>,
-    /// One lock per model name, held for a whole load or unload.
-    operations: Mutex<HashMap<String, Arc<Mutex<()>>>>,
-    retirer: Retirer,
-    /// Bumped on every change of state, so watchers re-evaluate readiness.
-    changes: Arc<watch::Sender<u64>>,
-    /// Set once the start-up load has run (whatever its outcome).
-    started: AtomicBool,
-}
-
 impl ModelRepository {
-    /// A repository over `stores` (a model name is looked up in them in order). Nothing is read
-    /// or loaded yet: see [`ModelRepository::load_startup`].
-    ///
-    /// # Errors
-    /// The OS error when the retirement thread cannot start.
-    pub fn new(
-        stores: Vec<Box<dyn ModelStore>>,
-        options: RepositoryOptions,
-    ) -> std::io::Result<ModelRepository> {
-        let changes = Arc::new(watch::Sender::new(0u64));
-        let notify = Arc::clone(&changes);
-        Ok(ModelRepository {
-            stores,
-            options,
-            state: RwLock::new(Arc::new(Snapshot::new())),
-            operations: Mutex::new(HashMap::new()),
-            retirer: Retirer::start(move || notify.send_modify(|n| *n += 1))?,
-            changes,
-            started: AtomicBool::new(false),
-        })
-    }
-
-    pub fn mode(&self) -> ControlMode {
-        self.options.mode
-    }
-
-    /// The current state; cheap (one `Arc` clone under a read lock).
-    pub fn snapshot(&self) -> Arc<Snapshot> {
-        Arc::clone(&self.state.read().unwrap_or_else(|p| p.into_inner()))
-    }
-
-    /// A receiver that changes whenever any model's state does.
-    pub fn subscribe(&self) -> watch::Receiver<u64> {
-        self.changes.subscribe()
-    }
-
-    /// Whether the start-up load has finished.
-    pub fn started(&self) -> bool {
-        self.started.load(Ordering::SeqCst)
-    }
-
-    /// Strict readiness: the start-up load has finished and every expected model serves.
-    pub fn all_expected_ready(&self) -> bool {
-        self.started()
-            && self
-                .snapshot()
-                .values()
-                .all(|s| !s.expected || s.serving.is_some())
-    }
-
-    /// The repository index: every model directory in the stores and every model known
-    /// otherwise, with the state of each version (see [`index`]).
-    pub fn index(&self, ready_only: bool) -> Vec<IndexEntry> {
-        let on_disk: BTreeSet<String> = self.list().into_keys().collect();
-        index::render(&on_disk, &self.snapshot(), ready_only, |model, version| {
-            self.retirer.is_retiring(model, version)
-        })
-    }
-
     /// Loads what the control mode loads at start-up; blocking. Failures are recorded per model.
     pub fn load_startup(&self) {
         let names: Vec<String> = match self.options.mode {
@@ -271,37 +113,6 @@ impl ModelRepository {
                 self.with_model_lock(name, || self.unload_locked(name, true));
             }
         }
-    }
-
-    fn require_explicit(&self) -> Result<(), Error> {
-        match self.options.mode {
-            ControlMode::Explicit => Ok(()),
-            ControlMode::None | ControlMode::Poll => Err(Error::Unavailable(NOT_EXPLICIT.into())),
-        }
-    }
-
-    /// Model names in the stores, each with the first store that holds it.
-    fn list(&self) -> BTreeMap<String, usize> {
-        let mut names = BTreeMap::new();
-        for (index, store) in self.stores.iter().enumerate() {
-            match store.list() {
-                Ok(listed) => {
-                    for name in listed {
-                        if let Some(first) = names.get(&name) {
-                            if *first != index {
-                                warn!(model = %name, "model name appears in more than one repository; keeping the first");
-                            }
-                            continue;
-                        }
-                        names.insert(name, index);
-                    }
-                }
-                Err(e) => {
-                    warn!(repository = %store.location(), "cannot read model repository: {e}")
-                }
-            }
-        }
-        names
     }
 
     fn load_from_store(&self, name: &str, keep_unchanged: bool) -> Result<(), Error> {
@@ -467,53 +278,12 @@ impl ModelRepository {
         }
     }
 
-    fn set_loading(&self, name: &str, versions: Vec<i64>) {
+    pub(super) fn set_loading(&self, name: &str, versions: Vec<i64>) {
         self.update(name, |old| {
             let mut slot = old.cloned().unwrap_or_else(|| Slot::new(false));
             slot.status = Status::Loading { versions };
             Some(slot)
         });
-    }
-
-    /// Runs `operation` holding `name`'s lock, so loads and unloads of one model never overlap.
-    fn with_model_lock<T>(&self, name: &str, operation: impl FnOnce() -> T) -> T {
-        let lock = {
-            let mut locks = self.operations.lock().unwrap_or_else(|p| p.into_inner());
-            Arc::clone(locks.entry(name.to_string()).or_default())
-        };
-        let _held = lock.lock().unwrap_or_else(|p| p.into_inner());
-        operation()
-    }
-
-    /// Replaces one slot (`None` removes it) and returns the previous one.
-    fn update(
-        &self,
-        name: &str,
-        change: impl FnOnce(Option<&Slot>) -> Option<Slot>,
-    ) -> Option<Slot> {
-        let mut previous = None;
-        self.update_all(|slots| {
-            previous = slots.get(name).cloned();
-            match change(previous.as_ref()) {
-                Some(slot) => slots.insert(name.to_string(), slot),
-                None => slots.remove(name),
-            };
-        });
-        previous
-    }
-
-    fn update_all(&self, change: impl FnOnce(&mut Snapshot)) {
-        {
-            let mut state = self.state.write().unwrap_or_else(|p| p.into_inner());
-            let mut slots = (**state).clone();
-            change(&mut slots);
-            *state = Arc::new(slots);
-        }
-        self.notify();
-    }
-
-    fn notify(&self) {
-        self.changes.send_modify(|n| *n += 1);
     }
 }
 

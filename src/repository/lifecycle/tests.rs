@@ -1,0 +1,232 @@
+//! The lifecycle's bookkeeping without ONNX Runtime: a store with no model files, and serving
+//! models whose versions run a stand-in backend.
+
+use super::*;
+use crate::backend::{Backend, BackendError};
+use crate::core::Tensor;
+use crate::metrics::ModelStats;
+use crate::repository::{IoSpec, ServingVersion};
+use crate::scheduler::{BatchingConfig, Scheduler};
+use std::time::{Duration, Instant};
+
+/// Lists names but has no files: every load fails at fetch.
+struct NamesOnly(Vec<&'static str>);
+
+impl ModelStore for NamesOnly {
+    fn location(&self) -> String {
+        "names-only".into()
+    }
+    fn list(&self) -> std::io::Result<Vec<String>> {
+        Ok(self.0.iter().map(|s| s.to_string()).collect())
+    }
+    fn contains(&self, name: &str) -> bool {
+        self.0.contains(&name)
+    }
+    fn fetch(&self, _: &str) -> Result<std::path::PathBuf, String> {
+        Err("no files here".into())
+    }
+    fn fingerprint(&self, _: &str) -> Result<Fingerprint, String> {
+        Ok(Fingerprint::default())
+    }
+}
+
+struct Echo;
+
+impl Backend for Echo {
+    fn run(&mut self, inputs: &[Tensor]) -> Result<Vec<Tensor>, BackendError> {
+        Ok(inputs.to_vec())
+    }
+}
+
+fn repository(mode: ControlMode, names: Vec<&'static str>) -> ModelRepository {
+    let options = RepositoryOptions {
+        mode,
+        startup_models: Vec::new(),
+        load: LoadOptions {
+            auto_complete: true,
+            cores: 1,
+        },
+    };
+    ModelRepository::new(vec![Box::new(NamesOnly(names))], options).unwrap()
+}
+
+fn serving_model(name: &str, versions: &[i64]) -> Arc<Model> {
+    let versions = versions
+        .iter()
+        .map(|&version| {
+            let stats = Arc::new(ModelStats::new(name, version));
+            let scheduler = Scheduler::start(
+                "test",
+                BatchingConfig::default(),
+                vec![Box::new(Echo)],
+                Arc::clone(&stats),
+            )
+            .unwrap();
+            let io = IoSpec {
+                max_batch_size: 0,
+                inputs: Vec::new(),
+                outputs: Vec::new(),
+            };
+            let serving = ServingVersion {
+                version,
+                io,
+                scheduler,
+                stats,
+            };
+            (version, Arc::new(serving))
+        })
+        .collect();
+    Arc::new(Model {
+        name: name.to_string(),
+        config: Arc::default(),
+        versions,
+        labels: BTreeMap::new(),
+    })
+}
+
+fn serve(repository: &ModelRepository, name: &str, versions: &[i64]) {
+    let model = serving_model(name, versions);
+    repository.update(name, |_| {
+        Some(Slot {
+            serving: Some(model),
+            status: Status::Ready,
+            ..Slot::new(true)
+        })
+    });
+}
+
+fn rows(repository: &ModelRepository, ready_only: bool) -> Vec<(String, String, String, String)> {
+    repository
+        .index(ready_only)
+        .into_iter()
+        .map(|e| (e.name, e.version, e.state, e.reason))
+        .collect()
+}
+
+fn row(name: &str, version: &str, state: &str, reason: &str) -> (String, String, String, String) {
+    (name.into(), version.into(), state.into(), reason.into())
+}
+
+#[test]
+fn the_api_answers_only_in_explicit_mode() {
+    for mode in [ControlMode::None, ControlMode::Poll] {
+        let repository = repository(mode, vec!["a"]);
+        let expected = Error::Unavailable(NOT_EXPLICIT.into());
+        assert_eq!(repository.load("a", BTreeMap::new()), Err(expected.clone()));
+        assert_eq!(repository.unload("a"), Err(expected));
+    }
+    let repository = repository(ControlMode::Explicit, vec!["a"]);
+    assert!(matches!(
+        repository.load("../a", BTreeMap::new()),
+        Err(Error::InvalidArgument(_))
+    ));
+    assert_eq!(
+        repository.load("zz", BTreeMap::new()),
+        Err(Error::Internal(
+            "failed to load 'zz', failed to poll from model repository".into()
+        ))
+    );
+    assert!(
+        repository.snapshot().get("zz").is_none(),
+        "no slot for unknown names"
+    );
+}
+
+#[test]
+fn failed_loads_are_indexed_with_their_reason_and_not_expected() {
+    let repository = repository(ControlMode::Explicit, vec!["a", "b"]);
+    assert_eq!(
+        rows(&repository, false),
+        vec![row("a", "", "", ""), row("b", "", "", "")]
+    );
+    let error = repository.load("a", BTreeMap::new()).unwrap_err();
+    assert_eq!(
+        error,
+        Error::InvalidArgument("load failed for model 'a': no files here".into())
+    );
+    assert_eq!(
+        rows(&repository, false),
+        vec![
+            row("a", "", "UNAVAILABLE", "no files here"),
+            row("b", "", "", "")
+        ]
+    );
+    assert!(rows(&repository, true).is_empty());
+    repository.load_startup();
+    assert!(
+        repository.all_expected_ready(),
+        "an API load that failed is not expected"
+    );
+}
+
+#[test]
+fn strict_readiness_waits_for_the_start_up_load_and_expected_models() {
+    let repository = repository(ControlMode::None, vec!["a"]);
+    assert!(!repository.started() && !repository.all_expected_ready());
+    repository.load_startup();
+    assert!(repository.started());
+    assert!(
+        !repository.all_expected_ready(),
+        "'a' should load and failed"
+    );
+    serve(&repository, "a", &[1]);
+    assert!(repository.all_expected_ready());
+}
+
+#[test]
+fn index_states_for_every_stage() {
+    let repository = repository(ControlMode::Explicit, vec!["loading", "versions", "failed"]);
+    repository.set_loading("loading", Vec::new());
+    repository.set_loading("versions", vec![1, 2]);
+    let failure = LoadFailure::Versions(BTreeMap::from([(3, "bad".to_string())]));
+    repository.update("failed", |_| {
+        Some(Slot {
+            status: Status::Failed(failure),
+            ..Slot::new(false)
+        })
+    });
+    serve(&repository, "uploaded", &[1, 4]);
+    assert_eq!(
+        rows(&repository, false),
+        vec![
+            row("failed", "3", "UNAVAILABLE", "bad"),
+            row("loading", "", "LOADING", ""),
+            row("uploaded", "1", "READY", ""),
+            row("uploaded", "4", "READY", ""),
+            row("versions", "1", "LOADING", ""),
+            row("versions", "2", "LOADING", ""),
+        ]
+    );
+    assert_eq!(rows(&repository, true).len(), 2);
+}
+
+#[test]
+fn unloaded_versions_stop_once_their_last_request_is_done() {
+    let repository = repository(ControlMode::Explicit, vec!["m"]);
+    serve(&repository, "m", &[1]);
+    let mut changes = repository.subscribe();
+    changes.mark_unchanged();
+    // A request in flight holds the version it resolved.
+    let in_flight = Arc::clone(
+        &repository.snapshot()["m"]
+            .serving
+            .as_ref()
+            .unwrap()
+            .versions[&1],
+    );
+    repository.unload("m").unwrap();
+    assert!(repository.snapshot()["m"].serving.is_none());
+    std::thread::sleep(Duration::from_millis(50));
+    assert_eq!(
+        rows(&repository, false),
+        vec![row("m", "1", "UNLOADING", "")]
+    );
+    drop(in_flight);
+    let deadline = Instant::now() + Duration::from_secs(5);
+    while rows(&repository, false) != vec![row("m", "1", "UNAVAILABLE", "unloaded")] {
+        assert!(Instant::now() < deadline, "never unloaded");
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    assert!(changes.has_changed().unwrap());
+    assert!(!repository.snapshot()["m"].expected);
+}
