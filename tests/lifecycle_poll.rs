@@ -4,46 +4,24 @@
 
 mod common;
 
+use common::lifecycle::{add_bias_request, Client};
 use common::onnx::{add_bias_config, add_bias_model};
-use common::{Server, TempRepo};
-use kiln::proto::inference::grpc_inference_service_client::GrpcInferenceServiceClient;
+use common::{fp32_values, Server, TempRepo};
 use kiln::proto::inference::{
-    model_infer_request::InferInputTensor, ModelInferRequest, ModelStatisticsRequest,
-    RepositoryIndexRequest, RepositoryModelLoadRequest, ServerReadyRequest,
+    ModelStatisticsRequest, RepositoryIndexRequest, RepositoryModelLoadRequest, ServerReadyRequest,
 };
 use std::time::{Duration, Instant};
-use tonic::transport::Channel;
 use tonic::Code;
-
-type Client = GrpcInferenceServiceClient<Channel>;
 
 /// `(version that answered, Y)` for X = [1, 2, 3, 4], or the gRPC error.
 async fn infer(client: &mut Client, name: &str, version: &str) -> Result<(String, Vec<f32>), Code> {
-    let x: Vec<u8> = [1.0f32, 2.0, 3.0, 4.0]
-        .iter()
-        .flat_map(|v| v.to_le_bytes())
-        .collect();
-    let request = ModelInferRequest {
-        model_name: name.into(),
-        model_version: version.into(),
-        inputs: vec![InferInputTensor {
-            name: "X".into(),
-            datatype: "FP32".into(),
-            shape: vec![4],
-            ..Default::default()
-        }],
-        raw_input_contents: vec![x.into()],
-        ..Default::default()
-    };
+    let request = add_bias_request(name, version, &[1.0, 2.0, 3.0, 4.0]);
     let response = client
         .model_infer(request)
         .await
         .map_err(|s| s.code())?
         .into_inner();
-    let y = response.raw_output_contents[0]
-        .chunks_exact(4)
-        .map(|c| f32::from_le_bytes(c.try_into().unwrap()))
-        .collect();
+    let y = fp32_values(&response.raw_output_contents[0]);
     Ok((response.model_version, y))
 }
 

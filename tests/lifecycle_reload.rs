@@ -5,23 +5,19 @@
 mod common;
 
 use common::http_client::{get, post};
+use common::lifecycle::{add_bias_request, Client};
 use common::onnx::{add_bias_config, add_bias_config_json, add_bias_model};
 use common::{Server, TempRepo};
-use kiln::proto::inference::grpc_inference_service_client::GrpcInferenceServiceClient;
 use kiln::proto::inference::model_repository_parameter::ParameterChoice;
 use kiln::proto::inference::{
-    model_infer_request::InferInputTensor, ModelInferRequest, ModelRepositoryParameter,
-    RepositoryIndexRequest, RepositoryModelLoadRequest, RepositoryModelUnloadRequest,
-    ServerReadyRequest,
+    ModelRepositoryParameter, RepositoryIndexRequest, RepositoryModelLoadRequest,
+    RepositoryModelUnloadRequest, ServerReadyRequest,
 };
 use serde_json::json;
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
-use tonic::transport::Channel;
-
-type Client = GrpcInferenceServiceClient<Channel>;
 
 async fn load(client: &mut Client, name: &str, config: Option<String>) {
     let parameters = config
@@ -41,18 +37,8 @@ async fn load(client: &mut Client, name: &str, config: Option<String>) {
 }
 
 async fn grpc_infer(client: &mut Client, name: &str, n: usize) -> Result<(), String> {
-    let x: Vec<u8> = (0..n).flat_map(|i| (i as f32).to_le_bytes()).collect();
-    let request = ModelInferRequest {
-        model_name: name.into(),
-        inputs: vec![InferInputTensor {
-            name: "X".into(),
-            datatype: "FP32".into(),
-            shape: vec![n as i64],
-            ..Default::default()
-        }],
-        raw_input_contents: vec![x.into()],
-        ..Default::default()
-    };
+    let x: Vec<f32> = (0..n).map(|i| i as f32).collect();
+    let request = add_bias_request(name, "", &x);
     let response = client
         .model_infer(request)
         .await

@@ -3,7 +3,7 @@
 
 use super::http_client::post;
 use super::onnx::{add_bias_config, add_bias_model};
-use super::{Server, TempRepo};
+use super::{fp32_bytes, fp32_values, Server, TempRepo};
 use kiln::proto::inference::grpc_inference_service_client::GrpcInferenceServiceClient;
 use kiln::proto::inference::model_repository_parameter::ParameterChoice;
 use kiln::proto::inference::{
@@ -97,30 +97,27 @@ pub fn row(
     (name.into(), version.into(), state.into(), reason.into())
 }
 
-/// Infers `Y = X + bias` on an add-bias model over gRPC and returns Y.
-pub async fn grpc_infer(client: &mut Client, name: &str) -> Result<Vec<f32>, tonic::Status> {
-    let x: Vec<u8> = [1.0f32, 2.0, 3.0, 4.0]
-        .iter()
-        .flat_map(|v| v.to_le_bytes())
-        .collect();
-    let response = client
-        .model_infer(ModelInferRequest {
-            model_name: name.into(),
-            inputs: vec![InferInputTensor {
-                name: "X".into(),
-                datatype: "FP32".into(),
-                shape: vec![4],
-                ..Default::default()
-            }],
-            raw_input_contents: vec![x.into()],
+/// An inference request for an add-bias model: `X` is `x`, FP32 `[x.len()]`.
+pub fn add_bias_request(name: &str, version: &str, x: &[f32]) -> ModelInferRequest {
+    ModelInferRequest {
+        model_name: name.into(),
+        model_version: version.into(),
+        inputs: vec![InferInputTensor {
+            name: "X".into(),
+            datatype: "FP32".into(),
+            shape: vec![x.len() as i64],
             ..Default::default()
-        })
-        .await?
-        .into_inner();
-    Ok(response.raw_output_contents[0]
-        .chunks_exact(4)
-        .map(|c| f32::from_le_bytes(c.try_into().unwrap()))
-        .collect())
+        }],
+        raw_input_contents: vec![fp32_bytes(x)],
+        ..Default::default()
+    }
+}
+
+/// Infers `Y = X + bias` for X = [1, 2, 3, 4] over gRPC and returns Y.
+pub async fn grpc_infer(client: &mut Client, name: &str) -> Result<Vec<f32>, tonic::Status> {
+    let request = add_bias_request(name, "", &[1.0, 2.0, 3.0, 4.0]);
+    let response = client.model_infer(request).await?.into_inner();
+    Ok(fp32_values(&response.raw_output_contents[0]))
 }
 
 pub async fn rest_infer(address: &str, name: &str) -> (u16, Value) {
