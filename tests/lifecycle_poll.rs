@@ -6,7 +6,7 @@ mod common;
 
 use common::lifecycle::{add_bias_request, Client};
 use common::onnx::{add_bias_config, add_bias_model};
-use common::{fp32_values, Server, TempRepo};
+use common::{fp32_values, TempRepo};
 use kiln::proto::inference::{
     ModelStatisticsRequest, RepositoryIndexRequest, RepositoryModelLoadRequest, ServerReadyRequest,
 };
@@ -81,7 +81,7 @@ async fn poll_mode_follows_the_repository() {
         "--repository-poll-secs",
         "1",
     ];
-    let server = Server::launch(&[repo.path.clone()], &args, true);
+    let server = repo.serve(&args, true);
     let mut client = server.client().await;
     assert!(answers(&client, "poller", "", ("1", 1.0)).await);
     let load = client
@@ -144,7 +144,7 @@ async fn poll_reloads_keep_unchanged_versions_and_survive_broken_changes() {
         "--repository-poll-secs",
         "1",
     ];
-    let server = Server::launch(&[repo.path.clone()], &args, true);
+    let server = repo.serve(&args, true);
     let mut client = server.client().await;
     for _ in 0..3 {
         assert!(answers(&client, "kept", "1", ("1", 1.0)).await);

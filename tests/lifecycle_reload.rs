@@ -73,7 +73,7 @@ async fn reloads_under_load_fail_no_request() {
     repo.write("steady/config.pbtxt", add_bias_config("steady", 4, 1));
     repo.write("steady/1/model.onnx", add_bias_model(4, 1.0));
     let args = ["--model-control-mode", "explicit", "--load-model", "steady"];
-    let server = Server::launch(&[repo.path.clone()], &args, true);
+    let server = repo.serve(&args, true);
     let mut client = server.client().await;
     let baseline_threads = threads(&server);
 
@@ -172,7 +172,7 @@ async fn unload_gives_memory_back() {
     repo.write("big/1/model.onnx", add_bias_model(BIG, 0.5));
     // `small` brings ONNX Runtime into the process first, so the baseline includes it.
     let args = ["--model-control-mode", "explicit", "--load-model", "small"];
-    let server = Server::launch(&[repo.path.clone()], &args, true);
+    let server = repo.serve(&args, true);
     let mut client = server.client().await;
     grpc_infer(&mut client, "small", 4).await.unwrap();
     let mib = |kib: u64| kib as f64 / 1024.0;
@@ -238,7 +238,7 @@ async fn listeners_answer_while_models_load() {
     repo.write("big/config.pbtxt", add_bias_config("big", BIG, 4));
     repo.write("big/1/model.onnx", add_bias_model(BIG, 0.5));
     let args = ["--model-control-mode", "explicit", "--load-model", "big"];
-    let server = Server::launch(&[repo.path.clone()], &args, false);
+    let server = repo.serve(&args, false);
     let live = get(&server.http_address, "/v2/health/live").await;
     let ready = get(&server.http_address, "/v2/health/ready").await;
     assert_eq!(live.status, 200, "live at once");

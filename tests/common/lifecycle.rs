@@ -31,7 +31,7 @@ pub fn two_models() -> TempRepo {
 pub fn explicit(repo: &TempRepo, extra: &[&str]) -> Server {
     let mut args = vec!["--model-control-mode", "explicit"];
     args.extend_from_slice(extra);
-    Server::launch(&[repo.path.clone()], &args, true)
+    repo.serve(&args, true)
 }
 
 pub fn param(choice: ParameterChoice) -> ModelRepositoryParameter {

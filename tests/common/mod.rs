@@ -199,6 +199,11 @@ impl TempRepo {
         TempRepo { path }
     }
 
+    /// Starts kiln on this repository alone (see [`Server::launch`]).
+    pub fn serve(&self, args: &[&str], wait_for_models: bool) -> Server {
+        Server::launch(std::slice::from_ref(&self.path), args, wait_for_models)
+    }
+
     /// Writes `file` (relative to the repository) with `contents`, creating directories.
     pub fn write(&self, file: &str, contents: impl AsRef<[u8]>) {
         let path = self.path.join(file);

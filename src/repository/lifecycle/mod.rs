@@ -48,16 +48,13 @@ pub struct RepositoryOptions {
 pub enum Status {
     /// A load runs; the versions it builds once its policy is known. A model being reloaded
     /// keeps serving its old versions meanwhile.
-    Loading {
-        versions: Vec<i64>,
-    },
+    Loading { versions: Vec<i64> },
+    /// Serving (`Slot::serving` is set); also after a failed reload, since the old versions serve.
     Ready,
     /// The last load of a model that does not serve failed.
     Failed(LoadFailure),
     /// Unloaded; its versions are UNLOADING until their sessions are freed.
-    Unloaded {
-        versions: Vec<i64>,
-    },
+    Unloaded { versions: Vec<i64> },
 }
 
 /// Everything known about one model name.
@@ -100,8 +97,10 @@ const NOT_EXPLICIT: &str = "explicit model load / unload is not allowed if polli
 
 /// The repository and the lifecycle of its models.
 pub struct ModelRepository {
+    /// Where models come from, searched in order (`--model-repository`, repeatable).
     stores: Vec<Box<dyn ModelStore>>,
     options: RepositoryOptions,
+    /// The current snapshot; writers replace the `Arc`, readers clone it and let go of the lock.
     state: RwLock<Arc<Snapshot>>,
     /// One lock per model name, held for a whole load or unload.
     operations: Mutex<HashMap<String, Arc<Mutex<()>>>>,

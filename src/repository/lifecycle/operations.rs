@@ -101,7 +101,9 @@ impl ModelRepository {
                     self.update(name, |_| Some(Slot::new(true)));
                     true
                 }
-                Some(slot) => slot.from_override || slot.seen != fingerprint,
+                // A failed load records what it saw too: broken files are retried only once
+                // they change again.
+                Some(slot) => slot.seen != fingerprint,
             };
             if changed {
                 let _ = self.load_from_store(name, true);
@@ -233,20 +235,20 @@ impl ModelRepository {
             }
             Err(failure) => {
                 let message = failure.message(name);
-                self.update(name, |old| {
+                let previous = self.update(name, |old| {
                     let mut slot = old.cloned().unwrap_or_else(|| Slot::new(false));
                     slot.seen = fingerprint.clone();
-                    slot.status = if slot.serving.is_some() {
-                        warn!(model = %name, "reload failed, the loaded versions keep serving: {message}");
-                        Status::Ready
+                    if slot.serving.is_some() {
+                        slot.status = Status::Ready;
                     } else {
-                        Status::Failed(failure.clone())
-                    };
-                    if slot.serving.is_none() {
+                        slot.status = Status::Failed(failure.clone());
                         slot.from_override = from_override;
                     }
                     Some(slot)
                 });
+                if previous.is_some_and(|slot| slot.serving.is_some()) {
+                    warn!(model = %name, "reload failed, the loaded versions keep serving");
+                }
                 Err(Error::InvalidArgument(message))
             }
         }
