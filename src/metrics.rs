@@ -6,7 +6,7 @@
 //! `nv_inference_request_success`, `nv_inference_request_failure` (+ `reason`),
 //! `nv_inference_count`, `nv_inference_exec_count`, `nv_inference_request_duration_us`,
 //! `nv_inference_queue_duration_us`, `nv_inference_compute_{input,infer,output}_duration_us`,
-//! `nv_inference_pending_request_count` (gauge) and `nv_inference_request_summary_us`, a summary
+//! `nv_inference_pending_request_count` (gauge), `nv_model_load_duration_secs` (gauge) and `nv_inference_request_summary_us`, a summary
 //! (quantiles 0.5, 0.9, 0.99 over a sliding window) of end-to-end request latency.
 
 use crate::proto::inference::{
@@ -111,6 +111,7 @@ struct Handles {
     compute_infer_us: Counter,
     compute_output_us: Counter,
     pending: Gauge,
+    load_secs: Gauge,
     latency: Histogram,
 }
 
@@ -147,6 +148,7 @@ impl ModelStats {
             compute_infer_us: counter!("nv_inference_compute_infer_duration_us", &labels),
             compute_output_us: counter!("nv_inference_compute_output_duration_us", &labels),
             pending: gauge!("nv_inference_pending_request_count", &labels),
+            load_secs: gauge!("nv_model_load_duration_secs", &labels),
             latency: histogram!("nv_inference_request_summary_us", &labels),
         };
         ModelStats {
@@ -166,6 +168,11 @@ impl ModelStats {
     /// Requests waiting in the queue.
     pub fn set_pending(&self, pending: usize) {
         self.handles.pending.set(pending as f64);
+    }
+
+    /// How long loading this version took (its sessions and instances).
+    pub fn record_load(&self, duration: Duration) {
+        self.handles.load_secs.set(duration.as_secs_f64());
     }
 
     /// One execution of a batch of `batch_size` rows.

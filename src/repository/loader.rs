@@ -251,6 +251,7 @@ fn start_version(
     if !path.is_file() {
         return Err(format!("model file {} not found", path.display()));
     }
+    let started = std::time::Instant::now();
     let mut backends: Vec<Box<dyn Backend>> = Vec::with_capacity(instances);
     let mut io = None;
     for _ in 0..instances {
@@ -269,6 +270,7 @@ fn start_version(
         Arc::clone(&stats),
     )
     .map_err(|e| format!("failed to start instances: {e}"))?;
+    stats.record_load(started.elapsed());
     Ok(ServingVersion {
         version,
         io,
