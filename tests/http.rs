@@ -401,7 +401,7 @@ async fn classification_matches_grpc() {
                 shape: vec![2, 64],
                 ..Default::default()
             }],
-            raw_input_contents: vec![fp32_bytes(&input).into()],
+            raw_input_contents: vec![fp32_bytes(&input)],
             outputs: vec![InferRequestedOutputTensor {
                 name: "OUTPUT0".into(),
                 parameters,

@@ -68,19 +68,21 @@ impl OnnxSession {
     }
 }
 
-// The builder's errors carry the (non-Send) builder; keep them inside this function and return
-// plain text.
+// The builder's errors carry the (non-Send, large) builder; drop it at each step and keep text.
 fn build_session(
     runtime: &OnnxRuntime,
     path: &Path,
     options: &SessionOptions,
 ) -> Result<Session, String> {
-    let builder = Session::builder(runtime.environment()).map_err(|e| e.to_string())?;
-    let mut builder = builder
+    let text = |e: ort::Error<ort::session::builder::SessionBuilder>| e.to_string();
+    let mut builder = Session::builder(runtime.environment())
+        .map_err(|e| e.to_string())?
         .with_intra_threads(options.intra_op_threads.max(1))
-        .and_then(|b| b.with_inter_threads(1))
-        .and_then(|b| b.with_intra_op_spinning(false))
-        .map_err(|e| e.to_string())?;
+        .map_err(text)?
+        .with_inter_threads(1)
+        .map_err(text)?
+        .with_intra_op_spinning(false)
+        .map_err(text)?;
     builder.commit_from_file(path).map_err(|e| e.to_string())
 }
 

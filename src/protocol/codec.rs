@@ -345,8 +345,10 @@ mod tests {
 
     #[test]
     fn typed_field_must_match_datatype() {
-        let mut contents = InferTensorContents::default();
-        contents.int_contents = vec![1];
+        let contents = InferTensorContents {
+            int_contents: vec![1],
+            ..Default::default()
+        };
         let err = message(request_from_wire(request(
             vec![input("a", "FP32", &[1], Some(contents))],
             vec![],
