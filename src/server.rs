@@ -12,7 +12,7 @@ use crate::proto::inference::grpc_inference_service_server::GrpcInferenceService
 use crate::protocol::grpc::InferenceService;
 use crate::protocol::http::{self, HttpConfig};
 use crate::repository::{
-    ControlMode, LoadOptions, LocalStore, ModelRepository, ModelStore, RepositoryOptions,
+    store, ControlMode, LoadOptions, ModelRepository, ModelStore, RepositoryOptions,
 };
 use axum::serve::ListenerExt;
 use std::future::Future;
@@ -28,7 +28,8 @@ use tracing::{info, warn};
 /// Everything `run` needs besides its listeners.
 #[derive(Debug, Clone)]
 pub struct Config {
-    /// Model repository roots; a model name must be unique across them.
+    /// Model repository roots (directories or `s3://` URLs); a model name must be unique across
+    /// them.
     pub model_repositories: Vec<PathBuf>,
     /// Largest gRPC message accepted or sent, in bytes.
     pub max_message_bytes: usize,
@@ -223,8 +224,9 @@ fn open_repository(config: &Config) -> Result<ModelRepository, ServerError> {
     let stores: Vec<Box<dyn ModelStore>> = config
         .model_repositories
         .iter()
-        .map(|root| Box::new(LocalStore::new(root.clone())) as Box<dyn ModelStore>)
-        .collect();
+        .map(|location| store::open(location))
+        .collect::<Result<_, _>>()
+        .map_err(ServerError::Config)?;
     let options = RepositoryOptions {
         mode: config.control_mode,
         startup_models: config.load_models.clone(),

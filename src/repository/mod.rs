@@ -1,8 +1,8 @@
 //! The model repository: Triton's directory layout (`<root>/<model>/config.pbtxt`,
 //! `<root>/<model>/<version>/model.onnx`) and the lifecycle of the models in it.
 //!
-//! Layout: `store` is where model directories come from (a [`ModelStore`]; the local file system
-//! today) and checks names and paths; `config`, `autocomplete`, `versions` and `io` turn a
+//! Layout: `store` is where model directories come from (a [`ModelStore`]: a local directory, or
+//! `s3` for an S3-compatible object store) and checks names and paths; `config`, `autocomplete`, `versions` and `io` turn a
 //! directory into a complete config and a set of versions; `loader` starts their instances;
 //! `lifecycle` owns the mutable state ([`ModelRepository`]): control modes, load, unload, poll,
 //! readiness, and the snapshot requests read; `overrides` checks the load API's parameters;
@@ -20,6 +20,7 @@ mod lifecycle;
 mod loader;
 mod overrides;
 mod retire;
+pub mod s3;
 pub mod store;
 mod versions;
 
@@ -28,6 +29,7 @@ pub use io::{IoSpec, TensorSpec};
 pub use lifecycle::{ControlMode, ModelRepository, RepositoryOptions, Slot, Snapshot, Status};
 pub use loader::LoadFailure;
 pub use overrides::LoadParameter;
+pub use s3::S3Store;
 pub use store::{LocalStore, ModelStore};
 
 use crate::metrics::ModelStats;

@@ -1,8 +1,9 @@
 //! Where model directories come from. A [`ModelStore`] lists model names, hands the loader a local
 //! directory holding one model's files, and fingerprints them so polling can tell what changed.
-//! [`LocalStore`] is a directory on disk in Triton's layout; a remote store (object storage) would
-//! copy a model into a local cache in [`ModelStore::fetch`] and fingerprint it from object
-//! metadata, and nothing above this module would change.
+//! [`LocalStore`] is a directory on disk in Triton's layout; [`super::s3::S3Store`] copies a model
+//! from an S3-compatible object store into a local cache in [`ModelStore::fetch`] and fingerprints
+//! it from object metadata, and nothing above this module tells them apart. [`open`] picks one
+//! from the repository's location.
 //!
 //! Names are checked before they touch a path: a model name is one directory name, never a path,
 //! and the directory it names must stay inside the repository after symlinks are resolved.
@@ -49,6 +50,31 @@ pub trait ModelStore: Send + Sync {
     /// # Errors
     /// As [`ModelStore::fetch`].
     fn fingerprint(&self, name: &str) -> Result<Fingerprint, String>;
+}
+
+/// The store a `--model-repository` value names: `s3://bucket/prefix` is an S3-compatible object
+/// store configured from the AWS environment variables; any other `scheme://` is refused rather
+/// than taken for a relative directory; everything else is a local directory.
+///
+/// # Errors
+/// An unsupported URL scheme, or an S3 location that cannot be configured.
+pub fn open(location: &Path) -> Result<Box<dyn ModelStore>, String> {
+    let text = location.to_string_lossy();
+    if super::s3::parse_url(&text).is_some() {
+        return Ok(Box::new(super::s3::S3Store::from_env(&text)?));
+    }
+    if let Some((scheme, _)) = text.split_once("://") {
+        let url_like = !scheme.is_empty()
+            && scheme
+                .chars()
+                .all(|c| c.is_ascii_alphanumeric() || "+-.".contains(c));
+        if url_like {
+            return Err(format!(
+                "unsupported model repository URL '{text}' (local directories and s3:// are supported)"
+            ));
+        }
+    }
+    Ok(Box::new(LocalStore::new(location.to_path_buf())))
 }
 
 /// Checks a model name as Triton does, and more strictly: not empty or blank, and no path

@@ -5,6 +5,7 @@
 pub mod http_client;
 pub mod lifecycle;
 pub mod onnx;
+pub mod s3;
 
 use kiln::proto::inference::grpc_inference_service_client::GrpcInferenceServiceClient;
 use std::io::{BufRead, BufReader};
@@ -47,7 +48,18 @@ impl Server {
     /// Starts kiln on repositories given by absolute path; `wait_for_models` false returns as soon
     /// as the listeners answer, while models may still be loading.
     pub fn launch(repositories: &[PathBuf], extra: &[&str], wait_for_models: bool) -> Server {
+        Server::launch_env(repositories, extra, &[], wait_for_models)
+    }
+
+    /// As [`Server::launch`], with `env` added to kiln's environment (an S3 endpoint and keys).
+    pub fn launch_env(
+        repositories: &[PathBuf],
+        extra: &[&str],
+        env: &[(&str, &str)],
+        wait_for_models: bool,
+    ) -> Server {
         let mut command = Command::new(env!("CARGO_BIN_EXE_kiln"));
+        command.envs(env.iter().copied());
         for repository in repositories {
             command.arg("--model-repository").arg(repository);
         }

@@ -1,0 +1,471 @@
+//! A model repository in an S3-compatible object store (`s3://bucket/prefix`), through the
+//! `object_store` crate. The layout under the prefix is Triton's: `<prefix>/<model>/config.pbtxt`,
+//! `<prefix>/<model>/<version>/model.onnx`.
+//!
+//! ONNX Runtime reads files, so [`ModelStore::fetch`] materialises a model into a local cache
+//! directory (`<cache>/<bucket>-<hash of prefix>/<model>/`) before the loader sees it: objects
+//! whose size and entity tag are unchanged since the last fetch are not downloaded again, new and
+//! changed ones are written beside their target and renamed over it (a reader of the old file
+//! keeps its inode), and files no longer in the store are deleted. Every object key is checked
+//! before it becomes a path: it must be a plain relative path inside the model's directory.
+//!
+//! The fingerprint that poll mode compares is computed from the listing alone (key, size, entity
+//! tag, last modification), per version directory and for the shared files, so a poll costs one
+//! LIST per model and downloads nothing.
+//!
+//! The [`ModelStore`] methods are synchronous and the lifecycle calls them from blocking threads,
+//! so the store owns a small tokio runtime for object_store's async client and blocks on it. A
+//! call from inside another runtime (the index is listed from an async handler) is moved off that
+//! runtime's worker first, so no async worker ever parks on network I/O unannounced.
+
+use super::store::{contained, plain_relative, validate_name, Fingerprint, ModelStore};
+use futures_util::{StreamExt, TryStreamExt};
+use object_store::aws::{AmazonS3Builder, AmazonS3ConfigKey};
+use object_store::path::Path as ObjectPath;
+use object_store::{ClientConfigKey, ObjectMeta, ObjectStore, ObjectStoreExt, RetryConfig};
+use std::collections::hash_map::DefaultHasher;
+use std::collections::{BTreeSet, HashMap};
+use std::future::Future;
+use std::hash::{Hash, Hasher};
+use std::io::{self, Write};
+use std::path::{Path, PathBuf};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+use tokio::runtime::{Handle, Runtime, RuntimeFlavor};
+
+/// Environment variable naming the directory remote models are cached in. Unset: a directory
+/// per server process under the system temporary directory, removed when the server stops.
+pub const CACHE_DIR_ENV: &str = "KILN_MODEL_CACHE_DIR";
+
+/// `Some((bucket, prefix))` when `location` is an `s3://` URL, `None` for anything else.
+///
+/// # Errors
+/// An `s3://` URL without a bucket, or whose prefix is not a plain relative path.
+pub fn parse_url(location: &str) -> Option<Result<(String, String), String>> {
+    let rest = location.strip_prefix("s3://")?;
+    let (bucket, prefix) = rest.split_once('/').unwrap_or((rest, ""));
+    let prefix = prefix.trim_matches('/');
+    if bucket.is_empty() {
+        return Some(Err(format!("repository URL '{location}' names no bucket")));
+    }
+    if !prefix.is_empty() && !plain_relative(prefix) {
+        return Some(Err(format!(
+            "repository URL '{location}': the prefix must be a plain path (no '..', no empty segment)"
+        )));
+    }
+    Some(Ok((bucket.to_string(), prefix.to_string())))
+}
+
+/// What a fetch downloaded a local file from; equal metadata means the file is current.
+#[derive(Debug, Clone, PartialEq, Eq)]
+struct Downloaded {
+    size: u64,
+    e_tag: Option<String>,
+    last_modified: i64,
+}
+
+impl Downloaded {
+    fn of(meta: &ObjectMeta) -> Downloaded {
+        Downloaded {
+            size: meta.size,
+            e_tag: meta.e_tag.clone(),
+            last_modified: meta.last_modified.timestamp_millis(),
+        }
+    }
+}
+
+/// A model repository under `s3://bucket/prefix`.
+pub struct S3Store {
+    location: String,
+    /// The repository's prefix in the bucket (empty: the bucket's root).
+    prefix: ObjectPath,
+    client: Arc<dyn ObjectStore>,
+    /// `Option` only so that `Drop` can shut it down without blocking (see there).
+    runtime: Option<Runtime>,
+    /// Where this repository's models are materialised.
+    cache: PathBuf,
+    /// Removed on drop: the per-process default, which nothing else will reuse.
+    owns_cache: bool,
+    /// Local file → the object it was last downloaded from.
+    downloaded: Mutex<HashMap<PathBuf, Downloaded>>,
+}
+
+impl S3Store {
+    /// A store for `s3://bucket/prefix`, configured from the usual AWS environment variables
+    /// (`AWS_ENDPOINT_URL_S3` / `AWS_ENDPOINT_URL`, `AWS_REGION` / `AWS_DEFAULT_REGION`,
+    /// `AWS_ACCESS_KEY_ID`, `AWS_SECRET_ACCESS_KEY`, `AWS_SESSION_TOKEN`...). A plain `http://`
+    /// endpoint is allowed (a local S3-compatible server); path-style requests are the default.
+    ///
+    /// # Errors
+    /// The URL or the client configuration is invalid, or the cache cannot be created.
+    pub fn from_env(location: &str) -> Result<S3Store, String> {
+        let (bucket, prefix) =
+            parse_url(location).ok_or_else(|| format!("'{location}' is not an s3:// URL"))??;
+        // reqwest is built without a default crypto provider (so that no C toolchain beyond gcc
+        // is needed): ring serves TLS. Installing twice is harmless; the first one stays.
+        let _ = rustls::crypto::ring::default_provider().install_default();
+        let mut builder = AmazonS3Builder::from_env().with_bucket_name(&bucket);
+        let endpoint = ["AWS_ENDPOINT_URL_S3", "AWS_ENDPOINT_URL", "AWS_ENDPOINT"]
+            .iter()
+            .find_map(|key| std::env::var(key).ok().filter(|v| !v.is_empty()));
+        if endpoint.is_some_and(|e| e.starts_with("http://")) {
+            builder = builder.with_allow_http(true);
+        }
+        // A load must fail in seconds, not after object_store's default three minutes of retries.
+        let retry = RetryConfig {
+            max_retries: 3,
+            retry_timeout: Duration::from_secs(30),
+            ..RetryConfig::default()
+        };
+        // Set key by key: `with_client_options` would replace what the environment configured
+        // (AWS_ALLOW_HTTP, proxies...) and the `allow_http` above. Whole downloads may be large.
+        for (key, value) in [
+            (ClientConfigKey::ConnectTimeout, "5s"),
+            (ClientConfigKey::Timeout, "300s"),
+        ] {
+            let key = AmazonS3ConfigKey::Client(key);
+            if builder.get_config_value(&key).is_none() {
+                builder = builder.with_config(key, value);
+            }
+        }
+        let client = builder
+            .with_retry(retry)
+            .build()
+            .map_err(|e| format!("cannot configure S3 repository {location}: {e}"))?;
+        let runtime = tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(1)
+            .thread_name("kiln-s3")
+            .enable_all()
+            .build()
+            .map_err(|e| format!("cannot start the S3 client runtime: {e}"))?;
+        let (root, owns_cache) = match std::env::var_os(CACHE_DIR_ENV) {
+            Some(dir) if !dir.is_empty() => (PathBuf::from(dir), false),
+            _ => (
+                std::env::temp_dir().join(format!("kiln-model-cache-{}", std::process::id())),
+                true,
+            ),
+        };
+        let mut hasher = DefaultHasher::new();
+        prefix.hash(&mut hasher);
+        let cache = root.join(format!("{bucket}-{:016x}", hasher.finish()));
+        std::fs::create_dir_all(&cache)
+            .map_err(|e| format!("cannot create model cache {}: {e}", cache.display()))?;
+        Ok(S3Store {
+            location: location.to_string(),
+            prefix: ObjectPath::from(prefix.as_str()),
+            client: Arc::new(client),
+            runtime: Some(runtime),
+            cache,
+            owns_cache,
+            downloaded: Mutex::new(HashMap::new()),
+        })
+    }
+
+    /// The local directory `name` is materialised in.
+    pub fn cache_dir(&self, name: &str) -> PathBuf {
+        self.cache.join(name)
+    }
+
+    /// Runs `future` to completion on the store's runtime, from any thread: directly on a plain
+    /// (blocking) thread; through `block_in_place` on a multi-thread runtime's worker, which hands
+    /// that worker's other tasks away first; on a scoped helper thread from a current-thread
+    /// runtime, which cannot give its thread up.
+    fn block_on<F>(&self, future: F) -> F::Output
+    where
+        F: Future + Send,
+        F::Output: Send,
+    {
+        let runtime = self.runtime.as_ref().expect("runtime lives until drop");
+        match Handle::try_current().map(|h| h.runtime_flavor()) {
+            Err(_) => runtime.block_on(future),
+            Ok(RuntimeFlavor::MultiThread) => {
+                tokio::task::block_in_place(|| runtime.block_on(future))
+            }
+            Ok(_) => std::thread::scope(|scope| {
+                scope
+                    .spawn(|| runtime.block_on(future))
+                    .join()
+                    .expect("S3 helper thread panicked")
+            }),
+        }
+    }
+
+    fn model_prefix(&self, name: &str) -> ObjectPath {
+        self.prefix.clone().join(name)
+    }
+
+    /// Every object of model `name` with its path relative to the model's directory, sorted.
+    /// Directory markers (keys ending in `/`, made by some consoles) are skipped.
+    ///
+    /// # Errors
+    /// Listing failed, the model has no objects, or a key is not a plain relative path.
+    fn objects(&self, name: &str) -> Result<Vec<(String, ObjectMeta)>, String> {
+        validate_name(name)?;
+        let prefix = self.model_prefix(name);
+        let listed: Vec<ObjectMeta> = self
+            .block_on(self.client.list(Some(&prefix)).try_collect())
+            .map_err(|e| format!("failed to list model '{name}' in {}: {e}", self.location))?;
+        let mut objects = Vec::with_capacity(listed.len());
+        for meta in listed {
+            let Some(parts) = meta.location.prefix_match(&prefix) else {
+                continue;
+            };
+            let relative = parts
+                .map(|p| p.as_ref().to_string())
+                .collect::<Vec<_>>()
+                .join("/");
+            if relative.is_empty() || meta.location.as_ref().ends_with('/') {
+                continue;
+            }
+            if !plain_relative(&relative) {
+                return Err(format!(
+                    "object '{}' of model '{name}' would leave the model directory",
+                    meta.location
+                ));
+            }
+            objects.push((relative, meta));
+        }
+        if objects.is_empty() {
+            return Err(format!("model '{name}' not found in {}", self.location));
+        }
+        objects.sort_by(|a, b| a.0.cmp(&b.0));
+        Ok(objects)
+    }
+
+    /// Downloads one object to `target`: streamed into a sibling temporary file, then renamed.
+    fn download(&self, meta: &ObjectMeta, target: &Path) -> Result<(), String> {
+        let parent = target.parent().unwrap_or(&self.cache);
+        std::fs::create_dir_all(parent)
+            .map_err(|e| format!("cannot create {}: {e}", parent.display()))?;
+        let partial = parent.join(format!(
+            ".{}.kiln-partial",
+            target.file_name().unwrap_or_default().to_string_lossy()
+        ));
+        let written = self.block_on(async {
+            let mut file = std::fs::File::create(&partial)?;
+            let result = self
+                .client
+                .get(&meta.location)
+                .await
+                .map_err(io::Error::other)?;
+            let mut stream = result.into_stream();
+            while let Some(chunk) = stream.next().await {
+                file.write_all(&chunk.map_err(io::Error::other)?)?;
+            }
+            file.sync_all()
+        });
+        let renamed = written.and_then(|()| std::fs::rename(&partial, target));
+        renamed.map_err(|e| {
+            let _ = std::fs::remove_file(&partial);
+            format!("failed to download {}: {e}", meta.location)
+        })
+    }
+}
+
+impl ModelStore for S3Store {
+    fn location(&self) -> String {
+        self.location.clone()
+    }
+
+    fn list(&self) -> io::Result<Vec<String>> {
+        let listing = self
+            .block_on(self.client.list_with_delimiter(Some(&self.prefix)))
+            .map_err(io::Error::other)?;
+        let mut names: Vec<String> = listing
+            .common_prefixes
+            .iter()
+            .filter_map(|p| p.filename().map(str::to_string))
+            .filter(|name| !name.starts_with('.') && validate_name(name).is_ok())
+            .collect();
+        names.sort();
+        names.dedup();
+        Ok(names)
+    }
+
+    fn contains(&self, name: &str) -> bool {
+        if validate_name(name).is_err() {
+            return false;
+        }
+        let prefix = self.model_prefix(name);
+        self.block_on(async { self.client.list(Some(&prefix)).next().await })
+            .is_some_and(|first| first.is_ok())
+    }
+
+    fn fetch(&self, name: &str) -> Result<PathBuf, String> {
+        let objects = self.objects(name)?;
+        let dir = self.cache_dir(name);
+        std::fs::create_dir_all(&dir)
+            .map_err(|e| format!("cannot create {}: {e}", dir.display()))?;
+        let mut wanted = BTreeSet::new();
+        for (relative, meta) in &objects {
+            let target = contained(&dir, relative)?;
+            let current = Downloaded::of(meta);
+            let fresh = {
+                let downloaded = self.downloaded.lock().unwrap_or_else(|p| p.into_inner());
+                downloaded.get(&target) == Some(&current)
+            } && target.metadata().is_ok_and(|m| m.len() == meta.size);
+            if !fresh {
+                self.download(meta, &target)?;
+                let mut downloaded = self.downloaded.lock().unwrap_or_else(|p| p.into_inner());
+                downloaded.insert(target.clone(), current);
+            }
+            wanted.insert(target);
+        }
+        remove_stale(&dir, &wanted);
+        let mut downloaded = self.downloaded.lock().unwrap_or_else(|p| p.into_inner());
+        downloaded.retain(|path, _| !path.starts_with(&dir) || wanted.contains(path));
+        Ok(dir)
+    }
+
+    fn fingerprint(&self, name: &str) -> Result<Fingerprint, String> {
+        let objects = self.objects(name)?;
+        Ok(fingerprint_of(objects.iter().map(|(relative, meta)| {
+            (relative.as_str(), Downloaded::of(meta))
+        })))
+    }
+}
+
+impl Drop for S3Store {
+    fn drop(&mut self) {
+        // Dropping a runtime blocks until its workers stop, which panics inside another
+        // runtime (the server drops its repository from async code): let it go in the background.
+        if let Some(runtime) = self.runtime.take() {
+            runtime.shutdown_background();
+        }
+        if self.owns_cache {
+            if let Some(root) = self.cache.parent() {
+                let _ = std::fs::remove_dir_all(&self.cache);
+                let _ = std::fs::remove_dir(root);
+            }
+        }
+    }
+}
+
+/// The fingerprint of a model from its objects `(path relative to the model, metadata)`: a
+/// numeric first segment with more below it is a version directory, anything else is shared.
+fn fingerprint_of<'a>(objects: impl Iterator<Item = (&'a str, Downloaded)>) -> Fingerprint {
+    let mut shared = DefaultHasher::new();
+    let mut versions: std::collections::BTreeMap<String, DefaultHasher> = Default::default();
+    for (relative, meta) in objects {
+        let (hasher, key) = match relative.split_once('/') {
+            Some((first, rest)) if first.bytes().all(|b| b.is_ascii_digit()) => (
+                versions.entry(first.to_string()).or_default(),
+                rest.to_string(),
+            ),
+            _ => (&mut shared, relative.to_string()),
+        };
+        key.hash(hasher);
+        meta.hash_into(hasher);
+    }
+    Fingerprint {
+        shared: shared.finish(),
+        versions: versions
+            .into_iter()
+            .map(|(version, hasher)| (version, hasher.finish()))
+            .collect(),
+    }
+}
+
+impl Downloaded {
+    fn hash_into(&self, hasher: &mut impl Hasher) {
+        self.size.hash(hasher);
+        self.e_tag.hash(hasher);
+        self.last_modified.hash(hasher);
+    }
+}
+
+/// Deletes every file under `dir` that is not in `wanted`, then the directories left empty.
+fn remove_stale(dir: &Path, wanted: &BTreeSet<PathBuf>) {
+    let Ok(entries) = std::fs::read_dir(dir) else {
+        return;
+    };
+    for entry in entries.flatten() {
+        let path = entry.path();
+        // `file_type` does not follow links: a link is removed as a file, never followed.
+        let is_dir = entry.file_type().is_ok_and(|t| t.is_dir());
+        if is_dir {
+            remove_stale(&path, wanted);
+            let _ = std::fs::remove_dir(&path);
+        } else if !wanted.contains(&path) {
+            let _ = std::fs::remove_file(&path);
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn meta(size: u64, e_tag: &str) -> Downloaded {
+        Downloaded {
+            size,
+            e_tag: Some(e_tag.into()),
+            last_modified: 0,
+        }
+    }
+
+    #[test]
+    fn urls() {
+        assert_eq!(parse_url("/models"), None);
+        assert_eq!(parse_url("gs://b/x"), None);
+        assert_eq!(
+            parse_url("s3://bucket/models/").unwrap().unwrap(),
+            ("bucket".into(), "models".into())
+        );
+        assert_eq!(
+            parse_url("s3://bucket").unwrap().unwrap(),
+            ("bucket".into(), String::new())
+        );
+        assert_eq!(
+            parse_url("s3://b/a/b").unwrap().unwrap(),
+            ("b".into(), "a/b".into())
+        );
+        for bad in ["s3://", "s3:///models", "s3://b/../x", "s3://b/a//c"] {
+            assert!(parse_url(bad).unwrap().is_err(), "{bad}");
+        }
+    }
+
+    #[test]
+    fn fingerprints_tell_shared_files_from_versions() {
+        let base = [
+            ("config.pbtxt", meta(10, "c")),
+            ("1/model.onnx", meta(100, "one")),
+        ];
+        let before = fingerprint_of(base.iter().cloned());
+        assert_eq!(before.versions.keys().collect::<Vec<_>>(), vec!["1"]);
+        let mut added = base.to_vec();
+        added.push(("2/model.onnx", meta(100, "two")));
+        let added = fingerprint_of(added.into_iter());
+        assert_eq!(added.shared, before.shared);
+        assert_eq!(added.versions["1"], before.versions["1"]);
+        assert!(added.versions.contains_key("2"));
+        let changed = fingerprint_of(
+            [
+                ("config.pbtxt", meta(10, "c2")),
+                ("1/model.onnx", meta(100, "one")),
+            ]
+            .into_iter(),
+        );
+        assert_ne!(changed.shared, before.shared);
+        assert_eq!(changed.versions["1"], before.versions["1"]);
+        // A numeric file at the top is shared, not a version.
+        let file = fingerprint_of([("7", meta(1, "x"))].into_iter());
+        assert!(file.versions.is_empty());
+    }
+
+    #[test]
+    fn stale_files_are_removed() {
+        let dir = std::env::temp_dir().join(format!("kiln-s3-stale-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        std::fs::create_dir_all(dir.join("1")).unwrap();
+        std::fs::create_dir_all(dir.join("2")).unwrap();
+        for file in ["config.pbtxt", "1/model.onnx", "2/model.onnx"] {
+            std::fs::write(dir.join(file), "x").unwrap();
+        }
+        let wanted = [dir.join("config.pbtxt"), dir.join("1/model.onnx")];
+        remove_stale(&dir, &wanted.into_iter().collect());
+        assert!(dir.join("1/model.onnx").exists() && dir.join("config.pbtxt").exists());
+        assert!(!dir.join("2").exists());
+        let _ = std::fs::remove_dir_all(&dir);
+    }
+}

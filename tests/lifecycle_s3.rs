@@ -1,0 +1,198 @@
+//! The S3 model store end to end: kiln serves `s3://kiln-models/models` from a real
+//! S3-compatible server (s3s-fs, see `common::s3`), infers with the bundled add_sub model, and in
+//! poll mode picks up versions uploaded, overwritten and deleted in the bucket.
+
+mod common;
+
+use common::lifecycle::{add_bias_request, eventually, index, ready, row, Client};
+use common::onnx::{add_bias_config, add_bias_model};
+use common::s3::S3Server;
+use common::{fp32_bytes, fp32_values, repo_path, Server, TempRepo};
+use kiln::proto::inference::model_infer_request::InferInputTensor;
+use kiln::proto::inference::{ModelInferRequest, ModelReadyRequest};
+use std::path::{Path, PathBuf};
+
+const BUCKET: &str = "kiln-models";
+
+fn add_sub_request() -> ModelInferRequest {
+    let a: Vec<f32> = (0..16).map(|i| i as f32).collect();
+    let b = vec![0.5_f32; 16];
+    let input = |name: &str| InferInputTensor {
+        name: name.into(),
+        datatype: "FP32".into(),
+        shape: vec![1, 16],
+        ..Default::default()
+    };
+    ModelInferRequest {
+        model_name: "add_sub".into(),
+        inputs: vec![input("INPUT0"), input("INPUT1")],
+        raw_input_contents: vec![fp32_bytes(&a), fp32_bytes(&b)],
+        ..Default::default()
+    }
+}
+
+/// `(version that answered, Y)` of an add-bias model for X = [1, 2, 3, 4], or `None` on error.
+async fn biased(client: &Client, version: &str) -> Option<(String, Vec<f32>)> {
+    let mut client = client.clone();
+    let request = add_bias_request("biased", version, &[1.0, 2.0, 3.0, 4.0]);
+    let response = client.model_infer(request).await.ok()?.into_inner();
+    Some((
+        response.model_version,
+        fp32_values(&response.raw_output_contents[0]),
+    ))
+}
+
+fn answer(version: &str, bias: f32) -> Option<(String, Vec<f32>)> {
+    Some((
+        version.into(),
+        [1.0, 2.0, 3.0, 4.0].map(|x| x + bias).to_vec(),
+    ))
+}
+
+/// Every file under `dir`, relative to it, sorted.
+fn files(dir: &Path) -> Vec<String> {
+    let mut found = Vec::new();
+    let mut pending = vec![dir.to_path_buf()];
+    while let Some(next) = pending.pop() {
+        for entry in std::fs::read_dir(&next).into_iter().flatten().flatten() {
+            if entry.path().is_dir() {
+                pending.push(entry.path());
+            } else {
+                let relative = entry.path().strip_prefix(dir).unwrap().to_path_buf();
+                found.push(relative.to_string_lossy().into_owned());
+            }
+        }
+    }
+    found.sort();
+    found
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn s3_repository_serves_and_follows_the_bucket() {
+    let s3 = S3Server::start(BUCKET);
+    let bucket = s3.client(BUCKET);
+    let add_sub = repo_path("model_repository/add_sub");
+    for file in ["config.pbtxt", "1/model.onnx"] {
+        let contents = std::fs::read(add_sub.join(file)).unwrap();
+        bucket
+            .put(&format!("models/add_sub/{file}"), contents)
+            .await;
+    }
+    bucket
+        .put(
+            "models/biased/config.pbtxt",
+            add_bias_config("biased", 4, 1),
+        )
+        .await;
+    bucket
+        .put("models/biased/1/model.onnx", add_bias_model(4, 1.0))
+        .await;
+    // Outside the repository's prefix: never listed.
+    bucket
+        .put(
+            "elsewhere/stray/config.pbtxt",
+            add_bias_config("stray", 4, 1),
+        )
+        .await;
+
+    let cache = TempRepo::new("s3-cache");
+    let env = s3.env(cache.path.to_str().unwrap());
+    let env: Vec<(&str, &str)> = env.iter().map(|(k, v)| (*k, v.as_str())).collect();
+    let args = [
+        "--model-control-mode",
+        "poll",
+        "--repository-poll-secs",
+        "1",
+    ];
+    let repository = PathBuf::from(format!("s3://{BUCKET}/models"));
+    let server = Server::launch_env(&[repository], &args, &env, true);
+    let mut client = server.client().await;
+
+    assert!(ready(&mut client).await);
+    let model_ready = ModelReadyRequest {
+        name: "add_sub".into(),
+        version: String::new(),
+    };
+    assert!(
+        client
+            .model_ready(model_ready)
+            .await
+            .unwrap()
+            .into_inner()
+            .ready
+    );
+    let response = client
+        .model_infer(add_sub_request())
+        .await
+        .unwrap()
+        .into_inner();
+    assert_eq!(response.model_version, "1");
+    assert_eq!(fp32_values(&response.raw_output_contents[0])[3], 3.5);
+    assert_eq!(fp32_values(&response.raw_output_contents[1])[3], 2.5);
+    assert_eq!(
+        index(&mut client).await,
+        vec![
+            row("add_sub", "1", "READY", ""),
+            row("biased", "1", "READY", "")
+        ]
+    );
+    assert_eq!(biased(&client, "").await, answer("1", 1.0));
+
+    // The models were materialised under the cache directory kiln was given.
+    let cached = files(&cache.path);
+    for file in [
+        "add_sub/1/model.onnx",
+        "add_sub/config.pbtxt",
+        "biased/1/model.onnx",
+    ] {
+        assert!(
+            cached.iter().any(|f| f.ends_with(file)),
+            "{file} in {cached:?}"
+        );
+    }
+
+    // A new version uploaded: the default policy (latest 1) moves requests to it.
+    bucket
+        .put("models/biased/2/model.onnx", add_bias_model(4, 2.0))
+        .await;
+    eventually("version 2 to serve", || async {
+        biased(&client, "").await == answer("2", 2.0)
+    })
+    .await;
+
+    // The same key overwritten with other contents: the new entity tag reloads it.
+    bucket
+        .put("models/biased/2/model.onnx", add_bias_model(4, 3.0))
+        .await;
+    eventually("the overwritten version 2 to serve", || async {
+        biased(&client, "").await == answer("2", 3.0)
+    })
+    .await;
+
+    // The version deleted: back to version 1, and its cached files are gone.
+    bucket.delete("models/biased/2/model.onnx").await;
+    eventually("version 1 to serve again", || async {
+        biased(&client, "").await == answer("1", 1.0)
+    })
+    .await;
+    let cached = files(&cache.path);
+    assert!(!cached.iter().any(|f| f.contains("biased/2")), "{cached:?}");
+    assert!(ready(&mut client).await);
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn an_unreachable_or_empty_s3_repository_loads_nothing_and_is_reported() {
+    let s3 = S3Server::start(BUCKET);
+    let cache = TempRepo::new("s3-cache-empty");
+    let env = s3.env(cache.path.to_str().unwrap());
+    let env: Vec<(&str, &str)> = env.iter().map(|(k, v)| (*k, v.as_str())).collect();
+    // An empty prefix serves no model; a missing bucket only logs that it cannot be listed.
+    let repositories = [
+        PathBuf::from(format!("s3://{BUCKET}/nothing-here")),
+        PathBuf::from("s3://no-such-bucket/models"),
+    ];
+    let server = Server::launch_env(&repositories, &[], &env, true);
+    let mut client = server.client().await;
+    assert!(index(&mut client).await.is_empty());
+    assert!(ready(&mut client).await);
+}
