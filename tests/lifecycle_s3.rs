@@ -181,7 +181,7 @@ async fn s3_repository_serves_and_follows_the_bucket() {
 }
 
 #[tokio::test(flavor = "multi_thread")]
-async fn an_unreachable_or_empty_s3_repository_loads_nothing_and_is_reported() {
+async fn an_empty_prefix_or_a_missing_bucket_serves_nothing() {
     let s3 = S3Server::start(BUCKET);
     let cache = TempRepo::new("s3-cache-empty");
     let env = s3.env(cache.path.to_str().unwrap());

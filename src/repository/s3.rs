@@ -117,11 +117,13 @@ impl S3Store {
             retry_timeout: Duration::from_secs(30),
             ..RetryConfig::default()
         };
-        // Set key by key: `with_client_options` would replace what the environment configured
-        // (AWS_ALLOW_HTTP, proxies...) and the `allow_http` above. Whole downloads may be large.
+        // Defaults unless AWS_CONNECT_TIMEOUT / AWS_TIMEOUT say otherwise, set key by key:
+        // `with_client_options` would replace what the environment configured and the
+        // `allow_http` above. The request timeout covers a whole object's download (object_store's
+        // 30 s would fail large models); a dead endpoint still fails within the connect timeout.
         for (key, value) in [
             (ClientConfigKey::ConnectTimeout, "5s"),
-            (ClientConfigKey::Timeout, "300s"),
+            (ClientConfigKey::Timeout, "600s"),
         ] {
             let key = AmazonS3ConfigKey::Client(key);
             if builder.get_config_value(&key).is_none() {

@@ -293,6 +293,17 @@ mod tests {
     }
 
     #[test]
+    fn locations_pick_their_store() {
+        let local = open(Path::new("model_repository")).unwrap();
+        assert_eq!(local.location(), "model_repository");
+        for unsupported in ["gs://bucket/models", "https://host/models"] {
+            let refused = open(Path::new(unsupported)).err().unwrap();
+            assert!(refused.contains("unsupported"), "{refused}");
+        }
+        assert!(open(Path::new("s3:///models")).is_err());
+    }
+
+    #[test]
     fn contained_paths() {
         let dir = scratch("contained");
         std::fs::write(dir.join("labels.txt"), "a").unwrap();
