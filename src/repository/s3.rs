@@ -171,7 +171,8 @@ impl S3Store {
     /// Runs `future` to completion on the store's runtime, from any thread: directly on a plain
     /// (blocking) thread; through `block_in_place` on a multi-thread runtime's worker, which hands
     /// that worker's other tasks away first; on a scoped helper thread from a current-thread
-    /// runtime, which cannot give its thread up.
+    /// runtime, which cannot give its thread up. (A `spawn_blocking` thread also sees the
+    /// server's multi-thread handle; `block_in_place` there simply runs the closure.)
     fn block_on<F>(&self, future: F) -> F::Output
     where
         F: Future + Send,
