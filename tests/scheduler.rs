@@ -143,7 +143,12 @@ async fn expired_requests_never_run() {
     let mut request = tonic::Request::new(slow(2.0, 1));
     request.set_timeout(Duration::from_millis(100));
     let status = client.model_infer(request).await.unwrap_err();
-    assert_eq!(status.code(), Code::DeadlineExceeded);
+    // kiln answers DEADLINE_EXCEEDED a little before the deadline; on a very busy machine the
+    // transport's own timer (CANCELLED) can still win. Either way the request never runs.
+    assert!(
+        matches!(status.code(), Code::DeadlineExceeded | Code::Cancelled),
+        "{status:?}"
+    );
     tokio::time::sleep(Duration::from_millis(50)).await;
     let stats = stats(&mut client, "slow_batcher").await;
     assert_eq!(stats.execution_count, 0, "nothing ran");
