@@ -1,6 +1,7 @@
 //! `kiln`: a Triton-compatible (KServe v2) inference server for ONNX models.
 
 use clap::Parser;
+use kiln::protocol::access::{AccessPolicy, Secret, GRPC_HEADER_PREFIX};
 use kiln::protocol::http::DEFAULT_MAX_INPUT_BYTES;
 use kiln::repository::ControlMode;
 use kiln::server::{self, Config, Listeners};
@@ -67,6 +68,29 @@ struct Args {
     /// Seconds in-flight requests may take to finish after SIGTERM or Ctrl-C.
     #[arg(long, env = "KILN_EXIT_TIMEOUT_SECS", default_value_t = 30)]
     exit_timeout_secs: u64,
+
+    /// Most inference requests in flight at once, server-wide (0: no limit). Requests beyond it
+    /// are answered at once with RESOURCE_EXHAUSTED (gRPC) or 429 (REST) instead of queueing.
+    /// A model can set a lower bound of its own with the config parameter `max_inflight_requests`.
+    #[arg(long, env = "KILN_MAX_INFLIGHT_REQUESTS", default_value_t = 1024)]
+    max_inflight_requests: usize,
+
+    /// Restrict gRPC API groups to callers sending a header: `<groups>:<key>=<value>` requires
+    /// `triton-grpc-protocol-<key>: <value>` on every API of the comma-separated groups (health,
+    /// metadata, inference, shared-memory, model-config, model-repository, statistics, trace,
+    /// logging). Repeat for several groups of APIs; a group may appear once. As Triton's flag.
+    #[arg(long = "grpc-restricted-protocol", value_name = "GROUPS:KEY=VALUE")]
+    grpc_restricted_protocol: Vec<String>,
+
+    /// Restrict REST API groups to callers sending the header `<key>: <value>`; the same form
+    /// and groups as --grpc-restricted-protocol. As Triton's flag.
+    #[arg(long = "http-restricted-api", value_name = "GROUPS:KEY=VALUE")]
+    http_restricted_api: Vec<String>,
+
+    /// Require `Authorization: Bearer <token>` on inference requests (gRPC and REST). Prefer the
+    /// environment variable: command lines are visible to other users of the machine.
+    #[arg(long, env = "KILN_INFERENCE_BEARER_TOKEN", hide_env_values = true)]
+    inference_bearer_token: Option<String>,
 
     /// Verbose logging level (0 = off, 1 or more = debug). RUST_LOG overrides it.
     #[arg(long, env = "KILN_LOG_VERBOSE", default_value_t = 0)]
@@ -186,11 +210,32 @@ async fn main() -> ExitCode {
     } else {
         None
     };
+    let token = args.inference_bearer_token.map(Secret::new);
+    let access = |specs: &[String], flag: &str, prefix: &str| {
+        AccessPolicy::parse(specs, flag, prefix).map(|p| p.with_bearer_token(token.clone()))
+    };
+    let (grpc_access, http_access) = match (
+        access(
+            &args.grpc_restricted_protocol,
+            "grpc-restricted-protocol",
+            GRPC_HEADER_PREFIX,
+        ),
+        access(&args.http_restricted_api, "http-restricted-api", ""),
+    ) {
+        (Ok(grpc), Ok(http)) => (grpc, http),
+        (Err(e), _) | (_, Err(e)) => {
+            error!("{e}");
+            return ExitCode::FAILURE;
+        }
+    };
     let config = Config {
         model_repositories: args.model_repositories,
         max_message_bytes: args.grpc_max_message_bytes,
         http_max_input_bytes: args.http_max_input_size,
         exit_timeout: Duration::from_secs(args.exit_timeout_secs),
+        max_inflight_requests: args.max_inflight_requests,
+        grpc_access,
+        http_access,
         auto_complete: !args.disable_auto_complete_config,
         control_mode: args.model_control_mode.into(),
         load_models: args.load_models,

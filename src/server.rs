@@ -9,8 +9,11 @@
 
 use crate::engine::Engine;
 use crate::proto::inference::grpc_inference_service_server::GrpcInferenceServiceServer;
+use crate::protocol::access::grpc::GrpcAccessLayer;
+use crate::protocol::access::AccessPolicy;
 use crate::protocol::grpc::InferenceService;
 use crate::protocol::http::{self, HttpConfig};
+use crate::protocol::in_flight::ResponsesInFlight;
 use crate::repository::{
     store, ControlMode, LoadOptions, ModelRepository, ModelStore, RepositoryOptions,
 };
@@ -37,6 +40,12 @@ pub struct Config {
     pub http_max_input_bytes: usize,
     /// How long in-flight requests may run after shutdown starts.
     pub exit_timeout: Duration,
+    /// Most inference requests in flight at once, server-wide; 0 means no limit.
+    pub max_inflight_requests: usize,
+    /// What gRPC callers must present, per API group (`--grpc-restricted-protocol`, bearer token).
+    pub grpc_access: AccessPolicy,
+    /// What REST callers must present, per API group (`--http-restricted-api`, bearer token).
+    pub http_access: AccessPolicy,
     /// Complete configs from the ONNX graph.
     pub auto_complete: bool,
     /// `--model-control-mode`.
@@ -100,10 +109,10 @@ pub async fn run(
         })
         .transpose()?;
     let repository = Arc::new(open_repository(&config)?);
-    let engine = Arc::new(Engine::new(
-        Arc::clone(&repository),
-        config.strict_readiness,
-    ));
+    let engine = Arc::new(
+        Engine::new(Arc::clone(&repository), config.strict_readiness)
+            .with_max_in_flight(config.max_inflight_requests),
+    );
 
     let (health, health_service) = tonic_health::server::health_reporter();
     for service in HEALTH_SERVICES {
@@ -138,7 +147,15 @@ pub async fn run(
             let _ = stopped.wait_for(|s| *s).await;
         }
     };
+    for (protocol, policy) in [("gRPC", &config.grpc_access), ("HTTP", &config.http_access)] {
+        for line in policy.describe() {
+            info!("{protocol} access: {line}");
+        }
+    }
+    let responses = ResponsesInFlight::default();
     let grpc_serve = tonic::transport::Server::builder()
+        .layer(responses.clone())
+        .layer(GrpcAccessLayer::new(Arc::new(config.grpc_access.clone())))
         .add_service(inference)
         .add_service(health_service)
         .add_service(reflection().build_v1()?)
@@ -148,6 +165,7 @@ pub async fn run(
         Arc::clone(&engine),
         HttpConfig {
             max_input_bytes: config.http_max_input_bytes,
+            access: Arc::new(config.http_access.clone()),
         },
     );
     let http_listener = listeners.http.tap_io(|stream| {
@@ -155,7 +173,8 @@ pub async fn run(
             warn!("cannot set TCP_NODELAY on an HTTP connection: {e}");
         }
     });
-    let http_serve = axum::serve(http_listener, router).with_graceful_shutdown(stop_signal());
+    let http_serve = axum::serve(http_listener, router.layer(responses.clone()))
+        .with_graceful_shutdown(stop_signal());
     info!("Started GRPCInferenceService at {grpc_address}");
     info!("Started HTTPService at {http_address}");
     let lifecycle = tokio::spawn(manage_models(repository, config.poll_interval));
@@ -177,31 +196,67 @@ pub async fn run(
     );
     lifecycle.abort();
     health_watch.abort();
-    for service in HEALTH_SERVICES {
-        health
-            .set_service_status(*service, ServingStatus::NotServing)
-            .await;
-    }
-    let _ = stop.send(true);
-    // tonic's graceful shutdown also waits for idle client connections to close; kiln waits
-    // only for the requests it is running (on either protocol).
-    let drained = async {
-        while engine.in_flight() > 0 {
-            tokio::time::sleep(Duration::from_millis(5)).await;
-        }
+    let shutdown = Shutdown {
+        engine: &engine,
+        responses: &responses,
+        health: &health,
+        stop: &stop,
     };
-    let finished = async {
+    shutdown.drain(servers, config.exit_timeout).await
+}
+
+/// How long closing listeners and idle connections may take once nothing is in flight.
+const CLOSE_GRACE: Duration = Duration::from_millis(500);
+
+/// What graceful shutdown acts on.
+struct Shutdown<'a> {
+    engine: &'a Engine,
+    responses: &'a ResponsesInFlight,
+    health: &'a tonic_health::server::HealthReporter,
+    stop: &'a tokio::sync::watch::Sender<bool>,
+}
+
+impl Shutdown<'_> {
+    /// Graceful shutdown, as Triton does it: readiness goes false and new inference requests are
+    /// answered UNAVAILABLE "Server exiting" at once, while the listeners stay open (so probes and
+    /// clients get clean answers, not refused connections); admitted and queued requests finish
+    /// and every response is sent in full; only then do the listeners and connections close.
+    /// Nothing is cut off unless the exit timeout passes first.
+    async fn drain(
+        &self,
+        mut servers: std::pin::Pin<&mut impl Future<Output = Result<(), ServerError>>>,
+        exit_timeout: Duration,
+    ) -> Result<(), ServerError> {
+        let deadline = tokio::time::Instant::now() + exit_timeout;
+        self.engine.begin_shutdown();
+        for service in HEALTH_SERVICES {
+            self.health
+                .set_service_status(*service, ServingStatus::NotServing)
+                .await;
+        }
+        let drained = async {
+            while self.engine.in_flight() > 0 || self.responses.count() > 0 {
+                tokio::time::sleep(Duration::from_millis(5)).await;
+            }
+        };
         tokio::select! {
-            result = &mut servers => result,
-            () = drained => Ok(()),
+            result = &mut servers => return result,
+            finished = tokio::time::timeout_at(deadline, drained) => if finished.is_err() {
+                warn!(
+                    "exit timeout reached with {} requests and {} responses in flight",
+                    self.engine.in_flight(),
+                    self.responses.count()
+                );
+                return Ok(());
+            },
         }
-    };
-    match tokio::time::timeout(config.exit_timeout, finished).await {
-        Ok(result) => result,
-        Err(_) => {
-            warn!("exit timeout reached with requests still in flight");
-            Ok(())
-        }
+        info!("every request answered; closing connections");
+        let _ = self.stop.send(true);
+        // Idle keep-alive connections may outlive the grace: they carry nothing.
+        let close_by = deadline.min(tokio::time::Instant::now() + CLOSE_GRACE);
+        tokio::time::timeout_at(close_by, servers)
+            .await
+            .unwrap_or(Ok(()))
     }
 }
 

@@ -14,6 +14,10 @@ pub enum Error {
     /// The model or server cannot take the request now (gRPC UNAVAILABLE, HTTP 503).
     #[error("{0}")]
     Unavailable(String),
+    /// Too many requests are in flight, server-wide or for the model: a bounded admission limit,
+    /// answered at once instead of queueing without bound (gRPC RESOURCE_EXHAUSTED, HTTP 429).
+    #[error("{0}")]
+    ResourceExhausted(String),
     /// The request's deadline passed before it could run (gRPC DEADLINE_EXCEEDED, HTTP 504).
     #[error("{0}")]
     DeadlineExceeded(String),
@@ -32,6 +36,7 @@ impl Error {
             Error::InvalidArgument(m)
             | Error::NotFound(m)
             | Error::Unavailable(m)
+            | Error::ResourceExhausted(m)
             | Error::DeadlineExceeded(m)
             | Error::Unsupported(m)
             | Error::Internal(m) => m,

@@ -2,11 +2,12 @@
 //! model's instances, and the shaping of the response. Errors leave here as [`Error`] with
 //! Triton's texts; each protocol maps them to its status codes once.
 
+mod admission;
 mod classification;
 mod lookup;
-mod raw_input;
+pub mod raw_input;
 mod response;
-mod validate;
+pub mod validate;
 
 use crate::backend::BackendError;
 use crate::core::{Error, InferRequest, InferResponse, ParamValue};
@@ -15,8 +16,9 @@ use crate::metrics::{FailureReason, ModelStats};
 use crate::proto::inference::{ModelConfig, ModelStatistics};
 use crate::repository::{Model, ModelRepository};
 use crate::scheduler::{self, ScheduleError};
+pub use admission::Admission;
 use std::collections::BTreeMap;
-use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -65,24 +67,15 @@ pub struct Engine {
     /// `--strict-readiness`: ready only when every expected model serves (otherwise ready once
     /// the start-up load has run).
     strict_readiness: bool,
-    /// Inference requests between arrival and response, for graceful shutdown.
+    /// Inference requests between admission and response, for the admission limit and for
+    /// graceful shutdown.
     in_flight: AtomicUsize,
-}
-
-/// Counts one request in flight for as long as it lives.
-struct InFlight<'a>(&'a AtomicUsize);
-
-impl<'a> InFlight<'a> {
-    fn enter(counter: &'a AtomicUsize) -> Self {
-        counter.fetch_add(1, Ordering::SeqCst);
-        InFlight(counter)
-    }
-}
-
-impl Drop for InFlight<'_> {
-    fn drop(&mut self) {
-        self.0.fetch_sub(1, Ordering::SeqCst);
-    }
+    /// Most inference requests admitted at once, server-wide (`--max-inflight-requests`); 0 means
+    /// no limit. Each model version may set its own, lower bound.
+    max_in_flight: usize,
+    /// Set when shutdown starts: the server reports not ready and refuses new requests while the
+    /// admitted ones finish.
+    exiting: AtomicBool,
 }
 
 impl Engine {
@@ -91,6 +84,8 @@ impl Engine {
             repository,
             strict_readiness,
             in_flight: AtomicUsize::new(0),
+            max_in_flight: 0,
+            exiting: AtomicBool::new(false),
         }
     }
 
@@ -99,19 +94,17 @@ impl Engine {
         &self.repository
     }
 
-    /// Inference requests currently being handled.
-    pub fn in_flight(&self) -> usize {
-        self.in_flight.load(Ordering::SeqCst)
-    }
-
     /// The process is up and answering.
     pub fn is_live(&self) -> bool {
         true
     }
 
     /// Strict (the default): the start-up load has run and every model that should be loaded
-    /// serves. Otherwise: the start-up load has run.
+    /// serves. Otherwise: the start-up load has run. Never while shutting down.
     pub fn is_ready(&self) -> bool {
+        if self.exiting.load(Ordering::SeqCst) {
+            return false;
+        }
         if self.strict_readiness {
             self.repository.all_expected_ready()
         } else {
@@ -242,13 +235,26 @@ impl Engine {
             .map_err(|e| Error::Internal(format!("model unload task failed: {e}")))?
     }
 
-    /// Runs one inference request.
+    /// Admits and runs one inference request.
     ///
     /// # Errors
-    /// Lookup errors as [`Engine::model_metadata`]; INVALID_ARGUMENT for a request that does not fit
-    /// the model; INTERNAL when the model fails while running.
-    pub async fn infer(&self, mut request: InferRequest) -> Result<InferResponse, Error> {
-        let _in_flight = InFlight::enter(&self.in_flight);
+    /// Admission errors as [`Engine::admit`]; lookup errors as [`Engine::model_metadata`];
+    /// INVALID_ARGUMENT for a request that does not fit the model; RESOURCE_EXHAUSTED when the
+    /// model version is at its `max_inflight_requests`; INTERNAL when the model fails while running.
+    pub async fn infer(&self, request: InferRequest) -> Result<InferResponse, Error> {
+        let admission = self.admit()?;
+        self.infer_admitted(admission, request).await
+    }
+
+    /// Runs one inference request admitted earlier with [`Engine::admit`].
+    ///
+    /// # Errors
+    /// As [`Engine::infer`], admission aside.
+    pub async fn infer_admitted(
+        &self,
+        _admission: Admission<'_>,
+        mut request: InferRequest,
+    ) -> Result<InferResponse, Error> {
         let arrived = Instant::now();
         let (model, serving) = self.resolve(&request.model_name, &request.model_version)?;
         let mut record = Recorder {
@@ -354,6 +360,10 @@ fn schedule_error(error: ScheduleError, prefix: &str, model: &str) -> (Error, Fa
     match error {
         ScheduleError::QueueFull | ScheduleError::Timeout => (
             Error::Unavailable(format!("{prefix}{error}")),
+            FailureReason::Rejected,
+        ),
+        ScheduleError::Overloaded(_) => (
+            Error::ResourceExhausted(format!("{prefix}{error} for model '{model}'")),
             FailureReason::Rejected,
         ),
         ScheduleError::Deadline => (

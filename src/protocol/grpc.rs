@@ -24,6 +24,7 @@ pub fn status(error: Error) -> Status {
         Error::InvalidArgument(m) => Status::invalid_argument(m),
         Error::NotFound(m) => Status::not_found(m),
         Error::Unavailable(m) => Status::unavailable(m),
+        Error::ResourceExhausted(m) => Status::resource_exhausted(m),
         Error::DeadlineExceeded(m) => Status::deadline_exceeded(m),
         Error::Unsupported(m) => Status::unimplemented(m),
         Error::Internal(m) => Status::internal(m),

@@ -285,13 +285,36 @@ pub fn validate_io(config: &ModelConfig) -> Result<(), ConfigError> {
     Ok(())
 }
 
+/// The config parameter that bounds a model version's requests in flight (queued or running).
+pub const MAX_INFLIGHT_REQUESTS: &str = "max_inflight_requests";
+
+/// The model's `max_inflight_requests` parameter (`parameters { key: "max_inflight_requests"
+/// value: { string_value: "N" } }`, a string as every Triton parameter); 0 when absent.
+///
+/// # Errors
+/// [`ConfigError::Invalid`] when the value is not a non-negative integer.
+pub fn max_inflight_requests(config: &ModelConfig) -> Result<usize, ConfigError> {
+    let Some(parameter) = config.parameters.get(MAX_INFLIGHT_REQUESTS) else {
+        return Ok(0);
+    };
+    parameter.string_value.trim().parse().map_err(|_| {
+        ConfigError::Invalid(format!(
+            "parameter '{MAX_INFLIGHT_REQUESTS}' of model '{}' must be a non-negative integer, got '{}'",
+            config.name, parameter.string_value
+        ))
+    })
+}
+
 /// The scheduler settings a config asks for: `dynamic_batching` (preferred sizes, delay, priority
-/// levels, queue policies per level); without it requests run one at a time.
+/// levels, queue policies per level); without it requests run one at a time. The in-flight bound
+/// comes from [`max_inflight_requests`] (checked when the model loads).
 pub fn batching_config(config: &ModelConfig) -> BatchingConfig {
     let max_batch_size = config.max_batch_size.max(0) as usize;
+    let max_in_flight = max_inflight_requests(config).unwrap_or(0);
     let Some(SchedulingChoice::DynamicBatching(dynamic)) = &config.scheduling_choice else {
         return BatchingConfig {
             max_batch_size,
+            max_in_flight,
             ..BatchingConfig::default()
         };
     };
@@ -325,6 +348,7 @@ pub fn batching_config(config: &ModelConfig) -> BatchingConfig {
         policies: (1..=levels as u64)
             .map(|level| policy(dynamic.priority_queue_policy.get(&level).or(default_policy)))
             .collect(),
+        max_in_flight,
     }
 }
 
@@ -449,6 +473,23 @@ mod tests {
             ),
             (1, 1, 1)
         );
+    }
+
+    #[test]
+    fn max_inflight_requests_parameter() {
+        let with = |value: &str| {
+            parse_config(&format!(
+                "name: \"m\" parameters {{ key: \"max_inflight_requests\" value: {{ string_value: \"{value}\" }} }}"
+            ))
+            .unwrap()
+        };
+        assert_eq!(max_inflight_requests(&with("8")), Ok(8));
+        assert_eq!(batching_config(&with(" 3 ")).max_in_flight, 3);
+        assert_eq!(max_inflight_requests(&parse_config("").unwrap()), Ok(0));
+        for bad in ["-1", "x", ""] {
+            let err = max_inflight_requests(&with(bad)).unwrap_err().to_string();
+            assert!(err.contains("must be a non-negative integer"), "{err}");
+        }
     }
 
     #[test]

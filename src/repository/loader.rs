@@ -107,6 +107,7 @@ pub fn prepare(
         autocomplete::autocomplete(&mut config, probe.inputs(), probe.outputs())?;
     }
     config::validate_io(&config).map_err(|e| e.to_string())?;
+    config::max_inflight_requests(&config).map_err(|e| e.to_string())?;
     let labels = read_labels(dir, &config)?;
     Ok(Prepared {
         name: name.to_string(),

@@ -18,7 +18,7 @@ use crate::core::Tensor;
 use crate::metrics::{ComputeTimes, ModelStats};
 use state::{Next, Rejection, State, Submission};
 use std::panic::{catch_unwind, AssertUnwindSafe};
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::sync::{Condvar, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
@@ -31,6 +31,9 @@ pub use state::{BatchingConfig, QueuePolicy, TimeoutAction};
 pub enum ScheduleError {
     #[error("Exceeds maximum queue size")]
     QueueFull,
+    /// The version already has its `max_inflight_requests` queued or running.
+    #[error("Exceeds maximum in-flight requests ({0})")]
+    Overloaded(usize),
     /// The queue policy's timeout passed before the request ran.
     #[error("Request timeout expired")]
     Timeout,
@@ -116,6 +119,10 @@ pub struct Scheduler {
     instances: usize,
     /// The instance threads, joined by [`Scheduler::stop`].
     threads: Vec<std::thread::JoinHandle<()>>,
+    /// Requests between `submit` and their answer (queued or running), for `max_in_flight`.
+    in_flight: AtomicUsize,
+    /// 0: no limit (see [`BatchingConfig::max_in_flight`]).
+    max_in_flight: usize,
 }
 
 impl Scheduler {
@@ -130,6 +137,7 @@ impl Scheduler {
         stats: Arc<ModelStats>,
     ) -> std::io::Result<Scheduler> {
         let batching = config.dynamic && config.max_batch_size > 0;
+        let max_in_flight = config.max_in_flight;
         let shared = Arc::new(Shared {
             queue: Mutex::new(Queue {
                 state: State::new(config),
@@ -154,6 +162,8 @@ impl Scheduler {
             batching,
             instances,
             threads,
+            in_flight: AtomicUsize::new(0),
+            max_in_flight,
         })
     }
 
@@ -178,6 +188,7 @@ impl Scheduler {
     /// # Errors
     /// [`ScheduleError`] for rejections, timeouts, model failures and a stopped scheduler.
     pub async fn submit(&self, request: Request) -> Result<Outcome, ScheduleError> {
+        let _admitted = self.admit()?;
         let ticket = self.next_ticket.fetch_add(1, Ordering::Relaxed);
         let (reply, mut answer) = oneshot::channel();
         let signature = if self.batching {
@@ -227,6 +238,28 @@ impl Scheduler {
         let outcome = answer.await;
         guard.ticket = None;
         outcome.map_err(|_| ScheduleError::Stopped)?
+    }
+}
+
+impl Scheduler {
+    /// Counts a request in flight for as long as the guard lives, refusing it at once when the
+    /// version is at its limit: overload is answered, never queued without bound.
+    fn admit(&self) -> Result<InFlight<'_>, ScheduleError> {
+        let count = self.in_flight.fetch_add(1, Ordering::SeqCst) + 1;
+        let guard = InFlight(&self.in_flight);
+        if self.max_in_flight > 0 && count > self.max_in_flight {
+            return Err(ScheduleError::Overloaded(self.max_in_flight));
+        }
+        Ok(guard)
+    }
+}
+
+/// One request counted in [`Scheduler::in_flight`] until dropped.
+struct InFlight<'a>(&'a AtomicUsize);
+
+impl Drop for InFlight<'_> {
+    fn drop(&mut self) {
+        self.0.fetch_sub(1, Ordering::SeqCst);
     }
 }
 
@@ -515,6 +548,33 @@ mod tests {
             1,
             "the expired request never ran"
         );
+    }
+
+    #[tokio::test]
+    async fn the_in_flight_bound_refuses_at_once_and_recovers() {
+        let config = BatchingConfig {
+            max_in_flight: 2,
+            ..dynamic(8, Duration::from_millis(200))
+        };
+        let (scheduler, _, _) = scheduler(config, 1, Duration::ZERO);
+        let held: Vec<_> = (0..2u8)
+            .map(|i| {
+                let scheduler = Arc::clone(&scheduler);
+                tokio::spawn(async move { scheduler.submit(request(i, 1)).await })
+            })
+            .collect();
+        tokio::time::sleep(Duration::from_millis(20)).await;
+        let refused_at = Instant::now();
+        let refused = scheduler.submit(request(9, 1)).await.unwrap_err();
+        assert!(matches!(refused, ScheduleError::Overloaded(2)));
+        assert!(
+            refused_at.elapsed() < Duration::from_millis(50),
+            "answered at once"
+        );
+        for task in held {
+            assert!(task.await.unwrap().is_ok(), "admitted requests still run");
+        }
+        assert!(scheduler.submit(request(3, 1)).await.is_ok());
     }
 
     #[tokio::test]

@@ -52,6 +52,10 @@ pub struct BatchingConfig {
     pub default_priority: usize,
     /// One policy per level, index 0 = level 1.
     pub policies: Vec<QueuePolicy>,
+    /// Most requests of this version queued or running at once (the config parameter
+    /// `max_inflight_requests`); 0 means no limit. Enforced by the [`Scheduler`](super::Scheduler)
+    /// before a request reaches the queue, so `State` itself never sees it.
+    pub max_in_flight: usize,
 }
 
 impl Default for BatchingConfig {
@@ -64,6 +68,7 @@ impl Default for BatchingConfig {
             priority_levels: 1,
             default_priority: 1,
             policies: vec![QueuePolicy::default()],
+            max_in_flight: 0,
         }
     }
 }

@@ -162,10 +162,20 @@ impl Server {
 
     /// Sends SIGTERM and waits for the exit status.
     pub fn terminate(&mut self) -> std::process::ExitStatus {
+        self.sigterm();
+        self.wait()
+    }
+
+    /// Sends SIGTERM without waiting.
+    pub fn sigterm(&self) {
         let _ = Command::new("kill")
             .arg("-TERM")
             .arg(self.child.id().to_string())
             .status();
+    }
+
+    /// Waits for the process to exit.
+    pub fn wait(&mut self) -> std::process::ExitStatus {
         self.child.wait().expect("kiln exits")
     }
 }

@@ -8,7 +8,7 @@
 //! errors become HTTP statuses in one place, [`status`].
 
 mod body;
-mod infer;
+pub mod infer;
 pub mod json;
 mod routes;
 pub mod tensor_json;
@@ -25,18 +25,21 @@ pub struct HttpConfig {
     /// Largest request body accepted, checked while reading and again after decompression
     /// (Triton's `--http-max-input-size`).
     pub max_input_bytes: usize,
+    /// Restricted APIs and the bearer token (`--http-restricted-api`, `--inference-bearer-token`).
+    pub access: std::sync::Arc<crate::protocol::access::AccessPolicy>,
 }
 
 /// Triton's default `--http-max-input-size`: 64 MiB.
 pub const DEFAULT_MAX_INPUT_BYTES: usize = 64 * 1024 * 1024;
 
 /// The one mapping from engine errors to HTTP status codes (Triton's `HttpCodeFromError`; a
-/// passed deadline, which Triton has no code for, is 504).
+/// passed deadline, which Triton has no code for, is 504; an admission limit is 429).
 pub fn status(error: &Error) -> StatusCode {
     match error {
         Error::InvalidArgument(_) => StatusCode::BAD_REQUEST,
         Error::NotFound(_) => StatusCode::NOT_FOUND,
         Error::Unavailable(_) => StatusCode::SERVICE_UNAVAILABLE,
+        Error::ResourceExhausted(_) => StatusCode::TOO_MANY_REQUESTS,
         Error::DeadlineExceeded(_) => StatusCode::GATEWAY_TIMEOUT,
         Error::Unsupported(_) => StatusCode::NOT_IMPLEMENTED,
         Error::Internal(_) => StatusCode::INTERNAL_SERVER_ERROR,
@@ -78,7 +81,12 @@ impl HttpError {
 
 impl From<Error> for HttpError {
     fn from(error: Error) -> HttpError {
-        HttpError::new(status(&error), error.message())
+        let answer = HttpError::new(status(&error), error.message());
+        // Overload is momentary: tell well-behaved clients to back off briefly, not give up.
+        match error {
+            Error::ResourceExhausted(_) => answer.with_header(header::RETRY_AFTER, "1"),
+            _ => answer,
+        }
     }
 }
 
@@ -106,6 +114,7 @@ mod tests {
             (Error::InvalidArgument("m".into()), 400),
             (Error::NotFound("m".into()), 404),
             (Error::Unavailable("m".into()), 503),
+            (Error::ResourceExhausted("m".into()), 429),
             (Error::DeadlineExceeded("m".into()), 504),
             (Error::Unsupported("m".into()), 501),
             (Error::Internal("m".into()), 500),

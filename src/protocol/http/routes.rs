@@ -91,6 +91,10 @@ pub fn router(engine: Arc<Engine>, config: HttpConfig) -> Router {
             HttpError::new(StatusCode::METHOD_NOT_ALLOWED, "Method Not Allowed")
         })
         .fallback(|| async { HttpError::not_found() })
+        .layer(axum::middleware::from_fn_with_state(
+            Arc::clone(&config.access),
+            crate::protocol::access::http::enforce,
+        ))
         .with_state(Arc::new(AppState { engine, config }))
 }
 

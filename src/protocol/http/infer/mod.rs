@@ -18,7 +18,7 @@ use axum::body::Body;
 use axum::extract::State;
 use axum::http::{header, HeaderMap, HeaderName, HeaderValue};
 use axum::response::{IntoResponse, Response};
-use request::OutputFormats;
+pub use request::{decode, OutputFormats};
 use std::sync::Arc;
 
 /// The header that splits a body into the JSON part and binary tensor data.
@@ -44,6 +44,8 @@ async fn infer(
     headers: &HeaderMap,
     body: Body,
 ) -> Result<Response, HttpError> {
+    // Admitted before the body is read: a refused request (overload, shutdown) costs no memory.
+    let admission = state.engine.admit()?;
     let encoding = body::response_encoding(headers.get(header::ACCEPT_ENCODING));
     let body = body::read(body, headers, state.config.max_input_bytes).await?;
     let header_length = header_length(headers, body.len())?;
@@ -56,7 +58,7 @@ async fn infer(
         }
         _ => request::decode(&model.name, &model.version, body, header_length)?,
     };
-    let response = state.engine.infer(request).await?;
+    let response = state.engine.infer_admitted(admission, request).await?;
     let encoded = response::encode(&response, &formats)?;
     let content_type = if encoded.header_length.is_some() {
         "application/octet-stream"
@@ -80,7 +82,7 @@ async fn infer(
 /// # Errors
 /// INVALID_ARGUMENT, with Triton's texts, when it is not a number or exceeds the (decompressed)
 /// body.
-fn header_length(headers: &HeaderMap, body_length: usize) -> Result<Option<usize>, Error> {
+pub fn header_length(headers: &HeaderMap, body_length: usize) -> Result<Option<usize>, Error> {
     let Some(value) = headers.get(INFERENCE_HEADER_CONTENT_LENGTH) else {
         return Ok(None);
     };
