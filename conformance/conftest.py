@@ -70,10 +70,14 @@ def _distinct_ports(n: int) -> list[int]:
 class KilnServer:
     """One running kiln process."""
 
-    def __init__(self, repos: list[Path], name: str = "kiln", extra_args=()):
+    def __init__(self, repos: list[Path], name: str = "kiln", extra_args=(), env=None, metadata=(),
+                 grpc_credentials=None):
         self.repos = [Path(r) for r in repos]
         self.name = name
         self.extra_args = list(extra_args)
+        self.env = env  # extra environment variables for the process
+        self.metadata = tuple(metadata)  # gRPC headers the start-up probes send (restricted health)
+        self.grpc_credentials = grpc_credentials  # grpc.ChannelCredentials for a TLS gRPC port
         self.grpc_port, self.http_port, self.metrics_port = _distinct_ports(3)
         self.grpc_url = f"127.0.0.1:{self.grpc_port}"
         self.http_url = f"127.0.0.1:{self.http_port}"
@@ -110,6 +114,7 @@ class KilnServer:
             stdin=subprocess.DEVNULL,
             cwd=str(REPO_ROOT),
             start_new_session=True,  # own process group
+            env=None if self.env is None else {**os.environ, **self.env},
         )
         self._wait_live()
         self._wait_models_settled()
@@ -122,9 +127,12 @@ class KilnServer:
         deadline = time.monotonic() + STARTUP_TIMEOUT
         while time.monotonic() < deadline and self.proc.poll() is None:
             try:
-                if self.stub().ServerReady(service_pb2.ServerReadyRequest(), timeout=5).ready:
+                ready = self.stub().ServerReady(
+                    service_pb2.ServerReadyRequest(), timeout=5, metadata=self.metadata)
+                if ready.ready:
                     return
-                idx = self.stub().RepositoryIndex(service_pb2.RepositoryIndexRequest(), timeout=5)
+                idx = self.stub().RepositoryIndex(
+                    service_pb2.RepositoryIndexRequest(), timeout=5, metadata=self.metadata)
                 if idx.models and all(m.state in ("READY", "UNAVAILABLE") for m in idx.models):
                     return
             except grpc.RpcError:
@@ -142,10 +150,11 @@ class KilnServer:
                     pytrace=False,
                 )
             # a fresh channel per attempt: a long-lived one would sit in reconnect backoff
-            with grpc.insecure_channel(self.grpc_url) as ch:
+            with self.new_channel() as ch:
                 try:
                     stub = service_pb2_grpc.GRPCInferenceServiceStub(ch)
-                    if stub.ServerLive(service_pb2.ServerLiveRequest(), timeout=2).live:
+                    live = stub.ServerLive(service_pb2.ServerLiveRequest(), timeout=2, metadata=self.metadata)
+                    if live.live:
                         return
                 except grpc.RpcError as e:  # not listening yet
                     last_err = e
@@ -180,9 +189,14 @@ class KilnServer:
         self._log_fh.close()
 
     # -- helpers ---------------------------------------------------------
+    def new_channel(self, options=()) -> grpc.Channel:
+        if self.grpc_credentials is None:
+            return grpc.insecure_channel(self.grpc_url, options=list(options))
+        return grpc.secure_channel(self.grpc_url, self.grpc_credentials, options=list(options))
+
     def channel(self) -> grpc.Channel:
         if self._channel is None:
-            self._channel = grpc.insecure_channel(self.grpc_url, options=CHANNEL_OPTIONS)
+            self._channel = self.new_channel(CHANNEL_OPTIONS)
         return self._channel
 
     def stub(self) -> service_pb2_grpc.GRPCInferenceServiceStub:
@@ -227,11 +241,12 @@ _SERVERS: list[KilnServer] = []
 _START_FAILURES: dict[str, str] = {}
 
 
-def start_server(repos, name="kiln", extra_args=()) -> KilnServer:
-    """Start kiln; a failed start is remembered so later tests fail fast instead of retrying."""
+def start_server(repos, name="kiln", **options) -> KilnServer:
+    """Start kiln; a failed start is remembered so later tests fail fast instead of retrying.
+    `options` go to KilnServer (extra_args, env, metadata)."""
     if name in _START_FAILURES:
         pytest.fail(f"(earlier start failed) {_START_FAILURES[name]}", pytrace=False)
-    srv = KilnServer(repos, name=name, extra_args=extra_args)
+    srv = KilnServer(repos, name=name, **options)
     _SERVERS.append(srv)
     try:
         return srv.start()

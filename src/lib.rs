@@ -7,3 +7,4 @@ pub mod protocol;
 pub mod repository;
 pub mod scheduler;
 pub mod server;
+pub mod tls;

@@ -5,6 +5,7 @@ use kiln::protocol::access::{AccessPolicy, Secret, GRPC_HEADER_PREFIX};
 use kiln::protocol::http::DEFAULT_MAX_INPUT_BYTES;
 use kiln::repository::ControlMode;
 use kiln::server::{self, Config, Listeners};
+use kiln::tls::TlsFiles;
 use std::io::IsTerminal;
 use std::net::{IpAddr, SocketAddr};
 use std::path::PathBuf;
@@ -91,6 +92,47 @@ struct Args {
     /// environment variable: command lines are visible to other users of the machine.
     #[arg(long, env = "KILN_INFERENCE_BEARER_TOKEN", hide_env_values = true)]
     inference_bearer_token: Option<String>,
+
+    /// Serve gRPC over TLS (Triton's flag; needs --grpc-server-cert and --grpc-server-key).
+    #[arg(long, env = "KILN_GRPC_USE_SSL", num_args = 0..=1, default_value_t = false, default_missing_value = "true", action = clap::ArgAction::Set)]
+    grpc_use_ssl: bool,
+
+    /// PEM certificate chain of the gRPC server.
+    #[arg(long, env = "KILN_GRPC_SERVER_CERT")]
+    grpc_server_cert: Option<PathBuf>,
+
+    /// PEM private key of the gRPC server.
+    #[arg(long, env = "KILN_GRPC_SERVER_KEY")]
+    grpc_server_key: Option<PathBuf>,
+
+    /// PEM root certificate that gRPC client certificates must chain to (with --grpc-use-ssl-mutual).
+    #[arg(long, env = "KILN_GRPC_ROOT_CERT")]
+    grpc_root_cert: Option<PathBuf>,
+
+    /// Require a client certificate on gRPC (mutual TLS; implies --grpc-use-ssl).
+    #[arg(long, env = "KILN_GRPC_USE_SSL_MUTUAL", num_args = 0..=1, default_value_t = false, default_missing_value = "true", action = clap::ArgAction::Set)]
+    grpc_use_ssl_mutual: bool,
+
+    /// Serve REST over TLS (kiln's flag, shaped like Triton's gRPC one; needs --http-server-cert
+    /// and --http-server-key).
+    #[arg(long, env = "KILN_HTTP_USE_SSL", num_args = 0..=1, default_value_t = false, default_missing_value = "true", action = clap::ArgAction::Set)]
+    http_use_ssl: bool,
+
+    /// PEM certificate chain of the REST server.
+    #[arg(long, env = "KILN_HTTP_SERVER_CERT")]
+    http_server_cert: Option<PathBuf>,
+
+    /// PEM private key of the REST server.
+    #[arg(long, env = "KILN_HTTP_SERVER_KEY")]
+    http_server_key: Option<PathBuf>,
+
+    /// PEM root certificate that REST client certificates must chain to (with --http-use-ssl-mutual).
+    #[arg(long, env = "KILN_HTTP_ROOT_CERT")]
+    http_root_cert: Option<PathBuf>,
+
+    /// Require a client certificate on REST (mutual TLS; implies --http-use-ssl).
+    #[arg(long, env = "KILN_HTTP_USE_SSL_MUTUAL", num_args = 0..=1, default_value_t = false, default_missing_value = "true", action = clap::ArgAction::Set)]
+    http_use_ssl_mutual: bool,
 
     /// Verbose logging level (0 = off, 1 or more = debug). RUST_LOG overrides it.
     #[arg(long, env = "KILN_LOG_VERBOSE", default_value_t = 0)]
@@ -228,6 +270,35 @@ async fn main() -> ExitCode {
             return ExitCode::FAILURE;
         }
     };
+    let tls = |flag: &str, on: bool, cert, key, root, mutual: bool| {
+        (on || mutual)
+            .then(|| TlsFiles::from_flags(flag, cert, key, root, mutual))
+            .transpose()
+    };
+    let (grpc_tls, http_tls) = match (
+        tls(
+            "grpc",
+            args.grpc_use_ssl,
+            args.grpc_server_cert,
+            args.grpc_server_key,
+            args.grpc_root_cert,
+            args.grpc_use_ssl_mutual,
+        ),
+        tls(
+            "http",
+            args.http_use_ssl,
+            args.http_server_cert,
+            args.http_server_key,
+            args.http_root_cert,
+            args.http_use_ssl_mutual,
+        ),
+    ) {
+        (Ok(grpc), Ok(http)) => (grpc, http),
+        (Err(e), _) | (_, Err(e)) => {
+            error!("{e}");
+            return ExitCode::FAILURE;
+        }
+    };
     let config = Config {
         model_repositories: args.model_repositories,
         max_message_bytes: args.grpc_max_message_bytes,
@@ -236,6 +307,8 @@ async fn main() -> ExitCode {
         max_inflight_requests: args.max_inflight_requests,
         grpc_access,
         http_access,
+        grpc_tls,
+        http_tls,
         auto_complete: !args.disable_auto_complete_config,
         control_mode: args.model_control_mode.into(),
         load_models: args.load_models,

@@ -17,8 +17,9 @@ use crate::protocol::in_flight::ResponsesInFlight;
 use crate::repository::{
     store, ControlMode, LoadOptions, ModelRepository, ModelStore, RepositoryOptions,
 };
+use crate::tls::{TlsError, TlsFiles, TlsListener};
 use axum::serve::ListenerExt;
-use std::future::Future;
+use std::future::{Future, IntoFuture};
 use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::Duration;
@@ -46,6 +47,10 @@ pub struct Config {
     pub grpc_access: AccessPolicy,
     /// What REST callers must present, per API group (`--http-restricted-api`, bearer token).
     pub http_access: AccessPolicy,
+    /// Serve gRPC over TLS (`--grpc-use-ssl` and its files).
+    pub grpc_tls: Option<TlsFiles>,
+    /// Serve REST over TLS (`--http-use-ssl` and its files).
+    pub http_tls: Option<TlsFiles>,
     /// Complete configs from the ONNX graph.
     pub auto_complete: bool,
     /// `--model-control-mode`.
@@ -73,6 +78,8 @@ pub enum ServerError {
     Metrics(String),
     #[error("reflection service: {0}")]
     Reflection(#[from] tonic_reflection::server::Error),
+    #[error("TLS: {0}")]
+    Tls(#[from] TlsError),
 }
 
 /// gRPC service names answered by the health service.
@@ -153,7 +160,19 @@ pub async fn run(
         }
     }
     let responses = ResponsesInFlight::default();
-    let grpc_serve = tonic::transport::Server::builder()
+    let mut grpc_builder = tonic::transport::Server::builder();
+    if let Some(files) = &config.grpc_tls {
+        grpc_builder = grpc_builder.tls_config(files.grpc_config()?)?;
+        info!(
+            "gRPC uses TLS{}",
+            if files.mutual {
+                " with client certificates"
+            } else {
+                ""
+            }
+        );
+    }
+    let grpc_serve = grpc_builder
         .layer(responses.clone())
         .layer(GrpcAccessLayer::new(Arc::new(config.grpc_access.clone())))
         .add_service(inference)
@@ -168,13 +187,38 @@ pub async fn run(
             access: Arc::new(config.http_access.clone()),
         },
     );
-    let http_listener = listeners.http.tap_io(|stream| {
-        if let Err(e) = stream.set_nodelay(true) {
-            warn!("cannot set TCP_NODELAY on an HTTP connection: {e}");
-        }
-    });
-    let http_serve = axum::serve(http_listener, router.layer(responses.clone()))
-        .with_graceful_shutdown(stop_signal());
+    let router = router.layer(responses.clone());
+    let http_serve: std::pin::Pin<Box<dyn Future<Output = std::io::Result<()>> + Send>> =
+        match &config.http_tls {
+            Some(files) => {
+                let listener = TlsListener::new(listeners.http, files.server_config()?)?;
+                info!(
+                    "HTTP uses TLS{}",
+                    if files.mutual {
+                        " with client certificates"
+                    } else {
+                        ""
+                    }
+                );
+                Box::pin(
+                    axum::serve(listener, router)
+                        .with_graceful_shutdown(stop_signal())
+                        .into_future(),
+                )
+            }
+            None => {
+                let listener = listeners.http.tap_io(|stream| {
+                    if let Err(e) = stream.set_nodelay(true) {
+                        warn!("cannot set TCP_NODELAY on an HTTP connection: {e}");
+                    }
+                });
+                Box::pin(
+                    axum::serve(listener, router)
+                        .with_graceful_shutdown(stop_signal())
+                        .into_future(),
+                )
+            }
+        };
     info!("Started GRPCInferenceService at {grpc_address}");
     info!("Started HTTPService at {http_address}");
     let lifecycle = tokio::spawn(manage_models(repository, config.poll_interval));
