@@ -3,12 +3,13 @@
 
     .venv/bin/python bench/overload.py [--seconds 60] [--binary target/release/kiln]
 
-1. baseline: CONCURRENCY closed-loop gRPC clients on mlp_classifier measure what the server
-   sustains (requests/s) and record the exact answer for each input;
+1. baseline: CONCURRENCY closed-loop gRPC clients on slow_compute (tests/fixtures/drain_repository:
+   a 1024 x 1024 matrix product per request on one instance, so the server, not this Python
+   client, is the bottleneck) measure what the server sustains (requests/s);
 2. overload: 10x as many clients, each sending again as soon as it is answered, against a server
-   started with --max-inflight-requests LIMIT: most are refused at once with RESOURCE_EXHAUSTED;
-   every accepted answer must be bit-identical to the baseline's; kiln's resident memory (VmRSS)
-   is sampled every second;
+   started with --max-inflight-requests LIMIT: the excess is refused at once with
+   RESOURCE_EXHAUSTED; every accepted answer must be exact (Y = X + 1); kiln's resident memory
+   (VmRSS) is sampled every second;
 3. recovery: back to CONCURRENCY clients: throughput must return to >= 80 % of the baseline at once.
 
 Prints one line per phase and exits non-zero when a check fails. Uses tritonclient's asyncio gRPC
@@ -28,7 +29,8 @@ from tritonclient.utils import InferenceServerException
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 CONCURRENCY = 8
-LIMIT = 32
+LIMIT = 16
+MODEL = "slow_compute"
 
 
 def free_port():
@@ -46,17 +48,15 @@ def rss_kib(pid):
 
 
 def inputs(i):
-    x = np.full((1, 64), (i % 16) / 16.0, dtype=np.float32)
-    t = grpcaio.InferInput("INPUT0", [1, 64], "FP32")
-    t.set_data_from_numpy(x)
+    t = grpcaio.InferInput("X", [1, 1], "FP32")
+    t.set_data_from_numpy(np.array([[float(i)]], dtype=np.float32))
     return [t]
 
 
-async def phase(url, clients, seconds, expected=None, sample=None):
-    """Closed loop: each client sends again as soon as it is answered. Returns (ok, refused,
-    other errors, wrong answers, answers by input)."""
+async def phase(url, clients, seconds, sample=None):
+    """Closed loop: each client sends again as soon as it is answered. Returns the counts of
+    answers, refusals, other errors and wrong answers."""
     stats = {"ok": 0, "refused": 0, "errors": 0, "wrong": 0}
-    answers = {}
     end = time.monotonic() + seconds
 
     async def client(n):
@@ -64,12 +64,9 @@ async def phase(url, clients, seconds, expected=None, sample=None):
         i = n
         while time.monotonic() < end:
             try:
-                result = await c.infer("mlp_classifier", inputs(i), model_version="1")
-                out = result.as_numpy("OUTPUT0").tobytes()
-                key = i % 16
-                if expected is not None and expected.get(key, out) != out:
+                result = await c.infer(MODEL, inputs(i))
+                if result.as_numpy("Y")[0, 0] != i + 1:
                     stats["wrong"] += 1
-                answers.setdefault(key, out)
                 stats["ok"] += 1
             except InferenceServerException as e:
                 if e.status() == "StatusCode.RESOURCE_EXHAUSTED":
@@ -78,7 +75,7 @@ async def phase(url, clients, seconds, expected=None, sample=None):
                     stats["errors"] += 1
                     if stats["errors"] <= 3:
                         print(f"  unexpected error: {e.status()} {e.message()}")
-            i += clients
+            i = (i + clients) % 1_000_000
         await c.close()
 
     async def sampler():
@@ -88,17 +85,19 @@ async def phase(url, clients, seconds, expected=None, sample=None):
 
     tasks = [client(n) for n in range(clients)] + ([sampler()] if sample else [])
     await asyncio.gather(*tasks)
-    return stats, answers
+    return stats
 
 
 def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--seconds", type=float, default=60, help="length of the overload phase")
     ap.add_argument("--binary", default=os.path.join(ROOT, "target", "release", "kiln"))
+    ap.add_argument("--min-recovery", type=float, default=0.8,
+                    help="throughput after the overload, as a share of the baseline, that passes")
     args = ap.parse_args()
     grpc_port, http_port, metrics_port = free_port(), free_port(), free_port()
     server = subprocess.Popen(
-        [args.binary, "--model-repository", os.path.join(ROOT, "model_repository"),
+        [args.binary, "--model-repository", os.path.join(ROOT, "tests", "fixtures", "drain_repository"),
          "--grpc-port", str(grpc_port), "--http-port", str(http_port), "--metrics-port", str(metrics_port),
          "--max-inflight-requests", str(LIMIT)],
         stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
@@ -116,13 +115,14 @@ def main():
                 time.sleep(0.2)
         time.sleep(1)
         asyncio.run(phase(url, CONCURRENCY, 2))  # warm-up
-        base, answers = asyncio.run(phase(url, CONCURRENCY, 10))
+        base = asyncio.run(phase(url, CONCURRENCY, 10))
         base_rate = base["ok"] / 10
-        print(f"baseline : {CONCURRENCY} clients, {base_rate:.0f} req/s, errors {base['errors']}")
+        print(f"baseline : {CONCURRENCY} clients, {base_rate:.0f} req/s, errors {base['errors']}; "
+              f"load average {open('/proc/loadavg').read().split()[0]}")
 
         samples = []
-        over, _ = asyncio.run(phase(url, 10 * CONCURRENCY, args.seconds, answers,
-                                    lambda: samples.append(rss_kib(server.pid))))
+        over = asyncio.run(phase(url, 10 * CONCURRENCY, args.seconds,
+                                 lambda: samples.append(rss_kib(server.pid))))
         rate = over["ok"] / args.seconds
         settled = samples[len(samples) // 4:] or samples
         growth = (max(settled) - settled[0]) / settled[0] * 100 if settled else 0
@@ -130,9 +130,10 @@ def main():
               f"{over['refused']} refused (RESOURCE_EXHAUSTED), {over['errors']} other errors, "
               f"{over['wrong']} wrong answers; VmRSS {min(samples) // 1024}-{max(samples) // 1024} MiB, "
               f"{growth:+.1f} % after the first quarter")
-        after, _ = asyncio.run(phase(url, CONCURRENCY, 10, answers))
+        after = asyncio.run(phase(url, CONCURRENCY, 10))
         after_rate = after["ok"] / 10
-        print(f"recovery : {CONCURRENCY} clients, {after_rate:.0f} req/s ({after_rate / base_rate * 100:.0f} % of baseline)")
+        print(f"recovery : {CONCURRENCY} clients, {after_rate:.0f} req/s ({after_rate / base_rate * 100:.0f} % of baseline), "
+              f"{after['refused']} refused; load average {open('/proc/loadavg').read().split()[0]}")
         if over["wrong"] or after["wrong"]:
             failures.append("accepted requests returned wrong answers")
         if over["errors"] or after["errors"] or base["errors"]:
@@ -141,8 +142,10 @@ def main():
             failures.append("the overload was never refused: raise the client count")
         if growth > 10:
             failures.append(f"resident memory grew {growth:.1f} % under sustained overload")
-        if after_rate < 0.8 * base_rate:
-            failures.append("throughput did not recover")
+        if after["refused"]:
+            failures.append("requests were still refused after the overload ended")
+        if after_rate < args.min_recovery * base_rate:
+            failures.append("throughput did not recover (on a shared machine, check the load average)")
     finally:
         server.terminate()
         server.wait(timeout=60)
