@@ -35,7 +35,8 @@ for target in "${TARGETS[@]}"; do
     rc=$?
     set -e
     runs=$(grep -o 'stat::number_of_executed_units: *[0-9]*' "$log" | grep -o '[0-9]*$' | tail -n 1)
-    crashes=$(find "$WORK/artifacts/$target" -type f \( -name 'crash-*' -o -name 'oom-*' -o -name 'timeout-*' -o -name 'leak-*' \) | wc -l)
+    # cargo-fuzz passes its own -artifact_prefix (fuzz/artifacts/) too: look in both places.
+    crashes=$(find "$WORK/artifacts/$target" "artifacts/$target" -type f \( -name 'crash-*' -o -name 'oom-*' -o -name 'timeout-*' -o -name 'leak-*' \) 2>/dev/null | wc -l)
     [ "$rc" -ne 0 ] && status=1 && tail -n 30 "$log"
     summary+=("$(printf '%-20s %12s %8s %6s' "$target" "${runs:-?}" "$crashes" "$rc")")
 done

@@ -16,7 +16,8 @@ fuzz_target!(|data: &[u8]| {
         return;
     };
     let _ = config_to_json(&config);
-    if normalize_identity(&mut config, "m").is_err() || normalize_instance_groups(&mut config).is_err()
+    if normalize_identity(&mut config, "m").is_err()
+        || normalize_instance_groups(&mut config).is_err()
     {
         return;
     }

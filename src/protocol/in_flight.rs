@@ -70,7 +70,9 @@ where
     }
 
     fn call(&mut self, request: Request<B>) -> Self::Future {
-        let guard = self.count.enter();
+        // A health Watch stream lasts as long as its client wants and only reports status (which
+        // turns NOT_SERVING at shutdown): it must not hold shutdown up until the exit timeout.
+        let guard = (request.uri().path() != HEALTH_WATCH).then(|| self.count.enter());
         let response = self.inner.call(request);
         Box::pin(async move {
             let response = response.await?;
@@ -82,11 +84,14 @@ where
     }
 }
 
+/// The one streaming call that is not counted.
+const HEALTH_WATCH: &str = "/grpc.health.v1.Health/Watch";
+
 /// A response body that keeps its response counted until it is dropped.
 #[derive(Debug)]
 pub struct Tracked<B> {
     inner: B,
-    _guard: Guard,
+    _guard: Option<Guard>,
 }
 
 impl<B: Body + Unpin> Body for Tracked<B> {
@@ -106,5 +111,64 @@ impl<B: Body + Unpin> Body for Tracked<B> {
 
     fn size_hint(&self) -> SizeHint {
         self.inner.size_hint()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use axum::body::Body as AxumBody;
+    use std::convert::Infallible;
+    use tower_layer::Layer;
+
+    /// Answers every request with a small body.
+    #[derive(Clone)]
+    struct Hello;
+
+    impl Service<Request<()>> for Hello {
+        type Response = Response<AxumBody>;
+        type Error = Infallible;
+        type Future = std::future::Ready<Result<Response<AxumBody>, Infallible>>;
+
+        fn poll_ready(&mut self, _: &mut Context<'_>) -> Poll<Result<(), Infallible>> {
+            Poll::Ready(Ok(()))
+        }
+
+        fn call(&mut self, _: Request<()>) -> Self::Future {
+            std::future::ready(Ok(Response::new(AxumBody::from("hello"))))
+        }
+    }
+
+    fn request(path: &str) -> Request<()> {
+        Request::builder().uri(path).body(()).unwrap()
+    }
+
+    #[tokio::test]
+    async fn a_response_counts_until_its_body_is_gone() {
+        let count = ResponsesInFlight::default();
+        let mut service = count.layer(Hello);
+        let pending = service.call(request("/v2/models/m/infer"));
+        assert_eq!(
+            count.count(),
+            1,
+            "counted from the call, before the answer exists"
+        );
+        let response = pending.await.unwrap();
+        assert_eq!(count.count(), 1, "and while the body is being sent");
+        let body = axum::body::to_bytes(AxumBody::new(response.into_body()), 100)
+            .await
+            .unwrap();
+        assert_eq!(&body[..], b"hello");
+        assert_eq!(count.count(), 0, "sent in full");
+        let watch = service
+            .call(request("/grpc.health.v1.Health/Watch"))
+            .await
+            .unwrap();
+        assert_eq!(
+            count.count(),
+            0,
+            "health watch streams never hold shutdown up"
+        );
+        drop(watch);
     }
 }
