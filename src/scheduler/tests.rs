@@ -1,0 +1,267 @@
+//! Scheduler tests with fake backends: batching under concurrency, queue limits, deadlines,
+//! cancellation, panics.
+use super::*;
+use crate::core::DataType;
+use bytes::Bytes;
+use std::sync::Mutex;
+
+/// Adds one to every byte of its single input and records the batch sizes it saw.
+struct AddOne {
+    batches: Arc<Mutex<Vec<i64>>>,
+    delay: Duration,
+}
+
+impl Backend for AddOne {
+    fn run(&mut self, inputs: &[Tensor]) -> Result<Vec<Tensor>, BackendError> {
+        std::thread::sleep(self.delay);
+        let input = inputs
+            .first()
+            .ok_or_else(|| BackendError::Run("no input".into()))?;
+        self.batches.lock().unwrap().push(input.shape[0]);
+        let data: Vec<u8> = input.data.iter().map(|b| b.wrapping_add(1)).collect();
+        Ok(vec![Tensor::new(
+            "out",
+            DataType::Uint8,
+            input.shape.clone(),
+            Bytes::from(data),
+        )])
+    }
+}
+
+struct Panicker;
+
+impl Backend for Panicker {
+    fn run(&mut self, _: &[Tensor]) -> Result<Vec<Tensor>, BackendError> {
+        panic!("boom")
+    }
+}
+
+fn request(value: u8, rows: usize) -> Request {
+    let input = Tensor::new(
+        "in",
+        DataType::Uint8,
+        vec![rows as i64, 1],
+        Bytes::from(vec![value; rows]),
+    );
+    Request {
+        inputs: vec![input],
+        rows,
+        priority: None,
+        timeout: None,
+        deadline: None,
+    }
+}
+
+fn scheduler(
+    config: BatchingConfig,
+    instances: usize,
+    delay: Duration,
+) -> (Arc<Scheduler>, Arc<Mutex<Vec<i64>>>, Arc<ModelStats>) {
+    let batches = Arc::new(Mutex::new(Vec::new()));
+    let backends: Vec<Box<dyn Backend>> = (0..instances)
+        .map(|_| {
+            Box::new(AddOne {
+                batches: Arc::clone(&batches),
+                delay,
+            }) as Box<dyn Backend>
+        })
+        .collect();
+    let stats = Arc::new(ModelStats::new("m", 1));
+    let scheduler = Scheduler::start("t", config, backends, Arc::clone(&stats)).unwrap();
+    (Arc::new(scheduler), batches, stats)
+}
+
+fn dynamic(max: usize, delay: Duration) -> BatchingConfig {
+    BatchingConfig {
+        dynamic: true,
+        max_batch_size: max,
+        max_queue_delay: delay,
+        ..Default::default()
+    }
+}
+
+#[tokio::test]
+async fn concurrent_requests_are_batched_and_split_correctly() {
+    let (scheduler, batches, stats) =
+        scheduler(dynamic(8, Duration::from_millis(20)), 1, Duration::ZERO);
+    let tasks: Vec<_> = (0..6u8)
+        .map(|i| {
+            let scheduler = Arc::clone(&scheduler);
+            tokio::spawn(async move {
+                (
+                    i,
+                    scheduler
+                        .submit(request(i * 10, 1 + usize::from(i % 2)))
+                        .await,
+                )
+            })
+        })
+        .collect();
+    for task in tasks {
+        let (i, outcome) = task.await.unwrap();
+        let outcome = outcome.unwrap();
+        let rows = 1 + usize::from(i % 2);
+        assert_eq!(outcome.outputs[0].shape, vec![rows as i64, 1]);
+        assert_eq!(&outcome.outputs[0].data[..], &vec![i * 10 + 1; rows][..]);
+    }
+    let seen = batches.lock().unwrap().clone();
+    assert_eq!(seen.iter().sum::<i64>(), 9);
+    assert!(
+        seen.iter().any(|&b| b > 2),
+        "requests were merged: {seen:?}"
+    );
+    let snapshot = stats.snapshot();
+    assert_eq!(snapshot.execution_count as usize, seen.len());
+}
+
+#[tokio::test]
+async fn without_dynamic_batching_each_request_runs_alone() {
+    let config = BatchingConfig {
+        max_batch_size: 8,
+        ..Default::default()
+    };
+    let (scheduler, batches, _) = scheduler(config, 2, Duration::from_millis(2));
+    let tasks: Vec<_> = (0..8u8)
+        .map(|i| {
+            let scheduler = Arc::clone(&scheduler);
+            tokio::spawn(async move { scheduler.submit(request(i, 1)).await })
+        })
+        .collect();
+    for task in tasks {
+        task.await.unwrap().unwrap();
+    }
+    assert_eq!(batches.lock().unwrap().as_slice(), &[1; 8]);
+}
+
+#[tokio::test]
+async fn full_queue_rejects_and_deadlines_expire_without_running() {
+    let config = BatchingConfig {
+        policies: vec![QueuePolicy {
+            max_queue_size: 1,
+            ..Default::default()
+        }],
+        ..dynamic(1, Duration::ZERO)
+    };
+    let (scheduler, batches, _) = scheduler(config, 1, Duration::from_millis(100));
+    // Occupies the only instance.
+    let busy = {
+        let scheduler = Arc::clone(&scheduler);
+        tokio::spawn(async move { scheduler.submit(request(1, 1)).await })
+    };
+    tokio::time::sleep(Duration::from_millis(20)).await;
+    let mut expiring = request(2, 1);
+    expiring.deadline = Some(Instant::now() + Duration::from_millis(10));
+    let waiting = {
+        let scheduler = Arc::clone(&scheduler);
+        tokio::spawn(async move { scheduler.submit(expiring).await })
+    };
+    tokio::time::sleep(Duration::from_millis(5)).await;
+    assert!(matches!(
+        scheduler.submit(request(3, 1)).await,
+        Err(ScheduleError::QueueFull)
+    ));
+    assert!(matches!(
+        waiting.await.unwrap(),
+        Err(ScheduleError::Deadline)
+    ));
+    assert!(busy.await.unwrap().is_ok());
+    assert_eq!(
+        batches.lock().unwrap().len(),
+        1,
+        "the expired request never ran"
+    );
+}
+
+#[tokio::test]
+async fn the_in_flight_bound_refuses_at_once_and_recovers() {
+    let config = BatchingConfig {
+        max_in_flight: 2,
+        ..dynamic(8, Duration::from_millis(200))
+    };
+    let (scheduler, _, _) = scheduler(config, 1, Duration::ZERO);
+    let held: Vec<_> = (0..2u8)
+        .map(|i| {
+            let scheduler = Arc::clone(&scheduler);
+            tokio::spawn(async move { scheduler.submit(request(i, 1)).await })
+        })
+        .collect();
+    tokio::time::sleep(Duration::from_millis(20)).await;
+    let refused_at = Instant::now();
+    let refused = scheduler.submit(request(9, 1)).await.unwrap_err();
+    assert!(matches!(refused, ScheduleError::Overloaded(2)));
+    assert!(
+        refused_at.elapsed() < Duration::from_millis(50),
+        "answered at once"
+    );
+    for task in held {
+        assert!(task.await.unwrap().is_ok(), "admitted requests still run");
+    }
+    assert!(scheduler.submit(request(3, 1)).await.is_ok());
+}
+
+#[tokio::test]
+async fn dropped_callers_leave_the_queue() {
+    let (scheduler, batches, _) =
+        scheduler(dynamic(1, Duration::ZERO), 1, Duration::from_millis(50));
+    let busy = {
+        let scheduler = Arc::clone(&scheduler);
+        tokio::spawn(async move { scheduler.submit(request(1, 1)).await })
+    };
+    tokio::time::sleep(Duration::from_millis(10)).await;
+    // Times out client-side while queued: its future is dropped.
+    let gave_up =
+        tokio::time::timeout(Duration::from_millis(5), scheduler.submit(request(2, 1))).await;
+    assert!(gave_up.is_err());
+    assert!(busy.await.unwrap().is_ok());
+    assert!(scheduler.submit(request(3, 1)).await.is_ok());
+    assert_eq!(
+        batches.lock().unwrap().len(),
+        2,
+        "the abandoned request never ran"
+    );
+}
+
+#[tokio::test]
+async fn a_panicking_backend_reports_an_error_and_keeps_serving() {
+    let stats = Arc::new(ModelStats::new("m", 1));
+    let scheduler = Scheduler::start(
+        "p",
+        BatchingConfig::default(),
+        vec![Box::new(Panicker)],
+        stats,
+    )
+    .unwrap();
+    for _ in 0..2 {
+        let error = scheduler.submit(request(0, 1)).await.unwrap_err();
+        assert!(error.to_string().contains("panicked"));
+    }
+}
+
+/// Records when it is dropped, i.e. when its instance thread has released the session.
+struct DropFlag(Arc<std::sync::atomic::AtomicBool>);
+
+impl Backend for DropFlag {
+    fn run(&mut self, inputs: &[Tensor]) -> Result<Vec<Tensor>, BackendError> {
+        Ok(inputs.to_vec())
+    }
+}
+
+impl Drop for DropFlag {
+    fn drop(&mut self) {
+        self.0.store(true, Ordering::SeqCst);
+    }
+}
+
+#[test]
+fn stop_returns_after_the_instances_have_released_their_backends() {
+    let dropped = Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let scheduler = Scheduler::start(
+        "s",
+        BatchingConfig::default(),
+        vec![Box::new(DropFlag(Arc::clone(&dropped)))],
+        Arc::new(ModelStats::new("m", 1)),
+    )
+    .unwrap();
+    scheduler.stop();
+    assert!(dropped.load(Ordering::SeqCst));
+}
