@@ -7,12 +7,7 @@ use kiln::engine::validate::{prepare_inputs, rows};
 use kiln::repository::{IoSpec, TensorSpec};
 
 fn tensor(name: &str, datatype: DataType, dims: &[i64]) -> TensorSpec {
-    TensorSpec {
-        name: name.into(),
-        datatype,
-        dims: dims.to_vec(),
-        model_dims: None,
-    }
+    TensorSpec::new(name, datatype, dims)
 }
 
 /// `selector` picks one of three contracts: batched (FP32 [2] + BYTES [-1]), not batched

@@ -70,20 +70,11 @@ mod tests {
     use crate::engine::validate::prepare_inputs;
     use crate::repository::TensorSpec;
 
-    fn spec(name: &str, datatype: DataType, dims: &[i64]) -> TensorSpec {
-        TensorSpec {
-            name: name.into(),
-            datatype,
-            dims: dims.to_vec(),
-            model_dims: None,
-        }
-    }
-
     #[test]
     fn raw_input_solves_the_variable_dim() {
         let io = IoSpec {
             max_batch_size: 8,
-            inputs: vec![spec("X", DataType::Fp32, &[-1, 2])],
+            inputs: vec![TensorSpec::new("X", DataType::Fp32, &[-1, 2])],
             outputs: vec![],
         };
         let tensor = raw_input("m", &io, Bytes::from(vec![0u8; 24])).unwrap();
@@ -108,7 +99,7 @@ mod tests {
             "add_sub",
             &IoSpec {
                 max_batch_size: 8,
-                inputs: vec![spec("A", DataType::Fp32, &[16])],
+                inputs: vec![TensorSpec::new("A", DataType::Fp32, &[16])],
                 outputs: vec![],
             },
             Bytes::from(vec![0u8; 64]),
@@ -117,7 +108,7 @@ mod tests {
         assert_eq!(fixed.shape, vec![1, 16]);
         let strings = IoSpec {
             max_batch_size: 0,
-            inputs: vec![spec("S", DataType::Bytes, &[-1])],
+            inputs: vec![TensorSpec::new("S", DataType::Bytes, &[-1])],
             outputs: vec![],
         };
         assert_eq!(
@@ -131,8 +122,8 @@ mod tests {
             &IoSpec {
                 max_batch_size: 8,
                 inputs: vec![
-                    spec("A", DataType::Fp32, &[16]),
-                    spec("B", DataType::Fp32, &[16])
+                    TensorSpec::new("A", DataType::Fp32, &[16]),
+                    TensorSpec::new("B", DataType::Fp32, &[16])
                 ],
                 outputs: vec![],
             },
@@ -143,7 +134,7 @@ mod tests {
         .contains("exactly one input, but it has 2"));
         let two_variable = IoSpec {
             max_batch_size: 0,
-            inputs: vec![spec("X", DataType::Fp32, &[-1, -1])],
+            inputs: vec![TensorSpec::new("X", DataType::Fp32, &[-1, -1])],
             outputs: vec![],
         };
         assert!(raw_input("m", &two_variable, Bytes::new())

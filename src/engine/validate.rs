@@ -256,25 +256,16 @@ mod tests {
     use crate::core::{DataType, RequestedOutput};
     use bytes::Bytes;
 
-    fn spec(name: &str, datatype: DataType, dims: &[i64]) -> TensorSpec {
-        TensorSpec {
-            name: name.into(),
-            datatype,
-            dims: dims.to_vec(),
-            model_dims: None,
-        }
-    }
-
     fn add_sub() -> IoSpec {
         IoSpec {
             max_batch_size: 8,
             inputs: vec![
-                spec("INPUT0", DataType::Fp32, &[16]),
-                spec("INPUT1", DataType::Fp32, &[16]),
+                TensorSpec::new("INPUT0", DataType::Fp32, &[16]),
+                TensorSpec::new("INPUT1", DataType::Fp32, &[16]),
             ],
             outputs: vec![
-                spec("OUTPUT0", DataType::Fp32, &[16]),
-                spec("OUTPUT1", DataType::Fp32, &[16]),
+                TensorSpec::new("OUTPUT0", DataType::Fp32, &[16]),
+                TensorSpec::new("OUTPUT1", DataType::Fp32, &[16]),
             ],
         }
     }
@@ -429,7 +420,7 @@ mod tests {
     fn overflowing_and_negative_shapes_never_allocate() {
         let io = IoSpec {
             max_batch_size: 0,
-            inputs: vec![spec("X", DataType::Fp32, &[-1, -1])],
+            inputs: vec![TensorSpec::new("X", DataType::Fp32, &[-1, -1])],
             outputs: vec![],
         };
         let huge = Tensor::new(
@@ -456,7 +447,7 @@ mod tests {
     fn bytes_inputs_are_checked_for_framing() {
         let io = IoSpec {
             max_batch_size: 0,
-            inputs: vec![spec("S", DataType::Bytes, &[-1])],
+            inputs: vec![TensorSpec::new("S", DataType::Bytes, &[-1])],
             outputs: vec![],
         };
         let good = Tensor::new(
@@ -486,7 +477,7 @@ mod tests {
 
     #[test]
     fn reshape_and_scalar_mapping() {
-        let mut reshaped = spec("X", DataType::Fp32, &[2, 2]);
+        let mut reshaped = TensorSpec::new("X", DataType::Fp32, &[2, 2]);
         reshaped.model_dims = Some(vec![4]);
         let io = IoSpec {
             max_batch_size: 4,
@@ -501,7 +492,7 @@ mod tests {
         let out = to_client_shape(fp32("X", &[3, 4]), &reshaped, true);
         assert_eq!(out.shape, vec![3, 2, 2]);
 
-        let mut scalar = spec("S", DataType::Fp32, &[1]);
+        let mut scalar = TensorSpec::new("S", DataType::Fp32, &[1]);
         scalar.model_dims = Some(vec![]);
         let io = IoSpec {
             max_batch_size: 0,

@@ -17,6 +17,18 @@ pub struct TensorSpec {
     pub model_dims: Option<Vec<i64>>,
 }
 
+impl TensorSpec {
+    /// A tensor whose model shape is the shape clients send (no reshape).
+    pub fn new(name: &str, datatype: DataType, dims: &[i64]) -> TensorSpec {
+        TensorSpec {
+            name: name.to_string(),
+            datatype,
+            dims: dims.to_vec(),
+            model_dims: None,
+        }
+    }
+}
+
 /// Inputs and outputs of a model version, in config order.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct IoSpec {
