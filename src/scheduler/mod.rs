@@ -7,6 +7,12 @@
 //! No thread sits between the caller and the instances: a request costs one lock and at most one
 //! wake-up on the way in and one on the way out. (A separate queue thread — the first design —
 //! added two more context switches per request, which on two cores cost more than the model.)
+//! Cheaper still, a lone request (the only one of its version in flight) runs at once on the
+//! caller's own thread when the model is known to be quick and would not wait to batch anyway
+//! (see [`INLINE_MAX_INFER`]): no hand-off at all. Under concurrent load requests go to the
+//! instance threads as before — run inline, they would hold up the other connections of the
+//! network thread. So sessions are not tied to threads: idle sessions wait in a pool that
+//! instance threads and inline callers both take from.
 //! Deadlines and REJECT timeouts are timed by the waiting caller, which takes its request back
 //! out of the queue when they pass; instances also drop anything expired they come across.
 
@@ -89,14 +95,44 @@ struct Job {
 /// What the caller and the instances share.
 struct Shared {
     queue: Mutex<Queue>,
-    /// Signalled when work arrives or the scheduler stops.
+    /// Signalled when work arrives, a session comes back with work waiting, or the scheduler
+    /// stops.
     work: Condvar,
     stats: Arc<ModelStats>,
+    recent_infer: RecentInfer,
 }
 
 struct Queue {
     state: State<Job>,
     stopped: bool,
+    /// Sessions running nothing. An instance thread takes one with each batch; a caller running
+    /// its request inline takes one too, so a thread with a batch may have to wait for one.
+    free: Vec<Box<dyn Backend>>,
+}
+
+/// A model whose runs have lately taken less than this may run a lone request on the caller's
+/// (network) thread. Long enough for small models (`add_sub`, an MLP: tens of microseconds),
+/// short enough that the other connections served by that thread barely notice.
+pub const INLINE_MAX_INFER: Duration = Duration::from_micros(250);
+
+/// Moving average of the model's run time, in nanoseconds; `u64::MAX` until the first run.
+struct RecentInfer(AtomicU64);
+
+impl RecentInfer {
+    fn record(&self, took: Duration) {
+        let took = u64::try_from(took.as_nanos()).unwrap_or(u64::MAX - 1);
+        let old = self.0.load(Ordering::Relaxed);
+        let new = if old == u64::MAX {
+            took
+        } else {
+            old - old / 8 + took / 8
+        };
+        self.0.store(new, Ordering::Relaxed);
+    }
+
+    fn below(&self, limit: Duration) -> bool {
+        u128::from(self.0.load(Ordering::Relaxed)) < limit.as_nanos()
+    }
 }
 
 impl Shared {
@@ -123,6 +159,9 @@ pub struct Scheduler {
     in_flight: AtomicUsize,
     /// 0: no limit (see [`BatchingConfig::max_in_flight`]).
     max_in_flight: usize,
+    /// Requests never wait in the queue to be batched (no dynamic batching, or no delay), so a
+    /// lone request may run inline.
+    may_inline: bool,
 }
 
 impl Scheduler {
@@ -137,23 +176,26 @@ impl Scheduler {
         stats: Arc<ModelStats>,
     ) -> std::io::Result<Scheduler> {
         let batching = config.dynamic && config.max_batch_size > 0;
+        let may_inline = !batching || config.max_queue_delay.is_zero();
         let max_in_flight = config.max_in_flight;
+        let instances = backends.len();
         let shared = Arc::new(Shared {
             queue: Mutex::new(Queue {
                 state: State::new(config),
                 stopped: false,
+                free: backends,
             }),
             work: Condvar::new(),
             stats,
+            recent_infer: RecentInfer(AtomicU64::new(u64::MAX)),
         });
-        let instances = backends.len();
         let mut threads = Vec::with_capacity(instances);
-        for (index, backend) in backends.into_iter().enumerate() {
+        for index in 0..instances {
             let shared = Arc::clone(&shared);
             threads.push(
                 std::thread::Builder::new()
                     .name(format!("{label}-{index}"))
-                    .spawn(move || instance_loop(backend, &shared))?,
+                    .spawn(move || instance_loop(&shared))?,
             );
         }
         Ok(Scheduler {
@@ -164,6 +206,7 @@ impl Scheduler {
             threads,
             in_flight: AtomicUsize::new(0),
             max_in_flight,
+            may_inline,
         })
     }
 
@@ -171,10 +214,21 @@ impl Scheduler {
     /// exited. Blocking: call it off the async runtime.
     pub fn stop(mut self) {
         let threads = std::mem::take(&mut self.threads);
+        let shared = Arc::clone(&self.shared);
+        let instances = self.instances;
         drop(self);
         for thread in threads {
             let _ = thread.join();
         }
+        // A caller running inline still holds its session; it returns it when its run ends.
+        let mut queue = shared.lock();
+        while queue.free.len() < instances {
+            queue = shared
+                .work
+                .wait_timeout(queue, Duration::from_millis(5))
+                .map_or_else(|e| e.into_inner().0, |(q, _)| q);
+        }
+        queue.free.clear();
     }
 
     /// Number of instances serving this version.
@@ -191,6 +245,30 @@ impl Scheduler {
         let _admitted = self.admit()?;
         let ticket = self.next_ticket.fetch_add(1, Ordering::Relaxed);
         let (reply, mut answer) = oneshot::channel();
+        if self.may_inline
+            && self.in_flight.load(Ordering::Relaxed) == 1
+            && self.shared.recent_infer.below(INLINE_MAX_INFER)
+        {
+            if let Some(backend) = self.shared.take_idle_session() {
+                let now = Instant::now();
+                if request.deadline.is_some_and(|deadline| deadline <= now) {
+                    self.shared.give_back(backend);
+                    return Err(ScheduleError::Deadline);
+                }
+                let job = Job {
+                    inputs: request.inputs,
+                    rows: request.rows,
+                    ticket,
+                    enqueued: now,
+                    reply,
+                };
+                let mut backend = backend;
+                let answers = execute(backend.as_mut(), vec![job], &self.shared);
+                self.shared.give_back(backend);
+                let (_, result) = answers.into_iter().next().ok_or(ScheduleError::Stopped)?;
+                return result;
+            }
+        }
         let signature = if self.batching {
             batch::signature(&request.inputs)
         } else {
@@ -264,6 +342,27 @@ impl Drop for InFlight<'_> {
 }
 
 impl Shared {
+    /// A free session, when nothing is queued (a queued request goes first) and the scheduler
+    /// runs.
+    fn take_idle_session(&self) -> Option<Box<dyn Backend>> {
+        let mut queue = self.lock();
+        if queue.stopped || !queue.state.is_empty() {
+            return None;
+        }
+        queue.free.pop()
+    }
+
+    /// Returns a session to the pool, waking an instance thread if work is waiting for it.
+    fn give_back(&self, backend: Box<dyn Backend>) {
+        let mut queue = self.lock();
+        queue.free.push(backend);
+        let waiting = !queue.state.is_empty() || queue.stopped;
+        drop(queue);
+        if waiting {
+            self.work.notify_all();
+        }
+    }
+
     /// Removes a queued request; false if it already left the queue.
     fn cancel(&self, ticket: u64) -> bool {
         let mut queue = self.lock();
@@ -294,14 +393,16 @@ impl Drop for CancelOnDrop<'_> {
     }
 }
 
-fn instance_loop(mut backend: Box<dyn Backend>, shared: &Shared) {
-    while let Some(jobs) = next_batch(shared) {
-        execute(backend.as_mut(), jobs, &shared.stats);
+fn instance_loop(shared: &Shared) {
+    while let Some((jobs, mut backend)) = next_batch(shared) {
+        let answers = execute(backend.as_mut(), jobs, shared);
+        shared.give_back(backend);
+        send_answers(answers);
     }
 }
 
-/// Waits for the next batch; `None` once the scheduler stops.
-fn next_batch(shared: &Shared) -> Option<Vec<Job>> {
+/// Waits for the next batch and a free session to run it; `None` once the scheduler stops.
+fn next_batch(shared: &Shared) -> Option<(Vec<Job>, Box<dyn Backend>)> {
     let mut queue = shared.lock();
     loop {
         if queue.stopped {
@@ -310,6 +411,20 @@ fn next_batch(shared: &Shared) -> Option<Vec<Job>> {
         let now = Instant::now();
         for (job, rejection) in queue.state.expire(now) {
             let _ = job.reply.send(Err(rejection.into()));
+        }
+        if queue.free.is_empty() {
+            // Every session is out (some with inline callers): wait for one to come back.
+            queue = match queue.state.next_expiry() {
+                Some(at) => {
+                    let wait = at.saturating_duration_since(now);
+                    shared
+                        .work
+                        .wait_timeout(queue, wait)
+                        .map_or_else(|e| e.into_inner().0, |(q, _)| q)
+                }
+                None => shared.work.wait(queue).unwrap_or_else(|e| e.into_inner()),
+            };
+            continue;
         }
         match queue.state.next_batch(now) {
             Next::Batch(mut jobs) => {
@@ -321,7 +436,8 @@ fn next_batch(shared: &Shared) -> Option<Vec<Job>> {
                 if !queue.state.is_empty() {
                     shared.work.notify_one(); // more work for another idle instance
                 }
-                return Some(jobs);
+                let backend = queue.free.pop().expect("a free session was checked for above");
+                return Some((jobs, backend));
             }
             Next::WaitUntil(at) => {
                 let wait = at.saturating_duration_since(now);
@@ -337,8 +453,19 @@ fn next_batch(shared: &Shared) -> Option<Vec<Job>> {
     }
 }
 
-/// Merges, runs and splits one batch, then answers each request.
-fn execute(backend: &mut dyn Backend, jobs: Vec<Job>, stats: &ModelStats) {
+/// Each request's reply channel with what to send on it.
+type Answers = Vec<(oneshot::Sender<Result<Outcome, ScheduleError>>, Result<Outcome, ScheduleError>)>;
+
+fn send_answers(answers: Answers) {
+    for (reply, result) in answers {
+        let _ = reply.send(result);
+    }
+}
+
+/// Merges, runs and splits one batch; the answers are sent by the caller once the session is
+/// back in the pool, so that a client's next request finds it free.
+fn execute(backend: &mut dyn Backend, jobs: Vec<Job>, shared: &Shared) -> Answers {
+    let stats = &shared.stats;
     let start = Instant::now();
     let rows: Vec<usize> = jobs.iter().map(|job| job.rows).collect();
     let inputs: Vec<&[Tensor]> = jobs.iter().map(|job| job.inputs.as_slice()).collect();
@@ -348,6 +475,7 @@ fn execute(backend: &mut dyn Backend, jobs: Vec<Job>, stats: &ModelStats) {
         .unwrap_or_else(|_| Err(BackendError::Run("model instance panicked".into())));
     drop(merged);
     let inferred = Instant::now();
+    shared.recent_infer.record(inferred - ran);
     let split = result.map_err(ScheduleError::from).and_then(|outputs| {
         batch::split(outputs, &rows).map_err(|e| ScheduleError::Backend(BackendError::Run(e)))
     });
@@ -358,21 +486,23 @@ fn execute(backend: &mut dyn Backend, jobs: Vec<Job>, stats: &ModelStats) {
     };
     stats.record_execution(rows.iter().sum(), times);
     match split {
-        Ok(per_request) => {
-            for (job, outputs) in jobs.into_iter().zip(per_request) {
+        Ok(per_request) => jobs
+            .into_iter()
+            .zip(per_request)
+            .map(|(job, outputs)| {
                 let queue = start.saturating_duration_since(job.enqueued);
-                let _ = job.reply.send(Ok(Outcome {
+                let outcome = Outcome {
                     outputs,
                     queue,
                     compute: times,
-                }));
-            }
-        }
-        Err(error) => {
-            for job in jobs {
-                let _ = job.reply.send(Err(error.clone()));
-            }
-        }
+                };
+                (job.reply, Ok(outcome))
+            })
+            .collect(),
+        Err(error) => jobs
+            .into_iter()
+            .map(|job| (job.reply, Err(error.clone())))
+            .collect(),
     }
 }
 

@@ -265,3 +265,84 @@ fn stop_returns_after_the_instances_have_released_their_backends() {
     scheduler.stop();
     assert!(dropped.load(Ordering::SeqCst));
 }
+
+/// Records the name of the thread each run happens on.
+struct WhereRun {
+    threads: Arc<Mutex<Vec<String>>>,
+    delay: Duration,
+}
+
+impl Backend for WhereRun {
+    fn run(&mut self, inputs: &[Tensor]) -> Result<Vec<Tensor>, BackendError> {
+        std::thread::sleep(self.delay);
+        let name = std::thread::current().name().unwrap_or("unnamed").to_string();
+        self.threads.lock().unwrap().push(name);
+        Ok(inputs.to_vec())
+    }
+}
+
+/// Runs `count` requests one after another and returns the threads they ran on.
+async fn run_lone_requests(config: BatchingConfig, delay: Duration, count: usize) -> Vec<String> {
+    let threads = Arc::new(Mutex::new(Vec::new()));
+    let backends: Vec<Box<dyn Backend>> = (0..2)
+        .map(|_| {
+            Box::new(WhereRun {
+                threads: Arc::clone(&threads),
+                delay,
+            }) as Box<dyn Backend>
+        })
+        .collect();
+    let stats = Arc::new(ModelStats::new("m", 1));
+    let scheduler = Scheduler::start("instance", config, backends, stats).unwrap();
+    for i in 0..count {
+        let outcome = scheduler.submit(request(i as u8, 1)).await.unwrap();
+        assert_eq!(&outcome.outputs[0].data[..], &[i as u8]);
+    }
+    scheduler.stop();
+    let seen = threads.lock().unwrap().clone();
+    seen
+}
+
+#[tokio::test]
+async fn a_quick_model_runs_lone_requests_on_the_callers_thread() {
+    let seen = run_lone_requests(BatchingConfig::default(), Duration::ZERO, 4).await;
+    // The first run measures the model on an instance thread; the rest need no hand-off.
+    assert!(seen[0].starts_with("instance-"), "{seen:?}");
+    assert!(seen[1..].iter().all(|t| !t.starts_with("instance-")), "{seen:?}");
+    // Dynamic batching without a delay would not have waited either.
+    let seen = run_lone_requests(dynamic(8, Duration::ZERO), Duration::ZERO, 3).await;
+    assert!(!seen[2].starts_with("instance-"), "{seen:?}");
+}
+
+#[tokio::test]
+async fn slow_models_and_batching_delays_keep_requests_on_the_instances() {
+    let seen = run_lone_requests(BatchingConfig::default(), Duration::from_millis(2), 3).await;
+    assert!(seen.iter().all(|t| t.starts_with("instance-")), "{seen:?}");
+    let seen = run_lone_requests(dynamic(8, Duration::from_micros(200)), Duration::ZERO, 3).await;
+    assert!(seen.iter().all(|t| t.starts_with("instance-")), "{seen:?}");
+}
+
+#[test]
+fn stopping_waits_for_a_session_running_inline() {
+    let threads = Arc::new(Mutex::new(Vec::new()));
+    let backend = Box::new(WhereRun {
+        threads,
+        delay: Duration::ZERO,
+    }) as Box<dyn Backend>;
+    let stats = Arc::new(ModelStats::new("m", 1));
+    let scheduler =
+        Scheduler::start("instance", BatchingConfig::default(), vec![backend], stats).unwrap();
+    // Take the only session as an inline caller would, and give it back later from elsewhere.
+    let session = scheduler.shared.take_idle_session().unwrap();
+    let shared = Arc::clone(&scheduler.shared);
+    let returned = Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let flag = Arc::clone(&returned);
+    let returner = std::thread::spawn(move || {
+        std::thread::sleep(Duration::from_millis(20));
+        flag.store(true, Ordering::SeqCst);
+        shared.give_back(session);
+    });
+    scheduler.stop();
+    assert!(returned.load(Ordering::SeqCst), "stop returned before the session came back");
+    returner.join().unwrap();
+}
