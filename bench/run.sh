@@ -2,9 +2,13 @@
 # Benchmarks kiln against its peers (../shared/peers: real Triton, furnace, ...) and in-process
 # ONNX Runtime, in one compare.py run, and prints the summary table.
 #
-# usage: bench/run.sh [compare.py options]      (default: the scheduler point of issue 4)
-#   e.g. bench/run.sh --only kiln-dynbatch,triton-dynbatch,furnace --models mlp,matmul_stack \
-#                     --protocols grpc -c 8 -d 8 -w 2 --rounds 3 --ort-ref
+# usage: bench/run.sh [peers|scheduler] [compare.py options]
+#   peers      (default) issue 8's table: kiln as configured for each model (target `kiln`) vs
+#              Triton with and without dynamic batching and furnace, on add_sub, mlp and
+#              matmul_stack, gRPC and REST, concurrency 1 and 8, 3 rounds, + in-process ORT
+#   scheduler  issue 4's point: mlp and matmul_stack, gRPC, concurrency 8, dynamic batching
+#   extra options replace the preset's compare.py options, e.g.
+#     bench/run.sh peers --only kiln,furnace --models add_sub --protocols grpc -c 1 -d 3 -w 1 --rounds 1
 # Needs: the peers set up once (PEERS_CODE/setup.sh --only triton,furnace), a release build of
 # kiln (built here), and an idle machine: only ratios measured in one run mean anything.
 set -euo pipefail
@@ -15,14 +19,23 @@ export PEERS_HOME=${PEERS_HOME:-$HOME/.cache/kiln-peers}
 "$ROOT/.ci/setup.sh" runtime
 cargo build --release --manifest-path "$ROOT/Cargo.toml"
 python3 "$ROOT/bench/make_repo.py" "$PEERS_HOME/model_repository" "$PEERS_HOME/kiln/plain"
+python3 "$ROOT/bench/make_repo.py" "$PEERS_HOME/model_repository" "$PEERS_HOME/kiln/best" \
+  --dynamic-batching mlp,matmul_stack --max-queue-delay-us 500 --instances-for matmul_stack=1
 python3 "$ROOT/bench/make_repo.py" "$PEERS_HOME/model_repository" "$PEERS_HOME/kiln/dynbatch" \
   --dynamic-batching --max-queue-delay-us 500 --instances-for matmul_stack=1
 
 export OURS_BIN="$ROOT/target/release/kiln"
 export ORT_DYLIB_PATH="$ROOT/.kiln/onnxruntime/libonnxruntime.so"
-if [ $# -eq 0 ]; then
-  set -- --only kiln-dynbatch,triton-dynbatch,furnace --models mlp,matmul_stack --protocols grpc \
-    -c 8 -d 8 -w 2 --rounds 3 --ort-ref
+preset=peers
+case "${1:-}" in peers|scheduler) preset=$1; shift ;; esac
+baseline=kiln
+if [ "$preset" = scheduler ]; then
+  baseline=kiln-dynbatch
+  [ $# -eq 0 ] && set -- --only kiln-dynbatch,triton-dynbatch,furnace --models mlp,matmul_stack \
+    --protocols grpc -c 8 -d 8 -w 2 --rounds 3 --ort-ref
+else
+  [ $# -eq 0 ] && set -- --only kiln,triton,triton-dynbatch,furnace \
+    --models add_sub,mlp,matmul_stack --protocols grpc,http -c 1,8 -d 6 -w 2 --rounds 3 --ort-ref
 fi
 echo "load before the run: $(cut -d' ' -f1-3 /proc/loadavg)"
-python3 "$PEERS_CODE/scripts/compare.py" --targets "$ROOT/bench/targets.json" --baseline kiln-dynbatch "$@"
+python3 "$PEERS_CODE/scripts/compare.py" --targets "$ROOT/bench/targets.json" --baseline "$baseline" "$@"
