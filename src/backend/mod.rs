@@ -1,8 +1,10 @@
 //! Model execution. A [`Backend`] turns input tensors into output tensors and knows nothing of
-//! protocols, queues or model configuration; today the only one is ONNX Runtime ([`onnx`]).
+//! protocols, queues or model configuration; today the only one is ONNX Runtime ([`onnx`]), which
+//! [`tokenize`] wraps for models that take text.
 
 pub mod onnx;
 pub mod runtime;
+pub mod tokenize;
 
 use crate::core::{DataType, Tensor};
 

@@ -2,7 +2,7 @@
 //! and mapping shapes between what clients send and what the ONNX graph takes. Pure functions.
 
 use crate::core::tensor::{
-    check_bytes_framing, element_count, format_dims, FramingError, ShapeError,
+    check_bytes_framing, element_count, format_dims, BytesElements, FramingError, ShapeError,
 };
 use crate::core::{Error, InferRequest, Tensor};
 use crate::invalid_arg;
@@ -206,6 +206,16 @@ fn check_input(
                  for model '{model}' ({truncated})"
             ),
         })?,
+    }
+    if spec.text {
+        for (index, element) in BytesElements::new(&input.data).flatten().enumerate() {
+            if let Err(e) = std::str::from_utf8(element) {
+                return Err(invalid_arg!(
+                    "{prefix}element {index} of inference input '{name}' for model '{model}' is not valid \
+                     UTF-8 text: {e}"
+                ));
+            }
+        }
     }
     Ok(())
 }

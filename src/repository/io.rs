@@ -15,6 +15,9 @@ pub struct TensorSpec {
     pub dims: Vec<i64>,
     /// The shape the model itself uses (without batch), when it differs from `dims`.
     pub model_dims: Option<Vec<i64>>,
+    /// The text input of a text model: every element must be UTF-8, checked before the request
+    /// joins a batch (so that one bad text fails its own request only).
+    pub text: bool,
 }
 
 impl TensorSpec {
@@ -25,6 +28,7 @@ impl TensorSpec {
             datatype,
             dims: dims.to_vec(),
             model_dims: None,
+            text: false,
         }
     }
 }
@@ -95,6 +99,7 @@ impl IoSpec {
                 datatype,
                 dims: dims.to_vec(),
                 model_dims,
+                text: false,
             })
         };
         let inputs = config

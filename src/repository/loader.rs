@@ -6,7 +6,8 @@
 
 use super::config::{self, DEFAULT_MODEL_FILENAME};
 use super::store::{contained, plain_relative};
-use super::{autocomplete, versions, IoSpec, LoadOptions, Model, ServingVersion};
+use super::{autocomplete, text, versions, IoSpec, LoadOptions, Model, ServingVersion};
+use crate::backend::tokenize::{TextModel, TextSpec};
 use crate::backend::{Backend, OnnxRuntime, OnnxSession, SessionOptions};
 use crate::metrics::ModelStats;
 use crate::proto::inference::ModelConfig;
@@ -55,6 +56,8 @@ pub struct Prepared {
     labels: BTreeMap<String, Vec<String>>,
     instances: usize,
     session_options: SessionOptions,
+    /// The tokenizer of a model that takes text.
+    text: Option<TextSpec>,
 }
 
 /// Versions of the model being replaced that may serve on unchanged: only when the config is the
@@ -92,6 +95,7 @@ pub fn prepare(
     let session_options = SessionOptions {
         intra_op_threads: (options.cores / instances.max(1)).max(1),
     };
+    let text = text::text_spec(&config, dir)?;
     let complete = !config.input.is_empty() && !config.output.is_empty();
     if options.auto_complete && !complete {
         // Triton completes the config from the newest selected version's graph.
@@ -104,7 +108,15 @@ pub fn prepare(
             .ok_or_else(|| format!("no model file found for model '{name}'"))?;
         let probe =
             OnnxSession::load(&runtime, &newest, &session_options).map_err(|e| e.to_string())?;
-        autocomplete::autocomplete(&mut config, probe.inputs(), probe.outputs())?;
+        // A text model shows clients its text input in place of the token inputs.
+        let inputs = match &text {
+            Some(spec) => spec
+                .bind(probe.inputs())
+                .map_err(|e| e.to_string())?
+                .client_inputs(probe.inputs()),
+            None => probe.inputs().to_vec(),
+        };
+        autocomplete::autocomplete(&mut config, &inputs, probe.outputs())?;
     }
     config::validate_io(&config).map_err(|e| e.to_string())?;
     config::max_inflight_requests(&config).map_err(|e| e.to_string())?;
@@ -117,6 +129,7 @@ pub fn prepare(
         labels,
         instances,
         session_options,
+        text,
     })
 }
 
@@ -133,6 +146,7 @@ pub fn build(prepared: Prepared, reuse: Reuse<'_>) -> Result<Model, LoadFailure>
         labels,
         instances,
         session_options,
+        text,
     } = prepared;
     let runtime = OnnxRuntime::get().map_err(|e| LoadFailure::Model(e.to_string()))?;
     let reusable = |version: i64| -> Option<Arc<ServingVersion>> {
@@ -158,6 +172,7 @@ pub fn build(prepared: Prepared, reuse: Reuse<'_>) -> Result<Model, LoadFailure>
                 instances,
                 &runtime,
                 &session_options,
+                text.as_ref(),
             )
         });
         match started {
@@ -248,6 +263,7 @@ fn start_version(
     instances: usize,
     runtime: &OnnxRuntime,
     options: &SessionOptions,
+    text: Option<&TextSpec>,
 ) -> Result<ServingVersion, String> {
     if !path.is_file() {
         return Err(format!("model file {} not found", path.display()));
@@ -255,12 +271,36 @@ fn start_version(
     let started = std::time::Instant::now();
     let mut backends: Vec<Box<dyn Backend>> = Vec::with_capacity(instances);
     let mut io = None;
+    let mut text_input = None;
     for _ in 0..instances {
         let session = OnnxSession::load(runtime, path, options).map_err(|e| e.to_string())?;
         if io.is_none() {
-            io = Some(IoSpec::new(config, session.inputs(), session.outputs())?);
+            let bound = text
+                .map(|spec| spec.bind(session.inputs()).map_err(|e| e.to_string()))
+                .transpose()?;
+            let spec = match &bound {
+                Some(bound) => {
+                    text::check_config(config, bound)?;
+                    let mut spec = IoSpec::new(
+                        config,
+                        &bound.client_inputs(session.inputs()),
+                        session.outputs(),
+                    )?;
+                    spec.inputs
+                        .iter_mut()
+                        .filter(|i| i.name == bound.text_input())
+                        .for_each(|i| i.text = true);
+                    spec
+                }
+                None => IoSpec::new(config, session.inputs(), session.outputs())?,
+            };
+            io = Some(spec);
+            text_input = bound.map(Arc::new);
         }
-        backends.push(Box::new(session));
+        backends.push(match &text_input {
+            Some(text) => Box::new(TextModel::new(Arc::clone(text), Box::new(session))),
+            None => Box::new(session),
+        });
     }
     let io = io.ok_or_else(|| format!("model '{name}' has no instances"))?;
     let stats = Arc::new(ModelStats::new(name, version));

@@ -7,7 +7,7 @@
 //! `lifecycle` owns the mutable state ([`ModelRepository`]): control modes, load, unload, poll,
 //! readiness, and the snapshot requests read; `overrides` checks the load API's parameters;
 //! `index` renders the repository index; `retire` stops replaced versions once their last
-//! request has finished.
+//! request has finished; `text` reads the tokenizer parameters of models that take text.
 //!
 //! A model that fails to load is kept with its reason and is not ready; it never takes the server
 //! down.
@@ -22,6 +22,7 @@ mod overrides;
 mod retire;
 pub mod s3;
 pub mod store;
+pub mod text;
 mod versions;
 
 pub use index::IndexEntry;

@@ -474,6 +474,14 @@ fn execute(backend: &mut dyn Backend, jobs: Vec<Job>, shared: &Shared) -> Answer
     let result = catch_unwind(AssertUnwindSafe(|| backend.run(&merged)))
         .unwrap_or_else(|_| Err(BackendError::Run("model instance panicked".into())));
     drop(merged);
+    // One request's bad input (say, a text too long for a model that does not truncate) must
+    // not fail the requests it was batched with: run each of them alone.
+    if jobs.len() > 1 && matches!(result, Err(BackendError::Input(_))) {
+        return jobs
+            .into_iter()
+            .flat_map(|job| execute(backend, vec![job], shared))
+            .collect();
+    }
     let inferred = Instant::now();
     shared.recent_infer.record(inferred - ran);
     let split = result.map_err(ScheduleError::from).and_then(|outputs| {

@@ -346,3 +346,52 @@ fn stopping_waits_for_a_session_running_inline() {
     assert!(returned.load(Ordering::SeqCst), "stop returned before the session came back");
     returner.join().unwrap();
 }
+
+/// Fails a batch with an input error when any request in it sent the byte 0xff (recording the
+/// failed batch's size); echoes otherwise.
+struct RejectsFf(Arc<Mutex<Vec<i64>>>);
+
+impl Backend for RejectsFf {
+    fn run(&mut self, inputs: &[Tensor]) -> Result<Vec<Tensor>, BackendError> {
+        if inputs[0].data.contains(&0xff) {
+            self.0.lock().unwrap().push(inputs[0].shape[0]);
+            return Err(BackendError::Input("bad byte".into()));
+        }
+        Ok(inputs.to_vec())
+    }
+}
+
+#[tokio::test]
+async fn a_bad_input_fails_its_own_request_not_its_batch() {
+    let failed = Arc::new(Mutex::new(Vec::new()));
+    let scheduler = Arc::new(
+        Scheduler::start(
+            "r",
+            dynamic(8, Duration::from_millis(200)),
+            vec![Box::new(RejectsFf(Arc::clone(&failed)))],
+            Arc::new(ModelStats::new("m", 1)),
+        )
+        .unwrap(),
+    );
+    let tasks: Vec<_> = [1u8, 0xff, 3]
+        .into_iter()
+        .map(|value| {
+            let scheduler = Arc::clone(&scheduler);
+            tokio::spawn(async move { (value, scheduler.submit(request(value, 1)).await) })
+        })
+        .collect();
+    for task in tasks {
+        match task.await.unwrap() {
+            (0xff, outcome) => assert!(matches!(
+                outcome,
+                Err(ScheduleError::Backend(BackendError::Input(_)))
+            )),
+            (value, outcome) => assert_eq!(&outcome.unwrap().outputs[0].data[..], &[value]),
+        }
+    }
+    let failed = failed.lock().unwrap().clone();
+    assert!(
+        failed.len() >= 2 && failed[0] > 1,
+        "the merged batch failed, then the bad request alone: {failed:?}"
+    );
+}
