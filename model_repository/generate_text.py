@@ -7,7 +7,8 @@
 Outputs:
 
   tests/fixtures/model_repository/
-    text_tokens/   NO input/output in config.pbtxt (auto-complete hides the token inputs behind the text input):
+    text_tokens/   NO input/output in config.pbtxt (auto-complete hides the token inputs behind the text input),
+                   max_batch_size 8:
                    the graph echoes its token inputs: input_ids INT64, attention_mask INT32, token_type_ids INT64
                    [batch, seq] -> ids, mask, types; tokenizer_max_length 12; the tiny tokenizer
     text_batcher/  the same graph behind a batcher that waits up to 2 s for a preferred batch of 4, one instance
@@ -93,7 +94,7 @@ def text_tokens(w, tokenizer_text):
     d = os.path.join(FIXTURES, "text_tokens")
     w.model(d, 1, token_echo_model("text_tokens"))
     w.text(os.path.join(d, "tokenizer.json"), tokenizer_text)
-    w.text(os.path.join(d, "config.pbtxt"), HEADER + 'backend: "onnxruntime"\n'
+    w.text(os.path.join(d, "config.pbtxt"), HEADER + 'backend: "onnxruntime"\nmax_batch_size: 8\n'
            + parameters(tokenizer_text_input="TEXT", tokenizer_max_length=12))
 
 
