@@ -164,6 +164,23 @@ def error_flow(stub) -> dict:
     return {"ok": False, "error": "unknown model answered OK"}
 
 
+EMBED_SENTENCES = ["kiln serves sentence embeddings.", "MLServer's StringRequestCodec sends these strings.",
+                   "h\u00e9llo w\u00f6rld \u2603"]
+
+
+def embeddings_flow(stub, use_raw: bool) -> dict:
+    """StringRequestCodec encodes sentences as one BYTES input [n, 1] (named input-1; renamed to the model's
+    text input); NumpyCodec decodes the FP32 embeddings."""
+    req = StringRequestCodec.encode_request(EMBED_SENTENCES)
+    req.inputs[0].name = "text"
+    pb_req = ModelInferRequestConverter.from_types(req, model_name="all_minilm_l6_v2", use_raw=use_raw)
+    pb_resp = stub.ModelInfer(pb_req, timeout=TIMEOUT)
+    resp = ModelInferResponseConverter.to_types(pb_resp)
+    out = resp.outputs[0]
+    return {"ok": True, "sentences": EMBED_SENTENCES, "sent_shape": list(req.inputs[0].shape), "name": out.name,
+            "embedding": NumpyCodec.decode_output(out).tolist()}
+
+
 def main() -> None:
     addr = sys.argv[1]
     channel = grpc.insecure_channel(addr, options=[("grpc.max_receive_message_length", 2**31 - 1),
@@ -179,6 +196,8 @@ def main() -> None:
         "metadata": lambda: metadata_flow(stub),
         "repository_index": lambda: repository_index_flow(stub),
         "unknown_model": lambda: error_flow(stub),
+        "embeddings_typed": lambda: embeddings_flow(stub, use_raw=False),
+        "embeddings_raw": lambda: embeddings_flow(stub, use_raw=True),
     }
     only = sys.argv[2:] or list(flows)
     result = {}

@@ -160,9 +160,21 @@ def bert_embedding_model(weights, cfg, name="all_minilm_l6_v2"):
     return model
 
 
+class _Float64:
+    """The weights in float64, converted when first used (the word embeddings are only indexed)."""
+
+    def __init__(self, weights):
+        self.weights, self.cache = weights, {}
+
+    def __getitem__(self, key):
+        if key not in self.cache:
+            self.cache[key] = self.weights[key].astype(np.float64)
+        return self.cache[key]
+
+
 def reference(weights, cfg, input_ids, attention_mask, token_type_ids):
     """The same network as a plain numpy forward pass in float64: the parity reference for kiln's output."""
-    W = {k: v.astype(np.float64) for k, v in weights.items() if v.dtype.kind == "f"}
+    W = _Float64(weights)
     h, heads = cfg.hidden, cfg.heads
     head_dim = h // heads
     batch, seq = input_ids.shape
@@ -178,7 +190,8 @@ def reference(weights, cfg, input_ids, attention_mask, token_type_ids):
     def split(x):
         return x.reshape(batch, seq, heads, head_dim).transpose(0, 2, 1, 3)
 
-    x = (W["embeddings.word_embeddings.weight"][input_ids] + W["embeddings.position_embeddings.weight"][np.arange(seq)]
+    x = (weights["embeddings.word_embeddings.weight"][input_ids].astype(np.float64)
+         + W["embeddings.position_embeddings.weight"][np.arange(seq)]
          + W["embeddings.token_type_embeddings.weight"][token_type_ids])
     x = layer_norm(x, "embeddings.LayerNorm")
     mask = attention_mask.astype(np.float64)
