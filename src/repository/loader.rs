@@ -164,16 +164,13 @@ pub fn build(prepared: Prepared, reuse: Reuse<'_>) -> Result<Model, LoadFailure>
             continue;
         }
         let started = model_path(&dir, version, &config.default_model_filename).and_then(|path| {
-            start_version(
-                &name,
-                version,
-                &path,
-                &config,
-                instances,
-                &runtime,
-                &session_options,
-                text.as_ref(),
-            )
+            let instances = Instances {
+                count: instances,
+                runtime: &runtime,
+                options: &session_options,
+                text: text.as_ref(),
+            };
+            start_version(&name, version, &path, &config, &instances)
         });
         match started {
             Ok(serving) => {
@@ -255,24 +252,36 @@ fn model_path(dir: &Path, version: i64, file: &str) -> Result<PathBuf, String> {
     })
 }
 
+/// How the instances of each version are made.
+struct Instances<'a> {
+    count: usize,
+    runtime: &'a OnnxRuntime,
+    options: &'a SessionOptions,
+    /// A text model's tokenizer, wrapped around each session.
+    text: Option<&'a TextSpec>,
+}
+
 fn start_version(
     name: &str,
     version: i64,
     path: &Path,
     config: &ModelConfig,
-    instances: usize,
-    runtime: &OnnxRuntime,
-    options: &SessionOptions,
-    text: Option<&TextSpec>,
+    instances: &Instances<'_>,
 ) -> Result<ServingVersion, String> {
     if !path.is_file() {
         return Err(format!("model file {} not found", path.display()));
     }
+    let Instances {
+        count,
+        runtime,
+        options,
+        text,
+    } = *instances;
     let started = std::time::Instant::now();
-    let mut backends: Vec<Box<dyn Backend>> = Vec::with_capacity(instances);
+    let mut backends: Vec<Box<dyn Backend>> = Vec::with_capacity(count);
     let mut io = None;
     let mut text_input = None;
-    for _ in 0..instances {
+    for _ in 0..count {
         let session = OnnxSession::load(runtime, path, options).map_err(|e| e.to_string())?;
         if io.is_none() {
             let bound = text
