@@ -7,7 +7,7 @@
 use super::config::{self, DEFAULT_MODEL_FILENAME};
 use super::store::{contained, plain_relative};
 use super::{autocomplete, text, versions, IoSpec, LoadOptions, Model, ServingVersion};
-use crate::backend::tokenize::{TextModel, TextSpec};
+use crate::backend::tokenize::{TextInput, TextModel, TextSpec};
 use crate::backend::{Backend, OnnxRuntime, OnnxSession, SessionOptions};
 use crate::metrics::ModelStats;
 use crate::proto::inference::ModelConfig;
@@ -284,27 +284,9 @@ fn start_version(
     for _ in 0..count {
         let session = OnnxSession::load(runtime, path, options).map_err(|e| e.to_string())?;
         if io.is_none() {
-            let bound = text
-                .map(|spec| spec.bind(session.inputs()).map_err(|e| e.to_string()))
-                .transpose()?;
-            let spec = match &bound {
-                Some(bound) => {
-                    text::check_config(config, bound)?;
-                    let mut spec = IoSpec::new(
-                        config,
-                        &bound.client_inputs(session.inputs()),
-                        session.outputs(),
-                    )?;
-                    spec.inputs
-                        .iter_mut()
-                        .filter(|i| i.name == bound.text_input())
-                        .for_each(|i| i.text = true);
-                    spec
-                }
-                None => IoSpec::new(config, session.inputs(), session.outputs())?,
-            };
+            let (spec, bound) = io_spec(config, &session, text)?;
             io = Some(spec);
-            text_input = bound.map(Arc::new);
+            text_input = bound;
         }
         backends.push(match &text_input {
             Some(text) => Box::new(TextModel::new(Arc::clone(text), Box::new(session))),
@@ -327,6 +309,36 @@ fn start_version(
         scheduler,
         stats,
     })
+}
+
+/// The version's contract, checked against its graph; a text model's text input is bound to the
+/// graph's token inputs, and its spec replaces them.
+fn io_spec(
+    config: &ModelConfig,
+    session: &OnnxSession,
+    text: Option<&TextSpec>,
+) -> Result<(IoSpec, Option<Arc<TextInput>>), String> {
+    let Some(text) = text else {
+        return Ok((
+            IoSpec::new(config, session.inputs(), session.outputs())?,
+            None,
+        ));
+    };
+    let bound = text.bind(session.inputs()).map_err(|e| e.to_string())?;
+    text::check_config(config, &bound)?;
+    let mut spec = IoSpec::new(
+        config,
+        &bound.client_inputs(session.inputs()),
+        session.outputs(),
+    )?;
+    for input in spec
+        .inputs
+        .iter_mut()
+        .filter(|i| i.name == bound.text_input())
+    {
+        input.text = true;
+    }
+    Ok((spec, Some(Arc::new(bound))))
 }
 
 #[cfg(test)]
