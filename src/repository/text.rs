@@ -171,3 +171,85 @@ pub fn check_config(config: &ModelConfig, text: &TextInput) -> Result<(), String
     }
     Ok(())
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::backend::TensorInfo;
+    use crate::repository::config::parse_config;
+    use std::path::PathBuf;
+
+    fn fixture() -> PathBuf {
+        PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+            .join("tests/fixtures/model_repository/text_tokens")
+    }
+
+    fn config(text: &str) -> ModelConfig {
+        parse_config(text).unwrap()
+    }
+
+    fn param(key: &str, value: &str) -> String {
+        format!("parameters {{ key: \"{key}\" value: {{ string_value: \"{value}\" }} }}\n")
+    }
+
+    #[test]
+    fn a_model_without_tokenizer_parameters_is_not_a_text_model() {
+        let plain = config(&param("max_inflight_requests", "4"));
+        assert!(text_spec(&plain, &fixture()).unwrap().is_none());
+    }
+
+    #[test]
+    fn defaults_follow_the_graph_and_the_tokenizer() {
+        let spec = text_spec(&config(&param(TEXT_INPUT, " text ")), &fixture())
+            .unwrap()
+            .unwrap();
+        assert_eq!(spec.text_input, "text");
+        assert_eq!(spec.input_ids, "input_ids");
+        assert_eq!(
+            spec.attention_mask,
+            TokenSlot::IfPresent("attention_mask".into())
+        );
+        assert_eq!(
+            spec.token_type_ids,
+            TokenSlot::IfPresent("token_type_ids".into())
+        );
+        // The fixture's tokenizer.json has no truncation section.
+        assert_eq!(spec.tokenizer.max_length(), 512);
+        let named =
+            param(TEXT_INPUT, "t") + &param(ATTENTION_MASK, "") + &param(TOKEN_TYPE_IDS, "seg");
+        let spec = text_spec(&config(&named), &fixture()).unwrap().unwrap();
+        assert_eq!(spec.attention_mask, TokenSlot::Unused);
+        assert_eq!(spec.token_type_ids, TokenSlot::Named("seg".into()));
+    }
+
+    #[test]
+    fn the_text_input_is_one_string_per_row() {
+        let spec = text_spec(&config(&param(TEXT_INPUT, "text")), &fixture())
+            .unwrap()
+            .unwrap();
+        let graph = [TensorInfo {
+            name: "input_ids".into(),
+            datatype: Some(DataType::Int64),
+            shape: vec![-1, -1],
+        }];
+        let bound = spec.bind(&graph).unwrap();
+        let unbatched = config(
+            "input [ { name: \"text\" data_type: TYPE_STRING dims: [ -1, 1 ] } ] \
+             output [ { name: \"y\" data_type: TYPE_FP32 dims: [ -1 ] } ]",
+        );
+        assert_eq!(check_config(&unbatched, &bound), Ok(()));
+        let wrong = config(
+            "max_batch_size: 4 input [ { name: \"text\" data_type: TYPE_STRING dims: [ 2 ] } ] \
+             output [ { name: \"y\" data_type: TYPE_FP32 dims: [ -1 ] } ]",
+        );
+        assert!(check_config(&wrong, &bound)
+            .unwrap_err()
+            .contains("dims: [ 1 ]"));
+        let missing = config(
+            "max_batch_size: 4 output [ { name: \"y\" data_type: TYPE_FP32 dims: [ -1 ] } ]",
+        );
+        assert!(check_config(&missing, &bound)
+            .unwrap_err()
+            .contains("missing from the configuration"));
+    }
+}
