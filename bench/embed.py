@@ -5,7 +5,7 @@ batching) at concurrency 1 and N, against in-process ONNX Runtime + the Python `
     .venv/bin/python bench/embed.py [--kiln target/release/kiln] [-c 8] [-d 10]
 
 Needs `.ci/setup.sh models` and a release build (`cargo build --release`). Every request carries one sentence
-(gRPC, tritonclient), from a fixed set of 64 sentences of 6 to 40 words; each client thread sends its next
+(gRPC, tritonclient), from a fixed set of 64 sentences of 6 to 40 words (--words N: all of N words); each client thread sends its next
 request as soon as the last is answered. Prints a Markdown table: sentences/s, p50/p99 latency, and the mean
 batch the model ran (inference_count / execution_count from kiln's statistics). Only ratios measured in one run
 on an otherwise idle machine mean anything.
@@ -26,7 +26,15 @@ MODEL = "all_minilm_l6_v2"
 MODEL_DIR = os.path.join(ROOT, "model_repository", MODEL)
 WORDS = ("kiln serves sentence embeddings over the triton protocol while the dynamic batcher merges "
          "concurrent requests and each instance tokenizes its batch before onnx runtime runs the encoder").split()
-SENTENCES = [" ".join(WORDS[(i * 7 + j) % len(WORDS)] for j in range(6 + (i * 11) % 35)) + "." for i in range(64)]
+
+
+def sentences(words=None):
+    """64 sentences of 6 to 40 words, or all of `words` words."""
+    return [" ".join(WORDS[(i * 7 + j) % len(WORDS)] for j in range(words or 6 + (i * 11) % 35)) + "."
+            for i in range(64)]
+
+
+SENTENCES = sentences()
 
 
 def free_port():
@@ -98,7 +106,10 @@ def in_process(batch, seconds):
     tok.enable_truncation(256)
     tok.enable_padding()
     options = ort.SessionOptions()
+    # kiln's session options for a model with one instance: all cores, one inter-op thread, no spinning.
     options.intra_op_num_threads = os.cpu_count()
+    options.inter_op_num_threads = 1
+    options.add_session_config_entry("session.intra_op.allow_spinning", "0")
     session = ort.InferenceSession(os.path.join(MODEL_DIR, "1", "model.onnx"), options,
                                    providers=["CPUExecutionProvider"])
     stop, done, i, latencies = time.time() + seconds, 0, 0, []
@@ -120,7 +131,9 @@ def main():
     ap.add_argument("--kiln", default=os.path.join(ROOT, "target", "release", "kiln"))
     ap.add_argument("-c", "--concurrency", type=int, default=8)
     ap.add_argument("-d", "--duration", type=float, default=10.0, help="seconds per measurement")
+    ap.add_argument("--words", type=int, help="every sentence this many words (no padding within a batch)")
     args = ap.parse_args()
+    SENTENCES[:] = sentences(args.words)
     import tritonclient.grpc as grpcclient
 
     print(f"load before the run: {open('/proc/loadavg').read().split()[:3]}", file=sys.stderr)
