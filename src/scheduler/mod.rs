@@ -176,7 +176,8 @@ impl Scheduler {
         stats: Arc<ModelStats>,
     ) -> std::io::Result<Scheduler> {
         let batching = config.dynamic && config.max_batch_size > 0;
-        let may_inline = !batching || config.max_queue_delay.is_zero();
+        let may_inline = (!batching || config.max_queue_delay.is_zero())
+            && backends.iter().all(|backend| backend.may_run_inline());
         let max_in_flight = config.max_in_flight;
         let instances = backends.len();
         let shared = Arc::new(Shared {
@@ -436,7 +437,10 @@ fn next_batch(shared: &Shared) -> Option<(Vec<Job>, Box<dyn Backend>)> {
                 if !queue.state.is_empty() {
                     shared.work.notify_one(); // more work for another idle instance
                 }
-                let backend = queue.free.pop().expect("a free session was checked for above");
+                let backend = queue
+                    .free
+                    .pop()
+                    .expect("a free session was checked for above");
                 return Some((jobs, backend));
             }
             Next::WaitUntil(at) => {
@@ -454,7 +458,10 @@ fn next_batch(shared: &Shared) -> Option<(Vec<Job>, Box<dyn Backend>)> {
 }
 
 /// Each request's reply channel with what to send on it.
-type Answers = Vec<(oneshot::Sender<Result<Outcome, ScheduleError>>, Result<Outcome, ScheduleError>)>;
+type Answers = Vec<(
+    oneshot::Sender<Result<Outcome, ScheduleError>>,
+    Result<Outcome, ScheduleError>,
+)>;
 
 fn send_answers(answers: Answers) {
     for (reply, result) in answers {

@@ -275,7 +275,10 @@ struct WhereRun {
 impl Backend for WhereRun {
     fn run(&mut self, inputs: &[Tensor]) -> Result<Vec<Tensor>, BackendError> {
         std::thread::sleep(self.delay);
-        let name = std::thread::current().name().unwrap_or("unnamed").to_string();
+        let name = std::thread::current()
+            .name()
+            .unwrap_or("unnamed")
+            .to_string();
         self.threads.lock().unwrap().push(name);
         Ok(inputs.to_vec())
     }
@@ -308,7 +311,10 @@ async fn a_quick_model_runs_lone_requests_on_the_callers_thread() {
     let seen = run_lone_requests(BatchingConfig::default(), Duration::ZERO, 4).await;
     // The first run measures the model on an instance thread; the rest need no hand-off.
     assert!(seen[0].starts_with("instance-"), "{seen:?}");
-    assert!(seen[1..].iter().all(|t| !t.starts_with("instance-")), "{seen:?}");
+    assert!(
+        seen[1..].iter().all(|t| !t.starts_with("instance-")),
+        "{seen:?}"
+    );
     // Dynamic batching without a delay would not have waited either.
     let seen = run_lone_requests(dynamic(8, Duration::ZERO), Duration::ZERO, 3).await;
     assert!(!seen[2].starts_with("instance-"), "{seen:?}");
@@ -319,6 +325,42 @@ async fn slow_models_and_batching_delays_keep_requests_on_the_instances() {
     let seen = run_lone_requests(BatchingConfig::default(), Duration::from_millis(2), 3).await;
     assert!(seen.iter().all(|t| t.starts_with("instance-")), "{seen:?}");
     let seen = run_lone_requests(dynamic(8, Duration::from_micros(200)), Duration::ZERO, 3).await;
+    assert!(seen.iter().all(|t| t.starts_with("instance-")), "{seen:?}");
+}
+
+/// A [`WhereRun`] that must not run on the caller's thread (as a text model, which tokenizes).
+struct StaysOnInstances(WhereRun);
+
+impl Backend for StaysOnInstances {
+    fn run(&mut self, inputs: &[Tensor]) -> Result<Vec<Tensor>, BackendError> {
+        self.0.run(inputs)
+    }
+
+    fn may_run_inline(&self) -> bool {
+        false
+    }
+}
+
+#[tokio::test]
+async fn backends_that_ask_to_stay_on_the_instances_never_run_inline() {
+    let threads = Arc::new(Mutex::new(Vec::new()));
+    let backend = StaysOnInstances(WhereRun {
+        threads: Arc::clone(&threads),
+        delay: Duration::ZERO,
+    });
+    let stats = Arc::new(ModelStats::new("m", 1));
+    let scheduler = Scheduler::start(
+        "instance",
+        BatchingConfig::default(),
+        vec![Box::new(backend)],
+        stats,
+    )
+    .unwrap();
+    for i in 0..4 {
+        scheduler.submit(request(i, 1)).await.unwrap();
+    }
+    scheduler.stop();
+    let seen = threads.lock().unwrap().clone();
     assert!(seen.iter().all(|t| t.starts_with("instance-")), "{seen:?}");
 }
 
@@ -343,7 +385,10 @@ fn stopping_waits_for_a_session_running_inline() {
         shared.give_back(session);
     });
     scheduler.stop();
-    assert!(returned.load(Ordering::SeqCst), "stop returned before the session came back");
+    assert!(
+        returned.load(Ordering::SeqCst),
+        "stop returned before the session came back"
+    );
     returner.join().unwrap();
 }
 

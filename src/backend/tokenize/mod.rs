@@ -2,8 +2,9 @@
 //! takes token tensors (`input_ids`, `attention_mask`, `token_type_ids`). [`TextSpec`] names the
 //! text input and the graph inputs the tokenizer feeds; [`TextSpec::bind`] checks them against a
 //! graph ([`TextInput`]); [`TextModel`] wraps an instance's backend so that each batch the
-//! scheduler merged — one string per row — is tokenized once, on the instance's own thread, padded
-//! to its longest text and run. Clients never see the token tensors.
+//! scheduler merged — one string per row — is tokenized once, on the instance's own thread (never
+//! inline on a network thread), padded to its longest text and run. Clients never see the token
+//! tensors.
 
 mod encode;
 
@@ -263,6 +264,11 @@ impl Backend for TextModel {
             )));
         }
         self.inner.run(&model_inputs)
+    }
+
+    /// Tokenization never runs on the network threads, however quick the model.
+    fn may_run_inline(&self) -> bool {
+        false
     }
 }
 
