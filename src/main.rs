@@ -166,6 +166,17 @@ struct Args {
     /// start-up load has run, whatever its outcome). Live is true either way.
     #[arg(long, env = "KILN_STRICT_READINESS", default_value_t = true, action = clap::ArgAction::Set)]
     strict_readiness: bool,
+
+    /// Run KIND_GPU instance groups on CPU when no GPU is usable (no `cuda` feature, no NVIDIA
+    /// driver, no device, CUDA libraries missing) instead of failing the model's load. Each such
+    /// model logs a warning and its repository index entries give the reason.
+    #[arg(long, env = "KILN_GPU_FALLBACK_TO_CPU", num_args = 0..=1, default_value_t = false, default_missing_value = "true", action = clap::ArgAction::Set)]
+    gpu_fallback_to_cpu: bool,
+
+    /// Report per-GPU metrics (nv_gpu_utilization, nv_gpu_memory_*_bytes) through NVML when the
+    /// machine has NVIDIA GPUs. As Triton's flag.
+    #[arg(long, env = "KILN_ALLOW_GPU_METRICS", default_value_t = true, action = clap::ArgAction::Set)]
+    allow_gpu_metrics: bool,
 }
 
 /// `--model-control-mode` values, spelled as `tritonserver` spells them.
@@ -314,6 +325,8 @@ async fn main() -> ExitCode {
         load_models: args.load_models,
         poll_interval: Duration::from_secs(args.repository_poll_secs),
         strict_readiness: args.strict_readiness,
+        gpu_fallback_to_cpu: args.gpu_fallback_to_cpu,
+        gpu_metrics: args.allow_gpu_metrics,
     };
     match server::run(
         config,

@@ -8,6 +8,12 @@
 //! `nv_inference_queue_duration_us`, `nv_inference_compute_{input,infer,output}_duration_us`,
 //! `nv_inference_pending_request_count` (gauge), `nv_model_load_duration_secs` (gauge) and `nv_inference_request_summary_us`, a summary
 //! (quantiles 0.5, 0.9, 0.99 over a sliding window) of end-to-end request latency.
+//!
+//! As in Triton, what ran on a GPU instance (success, counts, durations, the latency summary) is
+//! counted in series that carry the GPU's `gpu_uuid` label as well; failures, the pending count
+//! and the load time belong to the model version. [`gpu`] adds the per-GPU gauges.
+
+pub mod gpu;
 
 use crate::proto::inference::{
     InferBatchStatistics, InferStatistics, ModelStatistics, StatisticDuration,
@@ -99,10 +105,10 @@ struct Totals {
     batches: BTreeMap<u64, [Total; 3]>,
 }
 
-/// Prometheus handles for one model version, registered once.
+/// Prometheus handles of what one device (the CPU, or one GPU) ran for a model version,
+/// registered once.
 struct Handles {
     success: Counter,
-    failures: [Counter; 4],
     inference_count: Counter,
     exec_count: Counter,
     request_us: Counter,
@@ -110,9 +116,23 @@ struct Handles {
     compute_input_us: Counter,
     compute_infer_us: Counter,
     compute_output_us: Counter,
-    pending: Gauge,
-    load_secs: Gauge,
     latency: Histogram,
+}
+
+impl Handles {
+    fn new(labels: &[(&'static str, String)]) -> Handles {
+        Handles {
+            success: counter!("nv_inference_request_success", labels),
+            inference_count: counter!("nv_inference_count", labels),
+            exec_count: counter!("nv_inference_exec_count", labels),
+            request_us: counter!("nv_inference_request_duration_us", labels),
+            queue_us: counter!("nv_inference_queue_duration_us", labels),
+            compute_input_us: counter!("nv_inference_compute_input_duration_us", labels),
+            compute_infer_us: counter!("nv_inference_compute_infer_duration_us", labels),
+            compute_output_us: counter!("nv_inference_compute_output_duration_us", labels),
+            latency: histogram!("nv_inference_request_summary_us", labels),
+        }
+    }
 }
 
 /// Statistics of one model version.
@@ -120,7 +140,13 @@ pub struct ModelStats {
     model: String,
     version: String,
     totals: Mutex<Totals>,
-    handles: Handles,
+    /// What ran on CPU instances (series without `gpu_uuid`).
+    cpu: Handles,
+    /// What ran on each GPU, by CUDA ordinal (series with its `gpu_uuid`).
+    gpus: Vec<(i32, Handles)>,
+    failures: [Counter; 4],
+    pending: Gauge,
+    load_secs: Gauge,
 }
 
 fn micros(d: Duration) -> u64 {
@@ -128,35 +154,45 @@ fn micros(d: Duration) -> u64 {
 }
 
 impl ModelStats {
+    /// Statistics of a version whose instances all run on CPU.
     pub fn new(model: &str, version: i64) -> ModelStats {
+        ModelStats::with_gpus(model, version, &[])
+    }
+
+    /// Statistics of a version with instances on `gpus` (CUDA ordinal and UUID) too.
+    pub fn with_gpus(model: &str, version: i64, gpus: &[(i32, String)]) -> ModelStats {
         let version = version.to_string();
         let labels = [("model", model.to_string()), ("version", version.clone())];
         let failure = |reason: FailureReason| counter!("nv_inference_request_failure", "model" => model.to_string(), "version" => version.clone(), "reason" => reason.label());
-        let handles = Handles {
-            success: counter!("nv_inference_request_success", &labels),
+        let gpus = gpus
+            .iter()
+            .map(|(id, uuid)| {
+                let mut labels = labels.to_vec();
+                labels.push(("gpu_uuid", uuid.clone()));
+                (*id, Handles::new(&labels))
+            })
+            .collect();
+        ModelStats {
+            model: model.to_string(),
+            version: version.clone(),
+            totals: Mutex::new(Totals::default()),
+            cpu: Handles::new(&labels),
+            gpus,
             failures: [
                 failure(FailureReason::Rejected),
                 failure(FailureReason::Canceled),
                 failure(FailureReason::Backend),
                 failure(FailureReason::Other),
             ],
-            inference_count: counter!("nv_inference_count", &labels),
-            exec_count: counter!("nv_inference_exec_count", &labels),
-            request_us: counter!("nv_inference_request_duration_us", &labels),
-            queue_us: counter!("nv_inference_queue_duration_us", &labels),
-            compute_input_us: counter!("nv_inference_compute_input_duration_us", &labels),
-            compute_infer_us: counter!("nv_inference_compute_infer_duration_us", &labels),
-            compute_output_us: counter!("nv_inference_compute_output_duration_us", &labels),
             pending: gauge!("nv_inference_pending_request_count", &labels),
             load_secs: gauge!("nv_model_load_duration_secs", &labels),
-            latency: histogram!("nv_inference_request_summary_us", &labels),
-        };
-        ModelStats {
-            model: model.to_string(),
-            version,
-            totals: Mutex::new(Totals::default()),
-            handles,
         }
+    }
+
+    /// The series of the device that ran an execution (`gpu`: its CUDA ordinal).
+    fn device(&self, gpu: Option<i32>) -> &Handles {
+        gpu.and_then(|id| self.gpus.iter().find(|(g, _)| *g == id))
+            .map_or(&self.cpu, |(_, handles)| handles)
     }
 
     fn totals(&self) -> std::sync::MutexGuard<'_, Totals> {
@@ -167,16 +203,16 @@ impl ModelStats {
 
     /// Requests waiting in the queue.
     pub fn set_pending(&self, pending: usize) {
-        self.handles.pending.set(pending as f64);
+        self.pending.set(pending as f64);
     }
 
     /// How long loading this version took (its sessions and instances).
     pub fn record_load(&self, duration: Duration) {
-        self.handles.load_secs.set(duration.as_secs_f64());
+        self.load_secs.set(duration.as_secs_f64());
     }
 
-    /// One execution of a batch of `batch_size` rows.
-    pub fn record_execution(&self, batch_size: usize, times: ComputeTimes) {
+    /// One execution of a batch of `batch_size` rows, on GPU `gpu` or (`None`) on CPU.
+    pub fn record_execution(&self, batch_size: usize, times: ComputeTimes, gpu: Option<i32>) {
         {
             let mut totals = self.totals();
             totals.execution_count += 1;
@@ -185,16 +221,18 @@ impl ModelStats {
             entry[1].add(times.infer);
             entry[2].add(times.output);
         }
-        self.handles.exec_count.increment(1);
+        self.device(gpu).exec_count.increment(1);
     }
 
-    /// One request answered successfully: `rows` inferences, `total` end to end.
+    /// One request answered successfully: `rows` inferences, `total` end to end, executed on
+    /// GPU `gpu` or (`None`) on CPU.
     pub fn record_success(
         &self,
         rows: usize,
         total: Duration,
         queue: Duration,
         times: ComputeTimes,
+        gpu: Option<i32>,
     ) {
         {
             let mut totals = self.totals();
@@ -206,7 +244,7 @@ impl ModelStats {
             totals.compute_infer.add(times.infer);
             totals.compute_output.add(times.output);
         }
-        let h = &self.handles;
+        let h = self.device(gpu);
         h.success.increment(1);
         h.inference_count.increment(rows as u64);
         h.request_us.increment(micros(total));
@@ -230,8 +268,8 @@ impl ModelStats {
             FailureReason::Backend => 2,
             FailureReason::Other => 3,
         };
-        self.handles.failures[index].increment(1);
-        self.handles.request_us.increment(micros(total));
+        self.failures[index].increment(1);
+        self.cpu.request_us.increment(micros(total));
     }
 
     /// Triton's `ModelStatistics` message for this version.
@@ -309,9 +347,9 @@ mod tests {
             output: MS,
         };
         // One execution of a batch of 3 rows serving two requests (1 + 2 rows).
-        stats.record_execution(3, times);
-        stats.record_success(1, 5 * MS, MS, times);
-        stats.record_success(2, 6 * MS, 2 * MS, times);
+        stats.record_execution(3, times, None);
+        stats.record_success(1, 5 * MS, MS, times, None);
+        stats.record_success(2, 6 * MS, 2 * MS, times, Some(0));
         stats.record_failure(MS, FailureReason::Rejected);
         let snapshot = stats.snapshot();
         assert_eq!(snapshot.inference_count, 3);
@@ -362,7 +400,7 @@ mod tests {
     fn batch_stats_are_sorted_by_size() {
         let stats = ModelStats::new("m", 1);
         for size in [4, 1, 2, 4] {
-            stats.record_execution(size, ComputeTimes::default());
+            stats.record_execution(size, ComputeTimes::default(), None);
         }
         let sizes: Vec<(u64, u64)> = stats
             .snapshot()

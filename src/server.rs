@@ -61,6 +61,10 @@ pub struct Config {
     pub poll_interval: Duration,
     /// `--strict-readiness`: ready only when every model that should be loaded is ready.
     pub strict_readiness: bool,
+    /// `--gpu-fallback-to-cpu`: KIND_GPU groups run on CPU when no GPU is usable.
+    pub gpu_fallback_to_cpu: bool,
+    /// `--allow-gpu-metrics`: per-GPU gauges through NVML, when there is a GPU.
+    pub gpu_metrics: bool,
 }
 
 /// Errors that stop the server.
@@ -143,6 +147,9 @@ pub async fn run(
 
     if let Some((listener, handle)) = metrics {
         serve_metrics(listener, handle)?;
+        if config.gpu_metrics {
+            crate::metrics::gpu::start();
+        }
     }
     let grpc_address = listeners.grpc.local_addr()?;
     let http_address = listeners.http.local_addr()?;
@@ -332,6 +339,7 @@ fn open_repository(config: &Config) -> Result<ModelRepository, ServerError> {
         load: LoadOptions {
             auto_complete: config.auto_complete,
             cores: std::thread::available_parallelism().map_or(1, |n| n.get()),
+            gpu_fallback_to_cpu: config.gpu_fallback_to_cpu,
         },
     };
     ModelRepository::new(stores, options).map_err(|e| ServerError::Load(e.to_string()))

@@ -1,13 +1,16 @@
 //! Model execution. A [`Backend`] turns input tensors into output tensors and knows nothing of
-//! protocols, queues or model configuration; today the only one is ONNX Runtime ([`onnx`]), which
-//! [`tokenize`] wraps for models that take text.
+//! protocols, queues or model configuration; today the only one is ONNX Runtime ([`onnx`]), on
+//! CPU or on a GPU through its CUDA execution provider ([`cuda`]), which [`tokenize`] wraps for
+//! models that take text.
 
+pub mod cuda;
 pub mod onnx;
 pub mod runtime;
 pub mod tokenize;
 
 use crate::core::{DataType, Tensor};
 
+pub use cuda::{CudaOptions, Device, Gpu, GpuInventory};
 pub use onnx::{OnnxSession, SessionOptions};
 pub use runtime::OnnxRuntime;
 
@@ -50,5 +53,11 @@ pub trait Backend: Send {
     /// instance threads, such as tokenization.
     fn may_run_inline(&self) -> bool {
         true
+    }
+
+    /// The CUDA ordinal of the GPU this instance runs on (`None`: CPU); its metrics carry that
+    /// GPU's `gpu_uuid` label.
+    fn gpu(&self) -> Option<i32> {
+        None
     }
 }

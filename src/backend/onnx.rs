@@ -1,7 +1,9 @@
 //! ONNX Runtime sessions through `ort`: loading a model file, describing its inputs and outputs,
 //! and running raw-layout tensors through it. Inputs whose bytes are suitably aligned are handed
-//! to ONNX Runtime without a copy.
+//! to ONNX Runtime without a copy. A session on a GPU is built here too (the CUDA execution
+//! provider is registered on it) and then run by [`super::cuda`]'s instance.
 
+use super::cuda::Device;
 use super::{Backend, BackendError, OnnxRuntime, TensorInfo};
 use crate::core::tensor::BytesElements;
 use crate::core::{DataType, Tensor};
@@ -17,13 +19,17 @@ use std::path::Path;
 pub struct SessionOptions {
     /// Threads ONNX Runtime may use inside one operator; instances × this ≈ cores.
     pub intra_op_threads: usize,
+    /// CPU, or the CUDA execution provider on one GPU.
+    pub device: Device,
 }
 
 /// One ONNX Runtime session: a model instance.
 pub struct OnnxSession {
-    session: Session,
-    inputs: Vec<TensorInfo>,
-    outputs: Vec<TensorInfo>,
+    pub(super) session: Session,
+    pub(super) inputs: Vec<TensorInfo>,
+    pub(super) outputs: Vec<TensorInfo>,
+    /// The CUDA ordinal of the GPU the session runs on.
+    pub(super) gpu: Option<i32>,
 }
 
 impl OnnxSession {
@@ -54,7 +60,29 @@ impl OnnxSession {
             session,
             inputs,
             outputs,
+            gpu: options.device.gpu().map(|g| g.id),
         })
+    }
+
+    /// The instance that runs this session: the session itself on CPU; on a GPU, the CUDA
+    /// instance that binds its inputs and outputs.
+    ///
+    /// # Errors
+    /// [`BackendError::Load`] when the GPU instance cannot set up its bindings.
+    pub fn into_backend(self) -> Result<Box<dyn Backend>, BackendError> {
+        match self.gpu {
+            None => Ok(Box::new(self)),
+            Some(_gpu) => {
+                #[cfg(feature = "cuda")]
+                {
+                    Ok(Box::new(super::cuda::CudaInstance::new(self, _gpu)?))
+                }
+                #[cfg(not(feature = "cuda"))]
+                {
+                    Err(BackendError::Load(super::cuda::NOT_BUILT.to_string()))
+                }
+            }
+        }
     }
 
     /// The model's inputs, in graph order.
@@ -83,6 +111,19 @@ fn build_session(
         .map_err(text)?
         .with_intra_op_spinning(false)
         .map_err(text)?;
+    if let Device::Cuda { gpu, options } = &options.device {
+        #[cfg(feature = "cuda")]
+        {
+            builder = builder
+                .with_execution_providers([super::cuda::provider(gpu, options)])
+                .map_err(|e| format!("CUDA execution provider on GPU {}: {e}", gpu.id))?;
+        }
+        #[cfg(not(feature = "cuda"))]
+        {
+            let _ = (gpu, options);
+            return Err(super::cuda::NOT_BUILT.to_string());
+        }
+    }
     builder.commit_from_file(path).map_err(|e| e.to_string())
 }
 
@@ -173,11 +214,7 @@ fn input_value(tensor: &Tensor) -> Result<SessionInputValue<'_>, BackendError> {
         DataType::Bf16 => numeric_input!(tensor, bf16),
         DataType::Fp32 => numeric_input!(tensor, f32),
         DataType::Fp64 => numeric_input!(tensor, f64),
-        DataType::Bytes => {
-            let elements = string_elements(tensor)?;
-            ort::value::Tensor::from_string_array((tensor.shape.clone(), elements.as_slice()))
-                .map(SessionInputValue::from)
-        }
+        DataType::Bytes => return string_input(tensor).map(SessionInputValue::from),
     };
     value.map_err(|e| {
         BackendError::Input(format!(
@@ -185,6 +222,19 @@ fn input_value(tensor: &Tensor) -> Result<SessionInputValue<'_>, BackendError> {
             tensor.name
         ))
     })
+}
+
+/// A BYTES tensor as an ONNX string tensor (always in host memory).
+pub(super) fn string_input(tensor: &Tensor) -> Result<ort::value::DynValue, BackendError> {
+    let elements = string_elements(tensor)?;
+    ort::value::Tensor::from_string_array((tensor.shape.clone(), elements.as_slice()))
+        .map(|value| value.into_dyn())
+        .map_err(|e| {
+            BackendError::Input(format!(
+                "failed to create input tensor '{}': {e}",
+                tensor.name
+            ))
+        })
 }
 
 /// One BYTES element handed to ONNX Runtime as-is. ONNX string tensors are byte strings in the C
@@ -277,7 +327,8 @@ fn run_error(e: ort::Error) -> BackendError {
     BackendError::Run(format!("failed to read model output: {e}"))
 }
 
-fn output_tensor(name: &str, value: &DynValue) -> Result<Tensor, BackendError> {
+/// Copies one output (in host memory) into a raw-layout tensor.
+pub(super) fn output_tensor(name: &str, value: &DynValue) -> Result<Tensor, BackendError> {
     let ty = match value.dtype() {
         ValueType::Tensor { ty, .. } => *ty,
         other => {

@@ -4,6 +4,11 @@
 //! `.kiln/onnxruntime/`). It is looked up, in order, at `$ORT_DYLIB_PATH`, beside the executable,
 //! in `.kiln/onnxruntime/` of the checkout the executable was built in, in `./.kiln/onnxruntime/`,
 //! and in the usual system library folders. A failure names every path that was tried.
+//!
+//! A `cuda` build looks first (after `$ORT_DYLIB_PATH`) for the GPU build of the library in the
+//! GPU folder that `.ci/setup.sh gpu` fills (see [`super::cuda::libraries`]): ONNX Runtime loads
+//! its CUDA provider from the folder of the library it runs from, and the GPU build runs CPU
+//! sessions as well.
 
 use super::BackendError;
 use std::path::{Path, PathBuf};
@@ -68,6 +73,12 @@ fn candidate_paths() -> Vec<PathBuf> {
     if let Some(explicit) = std::env::var_os("ORT_DYLIB_PATH") {
         paths.push(PathBuf::from(explicit));
     }
+    #[cfg(feature = "cuda")]
+    paths.extend(
+        super::cuda::libraries::gpu_dirs()
+            .iter()
+            .filter_map(|dir| super::cuda::libraries::runtime_in(dir)),
+    );
     if let Some(exe_dir) = std::env::current_exe()
         .ok()
         .and_then(|exe| exe.parent().map(Path::to_path_buf))

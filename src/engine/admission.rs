@@ -87,6 +87,7 @@ mod tests {
             load: LoadOptions {
                 auto_complete: false,
                 cores: 1,
+                gpu_fallback_to_cpu: false,
             },
         };
         let repository = ModelRepository::new(Vec::new(), options).expect("empty repository");

@@ -295,6 +295,7 @@ impl Engine {
                     arrived.elapsed(),
                     outcome.queue,
                     outcome.compute,
+                    outcome.gpu,
                 );
                 response::response(&model, &serving, request, outcome.outputs)
             }

@@ -4,8 +4,8 @@
 use crate::core::DataType;
 use crate::proto::descriptor_pool;
 use crate::proto::inference::{
-    model_config::SchedulingChoice, model_instance_group::Kind, model_version_policy,
-    DataType as ConfigDataType, ModelConfig, ModelInstanceGroup, ModelVersionPolicy,
+    model_config::SchedulingChoice, model_version_policy, DataType as ConfigDataType, ModelConfig,
+    ModelVersionPolicy,
 };
 use crate::proto::inference::{model_queue_policy, ModelQueuePolicy};
 use crate::scheduler::{BatchingConfig, QueuePolicy, TimeoutAction};
@@ -16,8 +16,6 @@ use std::time::Duration;
 pub const ONNX_PLATFORM: &str = "onnxruntime_onnx";
 pub const ONNX_BACKEND: &str = "onnxruntime";
 pub const DEFAULT_MODEL_FILENAME: &str = "model.onnx";
-/// Instances per CPU instance group when the config gives no count (Triton's ONNX default).
-const DEFAULT_CPU_INSTANCE_COUNT: i32 = 2;
 
 /// Why a configuration cannot be used.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
@@ -216,38 +214,6 @@ pub fn normalize_identity(config: &mut ModelConfig, dir_name: &str) -> Result<()
     Ok(())
 }
 
-/// Fills instance groups the way Triton does on a machine without GPUs: one CPU group of two
-/// instances when none is given; every group named, kinded and counted.
-///
-/// # Errors
-/// [`ConfigError::Invalid`] for a `KIND_GPU` group: sessions run on CPU only in this build.
-pub fn normalize_instance_groups(config: &mut ModelConfig) -> Result<(), ConfigError> {
-    if config.instance_group.is_empty() {
-        config.instance_group.push(ModelInstanceGroup::default());
-    }
-    let model_name = config.name.clone();
-    for (index, group) in config.instance_group.iter_mut().enumerate() {
-        if group.name.is_empty() {
-            group.name = format!("{model_name}_{index}");
-        }
-        if group.kind == Kind::Gpu as i32 {
-            return Err(ConfigError::Invalid(format!(
-                "instance group '{}' of model '{model_name}' asks for KIND_GPU, but this build runs \
-                 ONNX Runtime on CPU only",
-                group.name
-            )));
-        }
-        // KIND_AUTO without a GPU, and KIND_MODEL (the model places itself), run on CPU.
-        if group.kind != Kind::Cpu as i32 {
-            group.kind = Kind::Cpu as i32;
-        }
-        if group.count < 1 {
-            group.count = DEFAULT_CPU_INSTANCE_COUNT;
-        }
-    }
-    Ok(())
-}
-
 /// Checks every declared input and output has a usable datatype and dims.
 ///
 /// # Errors
@@ -363,6 +329,7 @@ pub fn has_dynamic_batching(config: &ModelConfig) -> bool {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::proto::inference::model_instance_group::Kind;
     use crate::proto::inference::model_version_policy::PolicyChoice;
 
     const ADD_SUB: &str = r#"
@@ -517,30 +484,6 @@ mod tests {
         let mut config = parse_config("platform: \"onnxruntime_onnx\"").unwrap();
         normalize_identity(&mut config, "m").unwrap();
         assert_eq!(config.backend, ONNX_BACKEND);
-    }
-
-    #[test]
-    fn instance_groups_default_to_two_cpu_instances() {
-        let mut config = parse_config("name: \"m\"").unwrap();
-        normalize_instance_groups(&mut config).unwrap();
-        assert_eq!(config.instance_group.len(), 1);
-        let group = &config.instance_group[0];
-        assert_eq!(
-            (group.name.as_str(), group.count, group.kind),
-            ("m_0", 2, Kind::Cpu as i32)
-        );
-        let mut gpu = parse_config("name: \"m\" instance_group [ { kind: KIND_GPU } ]").unwrap();
-        assert!(normalize_instance_groups(&mut gpu)
-            .unwrap_err()
-            .to_string()
-            .contains("KIND_GPU"));
-        let mut model =
-            parse_config("name: \"m\" instance_group [ { kind: KIND_MODEL count: 3 } ]").unwrap();
-        normalize_instance_groups(&mut model).unwrap();
-        assert_eq!(
-            (model.instance_group[0].kind, model.instance_group[0].count),
-            (Kind::Cpu as i32, 3)
-        );
     }
 
     #[test]

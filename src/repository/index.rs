@@ -1,7 +1,8 @@
 //! The repository index as Triton reports it: one entry per model directory (a model never
 //! loaded is its name alone), otherwise one entry per known version with its state
 //! (`READY`, `UNAVAILABLE`, `LOADING`, `UNLOADING`) and the reason for it (`unloaded` after an
-//! unload). A model that failed before its versions were known is one versionless UNAVAILABLE
+//! unload; for a READY version whose `KIND_GPU` groups run on CPU under `--gpu-fallback-to-cpu`,
+//! why). A model that failed before its versions were known is one versionless UNAVAILABLE
 //! entry with the reason. `ready_only` keeps READY versions only.
 
 use super::lifecycle::{Slot, Snapshot, Status};
@@ -57,12 +58,14 @@ fn model_entries(
     slot: &Slot,
     retiring: &impl Fn(&str, i64) -> bool,
 ) -> Vec<IndexEntry> {
-    // Versions that serve are READY whatever runs beside them (a reload keeps them serving).
+    // Versions that serve are READY whatever runs beside them (a reload keeps them serving);
+    // the reason is empty unless GPU groups fell back to CPU.
     if let Some(model) = &slot.serving {
+        let reason = model.fallback.as_deref().unwrap_or_default();
         return model
             .versions
             .keys()
-            .map(|&v| IndexEntry::new(name, Some(v), "READY", ""))
+            .map(|&v| IndexEntry::new(name, Some(v), "READY", reason))
             .collect();
     }
     match &slot.status {

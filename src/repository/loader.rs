@@ -6,9 +6,9 @@
 
 use super::config::{self, DEFAULT_MODEL_FILENAME};
 use super::store::{contained, plain_relative};
-use super::{autocomplete, text, versions, IoSpec, LoadOptions, Model, ServingVersion};
+use super::{autocomplete, placement, text, versions, IoSpec, LoadOptions, Model, ServingVersion};
 use crate::backend::tokenize::{TextInput, TextModel, TextSpec};
-use crate::backend::{Backend, OnnxRuntime, OnnxSession, SessionOptions};
+use crate::backend::{cuda, Backend, Device, OnnxRuntime, OnnxSession, SessionOptions};
 use crate::metrics::ModelStats;
 use crate::proto::inference::ModelConfig;
 use crate::scheduler::Scheduler;
@@ -54,8 +54,12 @@ pub struct Prepared {
     /// The versions the policy selected, ascending.
     pub versions: Vec<i64>,
     labels: BTreeMap<String, Vec<String>>,
-    instances: usize,
-    session_options: SessionOptions,
+    /// Where each instance runs, one entry per instance.
+    devices: Vec<Device>,
+    /// Intra-op threads per session: the cores shared between the instances.
+    intra_op_threads: usize,
+    /// Why GPU groups run on CPU (`--gpu-fallback-to-cpu`).
+    fallback: Option<String>,
     /// The tokenizer of a model that takes text.
     text: Option<TextSpec>,
 }
@@ -86,15 +90,11 @@ pub fn prepare(
             "at least one version must be available under the version policy of model '{name}'"
         ));
     }
-    config::normalize_instance_groups(&mut config).map_err(|e| e.to_string())?;
-    let instances: usize = config
-        .instance_group
-        .iter()
-        .map(|g| g.count.max(1) as usize)
-        .sum();
-    let session_options = SessionOptions {
-        intra_op_threads: (options.cores / instances.max(1)).max(1),
-    };
+    let placed = placement::place(&mut config, &cuda::inventory, options.gpu_fallback_to_cpu)?;
+    if let Some(why) = &placed.fallback {
+        tracing::warn!("model '{name}': {why}");
+    }
+    let intra_op_threads = (options.cores / placed.devices.len().max(1)).max(1);
     let text = text::text_spec(&config, dir)?;
     let complete = !config.input.is_empty() && !config.output.is_empty();
     if options.auto_complete && !complete {
@@ -106,8 +106,11 @@ pub fn prepare(
             .filter_map(|&v| model_path(dir, v, &config.default_model_filename).ok())
             .find(|path| path.is_file())
             .ok_or_else(|| format!("no model file found for model '{name}'"))?;
-        let probe =
-            OnnxSession::load(&runtime, &newest, &session_options).map_err(|e| e.to_string())?;
+        let cpu = SessionOptions {
+            intra_op_threads,
+            device: Device::Cpu,
+        };
+        let probe = OnnxSession::load(&runtime, &newest, &cpu).map_err(|e| e.to_string())?;
         // A text model shows clients its text input in place of the token inputs.
         let inputs = match &text {
             Some(spec) => spec
@@ -127,8 +130,9 @@ pub fn prepare(
         config,
         versions: selected,
         labels,
-        instances,
-        session_options,
+        devices: placed.devices,
+        intra_op_threads,
+        fallback: placed.fallback,
         text,
     })
 }
@@ -144,8 +148,9 @@ pub fn build(prepared: Prepared, reuse: Reuse<'_>) -> Result<Model, LoadFailure>
         config,
         versions,
         labels,
-        instances,
-        session_options,
+        devices,
+        intra_op_threads,
+        fallback,
         text,
     } = prepared;
     let runtime = OnnxRuntime::get().map_err(|e| LoadFailure::Model(e.to_string()))?;
@@ -165,9 +170,9 @@ pub fn build(prepared: Prepared, reuse: Reuse<'_>) -> Result<Model, LoadFailure>
         }
         let started = model_path(&dir, version, &config.default_model_filename).and_then(|path| {
             let instances = Instances {
-                count: instances,
+                devices: &devices,
+                intra_op_threads,
                 runtime: &runtime,
-                options: &session_options,
                 text: text.as_ref(),
             };
             start_version(&name, version, &path, &config, &instances)
@@ -196,6 +201,7 @@ pub fn build(prepared: Prepared, reuse: Reuse<'_>) -> Result<Model, LoadFailure>
         config: Arc::new(config),
         versions: built,
         labels,
+        fallback,
     })
 }
 
@@ -254,9 +260,10 @@ fn model_path(dir: &Path, version: i64, file: &str) -> Result<PathBuf, String> {
 
 /// How the instances of each version are made.
 struct Instances<'a> {
-    count: usize,
+    /// Where each instance runs.
+    devices: &'a [Device],
+    intra_op_threads: usize,
     runtime: &'a OnnxRuntime,
-    options: &'a SessionOptions,
     /// A text model's tokenizer, wrapped around each session.
     text: Option<&'a TextSpec>,
 }
@@ -272,29 +279,47 @@ fn start_version(
         return Err(format!("model file {} not found", path.display()));
     }
     let Instances {
-        count,
+        devices,
+        intra_op_threads,
         runtime,
-        options,
         text,
     } = *instances;
     let started = std::time::Instant::now();
-    let mut backends: Vec<Box<dyn Backend>> = Vec::with_capacity(count);
+    let mut backends: Vec<Box<dyn Backend>> = Vec::with_capacity(devices.len());
     let mut io = None;
     let mut text_input = None;
-    for _ in 0..count {
-        let session = OnnxSession::load(runtime, path, options).map_err(|e| e.to_string())?;
+    for device in devices {
+        let options = SessionOptions {
+            intra_op_threads,
+            device: device.clone(),
+        };
+        let session = OnnxSession::load(runtime, path, &options).map_err(|e| e.to_string())?;
         if io.is_none() {
             let (spec, bound) = io_spec(config, &session, text)?;
             io = Some(spec);
             text_input = bound;
         }
+        let backend = session.into_backend().map_err(|e| e.to_string())?;
         backends.push(match &text_input {
-            Some(text) => Box::new(TextModel::new(Arc::clone(text), Box::new(session))),
-            None => Box::new(session),
+            Some(text) => Box::new(TextModel::new(Arc::clone(text), backend)),
+            None => backend,
         });
     }
     let io = io.ok_or_else(|| format!("model '{name}' has no instances"))?;
-    let stats = Arc::new(ModelStats::new(name, version));
+    let mut gpus: Vec<(i32, String)> = Vec::new();
+    for device in devices {
+        if let Device::Cuda { gpu, options } = device {
+            if !gpus.iter().any(|(id, _)| *id == gpu.id) {
+                tracing::info!(
+                    "model '{name}' version {version}: instances on GPU {} ({}), CUDA options: {options}",
+                    gpu.id,
+                    gpu.uuid
+                );
+                gpus.push((gpu.id, gpu.uuid.clone()));
+            }
+        }
+    }
+    let stats = Arc::new(ModelStats::with_gpus(name, version, &gpus));
     let scheduler = Scheduler::start(
         &format!("{name}-{version}"),
         config::batching_config(config),

@@ -3,7 +3,8 @@
 //!
 //! Layout: `store` is where model directories come from (a [`ModelStore`]: a local directory, or
 //! `s3` for an S3-compatible object store) and checks names and paths; `config`, `autocomplete`, `versions` and `io` turn a
-//! directory into a complete config and a set of versions; `loader` starts their instances;
+//! directory into a complete config and a set of versions; `placement` decides where each
+//! instance runs (CPU or a GPU, by the instance groups); `loader` starts the instances;
 //! `lifecycle` owns the mutable state ([`ModelRepository`]): control modes, load, unload, poll,
 //! readiness, and the snapshot requests read; `overrides` checks the load API's parameters;
 //! `index` renders the repository index; `retire` stops replaced versions once their last
@@ -19,6 +20,7 @@ mod io;
 mod lifecycle;
 mod loader;
 mod overrides;
+pub mod placement;
 mod retire;
 pub mod s3;
 pub mod store;
@@ -46,6 +48,9 @@ pub struct LoadOptions {
     pub auto_complete: bool,
     /// CPU cores to share between the instances of one model.
     pub cores: usize,
+    /// `--gpu-fallback-to-cpu`: run `KIND_GPU` groups on CPU when no GPU is usable (and say so)
+    /// instead of failing the load.
+    pub gpu_fallback_to_cpu: bool,
 }
 
 /// A version that is loaded and serving. Requests hold it by `Arc` while they run, so a version
@@ -69,6 +74,9 @@ pub struct Model {
     /// Class labels of each output that names a `label_filename`, one per line, read at load time
     /// for the classification extension.
     pub labels: BTreeMap<String, Vec<String>>,
+    /// Why its `KIND_GPU` groups run on CPU (`--gpu-fallback-to-cpu`); the index gives it as the
+    /// reason of every READY version.
+    pub fallback: Option<String>,
 }
 
 impl Model {

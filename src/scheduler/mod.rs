@@ -82,6 +82,8 @@ pub struct Outcome {
     pub outputs: Vec<Tensor>,
     pub queue: Duration,
     pub compute: ComputeTimes,
+    /// The GPU (CUDA ordinal) of the instance that ran it; `None`: a CPU instance.
+    pub gpu: Option<i32>,
 }
 
 struct Job {
@@ -499,7 +501,8 @@ fn execute(backend: &mut dyn Backend, jobs: Vec<Job>, shared: &Shared) -> Answer
         infer: inferred - ran,
         output: inferred.elapsed(),
     };
-    stats.record_execution(rows.iter().sum(), times);
+    let gpu = backend.gpu();
+    stats.record_execution(rows.iter().sum(), times, gpu);
     match split {
         Ok(per_request) => jobs
             .into_iter()
@@ -510,6 +513,7 @@ fn execute(backend: &mut dyn Backend, jobs: Vec<Job>, shared: &Shared) -> Answer
                     outputs,
                     queue,
                     compute: times,
+                    gpu,
                 };
                 (job.reply, Ok(outcome))
             })

@@ -270,6 +270,10 @@ impl Backend for TextModel {
     fn may_run_inline(&self) -> bool {
         false
     }
+
+    fn gpu(&self) -> Option<i32> {
+        self.inner.gpu()
+    }
 }
 
 #[cfg(test)]

@@ -45,6 +45,7 @@ fn repository(mode: ControlMode, names: Vec<&'static str>) -> ModelRepository {
         load: LoadOptions {
             auto_complete: true,
             cores: 1,
+            gpu_fallback_to_cpu: false,
         },
     };
     ModelRepository::new(vec![Box::new(NamesOnly(names))], options).unwrap()
@@ -81,6 +82,7 @@ fn serving_model(name: &str, versions: &[i64]) -> Arc<Model> {
         config: Arc::default(),
         versions,
         labels: BTreeMap::new(),
+        fallback: None,
     })
 }
 
