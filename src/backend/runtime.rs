@@ -64,6 +64,7 @@ impl OnnxRuntime {
                 library.display()
             )
         })?;
+        tracing::info!("ONNX Runtime loaded from {}", library.display());
         Ok(OnnxRuntime { env, library })
     }
 }

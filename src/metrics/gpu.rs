@@ -148,10 +148,14 @@ type Status = c_int;
 /// # Safety
 /// `T` must be the symbol's true C signature, and `library` must outlive every call through it.
 unsafe fn symbol<T: Copy>(library: &Library, name: &[u8]) -> Result<T, String> {
-    library
-        .get::<T>(name)
-        .map(|s| *s)
-        .map_err(|e| format!("NVML lacks {}: {e}", String::from_utf8_lossy(name)))
+    library.get::<T>(name).map(|s| *s).map_err(|e| {
+        let reason = std::error::Error::source(&e).map(|r| r.to_string());
+        format!(
+            "NVML lacks {}: {}",
+            String::from_utf8_lossy(name),
+            reason.unwrap_or(e.to_string())
+        )
+    })
 }
 
 /// The NVML functions kiln uses, resolved once.
@@ -173,8 +177,13 @@ impl Nvml {
         // SAFETY: loading the driver's NVML runs only its initialisers; the symbols are NVML's
         // documented C API with the signatures declared here (nvml.h).
         unsafe {
-            let library = Library::new("libnvidia-ml.so.1")
-                .map_err(|e| format!("libnvidia-ml.so.1 not found: {e}"))?;
+            let library = Library::new("libnvidia-ml.so.1").map_err(|e| {
+                let reason = std::error::Error::source(&e).map(|r| r.to_string());
+                format!(
+                    "libnvidia-ml.so.1 not found: {}",
+                    reason.unwrap_or(e.to_string())
+                )
+            })?;
             let init: unsafe extern "C" fn() -> Status = symbol(&library, b"nvmlInit_v2\0")?;
             let status = init();
             if status != 0 {

@@ -21,8 +21,12 @@ struct CuUuid {
 /// What is missing: the driver library, a device, or the reason `cuInit` gives.
 pub fn devices() -> Result<Vec<Gpu>, String> {
     // SAFETY: loading the driver library runs only its initialisers.
-    let library = unsafe { Library::new("libcuda.so.1") }
-        .map_err(|e| format!("libcuda.so.1 not found (no NVIDIA driver): {e}"))?;
+    let library = unsafe { Library::new("libcuda.so.1") }.map_err(|e| {
+        format!(
+            "libcuda.so.1 not found (no NVIDIA driver): {}",
+            super::dl_error(&e)
+        )
+    })?;
     let found = query(&library);
     // The driver stays loaded for the life of the process (ONNX Runtime's CUDA runtime uses it
     // too); unloading an initialised driver is not supported.
@@ -35,7 +39,10 @@ fn query(library: &Library) -> Result<Vec<Gpu>, String> {
     // live local of the declared type.
     unsafe {
         let symbol_error = |name: &str, e: libloading::Error| {
-            format!("libcuda.so.1 lacks {name} (driver too old for CUDA 13?): {e}")
+            format!(
+                "libcuda.so.1 lacks {name} (driver too old for CUDA 13?): {}",
+                super::dl_error(&e)
+            )
         };
         let init = library
             .get::<unsafe extern "C" fn(c_uint) -> CuResult>(b"cuInit\0")

@@ -235,7 +235,7 @@ mod tests {
         wheels(&full);
         let cudnn = Dir::new("partial-cudnn");
         cudnn.touch("libcudnn.so.9");
-        let err = locate(None, Some(cudnn.0.clone()), &[full.0.clone()]).unwrap_err();
+        let err = locate(None, Some(cudnn.0.clone()), std::slice::from_ref(&full.0)).unwrap_err();
         assert!(
             err.starts_with("CUDA runtime libraries missing: libcudnn_graph.so.9, "),
             "{err}"

@@ -102,19 +102,32 @@ fn probe() -> Result<Vec<Gpu>, String> {
     let runtime = super::OnnxRuntime::get().map_err(|e| e.to_string())?;
     libraries::provider_beside(&runtime.library)?;
     let found = libraries::locate_from_env()?;
-    ort::ep::cuda::preload_dylibs(Some(&found.cuda), Some(&found.cudnn)).map_err(|e| {
-        format!(
-            "failed to load the CUDA runtime libraries from {} and {}: {e}",
-            found.cuda.display(),
-            found.cudnn.display()
-        )
-    })?;
+    // The lists `ort::ep::cuda::preload_dylibs` loads, one by one so that a failure says why.
+    for (dir, names) in [
+        (&found.cuda, libraries::CUDA_LIBRARIES),
+        (&found.cudnn, libraries::CUDNN_LIBRARIES),
+    ] {
+        for name in names {
+            let path = dir.join(name);
+            ort::util::preload_dylib(&path)
+                .map_err(|e| format!("failed to load {}: {}", path.display(), dl_error(&e)))?;
+        }
+    }
     tracing::info!(
         "CUDA runtime libraries loaded from {} and {}",
         found.cuda.display(),
         found.cudnn.display()
     );
     Ok(gpus)
+}
+
+/// A `libloading` error with the system's reason (its `Display` alone says only "dlopen failed").
+#[cfg(feature = "cuda")]
+fn dl_error(e: &libloading::Error) -> String {
+    match std::error::Error::source(e) {
+        Some(reason) => format!("{e}: {reason}"),
+        None => e.to_string(),
+    }
 }
 
 /// The CUDA execution provider for one session: on `gpu`, with `options`; a registration
