@@ -11,9 +11,9 @@
 #      onnxruntime-gpu wheel): `run` first keeps any pieces carried in its own call, then, once all are there (MANIFEST),
 #      checks their sha256, unpacks them into bench/gpu_stage/dist/ and uses them;
 #   2. otherwise (a machine that can download): `.ci/setup.sh gpu` and `cargo build --release --features cuda`.
-# The NVIDIA runtime (cudart, cuBLAS, cuFFT, cuRAND, NVRTC, cuDNN): $KILN_CUDA_LIB_DIR / $KILN_CUDNN_LIB_DIR if set,
-# else .kiln/onnxruntime-gpu (setup), else the nvidia-*-cu13 wheels of the machine's python3, else a search of /usr and
-# /opt. libcuda.so.1 comes from the driver.
+# The NVIDIA runtime (cudart, cuBLAS, cuFFT, cuRAND, NVRTC, cuDNN): $KILN_CUDA_LIB_DIR / $KILN_CUDNN_LIB_DIR if set
+# (`:`-separated folders), else .kiln/onnxruntime-gpu (setup), else the nvidia-*-cu13 wheels of the machine's python3,
+# else a search of /usr/local, /usr/lib/x86_64-linux-gnu and /opt. libcuda.so.1 comes from the driver.
 # Results: the markdown table on stdout and in $OUT/gpu_results.md (bench/gpu_results.md without $OUT), with kiln's
 # log beside it. Exit status 0 only if every model loaded on the GPU, ran there, and matched the CPU outputs.
 set -euo pipefail
@@ -82,33 +82,39 @@ unpack() {
   log "unpacked into $STAGE/dist"
 }
 
-# nvidia_libs: sets KILN_CUDA_LIB_DIR and KILN_CUDNN_LIB_DIR unless they are set already.
+# nvidia_libs: sets KILN_CUDA_LIB_DIR and KILN_CUDNN_LIB_DIR (`:`-separated folders) unless they are set already: the
+# folders of .kiln/onnxruntime-gpu when set up, else wherever the libraries kiln preloads are under the nvidia/ packages
+# of python3's site folders, then under /usr/local, /usr/lib/x86_64-linux-gnu and /opt.
 nvidia_libs() {
-  local gpu_dir=${KILN_ONNXRUNTIME_GPU_DIR:-$ROOT/.kiln/onnxruntime-gpu} found
-  if [ -z "${KILN_CUDA_LIB_DIR:-}" ] || [ -z "${KILN_CUDNN_LIB_DIR:-}" ]; then
-    if [ -f "$gpu_dir/nvidia/cu13/lib/libcudart.so.13" ]; then
-      found="$gpu_dir/nvidia/cu13/lib $gpu_dir/nvidia/cudnn/lib"
-    else
-      found=$("$PYTHON" - <<'EOF' 2>/dev/null || true
-import os, sys, sysconfig, site
-roots = set()
-for p in [sysconfig.get_paths().get("purelib"), sysconfig.get_paths().get("platlib")] + site.getsitepackages() + sys.path:
-    if p and os.path.isdir(os.path.join(p, "nvidia")):
-        roots.add(os.path.join(p, "nvidia"))
-cuda = next((os.path.join(r, "cu13/lib") for r in sorted(roots) if os.path.exists(os.path.join(r, "cu13/lib/libcudart.so.13"))), "")
-cudnn = next((os.path.join(r, "cudnn/lib") for r in sorted(roots) if os.path.exists(os.path.join(r, "cudnn/lib/libcudnn.so.9"))), "")
-if cuda and cudnn:
-    print(cuda, cudnn)
+  local gpu_dir=${KILN_ONNXRUNTIME_GPU_DIR:-$ROOT/.kiln/onnxruntime-gpu} found cuda cudnn
+  if [ -n "${KILN_CUDA_LIB_DIR:-}" ] && [ -n "${KILN_CUDNN_LIB_DIR:-}" ]; then
+    :
+  elif [ -f "$gpu_dir/nvidia/cu13/lib/libcudart.so.13" ]; then
+    export KILN_CUDA_LIB_DIR=$gpu_dir/nvidia/cu13/lib KILN_CUDNN_LIB_DIR=$gpu_dir/nvidia/cudnn/lib
+  else
+    found=$("$PYTHON" - <<'EOF'
+import os, site, sys, sysconfig
+cuda = ["libcudart.so.13", "libcublasLt.so.13", "libcublas.so.13", "libnvrtc.so.13", "libcurand.so.10", "libcufft.so.12"]
+cudnn = ["libcudnn.so.9", "libcudnn_graph.so.9", "libcudnn_ops.so.9", "libcudnn_heuristic.so.9", "libcudnn_adv.so.9",
+         "libcudnn_cnn.so.9", "libcudnn_engines_precompiled.so.9", "libcudnn_engines_runtime_compiled.so.9"]
+sites = [sysconfig.get_paths().get("purelib"), sysconfig.get_paths().get("platlib")] + site.getsitepackages() + sys.path
+roots = [os.path.join(p, "nvidia") for p in sites if p and os.path.isdir(os.path.join(p, "nvidia"))]
+roots = list(dict.fromkeys(roots)) + ["/usr/local", "/usr/lib/x86_64-linux-gnu", "/opt"]
+where = {}
+for root in roots:
+    for d, dirs, files in os.walk(root):
+        dirs[:] = [x for x in dirs if x != "stubs"]
+        for name in cuda + cudnn:
+            if name in files and name not in where:
+                where[name] = d
+def folders(names):
+    missing = [n for n in names if n not in where]
+    if missing:
+        sys.exit("not found: " + ", ".join(missing))
+    return ":".join(dict.fromkeys(where[n] for n in names))
+print(folders(cuda), folders(cudnn))
 EOF
-)
-      if [ -z "$found" ]; then
-        local cudart cudnn
-        cudart=$(find /usr /opt /root /home -name libcudart.so.13 -not -path '*/stubs/*' 2>/dev/null | head -1 || true)
-        cudnn=$(find /usr /opt /root /home -name libcudnn.so.9 2>/dev/null | head -1 || true)
-        [ -n "$cudart" ] && [ -n "$cudnn" ] && found="$(dirname "$cudart") $(dirname "$cudnn")"
-      fi
-    fi
-    [ -n "$found" ] || die "no CUDA 13 runtime found (libcudart.so.13, libcudnn.so.9): set KILN_CUDA_LIB_DIR and KILN_CUDNN_LIB_DIR"
+) || die "no complete CUDA 13 runtime found (${found:-see above}): set KILN_CUDA_LIB_DIR and KILN_CUDNN_LIB_DIR"
     read -r cuda cudnn <<<"$found"
     export KILN_CUDA_LIB_DIR=${KILN_CUDA_LIB_DIR:-$cuda} KILN_CUDNN_LIB_DIR=${KILN_CUDNN_LIB_DIR:-$cudnn}
   fi

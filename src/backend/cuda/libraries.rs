@@ -11,8 +11,9 @@
 //!
 //! The GPU folder is looked up at `$KILN_ONNXRUNTIME_GPU_DIR`, then in `.kiln/onnxruntime-gpu/` of
 //! the checkout the executable was built in, then in `./.kiln/onnxruntime-gpu/`.
-//! `$KILN_CUDA_LIB_DIR` and `$KILN_CUDNN_LIB_DIR` point at the two NVIDIA folders directly (e.g.
-//! the `nvidia/cu13/lib` of a Python environment that already has the wheels). ONNX Runtime loads
+//! `$KILN_CUDA_LIB_DIR` and `$KILN_CUDNN_LIB_DIR` name the NVIDIA folders directly, `:`-separated
+//! when the libraries are spread over several (e.g. the `nvidia/cu13/lib` and `nvidia/cudnn/lib` of
+//! a Python environment that already has the wheels). ONNX Runtime loads
 //! its CUDA provider from the folder of the `libonnxruntime.so` kiln loaded, so that is where the
 //! provider library must be.
 //!
@@ -51,11 +52,10 @@ pub const CUDNN_LIBRARIES: &[&str] = &[
 const HINT: &str = "run `.ci/setup.sh gpu` (the onnxruntime-gpu[cuda,cudnn] wheels), or set \
                     KILN_ONNXRUNTIME_GPU_DIR, or KILN_CUDA_LIB_DIR and KILN_CUDNN_LIB_DIR";
 
-/// The two folders the NVIDIA runtime libraries are loaded from.
+/// The NVIDIA runtime libraries found, in the order they must be loaded.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct CudaLibraries {
-    pub cuda: PathBuf,
-    pub cudnn: PathBuf,
+    pub files: Vec<PathBuf>,
 }
 
 /// GPU folders to try, in order (see the module docs).
@@ -118,12 +118,16 @@ pub fn provider_beside(runtime: &Path) -> Result<PathBuf, String> {
     ))
 }
 
-/// Finds the CUDA and cuDNN folders from the environment and the GPU folders.
+/// Finds the NVIDIA libraries from the environment and the GPU folders.
 ///
 /// # Errors
 /// As [`locate`].
 pub fn locate_from_env() -> Result<CudaLibraries, String> {
-    let var = |name: &str| std::env::var_os(name).map(PathBuf::from);
+    let var = |name: &str| {
+        std::env::var_os(name)
+            .filter(|v| !v.is_empty())
+            .map(|v| std::env::split_paths(&v).collect::<Vec<PathBuf>>())
+    };
     locate(
         var("KILN_CUDA_LIB_DIR"),
         var("KILN_CUDNN_LIB_DIR"),
@@ -131,29 +135,28 @@ pub fn locate_from_env() -> Result<CudaLibraries, String> {
     )
 }
 
-/// Finds the folder of the CUDA runtime libraries (`cuda`, else the first `<gpu dir>/nvidia/cu13/lib`
-/// holding `libcudart.so.13`) and of cuDNN (`cudnn`, else the first `<gpu dir>/nvidia/cudnn/lib`
-/// holding `libcudnn.so.9`), and checks that every library is there.
+/// Finds every CUDA runtime library in `cuda` (folders, searched in order; by default the first
+/// `<gpu dir>/nvidia/cu13/lib` holding `libcudart.so.13`) and every cuDNN library in `cudnn` (by
+/// default the first `<gpu dir>/nvidia/cudnn/lib` holding `libcudnn.so.9`).
 ///
 /// # Errors
-/// A message naming each missing library and the folder it was expected in.
+/// A message naming each missing library and the folders it was looked for in.
 pub fn locate(
-    cuda: Option<PathBuf>,
-    cudnn: Option<PathBuf>,
+    cuda: Option<Vec<PathBuf>>,
+    cudnn: Option<Vec<PathBuf>>,
     gpu_dirs: &[PathBuf],
 ) -> Result<CudaLibraries, String> {
-    let find = |explicit: Option<PathBuf>, sub: &str, marker: &str| {
-        explicit.or_else(|| {
-            gpu_dirs
-                .iter()
-                .map(|dir| dir.join(sub))
-                .find(|dir| dir.join(marker).is_file())
-        })
+    let default = |sub: &str, marker: &str| {
+        gpu_dirs
+            .iter()
+            .map(|dir| dir.join(sub))
+            .find(|dir| dir.join(marker).is_file())
+            .map(|dir| vec![dir])
     };
-    let cuda = find(cuda, "nvidia/cu13/lib", CUDA_LIBRARIES[0]);
-    let cudnn = find(cudnn, "nvidia/cudnn/lib", CUDNN_LIBRARIES[0]);
-    let tried: Vec<String> = gpu_dirs.iter().map(|d| d.display().to_string()).collect();
+    let cuda = cuda.or_else(|| default("nvidia/cu13/lib", CUDA_LIBRARIES[0]));
+    let cudnn = cudnn.or_else(|| default("nvidia/cudnn/lib", CUDNN_LIBRARIES[0]));
     let (Some(cuda), Some(cudnn)) = (cuda, cudnn) else {
+        let tried: Vec<String> = gpu_dirs.iter().map(|d| d.display().to_string()).collect();
         return Err(format!(
             "CUDA runtime libraries not found (looked for nvidia/cu13/lib/{} and \
              nvidia/cudnn/lib/{} under {}): {HINT}",
@@ -162,15 +165,19 @@ pub fn locate(
             tried.join(", ")
         ));
     };
+    let mut files = Vec::new();
     let mut missing = Vec::new();
-    for (dir, names) in [(&cuda, CUDA_LIBRARIES), (&cudnn, CUDNN_LIBRARIES)] {
-        let absent: Vec<&str> = names
-            .iter()
-            .copied()
-            .filter(|name| !dir.join(name).is_file())
-            .collect();
+    for (dirs, names) in [(&cuda, CUDA_LIBRARIES), (&cudnn, CUDNN_LIBRARIES)] {
+        let mut absent = Vec::new();
+        for name in names {
+            match dirs.iter().map(|dir| dir.join(name)).find(|f| f.is_file()) {
+                Some(file) => files.push(file),
+                None => absent.push(*name),
+            }
+        }
         if !absent.is_empty() {
-            missing.push(format!("{} in {}", absent.join(", "), dir.display()));
+            let searched: Vec<String> = dirs.iter().map(|d| d.display().to_string()).collect();
+            missing.push(format!("{} in {}", absent.join(", "), searched.join(":")));
         }
     }
     if !missing.is_empty() {
@@ -179,7 +186,7 @@ pub fn locate(
             missing.join("; ")
         ));
     }
-    Ok(CudaLibraries { cuda, cudnn })
+    Ok(CudaLibraries { files })
 }
 
 #[cfg(test)]
@@ -225,8 +232,18 @@ mod tests {
         let full = Dir::new("full");
         wheels(&full);
         let found = locate(None, None, &[empty.0.clone(), full.0.clone()]).unwrap();
-        assert_eq!(found.cuda, full.0.join("nvidia/cu13/lib"));
-        assert_eq!(found.cudnn, full.0.join("nvidia/cudnn/lib"));
+        assert_eq!(
+            found.files.len(),
+            CUDA_LIBRARIES.len() + CUDNN_LIBRARIES.len()
+        );
+        assert_eq!(
+            found.files[0],
+            full.0.join("nvidia/cu13/lib/libcudart.so.13")
+        );
+        assert_eq!(
+            found.files[CUDA_LIBRARIES.len()],
+            full.0.join("nvidia/cudnn/lib/libcudnn.so.9")
+        );
     }
 
     #[test]
@@ -235,7 +252,12 @@ mod tests {
         wheels(&full);
         let cudnn = Dir::new("partial-cudnn");
         cudnn.touch("libcudnn.so.9");
-        let err = locate(None, Some(cudnn.0.clone()), std::slice::from_ref(&full.0)).unwrap_err();
+        let err = locate(
+            None,
+            Some(vec![cudnn.0.clone()]),
+            std::slice::from_ref(&full.0),
+        )
+        .unwrap_err();
         assert!(
             err.starts_with("CUDA runtime libraries missing: libcudnn_graph.so.9, "),
             "{err}"
@@ -249,6 +271,32 @@ mod tests {
             ),
             "{err}"
         );
+    }
+
+    #[test]
+    fn libraries_may_be_spread_over_several_folders() {
+        let runtime = Dir::new("spread-runtime");
+        let blas = Dir::new("spread-blas");
+        for name in CUDA_LIBRARIES {
+            let dir = if name.contains("cublas") {
+                &blas
+            } else {
+                &runtime
+            };
+            dir.touch(name);
+        }
+        let cudnn = Dir::new("spread-cudnn");
+        for name in CUDNN_LIBRARIES {
+            cudnn.touch(name);
+        }
+        let found = locate(
+            Some(vec![runtime.0.clone(), blas.0.clone()]),
+            Some(vec![cudnn.0.clone()]),
+            &[],
+        )
+        .unwrap();
+        assert_eq!(found.files[1], blas.0.join("libcublasLt.so.13"));
+        assert_eq!(found.files[3], runtime.0.join("libnvrtc.so.13"));
     }
 
     #[test]

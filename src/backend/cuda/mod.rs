@@ -101,23 +101,20 @@ fn probe() -> Result<Vec<Gpu>, String> {
     let gpus = driver::devices()?;
     let runtime = super::OnnxRuntime::get().map_err(|e| e.to_string())?;
     libraries::provider_beside(&runtime.library)?;
+    // What `ort::ep::cuda::preload_dylibs` loads, in its order, one by one with ort's helper so
+    // that each may come from its own folder and a failure says why.
     let found = libraries::locate_from_env()?;
-    // The lists `ort::ep::cuda::preload_dylibs` loads, one by one so that a failure says why.
-    for (dir, names) in [
-        (&found.cuda, libraries::CUDA_LIBRARIES),
-        (&found.cudnn, libraries::CUDNN_LIBRARIES),
-    ] {
-        for name in names {
-            let path = dir.join(name);
-            ort::util::preload_dylib(&path)
-                .map_err(|e| format!("failed to load {}: {}", path.display(), dl_error(&e)))?;
-        }
+    for path in &found.files {
+        ort::util::preload_dylib(path)
+            .map_err(|e| format!("failed to load {}: {}", path.display(), dl_error(&e)))?;
     }
-    tracing::info!(
-        "CUDA runtime libraries loaded from {} and {}",
-        found.cuda.display(),
-        found.cudnn.display()
-    );
+    let mut folders: Vec<String> = found
+        .files
+        .iter()
+        .filter_map(|f| f.parent().map(|d| d.display().to_string()))
+        .collect();
+    folders.dedup();
+    tracing::info!("CUDA runtime libraries loaded from {}", folders.join(", "));
     Ok(gpus)
 }
 
