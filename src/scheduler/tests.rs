@@ -142,15 +142,16 @@ async fn full_queue_rejects_and_deadlines_expire_without_running() {
         }],
         ..dynamic(1, Duration::ZERO)
     };
-    let (scheduler, batches, _) = scheduler(config, 1, Duration::from_millis(100));
+    // Margins of ~100 ms: the test must hold on a loaded machine too.
+    let (scheduler, batches, _) = scheduler(config, 1, Duration::from_millis(400));
     // Occupies the only instance.
     let busy = {
         let scheduler = Arc::clone(&scheduler);
         tokio::spawn(async move { scheduler.submit(request(1, 1)).await })
     };
-    tokio::time::sleep(Duration::from_millis(20)).await;
+    tokio::time::sleep(Duration::from_millis(50)).await;
     let mut expiring = request(2, 1);
-    expiring.deadline = Some(Instant::now() + Duration::from_millis(10));
+    expiring.deadline = Some(Instant::now() + Duration::from_millis(150));
     let waiting = {
         let scheduler = Arc::clone(&scheduler);
         tokio::spawn(async move { scheduler.submit(expiring).await })
