@@ -1,6 +1,7 @@
 pub mod backend;
 pub mod core;
 pub mod engine;
+pub mod generate;
 pub mod metrics;
 pub mod proto;
 pub mod protocol;

@@ -12,6 +12,11 @@
 //! As in Triton, what ran on a GPU instance (success, counts, durations, the latency summary) is
 //! counted in series that carry the GPU's `gpu_uuid` label as well; failures, the pending count
 //! and the load time belong to the model version. [`gpu`] adds the per-GPU gauges.
+//!
+//! Generation models add (same labels; see [`GenerationMetrics`]): the histograms
+//! `kiln_time_to_first_token_seconds` and `kiln_inter_token_latency_seconds`, the counters
+//! `kiln_generation_tokens_total` (tokens/s is its `rate()`) and `kiln_prompt_tokens_total`,
+//! and the gauge `kiln_active_sequences`.
 
 pub mod gpu;
 
@@ -31,11 +36,68 @@ pub fn prometheus() -> Option<PrometheusHandle> {
     HANDLE
         .get_or_init(|| {
             PrometheusBuilder::new()
-                .install_recorder()
+                .set_buckets_for_metric(
+                    metrics_exporter_prometheus::Matcher::Prefix("kiln_".into()),
+                    LATENCY_BUCKETS,
+                )
+                .and_then(|builder| builder.install_recorder())
                 .map_err(|e| tracing::warn!("Prometheus metrics disabled: {e}"))
                 .ok()
         })
         .clone()
+}
+
+/// Histogram buckets (seconds) of the generation latencies: 0.5 ms to 10 s.
+const LATENCY_BUCKETS: &[f64] = &[
+    0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0,
+];
+
+/// Prometheus metrics of one generation model version.
+pub struct GenerationMetrics {
+    time_to_first_token: Histogram,
+    inter_token_latency: Histogram,
+    generated: Counter,
+    prompt: Counter,
+    active: Gauge,
+}
+
+impl GenerationMetrics {
+    pub fn new(model: &str, version: i64) -> GenerationMetrics {
+        let labels = [
+            ("model", model.to_string()),
+            ("version", version.to_string()),
+        ];
+        GenerationMetrics {
+            time_to_first_token: histogram!("kiln_time_to_first_token_seconds", &labels),
+            inter_token_latency: histogram!("kiln_inter_token_latency_seconds", &labels),
+            generated: counter!("kiln_generation_tokens_total", &labels),
+            prompt: counter!("kiln_prompt_tokens_total", &labels),
+            active: gauge!("kiln_active_sequences", &labels),
+        }
+    }
+
+    /// From a request's arrival to its first generated token.
+    pub fn first_token(&self, elapsed: Duration) {
+        self.time_to_first_token.record(elapsed.as_secs_f64());
+    }
+
+    /// Between two tokens of one sequence.
+    pub fn token_gap(&self, elapsed: Duration) {
+        self.inter_token_latency.record(elapsed.as_secs_f64());
+    }
+
+    pub fn generated(&self, tokens: usize) {
+        self.generated.increment(tokens as u64);
+    }
+
+    pub fn prompt(&self, tokens: usize) {
+        self.prompt.increment(tokens as u64);
+    }
+
+    /// Sequences in the running batch.
+    pub fn active(&self, sequences: usize) {
+        self.active.set(sequences as f64);
+    }
 }
 
 /// Why a request failed, as Triton's `reason` label spells it.

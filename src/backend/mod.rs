@@ -1,9 +1,11 @@
 //! Model execution. A [`Backend`] turns input tensors into output tensors and knows nothing of
 //! protocols, queues or model configuration; today the only one is ONNX Runtime ([`onnx`]), on
 //! CPU or on a GPU through its CUDA execution provider ([`cuda`]), which [`tokenize`] wraps for
-//! models that take text.
+//! models that take text. [`decoder`] runs decoder-only language models one forward pass at a
+//! time, for generation.
 
 pub mod cuda;
+pub mod decoder;
 pub mod onnx;
 pub mod runtime;
 pub mod tokenize;

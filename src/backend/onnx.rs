@@ -97,7 +97,7 @@ impl OnnxSession {
 }
 
 // The builder's errors carry the (non-Send, large) builder; drop it at each step and keep text.
-fn build_session(
+pub(super) fn build_session(
     runtime: &OnnxRuntime,
     path: &Path,
     options: &SessionOptions,

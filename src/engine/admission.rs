@@ -5,28 +5,33 @@
 use super::Engine;
 use crate::core::Error;
 use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::Arc;
 
-/// An inference request admitted by [`Engine::admit`]; it counts as in flight until dropped.
-pub struct Admission<'a> {
+/// An inference request admitted by [`Engine::admit`]; it counts as in flight until dropped. It
+/// owns its share of the count, so a streamed generation can carry it into its own task.
+pub struct Admission {
     /// Held only for its `Drop`, which ends the request's count.
-    _in_flight: InFlight<'a>,
+    _in_flight: InFlight,
 }
 
 /// Counts one request in flight for as long as it lives.
-struct InFlight<'a> {
-    counter: &'a AtomicUsize,
+struct InFlight {
+    counter: Arc<AtomicUsize>,
     /// The count right after this request entered, itself included.
     count: usize,
 }
 
-impl<'a> InFlight<'a> {
-    fn enter(counter: &'a AtomicUsize) -> Self {
+impl InFlight {
+    fn enter(counter: &Arc<AtomicUsize>) -> Self {
         let count = counter.fetch_add(1, Ordering::SeqCst) + 1;
-        InFlight { counter, count }
+        InFlight {
+            counter: Arc::clone(counter),
+            count,
+        }
     }
 }
 
-impl Drop for InFlight<'_> {
+impl Drop for InFlight {
     fn drop(&mut self) {
         self.counter.fetch_sub(1, Ordering::SeqCst);
     }
@@ -56,7 +61,7 @@ impl Engine {
     ///
     /// # Errors
     /// As described; the message names the limit, never a queue position.
-    pub fn admit(&self) -> Result<Admission<'_>, Error> {
+    pub fn admit(&self) -> Result<Admission, Error> {
         // Counted before `exiting` is read: shutdown sets `exiting` and then waits for the count
         // to reach zero, so a request is either refused here or waited for, never lost between.
         let guard = InFlight::enter(&self.in_flight);

@@ -4,6 +4,7 @@
 
 mod admission;
 mod classification;
+pub mod generate;
 mod lookup;
 pub mod raw_input;
 mod response;
@@ -14,7 +15,7 @@ use crate::core::{Error, InferRequest, InferResponse, ParamValue};
 use crate::invalid_arg;
 use crate::metrics::{FailureReason, ModelStats};
 use crate::proto::inference::{ModelConfig, ModelStatistics};
-use crate::repository::{Model, ModelRepository};
+use crate::repository::{Executor, Model, ModelRepository};
 use crate::scheduler::{self, ScheduleError};
 pub use admission::Admission;
 use std::collections::BTreeMap;
@@ -69,7 +70,7 @@ pub struct Engine {
     strict_readiness: bool,
     /// Inference requests between admission and response, for the admission limit and for
     /// graceful shutdown.
-    in_flight: AtomicUsize,
+    in_flight: Arc<AtomicUsize>,
     /// Most inference requests admitted at once, server-wide (`--max-inflight-requests`); 0 means
     /// no limit. Each model version may set its own, lower bound.
     max_in_flight: usize,
@@ -83,7 +84,7 @@ impl Engine {
         Engine {
             repository,
             strict_readiness,
-            in_flight: AtomicUsize::new(0),
+            in_flight: Arc::new(AtomicUsize::new(0)),
             max_in_flight: 0,
             exiting: AtomicBool::new(false),
         }
@@ -252,7 +253,7 @@ impl Engine {
     /// As [`Engine::infer`], admission aside.
     pub async fn infer_admitted(
         &self,
-        _admission: Admission<'_>,
+        _admission: Admission,
         mut request: InferRequest,
     ) -> Result<InferResponse, Error> {
         let arrived = Instant::now();
@@ -275,17 +276,23 @@ impl Engine {
                     .map(Duration::from_micros),
                 deadline: request.deadline,
             });
-        let result = match scheduled {
-            Ok(job) => {
+        let result = match (scheduled, &serving.executor) {
+            (Ok(job), Executor::Batched(scheduler)) => {
                 let rows = job.rows;
-                serving
-                    .scheduler
+                scheduler
                     .submit(job)
                     .await
                     .map(|outcome| (rows, outcome))
                     .map_err(|e| schedule_error(e, &prefix, &model.name))
             }
-            Err(failure) => Err(failure),
+            (Ok(_), Executor::Generate(_)) => Err((
+                Error::Unsupported(format!(
+                    "model '{}' is decoupled: use ModelStreamInfer or the generate endpoints",
+                    model.name
+                )),
+                FailureReason::Other,
+            )),
+            (Err(failure), _) => Err(failure),
         };
         record.finished = true;
         match result {

@@ -2,6 +2,7 @@
 //! engine, and maps an engine [`Error`] to a gRPC status in exactly one place ([`status`]).
 
 use super::codec::{request_from_wire, response_to_wire};
+use super::decoupled;
 use crate::core::Error;
 use crate::engine::{Engine, LoadParameter};
 
@@ -199,7 +200,16 @@ impl GrpcInferenceService for InferenceService {
         request: Request<ModelInferRequest>,
     ) -> RpcResult<ModelInferResponse> {
         let deadline = grpc_deadline(request.metadata());
-        let mut request = request_from_wire(request.into_inner()).map_err(status)?;
+        let wire = request.into_inner();
+        if self
+            .engine
+            .is_decoupled(&wire.model_name, &wire.model_version)
+        {
+            return Err(Status::unimplemented(
+                "ModelInfer RPC doesn't support models with decoupled transaction policy",
+            ));
+        }
+        let mut request = request_from_wire(wire).map_err(status)?;
         request.deadline = deadline;
         let response = self.engine.infer(request).await.map_err(status)?;
         Ok(Response::new(response_to_wire(response)))
@@ -208,7 +218,8 @@ impl GrpcInferenceService for InferenceService {
     /// Runs the requests of a stream concurrently (up to [`STREAM_CONCURRENCY`] at a time) and
     /// answers them in request order, as Triton does for models that are not decoupled. A failed
     /// request is answered with `error_message` and the stream stays open; when the client goes
-    /// away, its queued requests are cancelled.
+    /// away, its queued requests are cancelled. Requests to decoupled (generation) models run on
+    /// their own and send their responses as they come ([`decoupled`]).
     async fn model_stream_infer(
         &self,
         request: Request<Streaming<ModelInferRequest>>,
@@ -223,6 +234,9 @@ impl GrpcInferenceService for InferenceService {
             while reading || !running.is_empty() {
                 tokio::select! {
                     message = inbound.next(), if reading && running.len() < STREAM_CONCURRENCY => match message {
+                        Some(Ok(wire)) if engine.is_decoupled(&wire.model_name, &wire.model_version) => {
+                            tokio::spawn(decoupled::answer(Arc::clone(&engine), wire, sender.clone()));
+                        }
                         Some(Ok(wire)) => running.push_back(stream_answer(Arc::clone(&engine), wire, deadline)),
                         _ => reading = false,
                     },

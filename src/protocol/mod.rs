@@ -1,10 +1,11 @@
 //! Wire protocols over the engine: gRPC ([`grpc`], with the wire ⇄ core conversions in
-//! [`codec`]) and REST ([`http`]). Both decode to the engine's types and call the same façade.
+//! [`codec`], decoupled generation responses in [`decoupled`]) and REST ([`http`]). Both decode to the engine's types and call the same façade.
 //! In front of both: [`access`] (restricted APIs, bearer token) and [`in_flight`] (responses
 //! not yet sent, which graceful shutdown waits for).
 
 pub mod access;
 pub mod codec;
+pub mod decoupled;
 pub mod grpc;
 pub mod http;
 pub mod in_flight;

@@ -6,7 +6,10 @@
 
 use super::config::{self, DEFAULT_MODEL_FILENAME};
 use super::store::{contained, plain_relative};
-use super::{autocomplete, placement, text, versions, IoSpec, LoadOptions, Model, ServingVersion};
+use super::{
+    autocomplete, generation, placement, text, versions, Executor, IoSpec, LoadOptions, Model,
+    ServingVersion,
+};
 use crate::backend::tokenize::{TextInput, TextModel, TextSpec};
 use crate::backend::{cuda, Backend, Device, OnnxRuntime, OnnxSession, SessionOptions};
 use crate::metrics::ModelStats;
@@ -94,10 +97,29 @@ pub fn prepare(
     if let Some(why) = &placed.fallback {
         tracing::warn!("model '{name}': {why}");
     }
-    let intra_op_threads = (options.cores / placed.devices.len().max(1)).max(1);
-    let text = text::text_spec(&config, dir)?;
+    let generating = generation::is_generation(&config);
+    if generating && placed.devices.iter().any(|d| d.gpu().is_some()) {
+        return Err(format!(
+            "generation model '{name}' runs on CPU: give it a KIND_CPU instance group"
+        ));
+    }
+    // A generation model runs one loop over one session, whatever the instance groups say, and
+    // tokenizes in that loop (see `generation`).
+    let intra_op_threads = if generating {
+        options.cores.max(1)
+    } else {
+        (options.cores / placed.devices.len().max(1)).max(1)
+    };
+    let text = if generating {
+        None
+    } else {
+        text::text_spec(&config, dir)?
+    };
     let complete = !config.input.is_empty() && !config.output.is_empty();
-    if options.auto_complete && !complete {
+    if generating {
+        // The graph's inputs are tokens and caches; clients see Triton's LLM tensors.
+        generation::complete_config(&mut config)?;
+    } else if options.auto_complete && !complete {
         // Triton completes the config from the newest selected version's graph.
         let runtime = OnnxRuntime::get().map_err(|e| e.to_string())?;
         let newest = selected
@@ -169,6 +191,17 @@ pub fn build(prepared: Prepared, reuse: Reuse<'_>) -> Result<Model, LoadFailure>
             continue;
         }
         let started = model_path(&dir, version, &config.default_model_filename).and_then(|path| {
+            if generation::is_generation(&config) {
+                return generation::start_version(
+                    &name,
+                    version,
+                    &dir,
+                    &path,
+                    &config,
+                    &runtime,
+                    intra_op_threads,
+                );
+            }
             let instances = Instances {
                 devices: &devices,
                 intra_op_threads,
@@ -191,7 +224,7 @@ pub fn build(prepared: Prepared, reuse: Reuse<'_>) -> Result<Model, LoadFailure>
             failures.insert(version, DISCARDED.to_string());
             // Stop only what this load started; reused versions still serve the old model.
             if let Ok(serving) = Arc::try_unwrap(serving) {
-                serving.scheduler.stop();
+                serving.executor.stop();
             }
         }
         return Err(LoadFailure::Versions(failures));
@@ -331,7 +364,7 @@ fn start_version(
     Ok(ServingVersion {
         version,
         io,
-        scheduler,
+        executor: Executor::Batched(scheduler),
         stats,
     })
 }

@@ -8,13 +8,15 @@
 //! `lifecycle` owns the mutable state ([`ModelRepository`]): control modes, load, unload, poll,
 //! readiness, and the snapshot requests read; `overrides` checks the load API's parameters;
 //! `index` renders the repository index; `retire` stops replaced versions once their last
-//! request has finished; `text` reads the tokenizer parameters of models that take text.
+//! request has finished; `text` reads the tokenizer parameters of models that take text;
+//! `generation` loads decoupled generation models.
 //!
 //! A model that fails to load is kept with its reason and is not ready; it never takes the server
 //! down.
 
 pub mod autocomplete;
 pub mod config;
+pub mod generation;
 mod index;
 mod io;
 mod lifecycle;
@@ -35,6 +37,7 @@ pub use overrides::LoadParameter;
 pub use s3::S3Store;
 pub use store::{LocalStore, ModelStore};
 
+use crate::generate::Generator;
 use crate::metrics::ModelStats;
 use crate::proto::inference::ModelConfig;
 use crate::scheduler::Scheduler;
@@ -59,9 +62,27 @@ pub struct ServingVersion {
     pub version: i64,
     /// What requests must look like, and how their shapes map to the model's.
     pub io: IoSpec,
-    pub scheduler: Scheduler,
+    /// What runs its requests.
+    pub executor: Executor,
     /// Triton's statistics and the Prometheus metrics of this version.
     pub stats: Arc<ModelStats>,
+}
+
+/// What runs a version's requests: the scheduler and its instances for ordinary models, the
+/// generation loop for decoupled generation models (see [`generation`]).
+pub enum Executor {
+    Batched(Scheduler),
+    Generate(Generator),
+}
+
+impl Executor {
+    /// Stops the instances or the loop and waits until their sessions are freed. Blocking.
+    pub fn stop(self) {
+        match self {
+            Executor::Batched(scheduler) => scheduler.stop(),
+            Executor::Generate(generator) => generator.stop(),
+        }
+    }
 }
 
 /// A model that serves: every version its policy selected loaded (loads are all or nothing).

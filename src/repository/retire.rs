@@ -129,7 +129,7 @@ fn run(shared: &Shared) {
             drop(queue);
             for (model, serving) in free {
                 let version = serving.version;
-                serving.scheduler.stop();
+                serving.executor.stop();
                 info!("successfully unloaded '{model}' version {version}");
             }
             trim_heap();

@@ -2,12 +2,14 @@
 //!
 //! Layout: `routes` lists every endpoint and answers the small ones; `infer` decodes inference
 //! requests (JSON, or Triton's binary tensor data extension) into the engine's
-//! [`InferRequest`](crate::core::InferRequest) and encodes the response; `body` reads request
+//! [`InferRequest`](crate::core::InferRequest) and encodes the response; `generate` is Triton's
+//! generate extension (whole text, or server-sent events) for generation models; `body` reads request
 //! bodies under the size limit and handles compression; `json` and `tensor_json` are the wire
 //! format. Validation and inference happen in the engine only, exactly as for gRPC; engine
 //! errors become HTTP statuses in one place, [`status`].
 
 mod body;
+pub mod generate;
 pub mod infer;
 pub mod json;
 mod routes;

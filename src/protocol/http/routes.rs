@@ -1,10 +1,10 @@
 //! Every REST endpoint of KServe v2 and Triton (WIRE.md §e.1), and the small handlers: health,
 //! metadata, readiness, config, statistics, repository index. Endpoints whose features later
-//! issues bring (shared memory, trace, logging, generate) answer 501 with a JSON error until then.
+//! issues bring (shared memory, trace, logging) answer 501 with a JSON error until then.
 //! `/v2/models/stats` is a static route, so it wins over `/v2/models/{model}`. Unknown paths get
 //! Triton's 404 `{"error":"Not Found"}`, wrong methods 405 `{"error":"Method Not Allowed"}`.
 
-use super::{body, infer, HttpConfig, HttpError};
+use super::{body, generate, infer, HttpConfig, HttpError};
 use crate::core::Error;
 use crate::engine::{Engine, LoadParameter, TensorMetadata};
 use crate::invalid_arg;
@@ -62,10 +62,10 @@ pub fn router(engine: Arc<Engine>, config: HttpConfig) -> Router {
             .route(&format!("{prefix}/config"), get(model_config))
             .route(&format!("{prefix}/infer"), post(infer::handle))
             .route(&format!("{prefix}/stats"), get(model_statistics))
-            .route(&format!("{prefix}/generate"), post(not_yet("generate")))
+            .route(&format!("{prefix}/generate"), post(generate::handle))
             .route(
                 &format!("{prefix}/generate_stream"),
-                post(not_yet("generate_stream")),
+                post(generate::handle_stream),
             );
     }
     router = router.route("/v2/models/{model}/trace/setting", trace_setting());

@@ -5,7 +5,7 @@ use super::*;
 use crate::backend::{Backend, BackendError};
 use crate::core::Tensor;
 use crate::metrics::ModelStats;
-use crate::repository::{IoSpec, ServingVersion};
+use crate::repository::{Executor, IoSpec, ServingVersion};
 use crate::scheduler::{BatchingConfig, Scheduler};
 use std::time::{Duration, Instant};
 
@@ -71,7 +71,7 @@ fn serving_model(name: &str, versions: &[i64]) -> Arc<Model> {
             let serving = ServingVersion {
                 version,
                 io,
-                scheduler,
+                executor: Executor::Batched(scheduler),
                 stats,
             };
             (version, Arc::new(serving))

@@ -46,6 +46,11 @@ async fn infer(
 ) -> Result<Response, HttpError> {
     // Admitted before the body is read: a refused request (overload, shutdown) costs no memory.
     let admission = state.engine.admit()?;
+    if state.engine.is_decoupled(&model.name, &model.version) {
+        return Err(HttpError::from(Error::Unsupported(
+            "HTTP end point doesn't support models with decoupled transaction policy".into(),
+        )));
+    }
     let encoding = body::response_encoding(headers.get(header::ACCEPT_ENCODING));
     let body = body::read(body, headers, state.config.max_input_bytes).await?;
     let header_length = header_length(headers, body.len())?;

@@ -1,0 +1,145 @@
+//! Generation requests through the façade: a decoupled generation model takes a request in
+//! Triton's LLM shape (`text_input` and settings, see [`params`]) and answers with a
+//! [`Generation`], a stream of text chunks, one per generated token. Both protocols read it: gRPC
+//! `ModelStreamInfer` sends one response per chunk, REST `generate_stream` one server-sent event,
+//! and `generate` the whole text at once.
+
+pub mod params;
+
+use super::{check_parameters, Admission, Engine};
+use crate::core::Error;
+use crate::core::InferRequest;
+use crate::generate::{Event, GenerateError};
+use crate::invalid_arg;
+use crate::repository::{Executor, ServingVersion};
+pub use params::Parsed;
+use std::sync::Arc;
+use tokio::sync::mpsc;
+
+/// One piece of generated text.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Chunk {
+    pub text: String,
+    /// Nothing follows this chunk.
+    pub last: bool,
+}
+
+/// A running generation. Dropping it cancels the request: the model stops generating for it and
+/// frees its cache at the next step.
+pub struct Generation {
+    pub model_name: String,
+    pub model_version: String,
+    pub id: String,
+    /// The request's settings (`stream`, `exclude_input_in_output`, ...).
+    pub request: Parsed,
+    events: mpsc::UnboundedReceiver<Event>,
+    finished: bool,
+    /// Keeps the version (and so its loop) alive while the request runs, through a reload.
+    _serving: Arc<ServingVersion>,
+    /// Counts the request in flight until the last chunk is read or the client goes away.
+    _admission: Admission,
+}
+
+impl Generation {
+    /// The next chunk; `None` after the last one.
+    ///
+    /// # Errors
+    /// INTERNAL when the model failed; UNAVAILABLE when the model stopped (unloaded) first.
+    pub async fn next(&mut self) -> Option<Result<Chunk, Error>> {
+        if self.finished {
+            return None;
+        }
+        let event = self.events.recv().await;
+        Some(match event {
+            Some(Event::Token { text, finish }) => {
+                self.finished = finish.is_some();
+                Ok(Chunk {
+                    text,
+                    last: self.finished,
+                })
+            }
+            Some(Event::Failed(message)) => {
+                self.finished = true;
+                Err(Error::Internal(message))
+            }
+            None => {
+                self.finished = true;
+                Err(Error::Unavailable(GenerateError::Stopped.to_string()))
+            }
+        })
+    }
+
+    /// Reads every chunk and returns the whole text, after the prompt unless the request set
+    /// `exclude_input_in_output` (as Triton's LLM backends answer a request that does not stream).
+    ///
+    /// # Errors
+    /// As [`Generation::next`].
+    pub async fn text(&mut self) -> Result<String, Error> {
+        let mut text = if self.request.exclude_input {
+            String::new()
+        } else {
+            self.request.prompt.clone()
+        };
+        while let Some(chunk) = self.next().await {
+            text.push_str(&chunk?.text);
+        }
+        Ok(text)
+    }
+}
+
+impl Engine {
+    /// Whether the model (version) is a decoupled generation model. Unknown models are not.
+    pub fn is_decoupled(&self, name: &str, version: &str) -> bool {
+        self.resolve(name, version)
+            .is_ok_and(|(_, serving)| matches!(serving.executor, Executor::Generate(_)))
+    }
+
+    /// Starts generating for `request`, admitted earlier with [`Engine::admit`].
+    ///
+    /// # Errors
+    /// Lookup errors as [`Engine::model_metadata`]; UNSUPPORTED for a model that does not
+    /// generate; INVALID_ARGUMENT for a bad request (see [`params::parse`]); RESOURCE_EXHAUSTED
+    /// at the model's `max_inflight_requests`.
+    pub async fn generate(
+        &self,
+        admission: Admission,
+        request: InferRequest,
+    ) -> Result<Generation, Error> {
+        let (model, serving) = self.resolve(&request.model_name, &request.model_version)?;
+        if !matches!(serving.executor, Executor::Generate(_)) {
+            return Err(Error::Unsupported(format!(
+                "model '{}' does not generate text: generation needs a decoupled model \
+                 (model_transaction_policy {{ decoupled: true }}) with a decoder-only graph and a tokenizer",
+                model.name
+            )));
+        }
+        check_parameters(&request)?;
+        let parsed = params::parse(&model.name, &serving.io, &request)?;
+        let prefix = super::validate::request_prefix(&request.id);
+        let submitting = Arc::clone(&serving);
+        let (prompt, settings) = (parsed.prompt.clone(), parsed.params.clone());
+        let events = tokio::task::spawn_blocking(move || match &submitting.executor {
+            Executor::Generate(generator) => generator.submit(&prompt, settings),
+            Executor::Batched(_) => Err(GenerateError::Stopped),
+        })
+        .await
+        .map_err(|e| Error::Internal(format!("generation task failed: {e}")))?
+        .map_err(|e| match e {
+            GenerateError::Invalid(message) => invalid_arg!("{prefix}{message}"),
+            GenerateError::Overloaded(_) => {
+                Error::ResourceExhausted(format!("{prefix}{e} for model '{}'", model.name))
+            }
+            GenerateError::Stopped => Error::Unavailable(format!("{prefix}{e}")),
+        })?;
+        Ok(Generation {
+            model_name: model.name.clone(),
+            model_version: serving.version.to_string(),
+            id: request.id,
+            request: parsed,
+            events,
+            finished: false,
+            _serving: serving,
+            _admission: admission,
+        })
+    }
+}

@@ -1,0 +1,363 @@
+//! The loop thread of one generation model version: it owns the ONNX Runtime session and the
+//! running batch's KV cache, and alternates between letting waiting requests join (one batched
+//! prefill) and decoding one token for every sequence in the batch. See [`super::batch`] for the
+//! bookkeeping and [`super`] for the overall shape.
+
+use super::batch::{prefill_inputs, BatchState, Gather, Inputs, Origin};
+use super::sampling::Sampler;
+use super::text::{IncrementalDecoder, StopMatcher, TextCodec};
+use super::{Event, Finish, Sequence, Shared};
+use crate::backend::decoder::{DecoderSession, Forward, KvCache, RowSource, Step};
+use crate::backend::BackendError;
+use crate::metrics::{ComputeTimes, FailureReason, GenerationMetrics, ModelStats};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+/// A sequence in the batch: the request and its decoding state.
+struct Active {
+    request: Sequence,
+    sampler: Sampler,
+    decoder: IncrementalDecoder,
+    stop: StopMatcher,
+    generated: usize,
+    last_token: u32,
+    last_at: Instant,
+    /// When it joined the batch (its queue time ends there).
+    joined: Instant,
+    done: bool,
+}
+
+impl Active {
+    fn new(request: Sequence) -> Active {
+        let now = Instant::now();
+        Active {
+            sampler: Sampler::new(request.params.sampling.clone()),
+            decoder: IncrementalDecoder::new(&request.prompt),
+            stop: StopMatcher::new(request.params.stop.clone()),
+            generated: 0,
+            last_token: 0,
+            last_at: now,
+            joined: now,
+            done: false,
+            request,
+        }
+    }
+
+    /// The client stopped listening.
+    fn cancelled(&self) -> bool {
+        self.request.events.is_closed()
+    }
+
+    /// Takes a generated token: finds the text it completes, checks the end conditions and sends
+    /// the event.
+    fn accept(&mut self, token: u32, codec: &TextCodec, metrics: &GenerationMetrics) {
+        let now = Instant::now();
+        if self.generated == 0 {
+            metrics.first_token(now - self.request.arrived);
+        } else {
+            metrics.token_gap(now - self.last_at);
+        }
+        metrics.generated(1);
+        self.generated += 1;
+        self.last_token = token;
+        self.last_at = now;
+        let decode = |ids: &[u32]| codec.decode(ids);
+        let (text, finish) = if Some(token) == codec.eos() {
+            (self.drain(decode), Some(Finish::Stop))
+        } else {
+            let piece = self.decoder.push(token, decode);
+            let (mut text, matched) = self.stop.push(&piece);
+            if matched {
+                (text, Some(Finish::Stop))
+            } else if self.generated >= self.request.params.max_tokens {
+                text.push_str(&self.drain(decode));
+                (text, Some(Finish::Length))
+            } else {
+                (text, None)
+            }
+        };
+        self.done = finish.is_some();
+        // A closed receiver is noticed before the next step.
+        let _ = self.request.events.send(Event::Token { text, finish });
+    }
+
+    /// The text still held back when generation ends, up to a stop string if one completes.
+    fn drain(&mut self, decode: impl Fn(&[u32]) -> String) -> String {
+        let rest = self.decoder.finish(decode);
+        let (mut text, matched) = self.stop.push(&rest);
+        if !matched {
+            text.push_str(&self.stop.flush());
+        }
+        text
+    }
+
+    fn fail(&self, message: &str) {
+        let _ = self.request.events.send(Event::Failed(message.to_string()));
+    }
+}
+
+/// Everything the loop owns.
+pub(super) struct Runner {
+    session: DecoderSession,
+    codec: Arc<TextCodec>,
+    state: BatchState<Active>,
+    /// The batch's cache; `None` when the batch is empty.
+    cache: Option<KvCache>,
+    stats: Arc<ModelStats>,
+    metrics: GenerationMetrics,
+}
+
+impl Runner {
+    pub(super) fn new(
+        session: DecoderSession,
+        codec: Arc<TextCodec>,
+        max_active: usize,
+        stats: Arc<ModelStats>,
+        metrics: GenerationMetrics,
+    ) -> Runner {
+        Runner {
+            session,
+            codec,
+            state: BatchState::new(max_active),
+            cache: None,
+            stats,
+            metrics,
+        }
+    }
+
+    /// Steps until the generator stops.
+    pub(super) fn run(mut self, shared: &Shared) {
+        loop {
+            {
+                let mut inbox = shared.lock();
+                while inbox.arrivals.is_empty() && self.state.is_idle() && !inbox.stopped {
+                    inbox = shared.wake.wait(inbox).unwrap_or_else(|e| e.into_inner());
+                }
+                if inbox.stopped {
+                    return;
+                }
+                for request in inbox.arrivals.drain(..) {
+                    self.state.enqueue(Active::new(request));
+                }
+            }
+            self.step();
+        }
+    }
+
+    /// One iteration: cancelled sequences leave, waiting ones join, everyone decodes a token.
+    fn step(&mut self) {
+        let stats = Arc::clone(&self.stats);
+        self.state.retain_pending(|s| {
+            let keep = !s.cancelled();
+            if !keep {
+                stats.record_failure(s.request.arrived.elapsed(), FailureReason::Canceled);
+            }
+            keep
+        });
+        self.leave();
+        let joining = self.state.take_joining();
+        if !joining.is_empty() {
+            self.prefill(joining);
+        }
+        if !self.state.rows().is_empty() {
+            self.decode();
+        }
+        self.stats.set_pending(self.state.pending());
+    }
+
+    /// Finished and cancelled sequences leave; the cache keeps only the rows that stay.
+    fn leave(&mut self) {
+        let (gone, plan) = self.state.leave(|s| !s.done && !s.cancelled());
+        for sequence in &gone {
+            let elapsed = sequence.request.arrived.elapsed();
+            if sequence.done {
+                let queue = sequence.joined - sequence.request.arrived;
+                self.stats
+                    .record_success(1, elapsed, queue, ComputeTimes::default(), None);
+            } else {
+                self.stats.record_failure(elapsed, FailureReason::Canceled);
+            }
+        }
+        if let Some(plan) = plan {
+            let old = self.cache.take();
+            self.cache = self.rebuild(&plan, old.as_ref(), None);
+        }
+        self.metrics.active(self.state.rows().len());
+    }
+
+    /// Runs the prompts of the joining sequences as one batch, takes each one's first token, and
+    /// merges the ones that go on into the batch.
+    fn prefill(&mut self, joining: Vec<Active>) {
+        let started = Instant::now();
+        let prompts: Vec<&[u32]> = joining
+            .iter()
+            .map(|s| s.request.prompt.as_slice())
+            .collect();
+        let inputs = prefill_inputs(&prompts);
+        let tokens: usize = prompts.iter().map(|p| p.len()).sum();
+        self.metrics.prompt(tokens);
+        let result = self
+            .session
+            .empty_cache(joining.len())
+            .and_then(|empty| self.forward(&inputs, empty, started));
+        let step = match result {
+            Ok(step) => step,
+            Err(error) => {
+                for sequence in &joining {
+                    sequence.fail(&error.to_string());
+                    self.stats
+                        .record_failure(sequence.request.arrived.elapsed(), FailureReason::Backend);
+                }
+                return;
+            }
+        };
+        let vocab = self.session.vocab();
+        let mut staying = Vec::new();
+        let mut rows = Vec::new();
+        for (row, mut sequence) in joining.into_iter().enumerate() {
+            sequence.joined = started;
+            let token = sequence
+                .sampler
+                .sample(&step.logits[row * vocab..(row + 1) * vocab]);
+            sequence.accept(token, &self.codec, &self.metrics);
+            let elapsed = sequence.request.arrived.elapsed();
+            if sequence.done {
+                let queue = started - sequence.request.arrived;
+                self.stats
+                    .record_success(1, elapsed, queue, ComputeTimes::default(), None);
+            } else if sequence.cancelled() {
+                self.stats.record_failure(elapsed, FailureReason::Canceled);
+            } else {
+                let len = sequence.request.prompt.len();
+                staying.push((sequence, len));
+                rows.push(row);
+            }
+        }
+        if staying.is_empty() {
+            return;
+        }
+        let plan: Vec<Gather> = self
+            .state
+            .join(staying)
+            .into_iter()
+            .map(|g| match g.origin {
+                Origin::Prefill(k) => Gather {
+                    origin: Origin::Prefill(rows[k]),
+                    len: g.len,
+                },
+                Origin::Batch(_) => g,
+            })
+            .collect();
+        let old = self.cache.take();
+        self.cache = self.rebuild(&plan, old.as_ref(), Some(&step.cache));
+        self.metrics.active(self.state.rows().len());
+    }
+
+    /// One token for every sequence in the batch.
+    fn decode(&mut self) {
+        let started = Instant::now();
+        let Some(cache) = self.cache.take() else {
+            self.fail_all("the batch lost its cache");
+            return;
+        };
+        let inputs = self.state.decode_inputs(|s| s.last_token);
+        match self.forward(&inputs, cache, started) {
+            Ok(step) => {
+                self.state.advance();
+                let vocab = self.session.vocab();
+                for (row, active) in self.state.rows_mut().iter_mut().enumerate() {
+                    let token = active
+                        .seq
+                        .sampler
+                        .sample(&step.logits[row * vocab..(row + 1) * vocab]);
+                    active.seq.accept(token, &self.codec, &self.metrics);
+                }
+                self.cache = Some(step.cache);
+                self.leave();
+            }
+            Err(error) => self.fail_all(&error.to_string()),
+        }
+    }
+
+    /// Runs the model and records the execution (the batch's rows, its compute time).
+    fn forward(
+        &mut self,
+        inputs: &Inputs,
+        cache: KvCache,
+        started: Instant,
+    ) -> Result<Step, BackendError> {
+        let rows = cache.rows();
+        let ran = Instant::now();
+        let step = self.session.forward(
+            Forward {
+                input_ids: &inputs.input_ids,
+                attention_mask: &inputs.attention_mask,
+                position_ids: &inputs.position_ids,
+                seq: inputs.seq,
+            },
+            cache,
+        )?;
+        self.stats.record_execution(
+            rows,
+            ComputeTimes {
+                input: ran - started,
+                infer: ran.elapsed(),
+                output: Duration::ZERO,
+            },
+            None,
+        );
+        Ok(step)
+    }
+
+    /// A cache made of rows of the batch's cache and of a prefill's, as `plan` says; `None` for
+    /// an empty plan. On failure every sequence in the batch fails.
+    fn rebuild(
+        &mut self,
+        plan: &[Gather],
+        batch: Option<&KvCache>,
+        prefill: Option<&KvCache>,
+    ) -> Option<KvCache> {
+        if plan.is_empty() {
+            return None;
+        }
+        let sources: Option<Vec<RowSource<'_>>> = plan
+            .iter()
+            .map(|g| {
+                let (source, row) = match g.origin {
+                    Origin::Batch(row) => (batch?, row),
+                    Origin::Prefill(row) => (prefill?, row),
+                };
+                Some(RowSource {
+                    source,
+                    row,
+                    len: g.len,
+                })
+            })
+            .collect();
+        let rebuilt = match sources {
+            Some(sources) => self.session.gather(&sources),
+            None => Err(BackendError::Run(
+                "a cache to rebuild from is missing".into(),
+            )),
+        };
+        match rebuilt {
+            Ok(cache) => Some(cache),
+            Err(error) => {
+                self.fail_all(&error.to_string());
+                None
+            }
+        }
+    }
+
+    /// Every sequence in the batch fails (the cache is gone or the model failed).
+    fn fail_all(&mut self, message: &str) {
+        let (gone, _) = self.state.leave(|_| false);
+        for sequence in gone {
+            sequence.fail(message);
+            self.stats
+                .record_failure(sequence.request.arrived.elapsed(), FailureReason::Backend);
+        }
+        self.cache = None;
+        self.metrics.active(0);
+    }
+}

@@ -1,0 +1,141 @@
+//! Decoupled responses on gRPC `ModelStreamInfer`, as Triton sends them for models with
+//! `model_transaction_policy { decoupled: true }`: a request to a generation model is answered
+//! with one `ModelStreamInferResponse` per generated token (`text_output`, BYTES `[1]`), each
+//! carrying the `triton_final_response` parameter, true on the last. A request that does not
+//! stream (`stream` false) gets one response with the whole text. With
+//! `triton_enable_empty_final_response`, every data response says false and an extra response
+//! without outputs says true. A failed request gets `error_message`; the stream stays open.
+//! Responses of different requests interleave; clients match them by `id`.
+
+use super::codec::request_from_wire;
+use crate::core::tensor::frame_bytes;
+use crate::core::Error;
+use crate::engine::generate::Generation;
+use crate::engine::Engine;
+use crate::proto::inference::{
+    infer_parameter::ParameterChoice, model_infer_response::InferOutputTensor, InferParameter,
+    ModelInferRequest, ModelInferResponse, ModelStreamInferResponse,
+};
+use std::sync::Arc;
+use tokio::sync::mpsc;
+use tonic::Status;
+
+/// Where a stream's responses go.
+pub type Responses = mpsc::Sender<Result<ModelStreamInferResponse, Status>>;
+
+/// The parameter Triton sets on every response of a decoupled model.
+pub const FINAL_RESPONSE: &str = "triton_final_response";
+
+/// Runs one request on a decoupled model and sends its responses, until the last one or until
+/// the client goes away (then the generation is dropped, which cancels it).
+pub async fn answer(engine: Arc<Engine>, wire: ModelInferRequest, responses: Responses) {
+    let header = ModelInferResponse {
+        model_name: wire.model_name.clone(),
+        model_version: wire.model_version.clone(),
+        id: wire.id.clone(),
+        ..Default::default()
+    };
+    let started = match engine.admit() {
+        Ok(admission) => match request_from_wire(wire) {
+            Ok(request) => engine.generate(admission, request).await,
+            Err(e) => Err(e),
+        },
+        Err(e) => Err(e),
+    };
+    let generation = match started {
+        Ok(generation) => generation,
+        Err(error) => {
+            let _ = responses.send(Ok(failure(header, &error))).await;
+            return;
+        }
+    };
+    tokio::select! {
+        () = stream(generation, &responses) => {}
+        () = responses.closed() => {}
+    }
+}
+
+/// Sends the responses of a running generation.
+async fn stream(mut generation: Generation, responses: &Responses) {
+    let empty_final = generation.request.empty_final;
+    if !generation.request.stream {
+        let message = match generation.text().await {
+            Ok(text) => text_response(&generation, &text, !empty_final),
+            Err(error) => failure(header(&generation), &error),
+        };
+        if responses.send(Ok(message)).await.is_ok() && empty_final {
+            let _ = responses.send(Ok(final_only(&generation))).await;
+        }
+        return;
+    }
+    while let Some(chunk) = generation.next().await {
+        let message = match chunk {
+            Ok(chunk) => {
+                let message = text_response(&generation, &chunk.text, chunk.last && !empty_final);
+                if responses.send(Ok(message)).await.is_err() {
+                    return;
+                }
+                if chunk.last && empty_final {
+                    let _ = responses.send(Ok(final_only(&generation))).await;
+                }
+                continue;
+            }
+            Err(error) => failure(header(&generation), &error),
+        };
+        let _ = responses.send(Ok(message)).await;
+        return;
+    }
+}
+
+fn header(generation: &Generation) -> ModelInferResponse {
+    ModelInferResponse {
+        model_name: generation.model_name.clone(),
+        model_version: generation.model_version.clone(),
+        id: generation.id.clone(),
+        ..Default::default()
+    }
+}
+
+fn final_flag(is_final: bool) -> (String, InferParameter) {
+    (
+        FINAL_RESPONSE.to_string(),
+        InferParameter {
+            parameter_choice: Some(ParameterChoice::BoolParam(is_final)),
+        },
+    )
+}
+
+/// A response holding `text` as `text_output`.
+fn text_response(generation: &Generation, text: &str, is_final: bool) -> ModelStreamInferResponse {
+    let mut response = header(generation);
+    response.parameters.extend([final_flag(is_final)]);
+    response.outputs.push(InferOutputTensor {
+        name: "text_output".into(),
+        datatype: "BYTES".into(),
+        shape: vec![1],
+        ..Default::default()
+    });
+    response.raw_output_contents.push(frame_bytes([text]));
+    ModelStreamInferResponse {
+        error_message: String::new(),
+        infer_response: Some(response),
+    }
+}
+
+/// The empty response that only says "final".
+fn final_only(generation: &Generation) -> ModelStreamInferResponse {
+    let mut response = header(generation);
+    response.parameters.extend([final_flag(true)]);
+    ModelStreamInferResponse {
+        error_message: String::new(),
+        infer_response: Some(response),
+    }
+}
+
+fn failure(mut header: ModelInferResponse, error: &Error) -> ModelStreamInferResponse {
+    header.parameters.extend([final_flag(true)]);
+    ModelStreamInferResponse {
+        error_message: error.message().to_string(),
+        infer_response: Some(header),
+    }
+}

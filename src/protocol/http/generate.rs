@@ -1,0 +1,174 @@
+//! Triton's generate extension: `POST /v2/models/{m}[/versions/{v}]/generate` answers one JSON
+//! object `{"model_name", "model_version", "text_output"}`; `.../generate_stream` answers
+//! `text/event-stream; charset=utf-8`, one `data: {...}` event per generated token (one with the
+//! whole text when the request sets `"stream": false`). The request is `{"text_input": "...",
+//! "parameters": {...}}`; other top-level keys are settings too (a list of strings, e.g. `stop`,
+//! becomes a BYTES tensor). Errors before generation starts are Triton's JSON errors with their
+//! status; an error after the stream started is an event `data: {"error": "..."}`. A client that
+//! closes the connection cancels its generation.
+
+use super::body;
+use super::routes::{AppState, ModelPath};
+use super::HttpError;
+use crate::core::tensor::frame_bytes;
+use crate::core::{DataType, Error, InferRequest, ParamValue, Tensor};
+use crate::engine::generate::Generation;
+use crate::invalid_arg;
+use axum::body::{Body, Bytes};
+use axum::extract::State;
+use axum::http::{header, HeaderMap};
+use axum::response::{IntoResponse, Response};
+use serde_json::{json, Value};
+use std::sync::Arc;
+
+/// `.../generate`: the whole text in one JSON answer.
+pub async fn handle(
+    State(state): State<Arc<AppState>>,
+    model: ModelPath,
+    headers: HeaderMap,
+    body: Body,
+) -> Response {
+    let result = async {
+        let mut generation = start(&state, model, &headers, body).await?;
+        let text = generation.text().await?;
+        Ok::<_, HttpError>(axum::Json(event(&generation, &text)).into_response())
+    };
+    result.await.unwrap_or_else(IntoResponse::into_response)
+}
+
+/// `.../generate_stream`: server-sent events.
+pub async fn handle_stream(
+    State(state): State<Arc<AppState>>,
+    model: ModelPath,
+    headers: HeaderMap,
+    body: Body,
+) -> Response {
+    let generation = match start(&state, model, &headers, body).await {
+        Ok(generation) => generation,
+        Err(error) => return error.into_response(),
+    };
+    let events = futures_util::stream::unfold(Some(generation), |state| async move {
+        let mut generation = state?;
+        let (data, more) = if generation.request.stream {
+            match generation.next().await? {
+                Ok(chunk) => (event(&generation, &chunk.text), !chunk.last),
+                Err(error) => (json!({ "error": error.message() }), false),
+            }
+        } else {
+            match generation.text().await {
+                Ok(text) => (event(&generation, &text), false),
+                Err(error) => (json!({ "error": error.message() }), false),
+            }
+        };
+        let bytes = Bytes::from(format!("data: {data}\n\n"));
+        Some((
+            Ok::<_, std::convert::Infallible>(bytes),
+            more.then_some(generation),
+        ))
+    });
+    (
+        [
+            (header::CONTENT_TYPE, "text/event-stream; charset=utf-8"),
+            (header::CACHE_CONTROL, "no-cache"),
+        ],
+        Body::from_stream(events),
+    )
+        .into_response()
+}
+
+/// One response object.
+fn event(generation: &Generation, text: &str) -> Value {
+    json!({
+        "model_name": generation.model_name,
+        "model_version": generation.model_version,
+        "text_output": text,
+    })
+}
+
+/// Admits the request, reads it and starts generating.
+async fn start(
+    state: &AppState,
+    model: ModelPath,
+    headers: &HeaderMap,
+    body: Body,
+) -> Result<Generation, HttpError> {
+    let admission = state.engine.admit()?;
+    let body = body::read(body, headers, state.config.max_input_bytes).await?;
+    let request = decode(&model.name, &model.version, &body)?;
+    Ok(state.engine.generate(admission, request).await?)
+}
+
+/// A generate request as the engine takes it: `text_input` a BYTES tensor, `parameters` request
+/// parameters, other scalars parameters and lists of strings BYTES tensors.
+///
+/// # Errors
+/// INVALID_ARGUMENT for a body that is not such a JSON object.
+pub fn decode(model: &str, version: &str, body: &[u8]) -> Result<InferRequest, Error> {
+    let document: Value = serde_json::from_slice(body)
+        .map_err(|e| invalid_arg!("failed to parse the request JSON buffer: {e}"))?;
+    let Value::Object(fields) = document else {
+        return Err(invalid_arg!("the generate request must be a JSON object"));
+    };
+    let mut request = InferRequest {
+        model_name: model.to_string(),
+        model_version: version.to_string(),
+        ..Default::default()
+    };
+    for (key, value) in fields {
+        match (key.as_str(), value) {
+            ("parameters", Value::Object(parameters)) => {
+                for (key, value) in parameters {
+                    let parameter = scalar(&key, value)?;
+                    request.parameters.insert(key, parameter);
+                }
+            }
+            ("parameters", _) => {
+                return Err(invalid_arg!("'parameters' must be a JSON object"));
+            }
+            ("text_input", Value::String(text)) => request.inputs.push(strings(&key, &[text])),
+            ("text_input", _) => return Err(invalid_arg!("'text_input' must be a string")),
+            (_, Value::Array(items)) => {
+                let texts = items
+                    .into_iter()
+                    .map(|item| match item {
+                        Value::String(text) => Ok(text),
+                        _ => Err(invalid_arg!("'{key}' must be a list of strings")),
+                    })
+                    .collect::<Result<Vec<_>, _>>()?;
+                request.inputs.push(strings(&key, &texts));
+            }
+            (_, value) => {
+                let parameter = scalar(&key, value)?;
+                request.parameters.insert(key, parameter);
+            }
+        }
+    }
+    Ok(request)
+}
+
+fn strings(name: &str, texts: &[String]) -> Tensor {
+    Tensor::new(
+        name,
+        DataType::Bytes,
+        vec![texts.len() as i64],
+        frame_bytes(texts),
+    )
+}
+
+/// A JSON scalar as a request parameter (Triton's parameters are strings, numbers or booleans).
+fn scalar(key: &str, value: Value) -> Result<ParamValue, Error> {
+    Ok(match value {
+        Value::Bool(b) => ParamValue::Bool(b),
+        Value::String(s) => ParamValue::String(s),
+        Value::Number(n) => match (n.as_i64(), n.as_u64()) {
+            (Some(i), _) => ParamValue::Int64(i),
+            (None, Some(u)) => ParamValue::Uint64(u),
+            _ => ParamValue::Double(n.as_f64().unwrap_or(f64::NAN)),
+        },
+        Value::Null | Value::Array(_) | Value::Object(_) => {
+            return Err(invalid_arg!(
+                "parameter '{key}' must be a string, a number or a boolean"
+            ))
+        }
+    })
+}
