@@ -71,7 +71,7 @@ def test_stats_route_is_not_a_model_and_placeholders_are_501(server):
     assert r.status == 200 and [s["version"] for s in r.json()["model_stats"]] == ["1"]
     for method, path in (("GET", "/v2/systemsharedmemory/status"),
                          ("POST", "/v2/systemsharedmemory/region/r/register"), ("POST", "/v2/cudasharedmemory/unregister"),
-                         ("GET", "/v2/trace/setting"), ("POST", "/v2/logging"), ("POST", "/v2/models/add_sub/generate")):
+                         ("GET", "/v2/trace/setting"), ("POST", "/v2/logging")):
         r = http_request(server.http_url, method, path)
         assert r.status == 501 and r.headers["content-type"] == "application/json", (method, path, r)
     load = post(server.http_url, "/v2/repository/models/add_sub/load")

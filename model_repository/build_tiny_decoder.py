@@ -93,7 +93,7 @@ input [
 output [
   { name: "text_output" data_type: TYPE_STRING dims: [ -1 ] }
 ]
-parameters { key: "max_sequence_length" value: { string_value: "1024" } }
+parameters { key: "max_sequence_length" value: { string_value: "8192" } }
 parameters { key: "max_active_sequences" value: { string_value: "64" } }
 parameters { key: "continuous_batching" value: { string_value: "true" } }
 """
