@@ -55,6 +55,8 @@ pub struct GenerateParams {
     pub max_tokens: usize,
     pub sampling: SamplingParams,
     pub stop: Vec<String>,
+    /// Keep generating past the end-of-sequence token (for benchmarks, as vLLM's `ignore_eos`).
+    pub ignore_eos: bool,
 }
 
 /// Settings of one generation model version (from its config's `parameters`).

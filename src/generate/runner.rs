@@ -62,7 +62,8 @@ impl Active {
         self.last_token = token;
         self.last_at = now;
         let decode = |ids: &[u32]| codec.decode(ids);
-        let (text, finish) = if Some(token) == codec.eos() {
+        let eos = !self.request.params.ignore_eos && Some(token) == codec.eos();
+        let (text, finish) = if eos {
             (self.drain(decode), Some(Finish::Stop))
         } else {
             let piece = self.decoder.push(token, decode);

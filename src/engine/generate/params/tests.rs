@@ -102,6 +102,7 @@ fn parameters_alone_configure_a_request() {
         ("top_k", ParamValue::Int64(5)),
         ("stop", ParamValue::String("END".into())),
         ("exclude_input_in_output", ParamValue::Bool(true)),
+        ("ignore_eos", ParamValue::Bool(true)),
         ("custom", ParamValue::String("ignored".into())),
     ] {
         req.parameters.insert(key.into(), value);
@@ -110,7 +111,7 @@ fn parameters_alone_configure_a_request() {
     assert_eq!(parsed.params.max_tokens, 4);
     assert_eq!(parsed.params.sampling.top_k, 5);
     assert_eq!(parsed.params.stop, vec!["END"]);
-    assert!(parsed.exclude_input);
+    assert!(parsed.exclude_input && parsed.params.ignore_eos);
 }
 
 #[test]
