@@ -363,3 +363,171 @@ fn dims(ty: &ValueType) -> Option<Vec<i64>> {
         _ => None,
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::generate::batch::prefill_inputs;
+
+    fn session() -> DecoderSession {
+        let runtime = OnnxRuntime::get().expect("ONNX Runtime (.ci/setup.sh runtime)");
+        let path = Path::new(env!("CARGO_MANIFEST_DIR"))
+            .join("model_repository/tiny_decoder/1/model.onnx");
+        DecoderSession::load(
+            &runtime,
+            &path,
+            &SessionOptions {
+                intra_op_threads: 1,
+            },
+        )
+        .unwrap()
+    }
+
+    fn prefill(session: &mut DecoderSession, prompts: &[&[u32]]) -> Step {
+        let inputs = prefill_inputs(prompts);
+        let empty = session.empty_cache(prompts.len()).unwrap();
+        session
+            .forward(
+                Forward {
+                    input_ids: &inputs.input_ids,
+                    attention_mask: &inputs.attention_mask,
+                    position_ids: &inputs.position_ids,
+                    seq: inputs.seq,
+                },
+                empty,
+            )
+            .unwrap()
+    }
+
+    fn decode(
+        session: &mut DecoderSession,
+        cache: KvCache,
+        tokens: &[i64],
+        lens: &[usize],
+    ) -> Step {
+        let width = cache.len() + 1;
+        let mask: Vec<i64> = lens
+            .iter()
+            .flat_map(|&len| (0..width).map(move |i| i64::from(i >= width - len - 1)))
+            .collect();
+        let positions: Vec<i64> = lens.iter().map(|&l| l as i64).collect();
+        session
+            .forward(
+                Forward {
+                    input_ids: tokens,
+                    attention_mask: &mask,
+                    position_ids: &positions,
+                    seq: 1,
+                },
+                cache,
+            )
+            .unwrap()
+    }
+
+    fn close(a: &[f32], b: &[f32]) {
+        assert_eq!(a.len(), b.len());
+        let worst = a
+            .iter()
+            .zip(b)
+            .map(|(x, y)| (x - y).abs())
+            .fold(0.0, f32::max);
+        assert!(worst < 1e-4, "logits differ by {worst}");
+    }
+
+    #[test]
+    fn the_graph_is_read() {
+        let session = session();
+        assert_eq!((session.layers(), session.vocab()), (2, 512));
+        assert_eq!((session.heads, session.head_dim), (4, 16));
+    }
+
+    #[test]
+    fn left_padded_batches_and_gathered_caches_match_single_sequences() {
+        let mut session = session();
+        let (long, short): (&[u32], &[u32]) = (&[40, 41, 42, 43], &[50]);
+        let alone_long = prefill(&mut session, &[long]);
+        let alone_short = prefill(&mut session, &[short]);
+        let together = prefill(&mut session, &[long, short]);
+        let vocab = session.vocab();
+        close(&together.logits[..vocab], &alone_long.logits);
+        close(&together.logits[vocab..], &alone_short.logits);
+
+        // One decode step for each alone, and for both in a batch rebuilt from the single caches
+        // (short first: the row order of a gathered cache is the plan's).
+        let next_long = decode(&mut session, alone_long.cache, &[7], &[4]);
+        let next_short = decode(&mut session, alone_short.cache, &[8], &[1]);
+        let gathered = session
+            .gather(&[
+                RowSource {
+                    source: &together.cache,
+                    row: 1,
+                    len: 1,
+                },
+                RowSource {
+                    source: &together.cache,
+                    row: 0,
+                    len: 4,
+                },
+            ])
+            .unwrap();
+        assert_eq!((gathered.rows(), gathered.len()), (2, 4));
+        let both = decode(&mut session, gathered, &[8, 7], &[1, 4]);
+        close(&both.logits[..vocab], &next_short.logits);
+        close(&both.logits[vocab..], &next_long.logits);
+
+        // Dropping the long row trims the padding.
+        let trimmed = session
+            .gather(&[RowSource {
+                source: &both.cache,
+                row: 0,
+                len: 2,
+            }])
+            .unwrap();
+        assert_eq!((trimmed.rows(), trimmed.len()), (1, 2));
+        assert!(session
+            .gather(&[RowSource {
+                source: &both.cache,
+                row: 2,
+                len: 1
+            }])
+            .is_err());
+    }
+
+    #[test]
+    fn other_graphs_are_refused_with_the_reason() {
+        let runtime = OnnxRuntime::get().unwrap();
+        let path =
+            Path::new(env!("CARGO_MANIFEST_DIR")).join("model_repository/add_sub/1/model.onnx");
+        let refused = DecoderSession::load(
+            &runtime,
+            &path,
+            &SessionOptions {
+                intra_op_threads: 1,
+            },
+        )
+        .err()
+        .unwrap()
+        .to_string();
+        assert!(
+            refused.contains("is not a decoder-only model")
+                && refused.contains("'input_ids' is missing"),
+            "{refused}"
+        );
+    }
+
+    #[test]
+    fn inputs_that_do_not_fit_the_cache_are_refused() {
+        let mut session = session();
+        let cache = session.empty_cache(1).unwrap();
+        let refused = session.forward(
+            Forward {
+                input_ids: &[1, 2],
+                attention_mask: &[1],
+                position_ids: &[0, 1],
+                seq: 2,
+            },
+            cache,
+        );
+        assert!(matches!(refused, Err(BackendError::Input(_))));
+    }
+}

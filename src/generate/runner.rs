@@ -13,6 +13,9 @@ use crate::metrics::{ComputeTimes, FailureReason, GenerationMetrics, ModelStats}
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+/// Prefills run back to back at most this many times before a decode step.
+const PREFILL_ROUNDS: usize = 4;
+
 /// A sequence in the batch: the request and its decoding state.
 struct Active {
     request: Sequence,
@@ -137,16 +140,25 @@ impl Runner {
                 if inbox.stopped {
                     return;
                 }
-                for request in inbox.arrivals.drain(..) {
-                    self.state.enqueue(Active::new(request));
-                }
             }
-            self.step();
+            self.step(shared);
+        }
+    }
+
+    /// Moves the requests that arrived into the batch's waiting line.
+    fn collect(&mut self, shared: &Shared) {
+        let arrivals: Vec<Sequence> = shared.lock().arrivals.drain(..).collect();
+        for request in arrivals {
+            self.state.enqueue(Active::new(request));
         }
     }
 
     /// One iteration: cancelled sequences leave, waiting ones join, everyone decodes a token.
-    fn step(&mut self) {
+    /// Requests that arrive during a prefill are prefilled too before the decode step (a few
+    /// rounds at most, so a stream of arrivals cannot starve the running sequences): time to
+    /// first token is one prefill behind, not a whole step.
+    fn step(&mut self, shared: &Shared) {
+        self.collect(shared);
         let stats = Arc::clone(&self.stats);
         self.state.retain_pending(|s| {
             let keep = !s.cancelled();
@@ -156,9 +168,13 @@ impl Runner {
             keep
         });
         self.leave();
-        let joining = self.state.take_joining();
-        if !joining.is_empty() {
+        for _ in 0..PREFILL_ROUNDS {
+            let joining = self.state.take_joining();
+            if joining.is_empty() {
+                break;
+            }
             self.prefill(joining);
+            self.collect(shared);
         }
         if !self.state.rows().is_empty() {
             self.decode();
