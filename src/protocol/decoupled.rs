@@ -57,34 +57,39 @@ pub async fn answer(engine: Arc<Engine>, wire: ModelInferRequest, responses: Res
 
 /// Sends the responses of a running generation.
 async fn stream(mut generation: Generation, responses: &Responses) {
-    let empty_final = generation.request.empty_final;
     if !generation.request.stream {
-        let message = match generation.text().await {
-            Ok(text) => text_response(&generation, &text, !empty_final),
-            Err(error) => failure(header(&generation), &error),
-        };
-        if responses.send(Ok(message)).await.is_ok() && empty_final {
-            let _ = responses.send(Ok(final_only(&generation))).await;
-        }
+        let answer = generation.text().await;
+        send(&generation, answer, true, responses).await;
         return;
     }
     while let Some(chunk) = generation.next().await {
-        let message = match chunk {
-            Ok(chunk) => {
-                let message = text_response(&generation, &chunk.text, chunk.last && !empty_final);
-                if responses.send(Ok(message)).await.is_err() {
-                    return;
-                }
-                if chunk.last && empty_final {
-                    let _ = responses.send(Ok(final_only(&generation))).await;
-                }
-                continue;
-            }
-            Err(error) => failure(header(&generation), &error),
-        };
-        let _ = responses.send(Ok(message)).await;
-        return;
+        let last = chunk.as_ref().map_or(true, |c| c.last);
+        if !send(&generation, chunk.map(|c| c.text), last, responses).await || last {
+            return;
+        }
     }
+}
+
+/// Sends one answer, text or failure; after the last text, the flag-only response when the
+/// request asked for it. False once the client is gone.
+async fn send(
+    generation: &Generation,
+    answer: Result<String, Error>,
+    last: bool,
+    responses: &Responses,
+) -> bool {
+    let empty_final = generation.request.empty_final;
+    let message = match &answer {
+        Ok(text) => text_response(generation, text, last && !empty_final),
+        Err(error) => failure(header(generation), error),
+    };
+    if responses.send(Ok(message)).await.is_err() {
+        return false;
+    }
+    if last && empty_final && answer.is_ok() {
+        return responses.send(Ok(final_only(generation))).await.is_ok();
+    }
+    true
 }
 
 fn header(generation: &Generation) -> ModelInferResponse {
