@@ -6,31 +6,33 @@
 
 Serves two copies of the bundled `tiny_decoder` from one kiln (release build): `batched`
 (continuous batching, up to 64 sequences per step) and `single` (`continuous_batching: "false"`,
-one sequence per step). For each: `--concurrency` clients, each on its own `start_stream`, send
-one request at the same moment (`max_tokens` = `--tokens`, `ignore_eos`, greedy, distinct
-prompts) and read every token; `--rounds` times. Reports aggregate tokens/s (all tokens / time
+one sequence per step). For each: `--concurrency` gRPC `ModelStreamInfer` streams (Triton's
+messages, from tritonclient's generated stubs, on one asyncio loop so the client adds little)
+send one request each at the same moment (`max_tokens` = `--tokens`, `ignore_eos`, greedy,
+distinct prompts) and read every token; `--rounds` times. Reports aggregate tokens/s (all tokens / time
 from the first request to the last final response), time to first token (TTFT) p50/p90 under
 that load, and the TTFT p50 of a lone request (`--lone` requests one after another).
 """
 from __future__ import annotations
 
 import argparse
+import asyncio
 import os
-import queue
 import resource
 import shutil
 import socket
 import statistics
+import struct
 import subprocess
 import sys
 import tempfile
-import threading
 import time
 import urllib.request
 from pathlib import Path
 
+import grpc
 import numpy as np
-import tritonclient.grpc as grpcclient
+from tritonclient.grpc import service_pb2, service_pb2_grpc
 
 ROOT = Path(__file__).resolve().parent.parent
 PROMPTS = ["The potter", "A kiln is", "Wood kilns take", "Electric kilns", "The temperature of", "In Japan",
@@ -56,56 +58,70 @@ def make_repo(path: Path) -> None:
         (target / "config.pbtxt").write_text(text)
 
 
-class Client:
-    """One gRPC stream; `run` sends one request and times its responses."""
-
-    def __init__(self, url: str):
-        self.client = grpcclient.InferenceServerClient(url)
-        self.responses: queue.Queue = queue.Queue()
-        self.client.start_stream(callback=lambda result, error: self.responses.put((time.perf_counter(), result, error)))
-
-    def run(self, model: str, prompt: str, tokens: int) -> tuple[float, float, float, int]:
-        text = grpcclient.InferInput("text_input", [1], "BYTES")
-        text.set_data_from_numpy(np.array([prompt.encode()], dtype=object))
-        sent = time.perf_counter()
-        self.client.async_stream_infer(model, [text], parameters={"max_tokens": tokens, "ignore_eos": True})
-        first = None
-        count = 0
-        while True:
-            at, result, error = self.responses.get(timeout=120)
-            if error is not None:
-                raise error
-            first = first or at
-            count += 1
-            if result.get_response().parameters["triton_final_response"].bool_param:
-                return sent, first, at, count
-
-    def close(self) -> None:
-        self.client.stop_stream()
-        self.client.close()
+def request(model: str, prompt: str, tokens: int) -> service_pb2.ModelInferRequest:
+    encoded = prompt.encode()
+    req = service_pb2.ModelInferRequest(model_name=model)
+    tensor = req.inputs.add(name="text_input", datatype="BYTES", shape=[1])
+    req.raw_input_contents.append(struct.pack("<I", len(encoded)) + encoded)
+    req.parameters["max_tokens"].int64_param = tokens
+    req.parameters["ignore_eos"].bool_param = True
+    del tensor
+    return req
 
 
-def load_round(clients: list[Client], model: str, tokens: int) -> tuple[float, list[float], int]:
-    barrier = threading.Barrier(len(clients))
-    results: list = [None] * len(clients)
+async def one(stub, model: str, prompt: str, tokens: int, start: asyncio.Event) -> tuple[float, float, float, int]:
+    """One request on its own stream: (sent, first response, final response, responses)."""
+    call = stub.ModelStreamInfer()
+    await start.wait()
+    sent = time.perf_counter()
+    await call.write(request(model, prompt, tokens))
+    first, count = None, 0
+    async for response in call:
+        if response.error_message:
+            raise RuntimeError(response.error_message)
+        now = time.perf_counter()
+        first = first or now
+        count += 1
+        if response.infer_response.parameters["triton_final_response"].bool_param:
+            await call.done_writing()
+            return sent, first, now, count
+    raise RuntimeError("the stream ended before the final response")
 
-    def one(index: int) -> None:
-        barrier.wait()
-        results[index] = clients[index].run(model, PROMPTS[index % len(PROMPTS)], tokens)
 
-    threads = [threading.Thread(target=one, args=(i,)) for i in range(len(clients))]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join()
-    start = min(r[0] for r in results)
+async def load_round(stub, model: str, clients: int, tokens: int) -> tuple[float, list[float], int]:
+    start = asyncio.Event()
+    tasks = [asyncio.create_task(one(stub, model, PROMPTS[i % len(PROMPTS)], tokens, start)) for i in range(clients)]
+    await asyncio.sleep(0.05)  # every stream open and waiting
+    start.set()
+    results = await asyncio.gather(*tasks)
+    begin = min(r[0] for r in results)
     end = max(r[2] for r in results)
     total = sum(r[3] for r in results)
-    return total / (end - start), [r[1] - r[0] for r in results], total
+    return total / (end - begin), [r[1] - r[0] for r in results], total
 
 
 def pct(values: list[float], q: float) -> float:
     return float(np.percentile(values, q)) * 1000.0
+
+
+async def measure(url: str, args) -> dict:
+    rows = {}
+    async with grpc.aio.insecure_channel(url) as channel:
+        stub = service_pb2_grpc.GRPCInferenceServiceStub(channel)
+        for model in ("batched", "single"):
+            await load_round(stub, model, args.concurrency, 8)  # warm-up
+            rates, ttfts = [], []
+            for _ in range(args.rounds):
+                rate, ttft, total = await load_round(stub, model, args.concurrency, args.tokens)
+                assert total == args.concurrency * args.tokens, total
+                rates.append(rate)
+                ttfts += ttft
+            lone = []
+            for i in range(args.lone):
+                _, ttft, _ = await load_round(stub, model, 1, args.tokens)
+                lone += ttft
+            rows[model] = (statistics.median(rates), pct(ttfts, 50), pct(ttfts, 90), pct(lone, 50))
+    return rows
 
 
 def main() -> int:
@@ -138,27 +154,8 @@ def main() -> int:
         url = f"127.0.0.1:{grpc_port}"
         print(f"load average before: {os.getloadavg()[0]:.2f}; {os.cpu_count()} cores; "
               f"{args.concurrency} streams x {args.tokens} tokens, {args.rounds} rounds")
-        rows = {}
         cpu0 = resource.getrusage(resource.RUSAGE_SELF)
-        for model in ("batched", "single"):
-            clients = [Client(url) for _ in range(args.concurrency)]
-            load_round(clients, model, 8)  # warm-up
-            rates, ttfts = [], []
-            for _ in range(args.rounds):
-                rate, ttft, total = load_round(clients, model, args.tokens)
-                assert total == args.concurrency * args.tokens, total
-                rates.append(rate)
-                ttfts += ttft
-            for c in clients:
-                c.close()
-            lone = Client(url)
-            lone.run(model, PROMPTS[0], 8)
-            lone_ttft = []
-            for i in range(args.lone):
-                sent, first, _, _ = lone.run(model, PROMPTS[i % len(PROMPTS)], args.tokens)
-                lone_ttft.append(first - sent)
-            lone.close()
-            rows[model] = (statistics.median(rates), pct(ttfts, 50), pct(ttfts, 90), pct(lone_ttft, 50))
+        rows = asyncio.run(measure(url, args))
         cpu1 = resource.getrusage(resource.RUSAGE_SELF)
         print(f"client CPU seconds: {cpu1.ru_utime - cpu0.ru_utime + cpu1.ru_stime - cpu0.ru_stime:.1f}")
         print()
