@@ -221,11 +221,6 @@ impl Generator {
         Ok(receiver)
     }
 
-    /// Requests waiting or running.
-    pub fn in_flight(&self) -> usize {
-        self.shared.in_flight.load(Ordering::SeqCst)
-    }
-
     /// Stops the loop and waits until its thread has dropped the session. Blocking.
     pub fn stop(mut self) {
         let thread = self.thread.take();
