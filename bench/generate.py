@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""Streamed generation: continuous batching on vs off, with tritonclient gRPC streams.
+"""Streamed generation: continuous batching on vs off, over gRPC decoupled streams.
 
     cargo build --release
     .venv/bin/python bench/generate.py [--concurrency 16] [--tokens 64] [--rounds 3] [--lone 20]
@@ -9,9 +9,11 @@ Serves two copies of the bundled `tiny_decoder` from one kiln (release build): `
 one sequence per step). For each: `--concurrency` gRPC `ModelStreamInfer` streams (Triton's
 messages, from tritonclient's generated stubs, on one asyncio loop so the client adds little)
 send one request each at the same moment (`max_tokens` = `--tokens`, `ignore_eos`, greedy,
-distinct prompts) and read every token; `--rounds` times. Reports aggregate tokens/s (all tokens / time
-from the first request to the last final response), time to first token (TTFT) p50/p90 under
-that load, and the TTFT p50 of a lone request (`--lone` requests one after another).
+distinct prompts) and read every token; `--rounds` times. Reports aggregate tokens/s (all tokens /
+time from the first request to the last final response), time to first token (TTFT) p50/p90 under
+that load as the client sees it, the TTFT p50 of a lone request (`--lone` requests one after
+another), and kiln's own mean TTFT in both cases (its `kiln_time_to_first_token_seconds`
+histogram: from the request reaching the generation loop to its first token).
 """
 from __future__ import annotations
 
@@ -104,23 +106,41 @@ def pct(values: list[float], q: float) -> float:
     return float(np.percentile(values, q)) * 1000.0
 
 
-async def measure(url: str, args) -> dict:
+def server_ttft(metrics_url: str, model: str) -> tuple[float, float]:
+    """kiln's own time-to-first-token histogram of `model`: (sum in seconds, count)."""
+    text = urllib.request.urlopen(f"http://{metrics_url}/metrics", timeout=10).read().decode()
+    values = {}
+    for line in text.splitlines():
+        for field in ("sum", "count"):
+            if line.startswith(f'kiln_time_to_first_token_seconds_{field}{{model="{model}"'):
+                values[field] = float(line.rsplit(" ", 1)[1])
+    return values.get("sum", 0.0), values.get("count", 0.0)
+
+
+async def measure(url: str, metrics_url: str, args) -> dict:
+    """Per model: tokens/s, client TTFT p50/p90 under load, client TTFT p50 alone, and kiln's
+    mean TTFT (from its histogram) under load and alone."""
     rows = {}
     async with grpc.aio.insecure_channel(url) as channel:
         stub = service_pb2_grpc.GRPCInferenceServiceStub(channel)
         for model in ("batched", "single"):
             await load_round(stub, model, args.concurrency, 8)  # warm-up
+            before = server_ttft(metrics_url, model)
             rates, ttfts = [], []
             for _ in range(args.rounds):
                 rate, ttft, total = await load_round(stub, model, args.concurrency, args.tokens)
                 assert total == args.concurrency * args.tokens, total
                 rates.append(rate)
                 ttfts += ttft
+            loaded = server_ttft(metrics_url, model)
             lone = []
             for i in range(args.lone):
                 _, ttft, _ = await load_round(stub, model, 1, args.tokens)
                 lone += ttft
-            rows[model] = (statistics.median(rates), pct(ttfts, 50), pct(ttfts, 90), pct(lone, 50))
+            alone = server_ttft(metrics_url, model)
+            mean = lambda a, b: (b[0] - a[0]) / max(b[1] - a[1], 1) * 1000.0
+            rows[model] = (statistics.median(rates), pct(ttfts, 50), pct(ttfts, 90), pct(lone, 50),
+                           mean(before, loaded), mean(loaded, alone))
     return rows
 
 
@@ -155,16 +175,17 @@ def main() -> int:
         print(f"load average before: {os.getloadavg()[0]:.2f}; {os.cpu_count()} cores; "
               f"{args.concurrency} streams x {args.tokens} tokens, {args.rounds} rounds")
         cpu0 = resource.getrusage(resource.RUSAGE_SELF)
-        rows = asyncio.run(measure(url, args))
+        rows = asyncio.run(measure(url, f"127.0.0.1:{metrics_port}", args))
         cpu1 = resource.getrusage(resource.RUSAGE_SELF)
         print(f"client CPU seconds: {cpu1.ru_utime - cpu0.ru_utime + cpu1.ru_stime - cpu0.ru_stime:.1f}")
         print()
         print("| continuous batching | tokens/s (median of rounds) | TTFT p50 ms (load) | TTFT p90 ms (load) "
-              "| TTFT p50 ms (lone) | TTFT load/lone |")
-        print("|---|---:|---:|---:|---:|---:|")
+              "| TTFT p50 ms (lone) | TTFT p50 load/lone | kiln's mean TTFT ms, load / lone |")
+        print("|---|---:|---:|---:|---:|---:|---:|")
         for model, label in (("batched", "on"), ("single", "off (1 sequence per step)")):
-            rate, p50, p90, lone = rows[model]
-            print(f"| {label} | {rate:.0f} | {p50:.2f} | {p90:.2f} | {lone:.2f} | {p50 / lone:.2f} |")
+            rate, p50, p90, lone, server_load, server_lone = rows[model]
+            print(f"| {label} | {rate:.0f} | {p50:.2f} | {p90:.2f} | {lone:.2f} | {p50 / lone:.2f} "
+                  f"| {server_load:.2f} / {server_lone:.2f} |")
         print()
         print(f"throughput ratio on/off: {rows['batched'][0] / rows['single'][0]:.2f}x")
         return 0

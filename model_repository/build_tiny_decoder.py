@@ -96,6 +96,8 @@ output [
 parameters { key: "max_sequence_length" value: { string_value: "8192" } }
 parameters { key: "max_active_sequences" value: { string_value: "64" } }
 parameters { key: "continuous_batching" value: { string_value: "true" } }
+# A model this small gains nothing from threads inside an operator; they only add waits.
+parameters { key: "intra_op_thread_count" value: { string_value: "1" } }
 """
 
 

@@ -14,7 +14,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 /// Prefills run back to back at most this many times before a decode step.
-const PREFILL_ROUNDS: usize = 4;
+const PREFILL_ROUNDS: usize = 8;
 
 /// A sequence in the batch: the request and its decoding state.
 struct Active {

@@ -7,8 +7,9 @@
 //! decoded together, default 32), `continuous_batching` (`false` decodes one sequence at a time),
 //! `max_sequence_length` (prompt plus generated tokens, default 2048), `eos_token` (default: the
 //! tokenizer's `<|endoftext|>`, `</s>`, `<eos>`...), `tokenizer` (file name, default
-//! `tokenizer.json`, looked for in the version directory, then the model directory) and the
-//! general `max_inflight_requests`.
+//! `tokenizer.json`, looked for in the version directory, then the model directory),
+//! `intra_op_thread_count` (ONNX Runtime threads per operator, as Triton's ONNX Runtime backend
+//! spells it; default: every core kiln gives the model) and the general `max_inflight_requests`.
 
 use super::config::{self, datatype_from_config};
 use super::store::contained;
@@ -115,6 +116,7 @@ pub fn complete_config(config: &mut ModelConfig) -> Result<(), String> {
             ))
         }
     }
+    number(config, "intra_op_thread_count", 1)?;
     options(config).map(|_| ())
 }
 
@@ -123,23 +125,7 @@ pub fn complete_config(config: &mut ModelConfig) -> Result<(), String> {
 /// # Errors
 /// A message naming a parameter that is not a valid number or boolean.
 pub fn options(config: &ModelConfig) -> Result<GenerateOptions, String> {
-    let number = |key: &str, default: usize| -> Result<usize, String> {
-        match config.parameters.get(key) {
-            None => Ok(default),
-            Some(p) => p
-                .string_value
-                .trim()
-                .parse::<usize>()
-                .ok()
-                .filter(|&n| n > 0)
-                .ok_or_else(|| {
-                    format!(
-                        "parameter '{key}' of model '{}' must be a positive integer, got '{}'",
-                        config.name, p.string_value
-                    )
-                }),
-        }
-    };
+    let number = |key: &str, default: usize| number(config, key, default);
     let continuous = match config.parameters.get("continuous_batching") {
         None => true,
         Some(p) => match p.string_value.trim() {
@@ -159,6 +145,25 @@ pub fn options(config: &ModelConfig) -> Result<GenerateOptions, String> {
         max_sequence_length: number("max_sequence_length", 2048)?,
         max_in_flight: config::max_inflight_requests(config).map_err(|e| e.to_string())?,
     })
+}
+
+/// A positive integer parameter, or `default` when the config does not set it.
+fn number(config: &ModelConfig, key: &str, default: usize) -> Result<usize, String> {
+    match config.parameters.get(key) {
+        None => Ok(default),
+        Some(p) => p
+            .string_value
+            .trim()
+            .parse::<usize>()
+            .ok()
+            .filter(|&n| n > 0)
+            .ok_or_else(|| {
+                format!(
+                    "parameter '{key}' of model '{}' must be a positive integer, got '{}'",
+                    config.name, p.string_value
+                )
+            }),
+    }
 }
 
 /// The contract clients see: the config's tensors as declared (no graph behind them).
@@ -211,7 +216,7 @@ pub fn start_version(
     };
     let codec = TextCodec::load(&tokenizer, parameter("eos_token").as_deref())?;
     let session_options = SessionOptions {
-        intra_op_threads: cores.max(1),
+        intra_op_threads: number(config, "intra_op_thread_count", cores.max(1))?,
         device: Device::Cpu,
     };
     let session =
