@@ -172,3 +172,51 @@ fn scalar(key: &str, value: Value) -> Result<ParamValue, Error> {
         }
     })
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn bodies_become_inputs_and_parameters() {
+        let body = br#"{"text_input": "hi", "max_tokens": 4, "stop": ["a", "b"],
+                        "parameters": {"temperature": 0.5, "stream": false, "seed": 18446744073709551615}}"#;
+        let request = decode("m", "2", body).unwrap();
+        assert_eq!(
+            (request.model_name.as_str(), request.model_version.as_str()),
+            ("m", "2")
+        );
+        let input = |name: &str| request.inputs.iter().find(|t| t.name == name).unwrap();
+        assert_eq!(request.inputs.len(), 2);
+        assert_eq!(input("stop").shape, vec![2]);
+        assert_eq!(input("stop").data, frame_bytes(["a", "b"]));
+        assert_eq!(input("text_input").data, frame_bytes(["hi"]));
+        assert_eq!(request.parameters["max_tokens"], ParamValue::Int64(4));
+        assert_eq!(request.parameters["temperature"], ParamValue::Double(0.5));
+        assert_eq!(request.parameters["stream"], ParamValue::Bool(false));
+        assert_eq!(request.parameters["seed"], ParamValue::Uint64(u64::MAX));
+    }
+
+    #[test]
+    fn malformed_bodies_are_refused() {
+        for (body, message) in [
+            (&b"[1]"[..], "must be a JSON object"),
+            (b"{", "failed to parse the request JSON buffer"),
+            (br#"{"text_input": ["a"]}"#, "'text_input' must be a string"),
+            (
+                br#"{"parameters": 3}"#,
+                "'parameters' must be a JSON object",
+            ),
+            (
+                br#"{"parameters": {"x": null}}"#,
+                "parameter 'x' must be a string, a number or a boolean",
+            ),
+            (br#"{"stop": [1]}"#, "'stop' must be a list of strings"),
+            (br#"{"nested": {"a": 1}}"#, "parameter 'nested' must be"),
+        ] {
+            let error = decode("m", "", body).unwrap_err();
+            assert!(matches!(error, Error::InvalidArgument(_)));
+            assert!(error.message().contains(message), "{}", error.message());
+        }
+    }
+}
