@@ -323,7 +323,8 @@ def test_bad_settings_get_clear_errors(server, alive):
             assert reply.headers["content-type"] == "application/json"
             assert message in reply.json()["error"], (settings, reply.json())
     for body, message in ((b"{", "failed to parse the request JSON"), (b'{"text_input": 3}', "'text_input' must be a string"),
-                          (b'{"max_tokens": 3}', "missing required input(s) ['text_input']")):
+                          (b'{"max_tokens": 3}', "missing required input(s) ['text_input']"),
+                          (b'{"text_input": ""}', "the prompt must hold at least one token")):
         reply = requests.post(f"http://{server.http_url}/v2/models/{MODEL}/generate", data=body, timeout=RPC_TIMEOUT)
         assert reply.status_code == 400 and message in reply.json()["error"], reply.text
     missing = requests.post(f"http://{server.http_url}/v2/models/nope/generate", json={"text_input": "x"},
