@@ -378,6 +378,7 @@ mod tests {
             &path,
             &SessionOptions {
                 intra_op_threads: 1,
+                device: crate::backend::Device::Cpu,
             },
         )
         .unwrap()
@@ -503,6 +504,7 @@ mod tests {
             &path,
             &SessionOptions {
                 intra_op_threads: 1,
+                device: crate::backend::Device::Cpu,
             },
         )
         .err()
