@@ -79,21 +79,18 @@ impl IoSpec {
                     info.datatype.map_or("an unsupported type", DataType::as_wire)
                 ));
             }
-            let graph_rank = info.shape.len() - usize::from(batched && !info.shape.is_empty());
             let model_dims = match reshape {
                 Some(shape) => Some(shape.clone()),
                 None if info.shape.is_empty() && dims == [1] && !batched => Some(Vec::new()),
                 None => None,
             };
-            let rank = model_dims.as_ref().map_or(dims.len(), Vec::len);
-            if rank != graph_rank {
-                return Err(format!(
-                    "unable to load model '{model}': {kind} '{name}' has {} dims in the configuration{} but rank {} in the model",
-                    rank,
-                    if batched { " (plus the batch dimension)" } else { "" },
-                    info.shape.len()
-                ));
-            }
+            compare_dims(
+                model,
+                name,
+                &info.shape,
+                model_dims.as_deref().unwrap_or(dims),
+                batched,
+            )?;
             Ok(TensorSpec {
                 name: name.to_string(),
                 datatype,
@@ -155,6 +152,55 @@ impl IoSpec {
     }
 }
 
+/// Checks the config's dims (its `reshape` when it has one) against the graph's shape, as Triton's
+/// backends do: the same rank (plus the batch dimension when batching), and equal sizes wherever
+/// both are fixed. A variable dimension on either side matches anything; the graph checks the
+/// actual size when a request runs.
+fn compare_dims(
+    model: &str,
+    tensor: &str,
+    graph: &[i64],
+    dims: &[i64],
+    batched: bool,
+) -> Result<(), String> {
+    let graph_dims = if batched && !graph.is_empty() {
+        &graph[1..]
+    } else {
+        graph
+    };
+    let matches = graph_dims.len() == dims.len()
+        && (!batched || !graph.is_empty())
+        && graph_dims
+            .iter()
+            .zip(dims)
+            .all(|(&g, &d)| g < 0 || d < 0 || g == d);
+    if matches {
+        return Ok(());
+    }
+    let specified = if batched {
+        let full: Vec<i64> = std::iter::once(-1).chain(dims.iter().copied()).collect();
+        format!(
+            "{} dimensions (an initial batch dimension because max_batch_size > 0 followed by \
+             the explicit tensor shape, making complete shape {})",
+            full.len(),
+            shape_text(&full)
+        )
+    } else {
+        format!("{} dimensions (shape {})", dims.len(), shape_text(dims))
+    };
+    Err(format!(
+        "model '{model}', tensor '{tensor}': the model expects {} dimensions (shape {}) but the model configuration specifies {specified}",
+        graph.len(),
+        shape_text(graph)
+    ))
+}
+
+/// A shape as Triton prints it: `[-1,16]`.
+fn shape_text(shape: &[i64]) -> String {
+    let dims: Vec<String> = shape.iter().map(i64::to_string).collect();
+    format!("[{}]", dims.join(","))
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -206,6 +252,33 @@ mod tests {
     }
 
     #[test]
+    fn config_dims_must_fit_the_graph() {
+        let config = |dims: &str| {
+            parse_config(&format!(
+                "name: \"m\" max_batch_size: 8 input [{{name: \"x\" data_type: TYPE_FP32 dims: {dims}}}] \
+                 output [{{name: \"y\" data_type: TYPE_FP32 dims: [-1]}}]"
+            ))
+            .unwrap()
+        };
+        let y = [info("y", DataType::Fp32, &[-1, 16])];
+        let x = |shape: &[i64]| [info("x", DataType::Fp32, shape)];
+        // Variable on either side matches; fixed sizes must agree.
+        assert!(IoSpec::new(&config("[16]"), &x(&[-1, 16]), &y).is_ok());
+        assert!(IoSpec::new(&config("[-1]"), &x(&[-1, 16]), &y).is_ok());
+        assert!(IoSpec::new(&config("[1099511627776]"), &x(&[-1, -1]), &y).is_ok());
+        assert_eq!(
+            IoSpec::new(&config("[1099511627776]"), &x(&[-1, 16]), &y).unwrap_err(),
+            "model 'm', tensor 'x': the model expects 2 dimensions (shape [-1,16]) but the model \
+             configuration specifies 2 dimensions (an initial batch dimension because \
+             max_batch_size > 0 followed by the explicit tensor shape, making complete shape \
+             [-1,1099511627776])"
+        );
+        // A batching model needs a batch dimension in the graph.
+        assert!(IoSpec::new(&config("[1]"), &x(&[]), &y).is_err());
+        assert!(IoSpec::new(&config("[16, 16]"), &x(&[-1, 16]), &y).is_err());
+    }
+
+    #[test]
     fn reshape_is_recorded() {
         let config = parse_config(
             "name: \"m\" max_batch_size: 4 input [{name: \"x\" data_type: TYPE_FP32 dims: [2, 2] reshape: { shape: [4] }}] \
@@ -237,10 +310,15 @@ mod tests {
                 .unwrap_err()
                 .contains("not a model input")
         );
+        assert_eq!(
+            IoSpec::new(&config, &[info("x", DataType::Int32, &[3, 1])], &y).unwrap_err(),
+            "model 'm', tensor 'x': the model expects 2 dimensions (shape [3,1]) but the model \
+             configuration specifies 1 dimensions (shape [3])"
+        );
         assert!(
-            IoSpec::new(&config, &[info("x", DataType::Int32, &[3, 1])], &y)
+            IoSpec::new(&config, &[info("x", DataType::Int32, &[4])], &y)
                 .unwrap_err()
-                .contains("rank")
+                .contains("the model expects 1 dimensions (shape [4])")
         );
         let extra = [
             info("x", DataType::Int32, &[3]),

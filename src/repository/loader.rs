@@ -5,6 +5,7 @@
 //! versions built so far are stopped and the model is reported with each version's reason.
 
 use super::config::{self, DEFAULT_MODEL_FILENAME};
+use super::limits::{check_sessions, read_text, MAX_CONFIG_BYTES, MAX_LABEL_FILE_BYTES};
 use super::store::{contained, plain_relative};
 use super::{
     autocomplete, generation, placement, text, versions, Executor, IoSpec, LoadOptions, Model,
@@ -94,6 +95,7 @@ pub fn prepare(
         ));
     }
     let placed = placement::place(&mut config, &cuda::inventory, options.gpu_fallback_to_cpu)?;
+    check_sessions(name, selected.len(), placed.devices.len())?;
     if let Some(why) = &placed.fallback {
         tracing::warn!("model '{name}': {why}");
     }
@@ -249,7 +251,7 @@ fn read_labels(dir: &Path, config: &ModelConfig) -> Result<BTreeMap<String, Vec<
     {
         let path = contained(dir, &output.label_filename)
             .map_err(|e| format!("label file of output '{}': {e}", output.name))?;
-        let text = std::fs::read_to_string(&path).map_err(|e| {
+        let text = read_text(&path, MAX_LABEL_FILE_BYTES).map_err(|e| {
             format!(
                 "failed to read label file {} for output '{}': {e}",
                 path.display(),
@@ -265,8 +267,8 @@ fn read_labels(dir: &Path, config: &ModelConfig) -> Result<BTreeMap<String, Vec<
 }
 
 fn read_config(dir: &Path) -> Result<ModelConfig, String> {
-    let path = dir.join("config.pbtxt");
-    match std::fs::read_to_string(&path) {
+    let path = contained(dir, "config.pbtxt")?;
+    match read_text(&path, MAX_CONFIG_BYTES) {
         Ok(text) => config::parse_config(&text).map_err(|e| e.to_string()),
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(ModelConfig::default()),
         Err(e) => Err(format!("failed to read {}: {e}", path.display())),

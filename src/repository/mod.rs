@@ -10,6 +10,7 @@
 //! `index` renders the repository index; `retire` stops replaced versions once their last
 //! request has finished; `text` reads the tokenizer parameters of models that take text;
 //! `generation` loads decoupled generation models.
+//! `limits` bounds what model files may ask for (sizes, counts, dims).
 //!
 //! A model that fails to load is kept with its reason and is not ready; it never takes the server
 //! down.
@@ -20,6 +21,7 @@ pub mod generation;
 mod index;
 mod io;
 mod lifecycle;
+mod limits;
 mod loader;
 mod overrides;
 pub mod placement;

@@ -4,6 +4,7 @@
 //! are written to a fresh temporary directory that is removed once the load has read them.
 
 use super::config::ConfigError;
+use super::limits::MAX_CONFIG_BYTES;
 use super::store::plain_relative;
 use crate::core::Error;
 use crate::invalid_arg;
@@ -59,6 +60,11 @@ pub fn parse(parameters: BTreeMap<String, LoadParameter>) -> Result<Overrides, E
                     "Config parameter 'config' must have string type for its value"
                 ));
             };
+            if json.len() as u64 > MAX_CONFIG_BYTES {
+                return Err(invalid_arg!(
+                    "Invalid config override: the config is larger than the {MAX_CONFIG_BYTES} bytes kiln reads"
+                ));
+            }
             let config = config_from_json(&json)
                 .map_err(|e| invalid_arg!("Invalid config override: {e}"))?;
             overrides.config = Some(config);
@@ -200,6 +206,11 @@ mod tests {
             "Config parameter 'config' must have string type for its value"
         );
         assert!(error(&[("config", String("{".into()))]).starts_with("Invalid config override: "));
+        let giant = format!("{{\"name\": \"{}\"}}", "x".repeat(1 << 20));
+        assert_eq!(
+            error(&[("config", String(giant))]),
+            "Invalid config override: the config is larger than the 1048576 bytes kiln reads"
+        );
         assert_eq!(
             error(&[("file:1/model.onnx", String("x".into()))]),
             "File parameter 'file:1/model.onnx' must have bytes type for its value"

@@ -1,25 +1,48 @@
 //! Version directories and version policies (latest N, all, specific).
 
+use super::limits::MAX_MODEL_DIR_ENTRIES;
 use crate::proto::inference::{model_version_policy::PolicyChoice, ModelConfig};
 use std::path::Path;
 
 /// The versions the model's policy selects, ascending; evaluated again on every (re)load.
-/// Version directories have numeric names; names with a leading zero are ignored, as Triton does.
-/// A `specific` policy naming a version that has no directory skips it with a warning (Triton's
-/// behaviour), so the versions that exist still load.
+/// Version directories have numeric names; names with a leading zero are ignored, as Triton does,
+/// and so are numbers too large for a version (with a warning). A `specific` policy naming a
+/// version that has no directory skips it with a warning (Triton's behaviour), so the versions
+/// that exist still load.
 ///
 /// # Errors
-/// The I/O error when the model directory cannot be listed.
+/// The I/O error when the model directory cannot be listed, or a listing longer than
+/// [`MAX_MODEL_DIR_ENTRIES`].
 pub fn select(dir: &Path, config: &ModelConfig) -> Result<Vec<i64>, String> {
     let mut on_disk = Vec::new();
     let entries =
         std::fs::read_dir(dir).map_err(|e| format!("failed to list {}: {e}", dir.display()))?;
-    for entry in entries.flatten() {
+    for (index, entry) in entries.flatten().enumerate() {
+        if index == MAX_MODEL_DIR_ENTRIES {
+            return Err(format!(
+                "the directory of model '{}' holds more than {MAX_MODEL_DIR_ENTRIES} entries \
+                 (version directories and files), more than kiln reads",
+                config.name
+            ));
+        }
         if !entry.path().is_dir() {
             continue;
         }
-        if let Some(version) = entry.file_name().to_str().and_then(parse_version_dir) {
-            on_disk.push(version);
+        let name = entry.file_name();
+        let Some(name) = name.to_str() else {
+            continue;
+        };
+        match parse_version_dir(name) {
+            Some(version) => on_disk.push(version),
+            None if !name.starts_with('0') && name.bytes().all(|b| b.is_ascii_digit()) => {
+                tracing::warn!(
+                    model = %config.name,
+                    "version directory '{name}' of model '{}' is ignored: versions go up to {}",
+                    config.name,
+                    i64::MAX
+                );
+            }
+            None => {}
         }
     }
     on_disk.sort_unstable();
@@ -89,6 +112,29 @@ mod tests {
         assert_eq!(parse_version_dir("v1"), None);
         assert_eq!(parse_version_dir(""), None);
         assert_eq!(parse_version_dir("99999999999999999999999"), None);
+        assert_eq!(parse_version_dir("9223372036854775807"), Some(i64::MAX));
+    }
+
+    #[test]
+    fn long_listings_are_refused() {
+        let dir = std::env::temp_dir().join(format!("kiln-versions-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        for version in 1..=MAX_MODEL_DIR_ENTRIES {
+            std::fs::create_dir_all(dir.join(version.to_string())).unwrap();
+        }
+        let config = ModelConfig {
+            name: "m".into(),
+            ..Default::default()
+        };
+        assert_eq!(select(&dir, &config).unwrap(), vec![1024]);
+        std::fs::create_dir_all(dir.join("99999999999999999999")).unwrap();
+        let refused = select(&dir, &config).unwrap_err();
+        assert_eq!(
+            refused,
+            "the directory of model 'm' holds more than 1024 entries (version directories and \
+             files), more than kiln reads"
+        );
+        let _ = std::fs::remove_dir_all(&dir);
     }
 
     #[test]

@@ -1,6 +1,7 @@
 //! Writes small ONNX models for tests, without any ONNX tooling: `Y = X + W` over FP32 vectors of
 //! `n` elements, `W` an initializer filled with `bias`. With a large `n` the model's weights
-//! dominate its memory, which is what the unload test measures.
+//! dominate its memory, which is what the unload test measures. Two broken variants (an unknown
+//! operator, external data outside the model directory) are hostile model files.
 
 /// Protobuf encoding helpers (wire types 0 = varint, 2 = length-delimited).
 fn varint(mut value: u64, out: &mut Vec<u8>) {
@@ -43,19 +44,49 @@ fn value_info(name: &str, n: u64) -> Vec<u8> {
 
 /// The bytes of an ONNX model computing `Y = X + W` (FP32 `[n]`), `W` all `bias`.
 pub fn add_bias_model(n: usize, bias: f32) -> Vec<u8> {
+    let raw: Vec<u8> = std::iter::repeat_n(bias.to_le_bytes(), n)
+        .flatten()
+        .collect();
+    let mut initializer = Vec::new();
+    field_bytes(9, &raw, &mut initializer); // raw_data
+    binary_model(n, "Add", initializer)
+}
+
+/// A well-formed model file whose graph is nonsense: `Y = op(X, W)` with an operator that does
+/// not exist.
+pub fn unknown_op_model(op: &str) -> Vec<u8> {
+    let mut initializer = Vec::new();
+    field_bytes(9, &[0; 16], &mut initializer); // raw_data
+    binary_model(4, op, initializer)
+}
+
+/// `Y = X + W` (FP32 `[4]`) whose `W` is external data at `location`, relative to the model file.
+pub fn external_data_model(location: &str) -> Vec<u8> {
+    let entry = |key: &str, value: &str| {
+        let mut entry = Vec::new();
+        field_bytes(1, key.as_bytes(), &mut entry);
+        field_bytes(2, value.as_bytes(), &mut entry);
+        entry
+    };
+    let mut initializer = Vec::new();
+    field_bytes(13, &entry("location", location), &mut initializer); // external_data
+    field_bytes(13, &entry("length", "16"), &mut initializer);
+    field_varint(14, 1, &mut initializer); // data_location: EXTERNAL
+    binary_model(4, "Add", initializer)
+}
+
+/// `Y = op(X, W)` over FP32 `[n]`; `initializer_data` holds the fields that give `W` its values.
+fn binary_model(n: usize, op: &str, initializer_data: Vec<u8>) -> Vec<u8> {
     let mut node = Vec::new();
     field_bytes(1, b"X", &mut node);
     field_bytes(1, b"W", &mut node);
     field_bytes(2, b"Y", &mut node);
-    field_bytes(4, b"Add", &mut node);
+    field_bytes(4, op.as_bytes(), &mut node);
     let mut initializer = Vec::new();
     field_varint(1, n as u64, &mut initializer); // dims
     field_varint(2, FLOAT, &mut initializer); // data_type
     field_bytes(8, b"W", &mut initializer); // name
-    let raw: Vec<u8> = std::iter::repeat_n(bias.to_le_bytes(), n)
-        .flatten()
-        .collect();
-    field_bytes(9, &raw, &mut initializer); // raw_data
+    initializer.extend_from_slice(&initializer_data);
     let mut graph = Vec::new();
     field_bytes(1, &node, &mut graph);
     field_bytes(2, b"add_bias", &mut graph);

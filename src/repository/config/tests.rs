@@ -1,0 +1,239 @@
+//! Tests of config parsing, normalisation and validation.
+
+use super::*;
+use crate::proto::inference::model_version_policy::PolicyChoice;
+use crate::proto::inference::model_instance_group::Kind;
+
+const ADD_SUB: &str = r#"
+    name: "add_sub"
+    backend: "onnxruntime"
+    max_batch_size: 8
+    input [
+      { name: "INPUT0" data_type: TYPE_FP32 dims: [ 16 ] },
+      { name: "INPUT1", data_type: TYPE_FP32, dims: [ 16 ] }
+    ]
+    output [ { name: "OUTPUT0" data_type: TYPE_FP32 dims: [ 16 ] label_filename: "labels.txt" } ]
+    # comments are allowed
+    instance_group [ { count: 3 kind: KIND_CPU } ]
+    version_policy: { specific { versions: [ 1, 3 ] } }
+    dynamic_batching { preferred_batch_size: [ 4, 8 ] max_queue_delay_microseconds: 100 }
+    parameters { key: "k" value: { string_value: "v" } }
+    reshape_placeholder_ignored_by_test: 0
+"#;
+
+#[test]
+fn parses_triton_text_format() {
+    let text = ADD_SUB.replace("reshape_placeholder_ignored_by_test: 0", "");
+    let config = parse_config(&text).unwrap();
+    assert_eq!(config.name, "add_sub");
+    assert_eq!(config.max_batch_size, 8);
+    assert_eq!(config.input.len(), 2);
+    assert_eq!(config.input[1].dims, vec![16]);
+    assert_eq!(
+        datatype_from_config(config.input[0].data_type),
+        Some(DataType::Fp32)
+    );
+    assert_eq!(config.output[0].label_filename, "labels.txt");
+    assert_eq!(config.instance_group[0].count, 3);
+    assert_eq!(config.instance_group[0].kind, Kind::Cpu as i32);
+    assert!(has_dynamic_batching(&config));
+    assert_eq!(config.parameters["k"].string_value, "v");
+    match config.version_policy.unwrap().policy_choice.unwrap() {
+        PolicyChoice::Specific(s) => assert_eq!(s.versions, vec![1, 3]),
+        other => panic!("unexpected policy {other:?}"),
+    }
+}
+
+#[test]
+fn rejects_unknown_fields_and_bad_syntax() {
+    assert!(matches!(parse_config(ADD_SUB), Err(ConfigError::Parse(_))));
+    assert!(matches!(parse_config("name: "), Err(ConfigError::Parse(_))));
+    assert!(matches!(
+        parse_config("input [ { data_type: TYPE_NOPE } ]"),
+        Err(ConfigError::Parse(_))
+    ));
+    assert!(parse_config("").is_ok());
+}
+
+#[test]
+fn message_lists_without_colon() {
+    assert_eq!(add_list_colons("input [ { } ]"), "input: [ { } ]");
+    assert_eq!(add_list_colons("dims: [ 1 ]"), "dims: [ 1 ]");
+    assert_eq!(add_list_colons("a # c [\n [ {} ]"), "a: # c [\n [ {} ]");
+    assert_eq!(
+        add_list_colons("name: \"x [\" output\n[{}]"),
+        "name: \"x [\" output:\n[{}]"
+    );
+    assert_eq!(add_list_colons("kind: KIND_CPU [ ]"), "kind: KIND_CPU [ ]");
+    assert_eq!(add_list_colons("s: 'it\\'s' x [ ]"), "s: 'it\\'s' x: [ ]");
+    let config = parse_config(
+        "input [ { name: \"a\" data_type: TYPE_FP32 dims: [ 1 ] } ]\ninstance_group [ { count: 1 } ]",
+    )
+    .unwrap();
+    assert_eq!(config.input[0].name, "a");
+    assert_eq!(config.instance_group[0].count, 1);
+}
+
+#[test]
+fn batching_settings_from_config() {
+    let plain = batching_config(&parse_config("max_batch_size: 8").unwrap());
+    assert!(!plain.dynamic);
+    assert_eq!(plain.max_batch_size, 8);
+    let config = parse_config(
+        "max_batch_size: 16 dynamic_batching { preferred_batch_size: [ 8, 4 ] \
+         max_queue_delay_microseconds: 500 priority_levels: 3 default_priority_level: 2 \
+         default_queue_policy { max_queue_size: 10 default_timeout_microseconds: 2000 } \
+         priority_queue_policy { key: 1 value: { timeout_action: DELAY allow_timeout_override: true } } }",
+    )
+    .unwrap();
+    let batching = batching_config(&config);
+    assert!(batching.dynamic);
+    assert_eq!(batching.preferred_batch_sizes, vec![8, 4]);
+    assert_eq!(batching.max_queue_delay, Duration::from_micros(500));
+    assert_eq!(
+        (batching.priority_levels, batching.default_priority),
+        (3, 2)
+    );
+    assert_eq!(batching.policies.len(), 3);
+    assert_eq!(batching.policies[0].timeout_action, TimeoutAction::Delay);
+    assert!(batching.policies[0].allow_timeout_override);
+    assert_eq!(batching.policies[1].max_queue_size, 10);
+    assert_eq!(
+        batching.policies[2].default_timeout,
+        Some(Duration::from_millis(2))
+    );
+    let empty = batching_config(&parse_config("max_batch_size: 4 dynamic_batching { }").unwrap());
+    assert_eq!(
+        (
+            empty.priority_levels,
+            empty.default_priority,
+            empty.policies.len()
+        ),
+        (1, 1, 1)
+    );
+}
+
+#[test]
+fn max_inflight_requests_parameter() {
+    let with = |value: &str| {
+        parse_config(&format!(
+            "name: \"m\" parameters {{ key: \"max_inflight_requests\" value: {{ string_value: \"{value}\" }} }}"
+        ))
+        .unwrap()
+    };
+    assert_eq!(max_inflight_requests(&with("8")), Ok(8));
+    assert_eq!(batching_config(&with(" 3 ")).max_in_flight, 3);
+    assert_eq!(max_inflight_requests(&parse_config("").unwrap()), Ok(0));
+    for bad in ["-1", "x", ""] {
+        let err = max_inflight_requests(&with(bad)).unwrap_err().to_string();
+        assert!(err.contains("must be a non-negative integer"), "{err}");
+    }
+}
+
+#[test]
+fn identity_takes_directory_name_and_fills_platform() {
+    let mut config = parse_config("backend: \"onnxruntime\"").unwrap();
+    normalize_identity(&mut config, "m").unwrap();
+    assert_eq!(config.name, "m");
+    assert_eq!(config.platform, ONNX_PLATFORM);
+    assert_eq!(config.backend, ONNX_BACKEND);
+    assert_eq!(config.default_model_filename, "model.onnx");
+    assert!(matches!(
+        config.version_policy.unwrap().policy_choice,
+        Some(PolicyChoice::Latest(model_version_policy::Latest {
+            num_versions: 1
+        }))
+    ));
+}
+
+#[test]
+fn identity_rejects_mismatched_name_and_foreign_platform() {
+    let mut config = parse_config("name: \"other\"").unwrap();
+    assert!(normalize_identity(&mut config, "m").is_err());
+    let mut config = parse_config("platform: \"tensorflow_savedmodel\"").unwrap();
+    assert!(normalize_identity(&mut config, "m").is_err());
+    let mut config = parse_config("platform: \"onnxruntime_onnx\"").unwrap();
+    normalize_identity(&mut config, "m").unwrap();
+    assert_eq!(config.backend, ONNX_BACKEND);
+}
+
+#[test]
+fn datatype_mapping_round_trips() {
+    for dt in DataType::ALL {
+        assert_eq!(
+            datatype_from_config(datatype_to_config(dt) as i32),
+            Some(dt)
+        );
+    }
+    assert_eq!(datatype_from_config(0), None);
+    assert_eq!(datatype_from_config(99), None);
+}
+
+#[test]
+fn json_uses_proto_names_and_enum_names() {
+    let config =
+        parse_config(&ADD_SUB.replace("reshape_placeholder_ignored_by_test: 0", "")).unwrap();
+    let json = config_to_json(&config);
+    assert_eq!(json["max_batch_size"], 8);
+    assert_eq!(json["input"][0]["data_type"], "TYPE_FP32");
+    assert_eq!(json["input"][0]["dims"][0], 16);
+    assert_eq!(json["instance_group"][0]["kind"], "KIND_CPU");
+    assert_eq!(json["output"][0]["label_filename"], "labels.txt");
+    // Defaults are printed, unset messages are not (protobuf's always_print_primitive_fields).
+    assert_eq!(json["input"][0]["optional"], false);
+    assert_eq!(json["output"][0]["is_shape_tensor"], false);
+    assert_eq!(json["batch_input"], serde_json::json!([]));
+    assert!(json.get("sequence_batching").is_none());
+    assert!(json["dynamic_batching"]["max_queue_delay_microseconds"].is_u64());
+    assert_eq!(
+        json["version_policy"]["specific"]["versions"],
+        serde_json::json!([1, 3])
+    );
+}
+
+#[test]
+fn absurd_dims_and_counts_are_refused() {
+    let with = |n: usize, dims: &str| {
+        let inputs: Vec<String> = (0..n)
+            .map(|i| format!("{{name: \"i{i}\" data_type: TYPE_FP32 dims: {dims}}}"))
+            .collect();
+        parse_config(&format!(
+            "name: \"m\" input [{}] output [{{name: \"o\" data_type: TYPE_FP32 dims: [1] \
+             reshape: {{ shape: [0] }}}}]",
+            inputs.join(",")
+        ))
+        .unwrap()
+    };
+    let refused = |config: ModelConfig| validate_io(&config).unwrap_err().to_string();
+    assert!(refused(with(1, "[1099511627776, 1099511627776]"))
+        .starts_with("model 'm', input 'i0': dims [1099511627776, 1099511627776] describe"));
+    assert!(refused(with(1, "[1]")).starts_with("model 'm', output 'o': reshape dims [0]"));
+    assert_eq!(
+        refused(with(MAX_TENSORS + 1, "[1]")),
+        "model 'm' declares 1025 inputs, more than the 1024 kiln allows"
+    );
+}
+
+#[test]
+fn max_batch_size_is_bounded() {
+    let mut config = parse_config(&format!("max_batch_size: {MAX_BATCH_SIZE}")).unwrap();
+    normalize_identity(&mut config, "m").unwrap();
+    let mut config = parse_config("max_batch_size: 2147483647").unwrap();
+    assert_eq!(
+        normalize_identity(&mut config, "m")
+            .unwrap_err()
+            .to_string(),
+        "max_batch_size 2147483647 of model 'm' is larger than the 1048576 kiln allows"
+    );
+}
+
+#[test]
+fn validate_io_requires_inputs_outputs_and_types() {
+    let config = parse_config("name: \"m\"").unwrap();
+    assert!(validate_io(&config).is_err());
+    let config = parse_config(
+        "name: \"m\" input [{name: \"a\" dims: [1]}] output [{name: \"b\" data_type: TYPE_FP32 dims: [1]}]",
+    )
+    .unwrap();
+    assert!(validate_io(&config).is_err());
+}
