@@ -1,0 +1,524 @@
+#!/usr/bin/env python3
+"""Soak (issue 9, item 7): kiln at a steady mixed load for a bounded time, checking that nothing
+fails unexpectedly and that memory, file descriptors and threads stay flat.
+
+    .venv/bin/python bench/soak.py [--seconds 300] [--warmup 60] [--rate 150] [--binary target/release/kiln]
+
+Starts kiln on the bundled model_repository in explicit model control mode (every model loaded at
+start-up), then, until --seconds have passed:
+  - workers send --rate requests/s in all: gRPC (tritonclient.grpc.aio) and REST
+    (tritonclient.http.aio; binary and JSON tensors) inference on add_sub, string_echo,
+    mlp_classifier (versions 1 and 2, checked against in-process ONNX Runtime) and identity_types
+    (all 14 datatypes); every answer is checked;
+  - a streaming client takes its share of the same schedule over ModelStreamInfer, opening a new
+    stream every 16 requests;
+  - about 5 % of requests are deliberately bad (wrong datatype, wrong shape, garbage body, unknown
+    model); each must fail with its expected status and message;
+  - every --reload-every seconds: a hot reload of mlp_classifier under traffic (no request may
+    fail), or an unload of identity_types (traffic to it paused; a request to it must be refused
+    with "unknown model") and a load back;
+  - once a second: kiln's VmRSS, open file descriptors and threads (from /proc/<pid>).
+Prints a summary and exits non-zero when any request failed unexpectedly or answered wrongly, when
+resident memory grew 5 % or more from the end of the warm-up to the end, or when file descriptors
+or threads grew. The load is modest on purpose: stability is measured, not throughput.
+"""
+import argparse
+import asyncio
+import os
+import random
+import socket
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from collections import defaultdict
+
+import aiohttp
+import ml_dtypes
+import numpy as np
+import onnxruntime as ort
+import tritonclient.grpc.aio as grpcaio
+import tritonclient.http.aio as httpaio
+from tritonclient.utils import InferenceServerException, np_to_triton_dtype
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+REPOSITORY = os.path.join(ROOT, "model_repository")
+MODELS = ["add_sub", "string_echo", "mlp_classifier", "identity_types"]
+IDENTITY_TYPES = ["BOOL", "UINT8", "UINT16", "UINT32", "UINT64", "INT8", "INT16", "INT32", "INT64",
+                  "FP16", "FP32", "FP64", "BYTES", "BF16"]
+BAD_SHARE = 0.05
+STREAM_LENGTH = 16
+# Samples taken less than this long after a reload began are not used for fd and thread counts:
+# a reload runs old and new sessions side by side until the old ones retire.
+SETTLE_SECONDS = 3
+
+
+class Mismatch(Exception):
+    """A request answered, but wrongly."""
+
+
+class Stats:
+    def __init__(self):
+        self.counts = defaultdict(lambda: defaultdict(int))
+        self.messages = []
+
+    def add(self, kind, outcome, detail=None):
+        self.counts[kind][outcome] += 1
+        if detail and outcome in ("unexpected", "wrong") and len(self.messages) < 20:
+            self.messages.append(f"{kind}: {outcome}: {detail}")
+
+    def total(self, outcome):
+        return sum(c[outcome] for c in self.counts.values())
+
+
+def free_port():
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def process_sample(pid):
+    """(VmRSS KiB, open fds, threads) of a process."""
+    rss = threads = 0
+    with open(f"/proc/{pid}/status") as f:
+        for line in f:
+            if line.startswith("VmRSS:"):
+                rss = int(line.split()[1])
+            elif line.startswith("Threads:"):
+                threads = int(line.split()[1])
+    return rss, len(os.listdir(f"/proc/{pid}/fd")), threads
+
+
+# ----------------------------------------------------------------------------------------- requests
+
+def identity_arrays(rng, width):
+    arrays = {}
+    for t in IDENTITY_TYPES:
+        shape = (1, width)
+        if t == "BYTES":
+            pool = [b"", b"a", "h\u00e9llo".encode(), b"x" * 40]
+            a = np.array([pool[i] for i in rng.integers(0, len(pool), width)], dtype=np.object_).reshape(shape)
+        elif t == "BOOL":
+            a = rng.integers(0, 2, shape).astype(np.bool_)
+        elif t == "BF16":
+            a = rng.standard_normal(shape).astype(np.float32).astype(ml_dtypes.bfloat16)
+        else:
+            dt = np.dtype({"FP16": np.float16, "FP32": np.float32, "FP64": np.float64}.get(t, t.lower()))
+            if dt.kind in "iu":
+                info = np.iinfo(dt)
+                a = rng.integers(info.min, info.max, shape, dtype=dt, endpoint=True)
+            else:
+                a = rng.standard_normal(shape).astype(dt)
+        arrays[f"IN_{t}"] = a
+    return arrays
+
+
+class Cases:
+    """Requests with their expected answers. mlp_classifier's answers come from ONNX Runtime run
+    in this process on the same files, per version."""
+
+    def __init__(self, seed):
+        self.rng = np.random.default_rng(seed)
+        self.mlp = {}
+        for version in ("1", "2"):
+            session = ort.InferenceSession(os.path.join(REPOSITORY, "mlp_classifier", version, "model.onnx"))
+            x = self.rng.standard_normal((32, 64)).astype(np.float32)
+            name = session.get_inputs()[0].name
+            self.mlp[version] = (x, session.run(None, {name: x})[0])
+
+    def build(self, model):
+        """(model, version, {input: array}, check(outputs: {name: array}))"""
+        rng = self.rng
+        if model == "add_sub":
+            batch = int(rng.integers(1, 5))
+            a = rng.standard_normal((batch, 16)).astype(np.float32)
+            b = rng.standard_normal((batch, 16)).astype(np.float32)
+
+            def check(out):
+                exact(out["OUTPUT0"], a + b)
+                exact(out["OUTPUT1"], a - b)
+            return model, "", {"INPUT0": a, "INPUT1": b}, check
+        if model == "string_echo":
+            width = int(rng.integers(1, 8))
+            s = np.array([[f"soak-{rng.integers(1 << 30)}-\u00e9".encode() for _ in range(width)]], dtype=np.object_)
+
+            def check(out):
+                got = [v if isinstance(v, bytes) else v.encode() for v in out["output-1"].flatten()]
+                if got != list(s.flatten()):
+                    raise Mismatch(f"echo {got!r} != {list(s.flatten())!r}")
+            return model, "", {"input-1": s}, check
+        if model == "mlp_classifier":
+            version = str(rng.integers(1, 3))
+            x, y = self.mlp[version]
+            rows = rng.integers(0, len(x), int(rng.integers(1, 5)))
+
+            def check(out):
+                if not np.allclose(out["OUTPUT0"], y[rows], rtol=1e-5, atol=1e-6):
+                    raise Mismatch(f"mlp version {version} differs from ONNX Runtime")
+            return model, version, {"INPUT0": x[rows]}, check
+        arrays = identity_arrays(rng, int(rng.integers(1, 6)))
+
+        def check(out):
+            for name, a in arrays.items():
+                got = out[f"OUT_{name[3:]}"]
+                if a.dtype == np.object_:
+                    same = [v if isinstance(v, bytes) else v.encode() for v in got.flatten()] == list(a.flatten())
+                else:
+                    same = got.dtype == a.dtype and got.tobytes() == a.tobytes()
+                if not same or got.shape != a.shape:
+                    raise Mismatch(f"identity {name} came back changed")
+        return model, "", arrays, check
+
+
+def exact(got, expected):
+    if got is None or got.shape != expected.shape or not np.array_equal(got, expected):
+        raise Mismatch(f"expected {expected.flatten()[:4]}..., got {None if got is None else got.flatten()[:4]}...")
+
+
+def grpc_inputs(arrays):
+    inputs = []
+    for name, a in arrays.items():
+        i = grpcaio.InferInput(name, list(a.shape), np_to_triton_dtype(a.dtype))
+        i.set_data_from_numpy(a)
+        inputs.append(i)
+    return inputs
+
+
+def http_inputs(arrays, binary):
+    inputs = []
+    for name, a in arrays.items():
+        i = httpaio.InferInput(name, list(a.shape), np_to_triton_dtype(a.dtype))
+        i.set_data_from_numpy(a, binary_data=binary or not json_can_carry(a.dtype))
+        inputs.append(i)
+    return inputs
+
+
+def json_can_carry(dtype):
+    """FP16 and BF16 travel binary only (as with Triton)."""
+    return dtype not in (np.float16, ml_dtypes.bfloat16)
+
+
+def outputs_of(result, names):
+    return {n: result.as_numpy(n) for n in names}
+
+
+OUTPUTS = {
+    "add_sub": ["OUTPUT0", "OUTPUT1"],
+    "string_echo": ["output-1"],
+    "mlp_classifier": ["OUTPUT0"],
+    "identity_types": [f"OUT_{t}" for t in IDENTITY_TYPES],
+}
+BINARY_ONLY = {"OUT_FP16", "OUT_BF16"}
+
+
+# ------------------------------------------------------------------------------------------- soak
+
+class Soak:
+    def __init__(self, args, grpc_url, http_url, pid):
+        self.args = args
+        self.grpc_url, self.http_url, self.pid = grpc_url, http_url, pid
+        self.stats = Stats()
+        self.cases = Cases(args.seed)
+        self.rng = random.Random(args.seed)
+        self.start = time.monotonic()
+        self.end = self.start + args.seconds
+        self.sent = 0
+        self.paused = set()  # models unloaded on purpose: no traffic
+        self.in_flight = defaultdict(int)
+        self.last_reload = -1e9
+        self.samples = []  # (seconds since start, rss KiB, fds, threads, settled)
+
+    async def pace(self):
+        """Waits for the next slot of the global schedule (--rate requests/s)."""
+        slot = self.start + self.sent / self.args.rate
+        self.sent += 1
+        delay = slot - time.monotonic()
+        if delay > 0:
+            await asyncio.sleep(delay)
+        return time.monotonic() < self.end
+
+    def pick_model(self):
+        return self.rng.choice([m for m in MODELS if m not in self.paused])
+
+    async def checked(self, kind, model, call, check):
+        """Runs one inference whose answer must be right."""
+        self.in_flight[model] += 1
+        try:
+            result = await call()
+            check(outputs_of(result, OUTPUTS[model]))
+            self.stats.add(kind, "ok")
+        except Mismatch as e:
+            self.stats.add(kind, "wrong", str(e))
+        except Exception as e:  # any failure of a good request is unexpected
+            self.stats.add(kind, "unexpected", f"{type(e).__name__}: {e}")
+        finally:
+            self.in_flight[model] -= 1
+
+    async def expect_error(self, kind, call, status, text):
+        """Runs one bad request: it must fail with `status` and a message containing `text`."""
+        try:
+            await call()
+            self.stats.add(kind, "unexpected", "a bad request succeeded")
+        except InferenceServerException as e:
+            if str(e.status()) == status and text in e.message():
+                self.stats.add(kind, "expected")
+            else:
+                self.stats.add(kind, "unexpected", f"{e.status()} {e.message()}")
+        except Exception as e:
+            self.stats.add(kind, "unexpected", f"{type(e).__name__}: {e}")
+
+    async def bad_request(self, grpc, http, session):
+        a = np.zeros((1, 16), np.int32)
+        case = self.rng.choice(["wrong_dtype", "wrong_shape", "garbage_body", "unknown_model"])
+        if case == "wrong_dtype":
+            await self.expect_error(
+                "bad:wrong_dtype (gRPC)",
+                lambda: grpc.infer("add_sub", grpc_inputs({"INPUT0": a, "INPUT1": a})),
+                "StatusCode.INVALID_ARGUMENT", "data-type is 'INT32', but model 'add_sub' expects 'FP32'")
+        elif case == "wrong_shape":
+            f = np.zeros((1, 15), np.float32)
+            await self.expect_error(
+                "bad:wrong_shape (REST)",
+                lambda: http.infer("add_sub", http_inputs({"INPUT0": f, "INPUT1": f}, True)),
+                "400", "unexpected shape for input 'INPUT0' for model 'add_sub'")
+        elif case == "garbage_body":
+            url = f"http://{self.http_url}/v2/models/add_sub/infer"
+            try:
+                async with session.post(url, data=b"\x00\xff{garbage[") as response:
+                    body = await response.json(content_type=None)
+                    if response.status == 400 and body.get("error"):
+                        self.stats.add("bad:garbage_body (REST)", "expected")
+                    else:
+                        self.stats.add("bad:garbage_body (REST)", "unexpected", f"{response.status} {body}")
+            except Exception as e:
+                self.stats.add("bad:garbage_body (REST)", "unexpected", f"{type(e).__name__}: {e}")
+        else:
+            f = np.zeros((1, 16), np.float32)
+            await self.expect_error(
+                "bad:unknown_model (gRPC)",
+                lambda: grpc.infer("no_such_model", grpc_inputs({"INPUT0": f})),
+                "StatusCode.NOT_FOUND", "Request for unknown model: 'no_such_model' is not found")
+
+    async def worker(self, n):
+        grpc = grpcaio.InferenceServerClient(self.grpc_url)
+        http = httpaio.InferenceServerClient(self.http_url, conn_limit=4)
+        async with aiohttp.ClientSession() as session:
+            while await self.pace():
+                if self.rng.random() < BAD_SHARE:
+                    await self.bad_request(grpc, http, session)
+                    continue
+                model, version, arrays, check = self.cases.build(self.pick_model())
+                if self.rng.random() < 0.5:
+                    await self.checked(f"gRPC infer {model}", model,
+                                       lambda: grpc.infer(model, grpc_inputs(arrays), model_version=version), check)
+                else:
+                    binary = self.rng.random() < 0.5
+                    outputs = [httpaio.InferRequestedOutput(o, binary_data=binary or o in BINARY_ONLY)
+                               for o in OUTPUTS[model]]
+                    await self.checked(f"REST infer {model}", model,
+                                       lambda: http.infer(model, http_inputs(arrays, binary),
+                                                          model_version=version, outputs=outputs), check)
+        await grpc.close()
+        await http.close()
+
+    async def streamer(self):
+        """ModelStreamInfer: a new stream for every STREAM_LENGTH requests, answers matched by id."""
+        grpc = grpcaio.InferenceServerClient(self.grpc_url)
+        n = 0
+        while time.monotonic() < self.end:
+            pending = {}
+
+            async def requests():
+                nonlocal n
+                sent = 0
+                while sent < STREAM_LENGTH:
+                    # One sequential caller among --workers: about 1 / (workers + 1) of the slots.
+                    if not await self.pace():
+                        return
+                    model, version, arrays, check = self.cases.build(self.pick_model())
+                    n += 1
+                    sent += 1
+                    pending[str(n)] = (model, check)
+                    self.in_flight[model] += 1
+                    yield {"model_name": model, "model_version": version, "inputs": grpc_inputs(arrays),
+                           "request_id": str(n)}
+
+            try:
+                async for result, error in grpc.stream_infer(requests()):
+                    if error is not None:
+                        self.stats.add("gRPC stream", "unexpected", str(error))
+                        continue
+                    model, check = pending.pop(result.get_response().id)
+                    self.in_flight[model] -= 1
+                    try:
+                        check(outputs_of(result, OUTPUTS[model]))
+                        self.stats.add("gRPC stream", "ok")
+                    except Mismatch as e:
+                        self.stats.add("gRPC stream", "wrong", str(e))
+            except Exception as e:
+                self.stats.add("gRPC stream", "unexpected", f"{type(e).__name__}: {e}")
+            for model, _ in pending.values():
+                self.in_flight[model] -= 1
+                self.stats.add("gRPC stream", "unexpected", "no answer on the stream")
+        await grpc.close()
+
+    async def reloader(self):
+        """Alternates a hot reload of mlp_classifier (traffic keeps flowing) with an unload and load
+        of identity_types (traffic to it paused meanwhile)."""
+        grpc = grpcaio.InferenceServerClient(self.grpc_url)
+        cycle = 0
+        while True:
+            await asyncio.sleep(self.args.reload_every)
+            if time.monotonic() > self.end - self.args.reload_every / 2:
+                break
+            self.last_reload = time.monotonic()
+            if cycle % 2 == 0:
+                try:
+                    await grpc.load_model("mlp_classifier")
+                    self.stats.add("reload mlp_classifier (under traffic)", "ok")
+                except Exception as e:
+                    self.stats.add("reload mlp_classifier (under traffic)", "unexpected", str(e))
+            else:
+                model = "identity_types"
+                self.paused.add(model)
+                while self.in_flight[model]:
+                    await asyncio.sleep(0.01)
+                try:
+                    await grpc.unload_model(model)
+                    self.stats.add("unload + load identity_types", "ok")
+                except Exception as e:
+                    self.stats.add("unload + load identity_types", "unexpected", str(e))
+                arrays = identity_arrays(np.random.default_rng(0), 1)
+                await self.expect_error(
+                    "bad:unloaded model (gRPC)", lambda: grpc.infer(model, grpc_inputs(arrays)),
+                    "StatusCode.NOT_FOUND", f"Request for unknown model: '{model}'")
+                try:
+                    await grpc.load_model(model)
+                except Exception as e:
+                    self.stats.add("unload + load identity_types", "unexpected", str(e))
+                self.paused.discard(model)
+                self.last_reload = time.monotonic()
+            cycle += 1
+        await grpc.close()
+
+    async def sampler(self):
+        while time.monotonic() < self.end:
+            now = time.monotonic()
+            settled = not self.paused and now - self.last_reload > SETTLE_SECONDS
+            self.samples.append((now - self.start, *process_sample(self.pid), settled))
+            await asyncio.sleep(1)
+
+    async def run(self):
+        tasks = [self.worker(n) for n in range(self.args.workers)]
+        tasks += [self.streamer(), self.reloader(), self.sampler()]
+        await asyncio.gather(*tasks)
+
+
+# ---------------------------------------------------------------------------------------- summary
+
+def window(samples, start, end):
+    return [s for s in samples if start <= s[0] < end]
+
+
+def summarize(soak, args):
+    stats, failures = soak.stats, []
+    print(f"\n{'kind':<40} {'ok':>8} {'expected':>9} {'unexpected':>11} {'wrong':>6}")
+    for kind in sorted(stats.counts):
+        c = stats.counts[kind]
+        print(f"{kind:<40} {c['ok']:>8} {c['expected']:>9} {c['unexpected']:>11} {c['wrong']:>6}")
+    ok, expected = stats.total("ok"), stats.total("expected")
+    unexpected, wrong = stats.total("unexpected"), stats.total("wrong")
+    print(f"{'total':<40} {ok:>8} {expected:>9} {unexpected:>11} {wrong:>6}")
+    print(f"{(ok + expected) / args.seconds:.0f} requests/s answered over {args.seconds:.0f} s "
+          f"(load average at the end {open('/proc/loadavg').read().split()[0]})")
+    for m in stats.messages:
+        print("  ", m)
+    # Memory: median of the first 15 s after the warm-up against the median of the last 15 s.
+    samples = soak.samples
+    first = window(samples, args.warmup, args.warmup + 15)
+    last = window(samples, args.seconds - 15, args.seconds + 1)
+    rss0 = statistics.median(s[1] for s in first)
+    rss1 = statistics.median(s[1] for s in last)
+    growth = (rss1 - rss0) / rss0 * 100
+    peak = max(s[1] for s in samples)
+    settled_first = [s for s in first if s[4]] or first
+    settled_last = [s for s in last if s[4]] or last
+    fds0, fds1 = max(s[2] for s in settled_first), max(s[2] for s in settled_last)
+    th0, th1 = max(s[3] for s in settled_first), max(s[3] for s in settled_last)
+    print(f"\nVmRSS after warm-up ({args.warmup:.0f} s) {rss0 / 1024:.1f} MiB, at the end {rss1 / 1024:.1f} MiB: "
+          f"{growth:+.2f} % (peak {peak / 1024:.1f} MiB; at start-up {samples[0][1] / 1024:.1f} MiB)")
+    print(f"open fds after warm-up {fds0}, at the end {fds1}; threads after warm-up {th0}, at the end {th1}")
+    if unexpected:
+        failures.append(f"{unexpected} unexpected errors")
+    if wrong:
+        failures.append(f"{wrong} wrong answers")
+    if growth >= args.max_rss_growth:
+        failures.append(f"resident memory grew {growth:.2f} % (limit {args.max_rss_growth} %)")
+    if fds1 > fds0:
+        failures.append(f"open file descriptors grew from {fds0} to {fds1}")
+    if th1 > th0:
+        failures.append(f"threads grew from {th0} to {th1}")
+    if ok == 0 or expected == 0:
+        failures.append("no traffic was checked")
+    return failures
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--seconds", type=float, default=300, help="length of the soak (at most 600)")
+    ap.add_argument("--warmup", type=float, default=60, help="seconds before the memory baseline")
+    ap.add_argument("--rate", type=float, default=150, help="requests per second, all kinds together")
+    ap.add_argument("--workers", type=int, default=8, help="concurrent clients (each alternates protocols)")
+    ap.add_argument("--reload-every", type=float, default=10, help="seconds between two reload cycles")
+    ap.add_argument("--max-rss-growth", type=float, default=5, help="percent of resident memory growth that fails")
+    ap.add_argument("--seed", type=int, default=9)
+    ap.add_argument("--binary", default=os.path.join(ROOT, "target", "release", "kiln"))
+    args = ap.parse_args()
+    if not 30 <= args.seconds <= 600 or args.warmup + 30 > args.seconds:
+        sys.exit("--seconds must be 30 to 600, and leave 30 s after --warmup")
+    grpc_port, http_port, metrics_port = free_port(), free_port(), free_port()
+    log = tempfile.NamedTemporaryFile(prefix="kiln-soak-", suffix=".log", delete=False)
+    server = subprocess.Popen(
+        [args.binary, "--model-repository", REPOSITORY, "--model-control-mode", "explicit", "--load-model", "*",
+         "--grpc-port", str(grpc_port), "--http-port", str(http_port), "--metrics-port", str(metrics_port)],
+        stdout=subprocess.DEVNULL, stderr=log, env={**os.environ, "RUST_LOG": "warn"})
+    failures = []
+    try:
+        deadline = time.monotonic() + 60
+        while True:
+            try:
+                with socket.create_connection(("127.0.0.1", http_port), timeout=1) as s:
+                    s.sendall(b"GET /v2/health/ready HTTP/1.1\r\nHost: kiln\r\nConnection: close\r\n\r\n")
+                    if s.recv(64).startswith(b"HTTP/1.1 200"):
+                        break
+            except OSError:
+                pass
+            if time.monotonic() > deadline or server.poll() is not None:
+                sys.exit(f"kiln did not become ready (log: {log.name})")
+            time.sleep(0.2)
+        print(f"kiln {args.binary} (pid {server.pid}) ready; soak of {args.seconds:.0f} s at {args.rate:.0f} "
+              f"requests/s, warm-up {args.warmup:.0f} s; load average {open('/proc/loadavg').read().split()[0]}")
+        soak = Soak(args, f"127.0.0.1:{grpc_port}", f"127.0.0.1:{http_port}", server.pid)
+        asyncio.run(soak.run())
+        if server.poll() is not None:
+            failures.append(f"kiln exited with {server.returncode}")
+        else:
+            failures += summarize(soak, args)
+    finally:
+        server.terminate()
+        code = server.wait(timeout=60)
+        if code != 0:
+            failures.append(f"kiln exited with {code} on SIGTERM")
+    if failures:
+        print(f"kiln log: {log.name}")
+    else:
+        os.unlink(log.name)
+    for f in failures:
+        print("FAIL:", f)
+    print("PASS" if not failures else "")
+    sys.exit(1 if failures else 0)
+
+
+if __name__ == "__main__":
+    main()
