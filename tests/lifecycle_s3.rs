@@ -196,3 +196,37 @@ async fn an_empty_prefix_or_a_missing_bucket_serves_nothing() {
     assert!(index(&mut client).await.is_empty());
     assert!(ready(&mut client).await);
 }
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_model_with_thousands_of_entries_is_refused_before_download() {
+    let s3 = S3Server::start(BUCKET);
+    // s3s-fs serves files under its root as objects: 1,025 version directories of one object each.
+    let crowded = s3.root.join(BUCKET).join("models/crowded");
+    for version in 1..=1025 {
+        let dir = crowded.join(version.to_string());
+        std::fs::create_dir_all(&dir).unwrap();
+        std::fs::write(dir.join("model.onnx"), add_bias_model(4, 1.0)).unwrap();
+    }
+    std::fs::write(
+        crowded.join("config.pbtxt"),
+        add_bias_config("crowded", 4, 1),
+    )
+    .unwrap();
+    let cache = TempRepo::new("s3-cache-crowded");
+    let env = s3.env(cache.path.to_str().unwrap());
+    let env: Vec<(&str, &str)> = env.iter().map(|(k, v)| (*k, v.as_str())).collect();
+    let repository = PathBuf::from(format!("s3://{BUCKET}/models"));
+    let server = Server::launch_env(&[repository], &[], &env, true);
+    let mut client = server.client().await;
+    assert_eq!(
+        index(&mut client).await,
+        vec![row(
+            "crowded",
+            "",
+            "UNAVAILABLE",
+            "the directory of model 'crowded' holds more than 1024 entries (version directories \
+             and files), more than kiln reads"
+        )]
+    );
+    assert!(files(&cache.path).is_empty(), "{:?}", files(&cache.path));
+}

@@ -90,6 +90,14 @@ pub fn check_dims(prefix: &str, what: &str, dims: &[i64]) -> Result<(), String> 
     Ok(())
 }
 
+/// The reason a model directory with more than [`MAX_MODEL_DIR_ENTRIES`] entries is refused.
+pub fn too_many_entries(name: &str) -> String {
+    format!(
+        "the directory of model '{name}' holds more than {MAX_MODEL_DIR_ENTRIES} entries \
+         (version directories and files), more than kiln reads"
+    )
+}
+
 /// Refuses a load that would start more than [`MAX_SESSIONS_PER_MODEL`] sessions.
 ///
 /// # Errors

@@ -18,6 +18,7 @@
 //! call from inside another runtime (the index is listed from an async handler) is moved off that
 //! runtime's worker first, so no async worker ever parks on network I/O unannounced.
 
+use super::limits::{too_many_entries, MAX_MODEL_DIR_ENTRIES};
 use super::store::{contained, plain_relative, validate_name, Fingerprint, ModelStore};
 use futures_util::{StreamExt, TryStreamExt};
 use object_store::aws::{AmazonS3Builder, AmazonS3ConfigKey};
@@ -296,6 +297,14 @@ impl ModelStore for S3Store {
 
     fn fetch(&self, name: &str) -> Result<PathBuf, String> {
         let objects = self.objects(name)?;
+        // The same bound as a local model directory, before anything is downloaded.
+        let entries: BTreeSet<&str> = objects
+            .iter()
+            .map(|(relative, _)| relative.split('/').next().unwrap_or(relative))
+            .collect();
+        if entries.len() > MAX_MODEL_DIR_ENTRIES {
+            return Err(too_many_entries(name));
+        }
         let dir = self.cache_dir(name);
         std::fs::create_dir_all(&dir)
             .map_err(|e| format!("cannot create {}: {e}", dir.display()))?;

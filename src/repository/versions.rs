@@ -1,6 +1,6 @@
 //! Version directories and version policies (latest N, all, specific).
 
-use super::limits::MAX_MODEL_DIR_ENTRIES;
+use super::limits::{too_many_entries, MAX_MODEL_DIR_ENTRIES};
 use crate::proto::inference::{model_version_policy::PolicyChoice, ModelConfig};
 use std::path::Path;
 
@@ -19,11 +19,7 @@ pub fn select(dir: &Path, config: &ModelConfig) -> Result<Vec<i64>, String> {
         std::fs::read_dir(dir).map_err(|e| format!("failed to list {}: {e}", dir.display()))?;
     for (index, entry) in entries.flatten().enumerate() {
         if index == MAX_MODEL_DIR_ENTRIES {
-            return Err(format!(
-                "the directory of model '{}' holds more than {MAX_MODEL_DIR_ENTRIES} entries \
-                 (version directories and files), more than kiln reads",
-                config.name
-            ));
+            return Err(too_many_entries(&config.name));
         }
         if !entry.path().is_dir() {
             continue;
