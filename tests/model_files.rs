@@ -261,6 +261,11 @@ async fn hostile_model_files_fail_alone_with_clear_reasons() {
     let outside = TempRepo::new("hostile-outside");
     repo.write("good/config.pbtxt", add_bias_config("good", 4, 1));
     repo.write("good/1/model.onnx", add_bias_model(4, 1.0));
+    // Links back to their own directory: harmless, as long as nothing walks them (two of them
+    // once made the fingerprint of the model's files exponential, and its load never ended).
+    for link in ["x", "y"] {
+        std::os::unix::fs::symlink(".", repo.path.join("good/1").join(link)).unwrap();
+    }
     let expected = write_hostile_models(&repo, &outside);
     let server = Server::launch(
         &[repo_path("model_repository"), repo.path.clone()],

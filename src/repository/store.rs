@@ -239,13 +239,14 @@ impl ModelStore for LocalStore {
 }
 
 /// Hashes the relative path, size and modification time of `path` and, for a directory,
-/// everything below it (sorted, so the order is stable).
+/// everything below it (sorted, so the order is stable). A symlink to a file counts as the file;
+/// a symlink to a directory counts as its target path and is not walked: links can form cycles
+/// (`x -> .`), and two of them in one directory would make the walk exponential.
 fn hash_tree(path: &Path, relative: &Path, hasher: &mut impl Hasher) {
+    relative.hash(hasher);
     let Ok(metadata) = path.metadata() else {
-        relative.hash(hasher);
         return;
     };
-    relative.hash(hasher);
     metadata.is_dir().hash(hasher);
     if !metadata.is_dir() {
         metadata.len().hash(hasher);
@@ -255,6 +256,10 @@ fn hash_tree(path: &Path, relative: &Path, hasher: &mut impl Hasher) {
             .and_then(|t| t.duration_since(UNIX_EPOCH).ok())
             .map_or(0, |d| d.as_nanos());
         mtime.hash(hasher);
+        return;
+    }
+    if let Ok(target) = std::fs::read_link(path) {
+        target.hash(hasher);
         return;
     }
     let Ok(entries) = std::fs::read_dir(path) else {
@@ -350,6 +355,28 @@ mod tests {
         assert_eq!(added.versions["1"], before.versions["1"]);
         std::fs::write(root.join("m/config.pbtxt"), "changed").unwrap();
         assert_ne!(store.fingerprint("m").unwrap().shared, before.shared);
+        let _ = std::fs::remove_dir_all(&root);
+    }
+
+    #[test]
+    fn fingerprints_do_not_walk_linked_directories() {
+        let root = scratch("fingerprint-links");
+        std::fs::create_dir_all(root.join("m/1")).unwrap();
+        std::fs::write(root.join("m/1/model.onnx"), "one").unwrap();
+        // Two links back to their own directory: walking them would visit 2^40 paths (the
+        // kernel stops following after 40 links) and never finish.
+        std::os::unix::fs::symlink(".", root.join("m/1/x")).unwrap();
+        std::os::unix::fs::symlink(".", root.join("m/1/y")).unwrap();
+        let store = LocalStore::new(root.clone());
+        let before = store.fingerprint("m").unwrap();
+        std::fs::write(root.join("m/1/model.onnx"), "changed").unwrap();
+        assert_ne!(store.fingerprint("m").unwrap().versions["1"], before.versions["1"]);
+        // A link to a file counts as the file.
+        std::fs::write(root.join("m/labels.txt"), "a").unwrap();
+        std::os::unix::fs::symlink("labels.txt", root.join("m/linked.txt")).unwrap();
+        let linked = store.fingerprint("m").unwrap();
+        std::fs::write(root.join("m/labels.txt"), "a\nb").unwrap();
+        assert_ne!(store.fingerprint("m").unwrap().shared, linked.shared);
         let _ = std::fs::remove_dir_all(&root);
     }
 }
