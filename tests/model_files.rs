@@ -169,6 +169,19 @@ fn write_hostile_models(repo: &TempRepo, outside: &TempRepo) -> Vec<(&'static st
         .status()
         .unwrap();
     assert!(made.success());
+    // A label file of 2^20 + 1 empty lines: 1 MiB on disk, but a string per label.
+    let labelled = config(
+        "label_lines",
+        "dims: [ 4 ] } ]\ninstance",
+        "dims: [ 4 ] label_filename: \"labels.txt\" } ]\ninstance",
+    );
+    repo.write("label_lines/config.pbtxt", labelled.unwrap());
+    repo.write("label_lines/labels.txt", "\n".repeat((1 << 20) + 1));
+    repo.write("label_lines/1/model.onnx", &good);
+    expected.push((
+        "label_lines",
+        "labels.txt for output 'Y' holds more than the 1048576 labels kiln reads".into(),
+    ));
     // The only version directory has a number too large for a version.
     repo.write("absurd_version/99999999999999999999/model.onnx", &good);
     expected.push((

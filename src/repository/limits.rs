@@ -13,6 +13,9 @@ use std::path::Path;
 pub const MAX_CONFIG_BYTES: u64 = 1 << 20;
 /// Largest label file read: one label per line; a million classes of 16 bytes fit.
 pub const MAX_LABEL_FILE_BYTES: u64 = 16 << 20;
+/// Most labels (lines) a label file may hold: 2^20 classes. Each label is kept as its own string,
+/// so a file of empty lines would otherwise cost some 50 bytes of memory per byte read.
+pub const MAX_LABELS: usize = 1 << 20;
 /// Most entries (version directories and files) a model directory may hold. A model has a config,
 /// perhaps label files, and a few versions; the listing is read on every load, so a directory
 /// with thousands of entries is refused as soon as the listing passes this bound.

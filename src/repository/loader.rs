@@ -5,7 +5,9 @@
 //! versions built so far are stopped and the model is reported with each version's reason.
 
 use super::config::{self, DEFAULT_MODEL_FILENAME};
-use super::limits::{check_sessions, read_text, MAX_CONFIG_BYTES, MAX_LABEL_FILE_BYTES};
+use super::limits::{
+    check_sessions, read_text, MAX_CONFIG_BYTES, MAX_LABELS, MAX_LABEL_FILE_BYTES,
+};
 use super::store::{contained, plain_relative};
 use super::{
     autocomplete, generation, placement, text, versions, Executor, IoSpec, LoadOptions, Model,
@@ -258,6 +260,13 @@ fn read_labels(dir: &Path, config: &ModelConfig) -> Result<BTreeMap<String, Vec<
                 output.name
             )
         })?;
+        if text.lines().count() > MAX_LABELS {
+            return Err(format!(
+                "label file {} for output '{}' holds more than the {MAX_LABELS} labels kiln reads",
+                path.display(),
+                output.name
+            ));
+        }
         labels.insert(
             output.name.clone(),
             text.lines().map(str::to_string).collect(),

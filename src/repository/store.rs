@@ -370,7 +370,10 @@ mod tests {
         let store = LocalStore::new(root.clone());
         let before = store.fingerprint("m").unwrap();
         std::fs::write(root.join("m/1/model.onnx"), "changed").unwrap();
-        assert_ne!(store.fingerprint("m").unwrap().versions["1"], before.versions["1"]);
+        assert_ne!(
+            store.fingerprint("m").unwrap().versions["1"],
+            before.versions["1"]
+        );
         // A link to a file counts as the file.
         std::fs::write(root.join("m/labels.txt"), "a").unwrap();
         std::os::unix::fs::symlink("labels.txt", root.join("m/linked.txt")).unwrap();
