@@ -182,6 +182,22 @@ fn write_hostile_models(repo: &TempRepo, outside: &TempRepo) -> Vec<(&'static st
         "label_lines",
         "labels.txt for output 'Y' holds more than the 1048576 labels kiln reads".into(),
     ));
+    // A text model whose tokenizer.json is 100 MiB (sparse).
+    let text_model = config(
+        "giant_tokenizer",
+        "instance_group",
+        "parameters { key: \"tokenizer_text_input\" value: { string_value: \"TEXT\" } }\ninstance_group",
+    );
+    repo.write("giant_tokenizer/config.pbtxt", text_model.unwrap());
+    repo.write("giant_tokenizer/1/model.onnx", &good);
+    std::fs::File::create(repo.path.join("giant_tokenizer/tokenizer.json"))
+        .unwrap()
+        .set_len(100 << 20)
+        .unwrap();
+    expected.push((
+        "giant_tokenizer",
+        "tokenizer.json is larger than the 67108864 bytes kiln reads".into(),
+    ));
     // The only version directory has a number too large for a version.
     repo.write("absurd_version/99999999999999999999/model.onnx", &good);
     expected.push((

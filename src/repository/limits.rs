@@ -16,6 +16,9 @@ pub const MAX_LABEL_FILE_BYTES: u64 = 16 << 20;
 /// Most labels (lines) a label file may hold: 2^20 classes. Each label is kept as its own string,
 /// so a file of empty lines would otherwise cost some 50 bytes of memory per byte read.
 pub const MAX_LABELS: usize = 1 << 20;
+/// Largest `tokenizer.json` read: the tokenizers of large multilingual models are some 30 MiB,
+/// and the whole file is parsed in memory.
+pub const MAX_TOKENIZER_BYTES: u64 = 64 << 20;
 /// Most entries (version directories and files) a model directory may hold. A model has a config,
 /// perhaps label files, and a few versions; the listing is read on every load, so a directory
 /// with thousands of entries is refused as soon as the listing passes this bound.

@@ -7,6 +7,7 @@
 //! parameters { key: "tokenizer_max_length" value: { string_value: "256" } }
 //! ```
 
+use super::limits::MAX_TOKENIZER_BYTES;
 use super::store::contained;
 use crate::backend::tokenize::{
     Padding, TextInput, TextSpec, TextTokenizer, TokenSlot, TokenizerOptions,
@@ -107,6 +108,11 @@ pub fn text_spec(config: &ModelConfig, dir: &Path) -> Result<Option<TextSpec>, S
     if !path.is_file() {
         return Err(format!(
             "parameter '{TEXT_INPUT}' is set, but the model directory has no {TOKENIZER_FILE}"
+        ));
+    }
+    if path.metadata().map_or(0, |m| m.len()) > MAX_TOKENIZER_BYTES {
+        return Err(format!(
+            "{TOKENIZER_FILE} is larger than the {MAX_TOKENIZER_BYTES} bytes kiln reads"
         ));
     }
     let tokenizer = TextTokenizer::load(&path, &options).map_err(|e| e.to_string())?;
