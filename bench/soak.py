@@ -9,7 +9,8 @@ start-up), then, until --seconds have passed:
   - workers send --rate requests/s in all: gRPC (tritonclient.grpc.aio) and REST
     (tritonclient.http.aio; binary and JSON tensors) inference on add_sub, string_echo,
     mlp_classifier (versions 1 and 2, checked against in-process ONNX Runtime) and identity_types
-    (all 14 datatypes); every answer is checked;
+    (all 14 datatypes), and all_minilm_l6_v2 (sentences in, embeddings out, compared with the
+    same graph run in this process on the same tokens); every answer is checked;
   - a streaming client takes its share of the same schedule over ModelStreamInfer, opening a new
     stream every 16 requests;
   - about 5 % of requests are deliberately bad (wrong datatype, wrong shape, garbage body, unknown
@@ -40,11 +41,13 @@ import numpy as np
 import onnxruntime as ort
 import tritonclient.grpc.aio as grpcaio
 import tritonclient.http.aio as httpaio
+from tokenizers import Tokenizer
 from tritonclient.utils import InferenceServerException, np_to_triton_dtype
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 REPOSITORY = os.path.join(ROOT, "model_repository")
-MODELS = ["add_sub", "string_echo", "mlp_classifier", "identity_types"]
+MINILM = "all_minilm_l6_v2"
+MODELS = ["add_sub", "string_echo", "mlp_classifier", "identity_types", MINILM]
 IDENTITY_TYPES = ["BOOL", "UINT8", "UINT16", "UINT32", "UINT64", "INT8", "INT16", "INT32", "INT64",
                   "FP16", "FP32", "FP64", "BYTES", "BF16"]
 BAD_SHARE = 0.05
@@ -114,9 +117,21 @@ def identity_arrays(rng, width):
     return arrays
 
 
+SENTENCES = [
+    "kiln serves ONNX models over the Triton protocol.",
+    "A quick brown fox jumps over the lazy dog.",
+    "Sentence embeddings map text to vectors of 384 numbers.",
+    "h\u00e9llo w\u00f6rld, \u4f60\u597d \U0001f600",
+    "",
+    "short",
+    " ".join(["long"] * 400),  # truncated at 256 tokens
+]
+
+
 class Cases:
-    """Requests with their expected answers. mlp_classifier's answers come from ONNX Runtime run
-    in this process on the same files, per version."""
+    """Requests with their expected answers. mlp_classifier's and all_minilm_l6_v2's answers come
+    from ONNX Runtime run in this process on the same files (the sentences one at a time, tokenized
+    by the Python tokenizers package from the same tokenizer.json, truncated at 256 tokens)."""
 
     def __init__(self, seed):
         self.rng = np.random.default_rng(seed)
@@ -126,6 +141,16 @@ class Cases:
             x = self.rng.standard_normal((32, 64)).astype(np.float32)
             name = session.get_inputs()[0].name
             self.mlp[version] = (x, session.run(None, {name: x})[0])
+        minilm = os.path.join(REPOSITORY, MINILM)
+        session = ort.InferenceSession(os.path.join(minilm, "1", "model.onnx"))
+        tokenizer = Tokenizer.from_file(os.path.join(minilm, "tokenizer.json"))
+        tokenizer.enable_truncation(256)
+        self.embeddings = []
+        for sentence in SENTENCES:
+            e = tokenizer.encode(sentence)
+            feed = {name: np.array([values], dtype=np.int64) for name, values in
+                    [("input_ids", e.ids), ("attention_mask", e.attention_mask), ("token_type_ids", e.type_ids)]}
+            self.embeddings.append(session.run(None, feed)[0][0])
 
     def build(self, model):
         """(model, version, {input: array}, check(outputs: {name: array}))"""
@@ -157,6 +182,16 @@ class Cases:
                 if not np.allclose(out["OUTPUT0"], y[rows], rtol=1e-5, atol=1e-6):
                     raise Mismatch(f"mlp version {version} differs from ONNX Runtime")
             return model, version, {"INPUT0": x[rows]}, check
+        if model == MINILM:
+            rows = rng.integers(0, len(SENTENCES), int(rng.integers(1, 5)))
+            texts = np.array([[SENTENCES[i].encode()] for i in rows], dtype=np.object_)
+            want = np.stack([self.embeddings[i] for i in rows])
+
+            def check(out):
+                # Padding to the longest text of a batch moves the last digits only.
+                if not np.allclose(out["embedding"], want, atol=1e-5):
+                    raise Mismatch("embeddings differ from ONNX Runtime")
+            return model, "", {"text": texts}, check
         arrays = identity_arrays(rng, int(rng.integers(1, 6)))
 
         def check(out):
@@ -208,6 +243,7 @@ OUTPUTS = {
     "string_echo": ["output-1"],
     "mlp_classifier": ["OUTPUT0"],
     "identity_types": [f"OUT_{t}" for t in IDENTITY_TYPES],
+    MINILM: ["embedding"],
 }
 BINARY_ONLY = {"OUT_FP16", "OUT_BF16"}
 
@@ -304,6 +340,12 @@ class Soak:
         grpc = grpcaio.InferenceServerClient(self.grpc_url)
         http = httpaio.InferenceServerClient(self.http_url, conn_limit=4)
         async with aiohttp.ClientSession() as session:
+            # Open every connection before the warm-up ends, so that the fd count compares like
+            # with like.
+            await grpc.is_server_live()
+            await http.is_server_live()
+            async with session.get(f"http://{self.http_url}/v2/health/live") as response:
+                await response.read()
             while await self.pace():
                 if self.rng.random() < BAD_SHARE:
                     await self.bad_request(grpc, http, session)
@@ -473,10 +515,13 @@ def main():
     ap.add_argument("--reload-every", type=float, default=10, help="seconds between two reload cycles")
     ap.add_argument("--max-rss-growth", type=float, default=5, help="percent of resident memory growth that fails")
     ap.add_argument("--seed", type=int, default=9)
+    ap.add_argument("--samples", help="write the once-a-second samples to this CSV file")
     ap.add_argument("--binary", default=os.path.join(ROOT, "target", "release", "kiln"))
     args = ap.parse_args()
     if not 30 <= args.seconds <= 600 or args.warmup + 30 > args.seconds:
         sys.exit("--seconds must be 30 to 600, and leave 30 s after --warmup")
+    if not os.path.exists(os.path.join(REPOSITORY, MINILM, "1", "model.onnx")):
+        sys.exit(f"{MINILM} is not built: run .ci/setup.sh models")
     grpc_port, http_port, metrics_port = free_port(), free_port(), free_port()
     log = tempfile.NamedTemporaryFile(prefix="kiln-soak-", suffix=".log", delete=False)
     server = subprocess.Popen(
@@ -505,6 +550,11 @@ def main():
             failures.append(f"kiln exited with {server.returncode}")
         else:
             failures += summarize(soak, args)
+        if args.samples:
+            with open(args.samples, "w") as f:
+                f.write("seconds,rss_kib,fds,threads,settled\n")
+                for t, rss, fds, threads, settled in soak.samples:
+                    f.write(f"{t:.1f},{rss},{fds},{threads},{int(settled)}\n")
     finally:
         server.terminate()
         code = server.wait(timeout=60)
