@@ -11,6 +11,9 @@ start-up), then, until --seconds have passed:
     mlp_classifier (versions 1 and 2, checked against in-process ONNX Runtime) and identity_types
     (all 14 datatypes), and all_minilm_l6_v2 (sentences in, embeddings out, compared with the
     same graph run in this process on the same tokens); every answer is checked;
+  - tiny_decoder (a decoupled generation model, greedy): REST /generate and /generate_stream
+    from the workers, decoupled gRPC responses on the streams; every text must equal the text the
+    same prompt got alone before the load started;
   - a streaming client takes its share of the same schedule over ModelStreamInfer, opening a new
     stream every 16 requests;
   - about 5 % of requests are deliberately bad (wrong datatype, wrong shape, garbage body, unknown
@@ -25,6 +28,7 @@ or threads grew. The load is modest on purpose: stability is measured, not throu
 """
 import argparse
 import asyncio
+import json
 import os
 import random
 import socket
@@ -47,7 +51,10 @@ from tritonclient.utils import InferenceServerException, np_to_triton_dtype
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 REPOSITORY = os.path.join(ROOT, "model_repository")
 MINILM = "all_minilm_l6_v2"
-MODELS = ["add_sub", "string_echo", "mlp_classifier", "identity_types", MINILM]
+DECODER = "tiny_decoder"
+MODELS = ["add_sub", "string_echo", "mlp_classifier", "identity_types", MINILM, DECODER]
+PROMPTS = ["The potter", "kiln", "A quick brown fox", "h\u00e9llo w\u00f6rld"]
+MAX_TOKENS = 8
 IDENTITY_TYPES = ["BOOL", "UINT8", "UINT16", "UINT32", "UINT64", "INT8", "INT16", "INT32", "INT64",
                   "FP16", "FP32", "FP64", "BYTES", "BF16"]
 BAD_SHARE = 0.05
@@ -164,6 +171,8 @@ class Cases:
             feed = {name: np.array([values], dtype=np.int64) for name, values in
                     [("input_ids", e.ids), ("attention_mask", e.attention_mask), ("token_type_ids", e.type_ids)]}
             self.embeddings.append(session.run(None, feed)[0][0])
+        # (prompt, max_tokens) -> the text generated alone, set by Soak.decoder_references.
+        self.generated = {}
 
     def build(self, model):
         """(model, version, {input: array}, check(outputs: {name: array}))"""
@@ -195,6 +204,17 @@ class Cases:
                 if not np.allclose(out["OUTPUT0"], y[rows], rtol=1e-5, atol=1e-6):
                     raise Mismatch(f"mlp version {version} differs from ONNX Runtime")
             return model, version, {"INPUT0": x[rows]}, check
+        if model == DECODER:
+            prompt = PROMPTS[int(rng.integers(len(PROMPTS)))]
+            tokens = int(rng.integers(1, MAX_TOKENS + 1))
+            want = self.generated[(prompt, tokens)]
+
+            def check(out):
+                got = b"".join(v if isinstance(v, bytes) else v.encode() for v in out["text_output"].flatten())
+                if got.decode() != want:
+                    raise Mismatch(f"{prompt!r} + {tokens} tokens gave {got.decode()!r}, alone {want!r}")
+            return model, "", {"text_input": np.array([prompt.encode()], dtype=np.object_),
+                               "max_tokens": np.array([tokens], dtype=np.int32)}, check
         if model == MINILM:
             # Short texts, one or two per request: the point is steady load, and a 256-token text
             # costs as much as a hundred short ones (truncation is conformance's to check).
@@ -259,6 +279,7 @@ OUTPUTS = {
     "mlp_classifier": ["OUTPUT0"],
     "identity_types": [f"OUT_{t}" for t in IDENTITY_TYPES],
     MINILM: ["embedding"],
+    DECODER: ["text_output"],
 }
 BINARY_ONLY = {"OUT_FP16", "OUT_BF16"}
 
@@ -366,7 +387,9 @@ class Soak:
                     await self.bad_request(grpc, http, session)
                     continue
                 model, version, arrays, check = self.cases.build(self.pick_model())
-                if self.rng.random() < 0.5:
+                if model == DECODER:
+                    await self.generate(session, arrays, check)
+                elif self.rng.random() < 0.5:
                     await self.checked(f"gRPC infer {model}", model,
                                        lambda: grpc.infer(model, grpc_inputs(arrays), model_version=version), check)
                 else:
@@ -378,6 +401,44 @@ class Soak:
                                                           model_version=version, outputs=outputs), check)
         await grpc.close()
         await http.close()
+
+    async def generate(self, session, arrays, check):
+        """A generation request over REST: /generate (one answer) or /generate_stream (server-sent
+        events, one per token)."""
+        streamed = self.rng.random() < 0.5
+        kind = f"REST {'generate_stream' if streamed else 'generate'} {DECODER}"
+        body = {"text_input": arrays["text_input"][0].decode(), "max_tokens": int(arrays["max_tokens"][0]),
+                "exclude_input_in_output": True}
+        url = f"http://{self.http_url}/v2/models/{DECODER}/{'generate_stream' if streamed else 'generate'}"
+        self.in_flight[DECODER] += 1
+        try:
+            async with session.post(url, json=body) as response:
+                text = await response.text()
+                if response.status != 200:
+                    raise RuntimeError(f"HTTP {response.status}: {text}")
+            if streamed:
+                events = [json.loads(line[5:]) for line in text.splitlines() if line.startswith("data:")]
+                pieces = [e["text_output"] for e in events]
+            else:
+                pieces = [json.loads(text)["text_output"]]
+            check({"text_output": np.array([p.encode() for p in pieces], dtype=np.object_)})
+            self.stats.add(kind, "ok")
+        except Mismatch as e:
+            self.stats.add(kind, "wrong", str(e))
+        except Exception as e:
+            self.stats.add(kind, "unexpected", f"{type(e).__name__}: {e}")
+        finally:
+            self.in_flight[DECODER] -= 1
+
+    async def decoder_references(self):
+        """The text every (prompt, max_tokens) gets alone, before any load."""
+        async with aiohttp.ClientSession() as session:
+            for prompt in PROMPTS:
+                for tokens in range(1, MAX_TOKENS + 1):
+                    body = {"text_input": prompt, "max_tokens": tokens, "exclude_input_in_output": True}
+                    async with session.post(f"http://{self.http_url}/v2/models/{DECODER}/generate",
+                                            json=body) as response:
+                        self.cases.generated[(prompt, tokens)] = (await response.json())["text_output"]
 
     async def streamer(self):
         """ModelStreamInfer: a new stream for every STREAM_LENGTH requests, answers matched by id."""
@@ -396,7 +457,7 @@ class Soak:
                     model, version, arrays, check = self.cases.build(self.pick_model())
                     n += 1
                     sent += 1
-                    pending[str(n)] = (model, check)
+                    pending[str(n)] = (model, check, [])
                     self.in_flight[model] += 1
                     yield {"model_name": model, "model_version": version, "inputs": grpc_inputs(arrays),
                            "request_id": str(n)}
@@ -406,16 +467,27 @@ class Soak:
                     if error is not None:
                         self.stats.add("gRPC stream", "unexpected", str(error))
                         continue
-                    model, check = pending.pop(result.get_response().id)
+                    response = result.get_response()
+                    model, check, pieces = pending[response.id]
+                    outputs = outputs_of(result, OUTPUTS[model])
+                    if model == DECODER:
+                        # Decoupled: one response per token; the last says triton_final_response.
+                        if outputs["text_output"] is not None:
+                            pieces.extend(outputs["text_output"].flatten())
+                        if not response.parameters["triton_final_response"].bool_param:
+                            continue
+                        outputs = {"text_output": np.array(pieces, dtype=np.object_)}
+                    del pending[response.id]
                     self.in_flight[model] -= 1
+                    kind = f"gRPC stream {'generate ' + DECODER if model == DECODER else 'infer'}"
                     try:
-                        check(outputs_of(result, OUTPUTS[model]))
-                        self.stats.add("gRPC stream", "ok")
+                        check(outputs)
+                        self.stats.add(kind, "ok")
                     except Mismatch as e:
-                        self.stats.add("gRPC stream", "wrong", str(e))
+                        self.stats.add(kind, "wrong", str(e))
             except Exception as e:
                 self.stats.add("gRPC stream", "unexpected", f"{type(e).__name__}: {e}")
-            for model, _ in pending.values():
+            for model, _, _ in pending.values():
                 self.in_flight[model] -= 1
                 self.stats.add("gRPC stream", "unexpected", "no answer on the stream")
         await grpc.close()
@@ -469,6 +541,9 @@ class Soak:
             await asyncio.sleep(1)
 
     async def run(self):
+        await self.decoder_references()
+        self.start = time.monotonic()
+        self.end = self.start + self.args.seconds
         tasks = [self.worker(n) for n in range(self.args.workers)]
         tasks += [self.streamer(), self.reloader(), self.sampler()]
         await asyncio.gather(*tasks)
