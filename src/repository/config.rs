@@ -6,8 +6,7 @@ use crate::core::DataType;
 use crate::proto::descriptor_pool;
 use crate::proto::inference::{
     model_config::SchedulingChoice, model_version_policy, DataType as ConfigDataType, ModelConfig,
-    ModelTensorReshape,
-    ModelVersionPolicy,
+    ModelTensorReshape, ModelVersionPolicy,
 };
 use crate::proto::inference::{model_queue_policy, ModelQueuePolicy};
 use crate::scheduler::{BatchingConfig, QueuePolicy, TimeoutAction};

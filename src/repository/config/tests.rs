@@ -1,8 +1,8 @@
 //! Tests of config parsing, normalisation and validation.
 
 use super::*;
-use crate::proto::inference::model_version_policy::PolicyChoice;
 use crate::proto::inference::model_instance_group::Kind;
+use crate::proto::inference::model_version_policy::PolicyChoice;
 
 const ADD_SUB: &str = r#"
     name: "add_sub"
