@@ -5,6 +5,8 @@
 set -euo pipefail
 ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 cd "$ROOT"
+# One clean build on a fresh machine: incremental state would only cost disk (gigabytes) and time.
+export CARGO_INCREMENTAL="${CARGO_INCREMENTAL:-0}"
 
 .ci/setup.sh
 cargo build --locked

@@ -1,9 +1,7 @@
 //! The real binary on port 0, driven over real HTTP with a hand-written client.
 
-mod common;
-
-use common::http_client::{get, post, request, Response};
-use common::{fp32_bytes, fp32_values, Server};
+use crate::common::http_client::{get, post, request, Response};
+use crate::common::{fp32_bytes, fp32_values, Server};
 use kiln::proto::inference::{
     model_infer_request::{InferInputTensor, InferRequestedOutputTensor},
     InferParameter, ModelInferRequest,

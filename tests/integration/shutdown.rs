@@ -3,11 +3,9 @@
 //! UNAVAILABLE / 503 "Server exiting", every admitted request is answered correctly, no response
 //! is cut off, and the process exits 0 once the work is done, well before the exit timeout.
 
-mod common;
-
+use crate::common::http_client;
+use crate::common::Server;
 use bytes::Bytes;
-use common::http_client;
-use common::Server;
 use kiln::proto::inference::{
     model_infer_request::InferInputTensor, ModelInferRequest, ModelInferResponse,
     ModelStatisticsRequest, ServerReadyRequest,

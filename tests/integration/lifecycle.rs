@@ -2,12 +2,10 @@
 //! (index, load, unload), and readiness that follows what can be served (REST, `ServerReady` and
 //! `grpc.health.v1`). Overrides and name checks are in `lifecycle_overrides.rs`.
 
-mod common;
-
-use common::http_client::{get, post};
-use common::lifecycle::*;
-use common::onnx::add_bias_config;
-use common::Server;
+use crate::common::http_client::{get, post};
+use crate::common::lifecycle::*;
+use crate::common::onnx::add_bias_config;
+use crate::common::Server;
 use kiln::proto::inference::{ModelReadyRequest, RepositoryModelLoadRequest};
 use serde_json::json;
 use tonic::transport::Channel;

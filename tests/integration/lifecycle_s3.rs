@@ -2,12 +2,10 @@
 //! S3-compatible server (s3s-fs, see `common::s3`), infers with the bundled add_sub model, and in
 //! poll mode picks up versions uploaded, overwritten and deleted in the bucket.
 
-mod common;
-
-use common::lifecycle::{add_bias_request, eventually, index, ready, row, Client};
-use common::onnx::{add_bias_config, add_bias_model};
-use common::s3::S3Server;
-use common::{fp32_bytes, fp32_values, repo_path, Server, TempRepo};
+use crate::common::lifecycle::{add_bias_request, eventually, index, ready, row, Client};
+use crate::common::onnx::{add_bias_config, add_bias_model};
+use crate::common::s3::S3Server;
+use crate::common::{fp32_bytes, fp32_values, repo_path, Server, TempRepo};
 use kiln::proto::inference::model_infer_request::InferInputTensor;
 use kiln::proto::inference::{ModelInferRequest, ModelReadyRequest};
 use std::path::{Path, PathBuf};

@@ -1,10 +1,8 @@
 //! Hostile and malformed REST requests against the real binary: each gets Triton's status and a
 //! JSON error, and the server stays up.
 
-mod common;
-
-use common::http_client::{get, request, Response};
-use common::Server;
+use crate::common::http_client::{get, request, Response};
+use crate::common::Server;
 
 const INFER: &str = "/v2/models/add_sub/infer";
 

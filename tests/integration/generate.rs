@@ -3,10 +3,8 @@
 //! switch (a copy of the bundled `tiny_decoder` with `continuous_batching: "false"` runs every
 //! step with one sequence; the bundled one batches concurrent sequences together).
 
-mod common;
-
-use common::http_client::{get, post};
-use common::{repo_path, Server, TempRepo};
+use crate::common::http_client::{get, post};
+use crate::common::{repo_path, Server, TempRepo};
 use futures_util::StreamExt;
 use kiln::proto::inference::{
     infer_parameter::ParameterChoice, model_infer_request::InferInputTensor, InferParameter,

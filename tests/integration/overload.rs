@@ -3,11 +3,9 @@
 //! admitted requests still succeed with correct results, and the model takes new work as soon as
 //! the admitted requests finish.
 
-mod common;
-
+use crate::common::http_client;
+use crate::common::Server;
 use bytes::Bytes;
-use common::http_client;
-use common::Server;
 use kiln::proto::inference::{
     model_infer_request::InferInputTensor, ModelInferRequest, ServerReadyRequest,
 };

@@ -1,10 +1,8 @@
 //! Tensors over real HTTP: every datatype through `identity_types` (JSON where Triton allows it,
 //! binary for FP16/BF16, NaN/Infinity tokens), and compressed and chunked request bodies.
 
-mod common;
-
-use common::http_client::{chunked, request};
-use common::Server;
+use crate::common::http_client::{chunked, request};
+use crate::common::Server;
 use serde_json::{json, Value};
 use std::io::Read;
 

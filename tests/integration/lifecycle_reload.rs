@@ -2,12 +2,10 @@
 //! both protocols fails no request and leaves no thread behind; unloading a large model gives its
 //! memory back; the listeners answer while models are still loading.
 
-mod common;
-
-use common::http_client::{get, post};
-use common::lifecycle::{add_bias_request, Client};
-use common::onnx::{add_bias_config, add_bias_config_json, add_bias_model};
-use common::{Server, TempRepo};
+use crate::common::http_client::{get, post};
+use crate::common::lifecycle::{add_bias_request, Client};
+use crate::common::onnx::{add_bias_config, add_bias_config_json, add_bias_model};
+use crate::common::{Server, TempRepo};
 use kiln::proto::inference::model_repository_parameter::ParameterChoice;
 use kiln::proto::inference::{
     ModelRepositoryParameter, RepositoryIndexRequest, RepositoryModelLoadRequest,

@@ -1,6 +1,4 @@
 //! Starts the real `kiln` binary on ephemeral ports and stops it (by PID) when dropped.
-// Each test crate uses a different part of these helpers.
-#![allow(dead_code)]
 
 pub mod http_client;
 pub mod lifecycle;

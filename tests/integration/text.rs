@@ -3,10 +3,8 @@
 //! concurrency and are padded and split back, the tiny BERT's embeddings match the numpy
 //! reference, and bad input or a bad configuration gets a clear error.
 
-mod common;
-
-use common::lifecycle::index;
-use common::{fp32_values, repo_path, Server, TempRepo};
+use crate::common::lifecycle::index;
+use crate::common::{fp32_values, repo_path, Server, TempRepo};
 use kiln::core::tensor::frame_bytes;
 use kiln::proto::inference::{
     model_infer_request::InferInputTensor, ModelConfigRequest, ModelInferRequest,

@@ -2,11 +2,9 @@
 //! on disk are picked up without a restart; unchanged versions keep serving across a reload; a
 //! broken change leaves what serves alone.
 
-mod common;
-
-use common::lifecycle::{add_bias_request, Client};
-use common::onnx::{add_bias_config, add_bias_model};
-use common::{fp32_values, TempRepo};
+use crate::common::lifecycle::{add_bias_request, Client};
+use crate::common::onnx::{add_bias_config, add_bias_model};
+use crate::common::{fp32_values, TempRepo};
 use kiln::proto::inference::{
     ModelStatisticsRequest, RepositoryIndexRequest, RepositoryModelLoadRequest, ServerReadyRequest,
 };

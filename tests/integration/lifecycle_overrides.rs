@@ -1,12 +1,10 @@
 //! The load API's overrides through the real binary: `config` (JSON) and `file:` parameters on
 //! both protocols, and every way a name or path could leave the repository, refused.
 
-mod common;
-
-use common::http_client::post;
-use common::lifecycle::*;
-use common::onnx::{add_bias_config, add_bias_config_json, add_bias_model};
-use common::TempRepo;
+use crate::common::http_client::post;
+use crate::common::lifecycle::*;
+use crate::common::onnx::{add_bias_config, add_bias_config_json, add_bias_model};
+use crate::common::TempRepo;
 use kiln::proto::inference::model_repository_parameter::ParameterChoice;
 use kiln::proto::inference::ModelConfigRequest;
 use serde_json::{json, Value};

@@ -2,12 +2,10 @@
 //! test time. Each hostile model fails its own load with a clear reason, in the repository index
 //! and again on an explicit load, while the server comes up and the good models serve.
 
-mod common;
-
-use common::http_client::{get, post};
-use common::lifecycle::{grpc_infer, grpc_load, rest_infer};
-use common::onnx::{add_bias_config, add_bias_model, external_data_model, unknown_op_model};
-use common::{fp32_bytes, fp32_values, repo_path, Server, TempRepo};
+use crate::common::http_client::{get, post};
+use crate::common::lifecycle::{grpc_infer, grpc_load, rest_infer};
+use crate::common::onnx::{add_bias_config, add_bias_model, external_data_model, unknown_op_model};
+use crate::common::{fp32_bytes, fp32_values, repo_path, Server, TempRepo};
 use kiln::proto::inference::model_infer_request::InferInputTensor;
 use kiln::proto::inference::ModelInferRequest;
 use serde_json::Value;

@@ -3,12 +3,10 @@
 //! is missing while the other models serve, or, with `--gpu-fallback-to-cpu`, it serves on CPU
 //! and its index entry says why. `bench/gpu_check.sh` checks the GPU path on a GPU machine.
 
-mod common;
-
-use common::http_client::get;
-use common::lifecycle::{grpc_infer, index, ready, row};
-use common::onnx::{add_bias_config, add_bias_model};
-use common::TempRepo;
+use crate::common::http_client::get;
+use crate::common::lifecycle::{grpc_infer, index, ready, row};
+use crate::common::onnx::{add_bias_config, add_bias_model};
+use crate::common::TempRepo;
 use serde_json::json;
 
 /// `cpu_model` (Y = X + 1, one CPU instance) beside `gpu_model` (Y = X + 2) asking for two

@@ -1,9 +1,7 @@
 //! The real binary on port 0, driven with the generated tonic client.
 
-mod common;
-
+use crate::common::{fp32_bytes, fp32_values, Server};
 use bytes::Bytes;
-use common::{fp32_bytes, fp32_values, Server};
 use kiln::proto::inference::{
     model_infer_request::{InferInputTensor, InferRequestedOutputTensor},
     InferTensorContents, ModelConfigRequest, ModelInferRequest, ModelMetadataRequest,

@@ -2,10 +2,8 @@
 //! correctly, queues fill, deadlines expire without running, streams answer in order, and
 //! statistics and metrics report what happened.
 
-mod common;
-
+use crate::common::{fp32_bytes, fp32_values, Server};
 use bytes::Bytes;
-use common::{fp32_bytes, fp32_values, Server};
 use kiln::proto::inference::{
     grpc_inference_service_client::GrpcInferenceServiceClient, infer_parameter::ParameterChoice,
     model_infer_request::InferInputTensor, InferParameter, ModelInferRequest, ModelStatistics,
