@@ -238,10 +238,30 @@ async fn shutdown_signal() {
     }
 }
 
-#[tokio::main]
-async fn main() -> ExitCode {
+/// Blocking work still running once the server has stopped (a model load stuck in ONNX Runtime,
+/// say) gets this long before the process exits anyway.
+const BLOCKING_GRACE: Duration = Duration::from_secs(2);
+
+fn main() -> ExitCode {
     let args = Args::parse();
     init_logging(args.log_verbose);
+    let runtime = match tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+    {
+        Ok(runtime) => runtime,
+        Err(e) => {
+            error!("cannot start the async runtime: {e}");
+            return ExitCode::FAILURE;
+        }
+    };
+    let code = runtime.block_on(serve(args));
+    // Dropping the runtime would wait for every blocking task, however long it takes.
+    runtime.shutdown_timeout(BLOCKING_GRACE);
+    code
+}
+
+async fn serve(args: Args) -> ExitCode {
     let grpc = match bind(SocketAddr::new(args.grpc_address, args.grpc_port), "gRPC").await {
         Some(listener) => listener,
         None => return ExitCode::FAILURE,

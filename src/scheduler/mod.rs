@@ -9,7 +9,8 @@
 //! added two more context switches per request, which on two cores cost more than the model.)
 //! Cheaper still, a lone request (the only one of its version in flight) runs at once on the
 //! caller's own thread when the model is known to be quick and would not wait to batch anyway
-//! (see [`INLINE_MAX_INFER`]): no hand-off at all. Under concurrent load requests go to the
+//! (no delay, or waiting has not paid lately: see [`state`]; and [`INLINE_MAX_INFER`]): no
+//! hand-off at all. Under concurrent load requests go to the
 //! instance threads as before — run inline, they would hold up the other connections of the
 //! network thread. So sessions are not tied to threads: idle sessions wait in a pool that
 //! instance threads and inline callers both take from.
@@ -161,8 +162,7 @@ pub struct Scheduler {
     in_flight: AtomicUsize,
     /// 0: no limit (see [`BatchingConfig::max_in_flight`]).
     max_in_flight: usize,
-    /// Requests never wait in the queue to be batched (no dynamic batching, or no delay), so a
-    /// lone request may run inline.
+    /// The backends may run on a caller's thread (see [`Backend::may_run_inline`]).
     may_inline: bool,
 }
 
@@ -178,8 +178,7 @@ impl Scheduler {
         stats: Arc<ModelStats>,
     ) -> std::io::Result<Scheduler> {
         let batching = config.dynamic && config.max_batch_size > 0;
-        let may_inline = (!batching || config.max_queue_delay.is_zero())
-            && backends.iter().all(|backend| backend.may_run_inline());
+        let may_inline = backends.iter().all(|backend| backend.may_run_inline());
         let max_in_flight = config.max_in_flight;
         let instances = backends.len();
         let shared = Arc::new(Shared {
@@ -345,11 +344,11 @@ impl Drop for InFlight<'_> {
 }
 
 impl Shared {
-    /// A free session, when nothing is queued (a queued request goes first) and the scheduler
-    /// runs.
+    /// A free session, when nothing is queued (a queued request goes first), a queued request
+    /// would not wait to be batched, and the scheduler runs.
     fn take_idle_session(&self) -> Option<Box<dyn Backend>> {
         let mut queue = self.lock();
-        if queue.stopped || !queue.state.is_empty() {
+        if queue.stopped || !queue.state.is_empty() || queue.state.waits_for_company() {
             return None;
         }
         queue.free.pop()

@@ -8,13 +8,26 @@
 //!   order, with requests of the same shape signature while the batch stays within
 //!   `max_batch_size`; the first incompatible request ends it (order is never skipped);
 //! - a batch is sent when it reaches `max_batch_size` or a preferred size, or once its oldest
-//!   request has waited `max_queue_delay`; otherwise the batcher waits until then;
+//!   request has waited `max_queue_delay`, or once no request has joined it for a quarter of
+//!   that delay ([`SETTLE_FRACTION`]: the burst it came with is over, and waiting longer would
+//!   only add latency); otherwise the batcher waits until then;
+//! - a request does not wait at all while waiting has not paid lately: once a batch has waited
+//!   and gone with a single request, later ones go at once, until a batch of several forms again
+//!   (requests that queued up behind busy instances) — a client that sends one request at a time
+//!   never pays the delay;
 //! - a request whose timeout passes while queued is rejected (REJECT) or moved behind every request
 //!   that has not timed out (DELAY); a client deadline always rejects;
 //! - without dynamic batching every request runs alone, in priority and arrival order.
 
 use std::collections::VecDeque;
 use std::time::{Duration, Instant};
+
+/// A batch still below its preferred sizes goes once no request has joined it for
+/// `max_queue_delay / SETTLE_FRACTION`. Clients that wait for their answers (most do) send
+/// nothing more until the batch runs: without this rule each such batch would wait out the whole
+/// delay for nothing. Requests that keep arriving closer together than this still extend the
+/// batch, up to the full delay, as Triton's batcher would.
+pub const SETTLE_FRACTION: u32 = 4;
 
 /// What to do with a request whose queue-policy timeout expires.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
@@ -149,6 +162,8 @@ pub struct State<T> {
     levels: Vec<VecDeque<Entry<T>>>,
     /// Requests whose DELAY timeout fired: served only when every level is empty.
     delayed: VecDeque<Entry<T>>,
+    /// Whether the last batches that waited for company got some (see the module's rules).
+    waiting_pays: bool,
 }
 
 impl<T> State<T> {
@@ -162,6 +177,7 @@ impl<T> State<T> {
             config,
             levels,
             delayed: VecDeque::new(),
+            waiting_pays: true,
         }
     }
 
@@ -176,6 +192,14 @@ impl<T> State<T> {
 
     pub fn is_empty(&self) -> bool {
         self.len() == 0
+    }
+
+    /// Whether a request queued now would wait for others to join it.
+    pub fn waits_for_company(&self) -> bool {
+        self.config.dynamic
+            && self.config.max_batch_size > 0
+            && !self.config.max_queue_delay.is_zero()
+            && self.waiting_pays
     }
 
     /// Queues a request and says when, if it is still queued then, it will be rejected: its
@@ -303,6 +327,7 @@ impl<T> State<T> {
         // Longest run of compatible requests, in order, that fits max_batch_size; remember the
         // longest prefix whose size is a preferred one.
         let (signature, oldest) = (head.signature, head.enqueued);
+        let mut newest = oldest;
         let mut total = 0;
         let mut count = 0;
         let mut preferred_prefix = None;
@@ -313,6 +338,7 @@ impl<T> State<T> {
             }
             total += entry.batch_size;
             count += 1;
+            newest = newest.max(entry.enqueued);
             if self
                 .config
                 .preferred_batch_sizes
@@ -325,14 +351,22 @@ impl<T> State<T> {
         // A single request larger than max_batch_size cannot reach here: the engine rejects it.
         let count = count.max(1);
         let full = total >= self.config.max_batch_size;
-        let waited_enough = now.saturating_duration_since(oldest) >= self.config.max_queue_delay;
-        let take = if full || waited_enough {
+        let delay = self.config.max_queue_delay;
+        let due = (oldest + delay).min(newest + delay / SETTLE_FRACTION);
+        let take = if full || !self.waiting_pays {
+            count
+        } else if now >= due {
+            // It waited: did anyone join?
+            self.waiting_pays = count > 1;
             count
         } else if let Some(prefix) = preferred_prefix {
             prefix
         } else {
-            return Next::WaitUntil(oldest + self.config.max_queue_delay);
+            return Next::WaitUntil(due);
         };
+        if take > 1 {
+            self.waiting_pays = true;
+        }
         Next::Batch(queue.drain(..take).map(|e| e.payload).collect())
     }
 }

@@ -319,13 +319,26 @@ async fn a_quick_model_runs_lone_requests_on_the_callers_thread() {
     // Dynamic batching without a delay would not have waited either.
     let seen = run_lone_requests(dynamic(8, Duration::ZERO), Duration::ZERO, 3).await;
     assert!(!seen[2].starts_with("instance-"), "{seen:?}");
+    // With a delay, the first request waits for company on an instance and gets none: from
+    // then on a lone request would not wait, so it runs inline.
+    let seen = run_lone_requests(dynamic(8, Duration::from_micros(200)), Duration::ZERO, 3).await;
+    assert!(seen[0].starts_with("instance-"), "{seen:?}");
+    assert!(
+        seen[1..].iter().all(|t| !t.starts_with("instance-")),
+        "{seen:?}"
+    );
 }
 
 #[tokio::test]
-async fn slow_models_and_batching_delays_keep_requests_on_the_instances() {
+async fn slow_models_keep_requests_on_the_instances() {
     let seen = run_lone_requests(BatchingConfig::default(), Duration::from_millis(2), 3).await;
     assert!(seen.iter().all(|t| t.starts_with("instance-")), "{seen:?}");
-    let seen = run_lone_requests(dynamic(8, Duration::from_micros(200)), Duration::ZERO, 3).await;
+    let seen = run_lone_requests(
+        dynamic(8, Duration::from_micros(200)),
+        Duration::from_millis(2),
+        3,
+    )
+    .await;
     assert!(seen.iter().all(|t| t.starts_with("instance-")), "{seen:?}");
 }
 

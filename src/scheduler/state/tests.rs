@@ -91,18 +91,70 @@ fn different_signatures_are_never_merged_and_order_is_kept() {
 #[test]
 fn delay_waits_for_more_requests_until_it_expires() {
     let start = Instant::now();
+    let us = |n| start + Duration::from_micros(n);
+    let mut state = State::new(dynamic(8, &[], 1000));
+    // Requests keep joining (every 200 us, under a quarter of the delay): the batch waits for
+    // its oldest request's full delay.
+    state.push(sub(0, 1), start).unwrap();
+    assert_eq!(state.next_batch(start), Next::WaitUntil(us(250)));
+    for (i, at) in [(1, 200), (2, 400), (3, 600), (4, 800)] {
+        state.push(sub(i, 1), us(at)).unwrap();
+        assert_eq!(
+            state.next_batch(us(at)),
+            Next::WaitUntil(us((at + 250).min(1000)))
+        );
+    }
+    assert_eq!(state.next_batch(us(999)), Next::WaitUntil(us(1000)));
+    assert_eq!(batch(state.next_batch(us(1000))), vec![0, 1, 2, 3, 4]);
+}
+
+#[test]
+fn a_batch_nobody_joins_goes_after_a_quarter_of_the_delay() {
+    let start = Instant::now();
+    let us = |n| start + Duration::from_micros(n);
     let mut state = State::new(dynamic(8, &[], 1000));
     state.push(sub(0, 1), start).unwrap();
-    let deadline = start + Duration::from_micros(1000);
-    assert_eq!(state.next_batch(start), Next::WaitUntil(deadline));
+    state.push(sub(1, 1), us(100)).unwrap();
+    assert_eq!(state.next_batch(us(349)), Next::WaitUntil(us(350)));
+    assert_eq!(batch(state.next_batch(us(350))), vec![0, 1]);
+    // Only the batch's own requests count: a later, incompatible one does not keep it waiting.
+    state.push(sub(2, 1), us(400)).unwrap();
     state
-        .push(sub(1, 1), start + Duration::from_micros(500))
+        .push(
+            Submission {
+                signature: 9,
+                ..sub(3, 1)
+            },
+            us(600),
+        )
         .unwrap();
+    assert_eq!(batch(state.next_batch(us(650))), vec![2]);
+    assert_eq!(batch(state.next_batch(us(850))), vec![3]);
+}
+
+#[test]
+fn a_lone_client_stops_paying_the_delay_until_requests_queue_up_again() {
+    let start = Instant::now();
+    let us = |n| start + Duration::from_micros(n);
+    let mut state = State::new(dynamic(8, &[], 1000));
+    assert!(state.waits_for_company());
+    state.push(sub(0, 1), start).unwrap();
+    assert_eq!(state.next_batch(start), Next::WaitUntil(us(250)));
     assert_eq!(
-        state.next_batch(start + Duration::from_micros(600)),
-        Next::WaitUntil(deadline)
+        batch(state.next_batch(us(250))),
+        vec![0],
+        "waited for nobody"
     );
-    assert_eq!(batch(state.next_batch(deadline)), vec![0, 1]);
+    assert!(!state.waits_for_company());
+    state.push(sub(1, 1), us(400)).unwrap();
+    assert_eq!(batch(state.next_batch(us(400))), vec![1], "goes at once");
+    // Two requests queued up behind a busy instance: batching pays again, and so does waiting.
+    state.push(sub(2, 1), us(500)).unwrap();
+    state.push(sub(3, 1), us(510)).unwrap();
+    assert_eq!(batch(state.next_batch(us(520))), vec![2, 3]);
+    assert!(state.waits_for_company());
+    state.push(sub(4, 1), us(600)).unwrap();
+    assert_eq!(state.next_batch(us(600)), Next::WaitUntil(us(850)));
 }
 
 #[test]
