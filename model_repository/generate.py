@@ -454,8 +454,9 @@ def int_div(w, repo):
 
 
 def slow_batcher(w, repo):
-    """Y = X + 1 behind a dynamic batcher that waits up to 2 s for a preferred batch of 4, with a
-    queue of at most 2 requests: lets tests see batches form, queues fill and deadlines expire."""
+    """Y = X + 1 behind a dynamic batcher that waits 2 s for a preferred batch of 4 (the full delay:
+    adaptive_batching_delay off), with a queue of at most 4 requests: lets tests see batches form,
+    queues fill and deadlines expire."""
     d = os.path.join(repo, "slow_batcher")
     m = make_model("slow_batcher", [helper.make_node("Add", ["X", "one"], ["Y"])],
                    [vi("X", TensorProto.FLOAT, ["batch", 1])], [vi("Y", TensorProto.FLOAT, ["batch", 1])],
@@ -466,7 +467,8 @@ def slow_batcher(w, repo):
         inputs=[fp32("X", [1])], outputs=[fp32("Y", [1])],
         extra=("dynamic_batching {\n  preferred_batch_size: [ 4 ]\n  max_queue_delay_microseconds: 2000000\n"
                "  default_queue_policy { max_queue_size: 4 }\n}\n"
-               "instance_group [ { count: 1 kind: KIND_CPU } ]\n")))
+               "instance_group [ { count: 1 kind: KIND_CPU } ]\n"
+               'parameters { key: "adaptive_batching_delay" value: { string_value: "false" } }\n')))
 
     def check(ort):
         x = np.arange(4, dtype=np.float32).reshape(4, 1)
@@ -477,7 +479,7 @@ def slow_batcher(w, repo):
 
 
 def bounded_batcher(w, repo):
-    """Y = X + 1 behind a batcher that waits up to 2 s for a full batch of 8 and has no queue limit,
+    """Y = X + 1 behind a batcher that waits 2 s for a full batch of 8 and has no queue limit,
     but admits at most 4 requests at once (max_inflight_requests): lets tests flood a model and see
     prompt RESOURCE_EXHAUSTED answers while the admitted requests still succeed."""
     d = os.path.join(repo, "bounded_batcher")
@@ -490,7 +492,8 @@ def bounded_batcher(w, repo):
         inputs=[fp32("X", [1])], outputs=[fp32("Y", [1])],
         extra=("dynamic_batching {\n  preferred_batch_size: [ 8 ]\n  max_queue_delay_microseconds: 2000000\n}\n"
                "instance_group [ { count: 1 kind: KIND_CPU } ]\n"
-               'parameters { key: "max_inflight_requests" value: { string_value: "4" } }\n')))
+               'parameters { key: "max_inflight_requests" value: { string_value: "4" } }\n'
+               'parameters { key: "adaptive_batching_delay" value: { string_value: "false" } }\n')))
 
     def check(ort):
         x = np.arange(2, dtype=np.float32).reshape(2, 1)

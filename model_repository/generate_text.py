@@ -105,7 +105,7 @@ def text_batcher(w, tokenizer_text):
     w.text(os.path.join(d, "config.pbtxt"), HEADER + 'backend: "onnxruntime"\nmax_batch_size: 8\n'
            + "dynamic_batching {\n  preferred_batch_size: [ 4 ]\n  max_queue_delay_microseconds: 2000000\n}\n"
            + "instance_group [ { count: 1 kind: KIND_CPU } ]\n"
-           + parameters(tokenizer_text_input="TEXT", tokenizer_max_length=12))
+           + parameters(tokenizer_text_input="TEXT", tokenizer_max_length=12, adaptive_batching_delay="false"))
 
 
 TINY = BertConfig(hidden=16, heads=2, layers=2, intermediate=32)

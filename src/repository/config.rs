@@ -304,9 +304,33 @@ pub fn max_inflight_requests(config: &ModelConfig) -> Result<usize, ConfigError>
     })
 }
 
+/// The config parameter that turns off the batcher's shortcuts (see
+/// [`BatchingConfig::adaptive_delay`]): `"false"` makes every batch wait for its full
+/// `max_queue_delay_microseconds` unless it fills, exactly as Triton's batcher does.
+pub const ADAPTIVE_BATCHING_DELAY: &str = "adaptive_batching_delay";
+
+/// The model's `adaptive_batching_delay` parameter; true when absent.
+///
+/// # Errors
+/// [`ConfigError::Invalid`] when the value is neither `true` nor `false`.
+pub fn adaptive_batching_delay(config: &ModelConfig) -> Result<bool, ConfigError> {
+    let Some(parameter) = config.parameters.get(ADAPTIVE_BATCHING_DELAY) else {
+        return Ok(true);
+    };
+    match parameter.string_value.trim().to_ascii_lowercase().as_str() {
+        "true" => Ok(true),
+        "false" => Ok(false),
+        _ => Err(ConfigError::Invalid(format!(
+            "parameter '{ADAPTIVE_BATCHING_DELAY}' of model '{}' must be \"true\" or \"false\", got '{}'",
+            config.name, parameter.string_value
+        ))),
+    }
+}
+
 /// The scheduler settings a config asks for: `dynamic_batching` (preferred sizes, delay, priority
 /// levels, queue policies per level); without it requests run one at a time. The in-flight bound
-/// comes from [`max_inflight_requests`] (checked when the model loads).
+/// comes from [`max_inflight_requests`] and the delay's shortcuts from
+/// [`adaptive_batching_delay`] (both checked when the model loads).
 pub fn batching_config(config: &ModelConfig) -> BatchingConfig {
     let max_batch_size = config.max_batch_size.max(0) as usize;
     let max_in_flight = max_inflight_requests(config).unwrap_or(0);
@@ -348,6 +372,7 @@ pub fn batching_config(config: &ModelConfig) -> BatchingConfig {
             .map(|level| policy(dynamic.priority_queue_policy.get(&level).or(default_policy)))
             .collect(),
         max_in_flight,
+        adaptive_delay: adaptive_batching_delay(config).unwrap_or(true),
     }
 }
 

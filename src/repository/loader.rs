@@ -149,6 +149,7 @@ pub fn prepare(
     }
     config::validate_io(&config).map_err(|e| e.to_string())?;
     config::max_inflight_requests(&config).map_err(|e| e.to_string())?;
+    config::adaptive_batching_delay(&config).map_err(|e| e.to_string())?;
     let labels = read_labels(dir, &config)?;
     Ok(Prepared {
         name: name.to_string(),

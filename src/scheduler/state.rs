@@ -8,13 +8,15 @@
 //!   order, with requests of the same shape signature while the batch stays within
 //!   `max_batch_size`; the first incompatible request ends it (order is never skipped);
 //! - a batch is sent when it reaches `max_batch_size` or a preferred size, or once its oldest
-//!   request has waited `max_queue_delay`, or once no request has joined it for a quarter of
+//!   request has waited `max_queue_delay`, or once no request has joined it for a tenth of
 //!   that delay ([`SETTLE_FRACTION`]: the burst it came with is over, and waiting longer would
 //!   only add latency); otherwise the batcher waits until then;
 //! - a request does not wait at all while waiting has not paid lately: once a batch has waited
 //!   and gone with a single request, later ones go at once, until a batch of several forms again
 //!   (requests that queued up behind busy instances) — a client that sends one request at a time
 //!   never pays the delay;
+//! - with `adaptive_delay` off (the config parameter `adaptive_batching_delay: "false"`) neither
+//!   shortcut applies and a batch that does not fill waits for its full delay, as in Triton;
 //! - a request whose timeout passes while queued is rejected (REJECT) or moved behind every request
 //!   that has not timed out (DELAY); a client deadline always rejects;
 //! - without dynamic batching every request runs alone, in priority and arrival order.
@@ -27,7 +29,7 @@ use std::time::{Duration, Instant};
 /// nothing more until the batch runs: without this rule each such batch would wait out the whole
 /// delay for nothing. Requests that keep arriving closer together than this still extend the
 /// batch, up to the full delay, as Triton's batcher would.
-pub const SETTLE_FRACTION: u32 = 4;
+pub const SETTLE_FRACTION: u32 = 10;
 
 /// What to do with a request whose queue-policy timeout expires.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
@@ -69,6 +71,10 @@ pub struct BatchingConfig {
     /// `max_inflight_requests`); 0 means no limit. Enforced by the [`Scheduler`](super::Scheduler)
     /// before a request reaches the queue, so `State` itself never sees it.
     pub max_in_flight: usize,
+    /// Wait less than `max_queue_delay` when waiting cannot help (the module's rules; the
+    /// config parameter `adaptive_batching_delay`). Off: every batch that does not fill waits for
+    /// its full delay, as in Triton.
+    pub adaptive_delay: bool,
 }
 
 impl Default for BatchingConfig {
@@ -82,6 +88,7 @@ impl Default for BatchingConfig {
             default_priority: 1,
             policies: vec![QueuePolicy::default()],
             max_in_flight: 0,
+            adaptive_delay: true,
         }
     }
 }
@@ -199,7 +206,7 @@ impl<T> State<T> {
         self.config.dynamic
             && self.config.max_batch_size > 0
             && !self.config.max_queue_delay.is_zero()
-            && self.waiting_pays
+            && (self.waiting_pays || !self.config.adaptive_delay)
     }
 
     /// Queues a request and says when, if it is still queued then, it will be rejected: its
@@ -352,8 +359,13 @@ impl<T> State<T> {
         let count = count.max(1);
         let full = total >= self.config.max_batch_size;
         let delay = self.config.max_queue_delay;
-        let due = (oldest + delay).min(newest + delay / SETTLE_FRACTION);
-        let take = if full || !self.waiting_pays {
+        let adaptive = self.config.adaptive_delay;
+        let due = if adaptive {
+            (oldest + delay).min(newest + delay / SETTLE_FRACTION)
+        } else {
+            oldest + delay
+        };
+        let take = if full || (adaptive && !self.waiting_pays) {
             count
         } else if now >= due {
             // It waited: did anyone join?

@@ -177,7 +177,9 @@ async fn full_queue_rejects_and_deadlines_expire_without_running() {
 async fn the_in_flight_bound_refuses_at_once_and_recovers() {
     let config = BatchingConfig {
         max_in_flight: 2,
-        ..dynamic(8, Duration::from_millis(200))
+        // Long enough that the two held requests are still waiting to be batched when the
+        // third comes (a batch nobody joins goes after a tenth of the delay).
+        ..dynamic(8, Duration::from_secs(2))
     };
     let (scheduler, _, _) = scheduler(config, 1, Duration::ZERO);
     let held: Vec<_> = (0..2u8)

@@ -131,6 +131,26 @@ fn max_inflight_requests_parameter() {
 }
 
 #[test]
+fn adaptive_batching_delay_parameter() {
+    let with = |value: &str| {
+        parse_config(&format!(
+            "name: \"m\" max_batch_size: 8 dynamic_batching {{ max_queue_delay_microseconds: 100 }} \
+             parameters {{ key: \"adaptive_batching_delay\" value: {{ string_value: \"{value}\" }} }}"
+        ))
+        .unwrap()
+    };
+    assert_eq!(adaptive_batching_delay(&with("false")), Ok(false));
+    assert!(!batching_config(&with(" FALSE ")).adaptive_delay);
+    assert!(batching_config(&with("true")).adaptive_delay);
+    let plain = parse_config("max_batch_size: 8 dynamic_batching { }").unwrap();
+    assert!(batching_config(&plain).adaptive_delay, "on by default");
+    let err = adaptive_batching_delay(&with("no"))
+        .unwrap_err()
+        .to_string();
+    assert!(err.contains("must be \"true\" or \"false\""), "{err}");
+}
+
+#[test]
 fn identity_takes_directory_name_and_fills_platform() {
     let mut config = parse_config("backend: \"onnxruntime\"").unwrap();
     normalize_identity(&mut config, "m").unwrap();

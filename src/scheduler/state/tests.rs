@@ -92,31 +92,35 @@ fn different_signatures_are_never_merged_and_order_is_kept() {
 fn delay_waits_for_more_requests_until_it_expires() {
     let start = Instant::now();
     let us = |n| start + Duration::from_micros(n);
-    let mut state = State::new(dynamic(8, &[], 1000));
-    // Requests keep joining (every 200 us, under a quarter of the delay): the batch waits for
-    // its oldest request's full delay.
+    let mut state = State::new(dynamic(16, &[], 1000));
+    // Requests keep joining (every 80 us, under a tenth of the delay): the batch waits for its
+    // oldest request's full delay.
     state.push(sub(0, 1), start).unwrap();
-    assert_eq!(state.next_batch(start), Next::WaitUntil(us(250)));
-    for (i, at) in [(1, 200), (2, 400), (3, 600), (4, 800)] {
-        state.push(sub(i, 1), us(at)).unwrap();
+    assert_eq!(state.next_batch(start), Next::WaitUntil(us(100)));
+    for i in 1..=12 {
+        let at = i * 80;
+        state.push(sub(i as u32, 1), us(at)).unwrap();
         assert_eq!(
             state.next_batch(us(at)),
-            Next::WaitUntil(us((at + 250).min(1000)))
+            Next::WaitUntil(us((at + 100).min(1000)))
         );
     }
     assert_eq!(state.next_batch(us(999)), Next::WaitUntil(us(1000)));
-    assert_eq!(batch(state.next_batch(us(1000))), vec![0, 1, 2, 3, 4]);
+    assert_eq!(
+        batch(state.next_batch(us(1000))),
+        (0..=12).collect::<Vec<_>>()
+    );
 }
 
 #[test]
-fn a_batch_nobody_joins_goes_after_a_quarter_of_the_delay() {
+fn a_batch_nobody_joins_goes_after_a_tenth_of_the_delay() {
     let start = Instant::now();
     let us = |n| start + Duration::from_micros(n);
-    let mut state = State::new(dynamic(8, &[], 1000));
+    let mut state = State::new(dynamic(16, &[], 1000));
     state.push(sub(0, 1), start).unwrap();
-    state.push(sub(1, 1), us(100)).unwrap();
-    assert_eq!(state.next_batch(us(349)), Next::WaitUntil(us(350)));
-    assert_eq!(batch(state.next_batch(us(350))), vec![0, 1]);
+    state.push(sub(1, 1), us(50)).unwrap();
+    assert_eq!(state.next_batch(us(149)), Next::WaitUntil(us(150)));
+    assert_eq!(batch(state.next_batch(us(150))), vec![0, 1]);
     // Only the batch's own requests count: a later, incompatible one does not keep it waiting.
     state.push(sub(2, 1), us(400)).unwrap();
     state
@@ -125,11 +129,11 @@ fn a_batch_nobody_joins_goes_after_a_quarter_of_the_delay() {
                 signature: 9,
                 ..sub(3, 1)
             },
-            us(600),
+            us(450),
         )
         .unwrap();
-    assert_eq!(batch(state.next_batch(us(650))), vec![2]);
-    assert_eq!(batch(state.next_batch(us(850))), vec![3]);
+    assert_eq!(batch(state.next_batch(us(500))), vec![2]);
+    assert_eq!(batch(state.next_batch(us(600))), vec![3]);
 }
 
 #[test]
@@ -139,9 +143,9 @@ fn a_lone_client_stops_paying_the_delay_until_requests_queue_up_again() {
     let mut state = State::new(dynamic(8, &[], 1000));
     assert!(state.waits_for_company());
     state.push(sub(0, 1), start).unwrap();
-    assert_eq!(state.next_batch(start), Next::WaitUntil(us(250)));
+    assert_eq!(state.next_batch(start), Next::WaitUntil(us(100)));
     assert_eq!(
-        batch(state.next_batch(us(250))),
+        batch(state.next_batch(us(100))),
         vec![0],
         "waited for nobody"
     );
@@ -154,7 +158,27 @@ fn a_lone_client_stops_paying_the_delay_until_requests_queue_up_again() {
     assert_eq!(batch(state.next_batch(us(520))), vec![2, 3]);
     assert!(state.waits_for_company());
     state.push(sub(4, 1), us(600)).unwrap();
-    assert_eq!(state.next_batch(us(600)), Next::WaitUntil(us(850)));
+    assert_eq!(state.next_batch(us(600)), Next::WaitUntil(us(700)));
+}
+
+#[test]
+fn without_the_adaptive_delay_every_batch_waits_its_full_delay() {
+    let start = Instant::now();
+    let us = |n| start + Duration::from_micros(n);
+    let mut state = State::new(BatchingConfig {
+        adaptive_delay: false,
+        ..dynamic(8, &[], 1000)
+    });
+    for round in 0..2u64 {
+        let at = round * 2000;
+        state.push(sub(round as u32, 1), us(at)).unwrap();
+        assert!(state.waits_for_company());
+        assert_eq!(
+            state.next_batch(us(at + 500)),
+            Next::WaitUntil(us(at + 1000))
+        );
+        assert_eq!(batch(state.next_batch(us(at + 1000))), vec![round as u32]);
+    }
 }
 
 #[test]
