@@ -85,10 +85,20 @@ impl<T> BatchState<T> {
         self.rows.is_empty() && self.pending.is_empty()
     }
 
-    /// Takes the waiting requests that fit in the batch now, oldest first.
-    pub fn take_joining(&mut self) -> Vec<T> {
+    /// Takes the waiting requests that fit in the batch now, oldest first, as long as their
+    /// prompts (`tokens` gives each one's length) add up to at most `budget` tokens; the oldest
+    /// is taken whatever its length.
+    pub fn take_joining(&mut self, budget: usize, tokens: impl Fn(&T) -> usize) -> Vec<T> {
         let free = self.capacity.saturating_sub(self.rows.len());
-        let count = free.min(self.pending.len());
+        let mut count = 0;
+        let mut total = 0usize;
+        for seq in self.pending.iter().take(free) {
+            total = total.saturating_add(tokens(seq));
+            if count > 0 && total > budget {
+                break;
+            }
+            count += 1;
+        }
         self.pending.drain(..count).collect()
     }
 
@@ -224,14 +234,35 @@ mod tests {
         for id in ["a", "b", "c"] {
             state.enqueue(id);
         }
-        assert_eq!(state.take_joining(), vec!["a", "b"]);
+        assert_eq!(state.take_joining(usize::MAX, |_| 1), vec!["a", "b"]);
         assert_eq!(state.pending(), 1);
         state.join(vec![("a", 3), ("b", 1)]);
-        assert!(state.take_joining().is_empty(), "the batch is full");
+        assert!(
+            state.take_joining(usize::MAX, |_| 1).is_empty(),
+            "the batch is full"
+        );
         let (gone, _) = state.leave(|s| *s != "a");
         assert_eq!(gone, vec!["a"]);
-        assert_eq!(state.take_joining(), vec!["c"]);
+        assert_eq!(state.take_joining(usize::MAX, |_| 1), vec!["c"]);
         assert!(!state.is_idle());
+    }
+
+    #[test]
+    fn a_prefill_takes_prompts_up_to_its_token_budget() {
+        let mut state = BatchState::new(8);
+        for len in [5usize, 4, 3, 20, 1] {
+            state.enqueue(len);
+        }
+        let len = |s: &usize| *s;
+        assert_eq!(state.take_joining(10, len), vec![5, 4], "5 + 4 + 3 > 10");
+        assert_eq!(state.take_joining(10, len), vec![3]);
+        assert_eq!(
+            state.take_joining(10, len),
+            vec![20],
+            "a long prompt goes alone"
+        );
+        assert_eq!(state.take_joining(10, len), vec![1]);
+        assert!(state.take_joining(10, len).is_empty());
     }
 
     #[test]
@@ -239,11 +270,11 @@ mod tests {
         let mut state = BatchState::new(1);
         state.enqueue(1);
         state.enqueue(2);
-        assert_eq!(state.take_joining(), vec![1]);
+        assert_eq!(state.take_joining(usize::MAX, |_| 1), vec![1]);
         state.join(vec![(1, 4)]);
-        assert!(state.take_joining().is_empty());
+        assert!(state.take_joining(usize::MAX, |_| 1).is_empty());
         state.leave(|_| false);
-        assert_eq!(state.take_joining(), vec![2]);
+        assert_eq!(state.take_joining(usize::MAX, |_| 1), vec![2]);
     }
 
     #[test]
@@ -327,6 +358,6 @@ mod tests {
             state.enqueue(id);
         }
         state.retain_pending(|id| id % 2 == 0);
-        assert_eq!(state.take_joining(), vec![0, 2]);
+        assert_eq!(state.take_joining(usize::MAX, |_| 1), vec![0, 2]);
     }
 }

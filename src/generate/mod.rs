@@ -66,6 +66,10 @@ pub struct GenerateOptions {
     pub max_active: usize,
     /// Prompt plus generated tokens, at most.
     pub max_sequence_length: usize,
+    /// Prompt tokens one prefill takes at most (a longer prompt goes alone): waiting requests
+    /// join in chunks of this size, so the first of a burst get their first token sooner and
+    /// the running sequences' next token waits less.
+    pub max_prefill_tokens: usize,
     /// Requests waiting or running at most (0: no limit).
     pub max_in_flight: usize,
 }
@@ -150,6 +154,7 @@ impl Generator {
             session,
             Arc::clone(&codec),
             options.max_active,
+            options.max_prefill_tokens,
             stats,
             metrics,
         );

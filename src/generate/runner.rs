@@ -13,7 +13,8 @@ use crate::metrics::{ComputeTimes, FailureReason, GenerationMetrics, ModelStats}
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-/// Prefills run back to back at most this many times before a decode step.
+/// Prefills (each of at most `max_prefill_tokens`) run back to back at most this many times
+/// before a decode step.
 const PREFILL_ROUNDS: usize = 8;
 
 /// A sequence in the batch: the request and its decoding state.
@@ -105,6 +106,8 @@ pub(super) struct Runner {
     session: DecoderSession,
     codec: Arc<TextCodec>,
     state: BatchState<Active>,
+    /// Prompt tokens per prefill, at most (see [`super::GenerateOptions`]).
+    max_prefill_tokens: usize,
     /// The batch's cache; `None` when the batch is empty.
     cache: Option<KvCache>,
     stats: Arc<ModelStats>,
@@ -116,6 +119,7 @@ impl Runner {
         session: DecoderSession,
         codec: Arc<TextCodec>,
         max_active: usize,
+        max_prefill_tokens: usize,
         stats: Arc<ModelStats>,
         metrics: GenerationMetrics,
     ) -> Runner {
@@ -123,6 +127,7 @@ impl Runner {
             session,
             codec,
             state: BatchState::new(max_active),
+            max_prefill_tokens,
             cache: None,
             stats,
             metrics,
@@ -169,7 +174,9 @@ impl Runner {
         });
         self.leave();
         for _ in 0..PREFILL_ROUNDS {
-            let joining = self.state.take_joining();
+            let joining = self
+                .state
+                .take_joining(self.max_prefill_tokens, |s| s.request.prompt.len());
             if joining.is_empty() {
                 break;
             }

@@ -143,6 +143,7 @@ pub fn options(config: &ModelConfig) -> Result<GenerateOptions, String> {
     Ok(GenerateOptions {
         max_active: if continuous { max_active } else { 1 },
         max_sequence_length: number("max_sequence_length", 2048)?,
+        max_prefill_tokens: number("max_prefill_tokens", 512)?,
         max_in_flight: config::max_inflight_requests(config).map_err(|e| e.to_string())?,
     })
 }
@@ -306,8 +307,11 @@ mod tests {
             (defaults.max_active, defaults.max_sequence_length),
             (32, 2048)
         );
+        assert_eq!(defaults.max_prefill_tokens, 512);
         set(&mut config, "max_active_sequences", "8");
         assert_eq!(options(&config).unwrap().max_active, 8);
+        set(&mut config, "max_prefill_tokens", "64");
+        assert_eq!(options(&config).unwrap().max_prefill_tokens, 64);
         set(&mut config, "continuous_batching", "false");
         assert_eq!(options(&config).unwrap().max_active, 1);
         set(&mut config, "continuous_batching", "maybe");
