@@ -153,9 +153,10 @@ impl IoSpec {
 }
 
 /// Checks the config's dims (its `reshape` when it has one) against the graph's shape, as Triton's
-/// backends do: the same rank (plus the batch dimension when batching), and equal sizes wherever
-/// both are fixed. A variable dimension on either side matches anything; the graph checks the
-/// actual size when a request runs.
+/// ONNX Runtime backend does: when batching, the graph's first dimension must be variable (the
+/// batch); then the same rank, and wherever the graph fixes a size the config must state that
+/// size (a variable config dimension against a fixed graph one is refused: requests of other
+/// sizes would only fail in the graph). A variable graph dimension takes any config value.
 fn compare_dims(
     model: &str,
     tensor: &str,
@@ -163,17 +164,17 @@ fn compare_dims(
     dims: &[i64],
     batched: bool,
 ) -> Result<(), String> {
-    let graph_dims = if batched && !graph.is_empty() {
-        &graph[1..]
-    } else {
-        graph
-    };
+    if batched && graph.first().is_none_or(|&batch| batch >= 0) {
+        return Err(format!(
+            "model '{model}', tensor '{tensor}': for the model to support batching the shape \
+             should have at least 1 dimension and the first dimension must be -1; but shape \
+             expected by the model is {}",
+            shape_text(graph)
+        ));
+    }
+    let graph_dims = if batched { &graph[1..] } else { graph };
     let matches = graph_dims.len() == dims.len()
-        && (!batched || !graph.is_empty())
-        && graph_dims
-            .iter()
-            .zip(dims)
-            .all(|(&g, &d)| g < 0 || d < 0 || g == d);
+        && graph_dims.iter().zip(dims).all(|(&g, &d)| g < 0 || g == d);
     if matches {
         return Ok(());
     }
@@ -256,15 +257,15 @@ mod tests {
         let config = |dims: &str| {
             parse_config(&format!(
                 "name: \"m\" max_batch_size: 8 input [{{name: \"x\" data_type: TYPE_FP32 dims: {dims}}}] \
-                 output [{{name: \"y\" data_type: TYPE_FP32 dims: [-1]}}]"
+                 output [{{name: \"y\" data_type: TYPE_FP32 dims: [16]}}]"
             ))
             .unwrap()
         };
         let y = [info("y", DataType::Fp32, &[-1, 16])];
         let x = |shape: &[i64]| [info("x", DataType::Fp32, shape)];
-        // Variable on either side matches; fixed sizes must agree.
+        // A variable graph dimension takes anything; a fixed one must be stated as it is.
         assert!(IoSpec::new(&config("[16]"), &x(&[-1, 16]), &y).is_ok());
-        assert!(IoSpec::new(&config("[-1]"), &x(&[-1, 16]), &y).is_ok());
+        assert!(IoSpec::new(&config("[-1]"), &x(&[-1, 16]), &y).is_err());
         assert!(IoSpec::new(&config("[1099511627776]"), &x(&[-1, -1]), &y).is_ok());
         assert_eq!(
             IoSpec::new(&config("[1099511627776]"), &x(&[-1, 16]), &y).unwrap_err(),
@@ -292,6 +293,34 @@ mod tests {
         )
         .unwrap();
         assert_eq!(io.input("x").unwrap().model_dims, Some(vec![4]));
+    }
+
+    #[test]
+    fn batching_needs_a_variable_first_graph_dimension() {
+        let config = |batch: i32, dims: &str| {
+            parse_config(&format!(
+                "name: \"m\" max_batch_size: {batch} \
+                 input [{{name: \"x\" data_type: TYPE_FP32 dims: {dims}}}] \
+                 output [{{name: \"y\" data_type: TYPE_FP32 dims: [-1]}}]"
+            ))
+            .unwrap()
+        };
+        let y = [info("y", DataType::Fp32, &[-1, -1])];
+        let x = |shape: &[i64]| [info("x", DataType::Fp32, shape)];
+        assert_eq!(
+            IoSpec::new(&config(8, "[4]"), &x(&[8, 4]), &y).unwrap_err(),
+            "model 'm', tensor 'x': for the model to support batching the shape should have at \
+             least 1 dimension and the first dimension must be -1; but shape expected by the \
+             model is [8,4]"
+        );
+        assert!(IoSpec::new(&config(8, "[4]"), &x(&[]), &y)
+            .unwrap_err()
+            .contains("first dimension must be -1"));
+        let y = [info("y", DataType::Fp32, &[-1])];
+        assert!(IoSpec::new(&config(0, "[8, 4]"), &x(&[8, 4]), &y).is_ok());
+        assert!(IoSpec::new(&config(0, "[-1, 4]"), &x(&[8, 4]), &y)
+            .unwrap_err()
+            .contains("the model expects 2 dimensions (shape [8,4])"));
     }
 
     #[test]
