@@ -67,8 +67,8 @@ pub struct GenerateOptions {
     /// Prompt plus generated tokens, at most.
     pub max_sequence_length: usize,
     /// Prompt tokens one prefill takes at most (a longer prompt goes alone): waiting requests
-    /// join in chunks of this size, so the first of a burst get their first token sooner and
-    /// the running sequences' next token waits less.
+    /// join in chunks of this size, which bounds how long a burst of long prompts holds up the
+    /// running sequences' next token.
     pub max_prefill_tokens: usize,
     /// Requests waiting or running at most (0: no limit).
     pub max_in_flight: usize,
