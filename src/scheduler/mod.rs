@@ -10,10 +10,10 @@
 //! Cheaper still, a lone request (the only one of its version in flight) runs at once on the
 //! caller's own thread when the model is known to be quick and would not wait to batch anyway
 //! (no delay, or waiting has not paid lately: see [`state`]; and [`INLINE_MAX_INFER`]): no
-//! hand-off at all. Under concurrent load requests go to the
-//! instance threads as before — run inline, they would hold up the other connections of the
-//! network thread. So sessions are not tied to threads: idle sessions wait in a pool that
-//! instance threads and inline callers both take from.
+//! hand-off at all. Under concurrent load requests go to the instance threads as before — run
+//! inline, they would hold up the other connections of the network thread. So sessions are not
+//! tied to threads: idle sessions wait in a pool that instance threads and inline callers both
+//! take from.
 //! Deadlines and REJECT timeouts are timed by the waiting caller, which takes its request back
 //! out of the queue when they pass; instances also drop anything expired they come across.
 
