@@ -177,7 +177,7 @@ impl Scheduler {
         backends: Vec<Box<dyn Backend>>,
         stats: Arc<ModelStats>,
     ) -> std::io::Result<Scheduler> {
-        let batching = config.dynamic && config.max_batch_size > 0;
+        let batching = config.merges();
         let may_inline = backends.iter().all(|backend| backend.may_run_inline());
         let max_in_flight = config.max_in_flight;
         let instances = backends.len();

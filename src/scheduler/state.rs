@@ -94,6 +94,12 @@ impl Default for BatchingConfig {
 }
 
 impl BatchingConfig {
+    /// Whether requests are merged into batches (dynamic batching on a model with a batch
+    /// dimension).
+    pub fn merges(&self) -> bool {
+        self.dynamic && self.max_batch_size > 0
+    }
+
     fn level(&self, priority: Option<u64>) -> usize {
         match priority {
             Some(p) if p >= 1 && p as usize <= self.priority_levels => p as usize - 1,
@@ -203,8 +209,7 @@ impl<T> State<T> {
 
     /// Whether a request queued now would wait for others to join it.
     pub fn waits_for_company(&self) -> bool {
-        self.config.dynamic
-            && self.config.max_batch_size > 0
+        self.config.merges()
             && !self.config.max_queue_delay.is_zero()
             && (self.waiting_pays || !self.config.adaptive_delay)
     }
@@ -327,8 +332,7 @@ impl<T> State<T> {
             return Next::Idle;
         };
         let head = &queue[0];
-        let batching = self.config.dynamic && self.config.max_batch_size > 0;
-        if !batching {
+        if !self.config.merges() {
             return Next::Batch(vec![queue.pop_front().expect("non-empty").payload]);
         }
         // Longest run of compatible requests, in order, that fits max_batch_size; remember the

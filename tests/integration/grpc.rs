@@ -1,12 +1,12 @@
 //! The real binary on port 0, driven with the generated tonic client.
 
-use crate::common::{fp32_bytes, fp32_values, Server};
+use crate::common::{fp32_bytes, fp32_values, model_config, Server};
 use bytes::Bytes;
 use kiln::proto::inference::{
     model_infer_request::{InferInputTensor, InferRequestedOutputTensor},
-    InferTensorContents, ModelConfigRequest, ModelInferRequest, ModelMetadataRequest,
-    ModelReadyRequest, RepositoryIndexRequest, ServerLiveRequest, ServerMetadataRequest,
-    ServerReadyRequest, SystemSharedMemoryStatusRequest,
+    InferTensorContents, ModelInferRequest, ModelMetadataRequest, ModelReadyRequest,
+    RepositoryIndexRequest, ServerLiveRequest, ServerMetadataRequest, ServerReadyRequest,
+    SystemSharedMemoryStatusRequest,
 };
 use tonic::Code;
 
@@ -120,30 +120,12 @@ async fn health_metadata_and_index() {
 async fn auto_completed_config() {
     let server = Server::start();
     let mut client = server.client().await;
-    let config = client
-        .model_config(ModelConfigRequest {
-            name: "identity_types".into(),
-            version: String::new(),
-        })
-        .await
-        .unwrap()
-        .into_inner()
-        .config
-        .unwrap();
+    let config = model_config(&mut client, "identity_types").await;
     assert_eq!(config.max_batch_size, 4);
     assert!(config.scheduling_choice.is_some(), "dynamic_batching added");
     assert_eq!(config.instance_group[0].count, 2);
     assert_eq!(config.input.len(), 14);
-    let nobatch = client
-        .model_config(ModelConfigRequest {
-            name: "nobatch_dynamic".into(),
-            version: String::new(),
-        })
-        .await
-        .unwrap()
-        .into_inner()
-        .config
-        .unwrap();
+    let nobatch = model_config(&mut client, "nobatch_dynamic").await;
     assert_eq!(nobatch.max_batch_size, 0);
     assert_eq!(nobatch.input[0].dims, vec![3, -1]);
 }

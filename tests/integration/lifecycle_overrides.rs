@@ -4,9 +4,8 @@
 use crate::common::http_client::post;
 use crate::common::lifecycle::*;
 use crate::common::onnx::{add_bias_config, add_bias_config_json, add_bias_model};
-use crate::common::TempRepo;
+use crate::common::{model_config, TempRepo};
 use kiln::proto::inference::model_repository_parameter::ParameterChoice;
-use kiln::proto::inference::ModelConfigRequest;
 use serde_json::{json, Value};
 use tonic::Code;
 
@@ -18,16 +17,7 @@ async fn config_and_file_overrides() {
     let instances = |client: &mut Client| {
         let mut client = client.clone();
         async move {
-            let config = client
-                .model_config(ModelConfigRequest {
-                    name: "alpha".into(),
-                    version: String::new(),
-                })
-                .await
-                .unwrap()
-                .into_inner()
-                .config
-                .unwrap();
+            let config = model_config(&mut client, "alpha").await;
             config.instance_group[0].count
         }
     };

@@ -4,11 +4,11 @@
 //! reference, and bad input or a bad configuration gets a clear error.
 
 use crate::common::lifecycle::index;
-use crate::common::{fp32_values, repo_path, Server, TempRepo};
+use crate::common::{fp32_values, model_config, repo_path, Server, TempRepo};
 use kiln::core::tensor::frame_bytes;
 use kiln::proto::inference::{
-    model_infer_request::InferInputTensor, ModelConfigRequest, ModelInferRequest,
-    ModelInferResponse, ModelMetadataRequest, ModelStatisticsRequest,
+    model_infer_request::InferInputTensor, ModelInferRequest, ModelInferResponse,
+    ModelMetadataRequest, ModelStatisticsRequest,
 };
 use serde_json::Value;
 use tonic::Code;
@@ -105,16 +105,7 @@ async fn clients_see_a_text_input_and_the_graph_gets_python_identical_tokens() {
         .map(|t| (t.name.as_str(), t.datatype.as_str(), t.shape.clone()))
         .collect();
     assert_eq!(inputs, [("TEXT", "BYTES", vec![-1, 1])]);
-    let config = client
-        .model_config(ModelConfigRequest {
-            name: "text_tokens".into(),
-            version: String::new(),
-        })
-        .await
-        .unwrap()
-        .into_inner()
-        .config
-        .unwrap();
+    let config = model_config(&mut client, "text_tokens").await;
     assert_eq!(
         config.input.len(),
         1,

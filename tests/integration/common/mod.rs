@@ -6,6 +6,7 @@ pub mod onnx;
 pub mod s3;
 
 use kiln::proto::inference::grpc_inference_service_client::GrpcInferenceServiceClient;
+use kiln::proto::inference::{ModelConfig, ModelConfigRequest};
 use std::io::{BufRead, BufReader};
 use std::path::PathBuf;
 use std::process::{Child, Command, Stdio};
@@ -185,6 +186,23 @@ impl Drop for Server {
             let _ = self.child.wait();
         }
     }
+}
+
+/// The config kiln serves for the latest version of `name` (gRPC `ModelConfig`).
+pub async fn model_config(
+    client: &mut GrpcInferenceServiceClient<Channel>,
+    name: &str,
+) -> ModelConfig {
+    client
+        .model_config(ModelConfigRequest {
+            name: name.into(),
+            version: String::new(),
+        })
+        .await
+        .unwrap()
+        .into_inner()
+        .config
+        .unwrap()
 }
 
 /// Little-endian FP32 bytes, the raw layout of an FP32 tensor.
