@@ -306,21 +306,46 @@ impl<'a> Reader<'a> {
         Ok(digits)
     }
 
-    fn digits(&mut self) -> usize {
+    /// Scans a run of digits, folding the first [`EXACT_DIGITS`] significant ones into
+    /// `mantissa`; returns how many digits it scanned.
+    fn digits(&mut self, mantissa: &mut Mantissa) -> usize {
         let start = self.pos;
-        while matches!(self.peek(), Some(b'0'..=b'9')) {
-            self.pos += 1;
+        let mut pos = self.pos;
+        // Eight at a time while they fit (tensor data is mostly long decimals).
+        while mantissa.kept + 8 <= EXACT_DIGITS {
+            let Some(word) = self.src.get(pos..pos + 8) else {
+                break;
+            };
+            let word = u64::from_le_bytes(word.try_into().unwrap_or_default());
+            let Some(value) = eight_digits(word) else {
+                break;
+            };
+            mantissa.value = mantissa.value * 100_000_000 + value;
+            mantissa.kept += 8;
+            pos += 8;
         }
-        self.pos - start
+        while let Some(digit @ b'0'..=b'9') = self.src.get(pos).copied() {
+            mantissa.push(digit - b'0');
+            pos += 1;
+        }
+        self.pos = pos;
+        pos - start
     }
 
     /// A number, including rapidjson's `NaN`, `Inf` and `Infinity` with an optional minus.
+    ///
+    /// Tensor data is mostly numbers, so the common ones are converted as they are scanned:
+    /// integers that fit 64 bits exactly, and decimals of at most 19 significant digits whose
+    /// value is one exact multiplication or division by a power of ten (Clinger's fast path:
+    /// both operands exact, so the one rounding is the correct one). Anything else goes to the
+    /// standard library's correctly rounded parser.
     fn number(&mut self) -> Result<Number, ParseError> {
         let start = self.pos;
         let negative = self.peek() == Some(b'-');
         if negative {
             self.pos += 1;
         }
+        let mut mantissa = Mantissa::default();
         match self.peek() {
             Some(b'N') => {
                 self.literal("NaN")?;
@@ -345,26 +370,51 @@ impl<'a> Reader<'a> {
                 }
             }
             Some(b'1'..=b'9') => {
-                self.digits();
+                self.digits(&mut mantissa);
             }
             _ => return Err(self.error("Invalid value.")),
         }
         let mut integer = true;
+        let mut exponent: i64 = 0;
         if self.peek() == Some(b'.') {
             self.pos += 1;
             integer = false;
-            if self.digits() == 0 {
+            let before = mantissa.kept;
+            if self.digits(&mut mantissa) == 0 {
                 return Err(self.error("Missing fraction part in number."));
             }
+            exponent -= i64::from(mantissa.kept - before);
         }
         if matches!(self.peek(), Some(b'e' | b'E')) {
             self.pos += 1;
             integer = false;
+            let negative_exponent = self.peek() == Some(b'-');
             if matches!(self.peek(), Some(b'+' | b'-')) {
                 self.pos += 1;
             }
-            if self.digits() == 0 {
+            let mut written: i64 = 0;
+            let scanned = self.pos;
+            while let Some(digit @ b'0'..=b'9') = self.peek() {
+                // Saturates far beyond any finite double's exponent.
+                written = (written * 10 + i64::from(digit - b'0')).min(1 << 40);
+                self.pos += 1;
+            }
+            if self.pos == scanned {
                 return Err(self.error("Missing exponent in number."));
+            }
+            exponent += if negative_exponent { -written } else { written };
+        }
+        if !mantissa.dropped {
+            let value = mantissa.value;
+            if integer {
+                if !negative {
+                    return Ok(Number::Unsigned(value));
+                }
+                if let Some(v) = 0i64.checked_sub_unsigned(value) {
+                    return Ok(Number::Negative(v));
+                }
+            } else if let Some(v) = exact_decimal(value, exponent) {
+                return Ok(Number::Float(if negative { -v } else { v }));
             }
         }
         // The grammar above admits only ASCII, so this cannot fail.
@@ -382,4 +432,66 @@ impl<'a> Reader<'a> {
             .map(Number::Float)
             .map_err(|_| self.error("Invalid value."))
     }
+}
+
+/// Significant digits that always fit a `u64`.
+const EXACT_DIGITS: u32 = 19;
+
+/// The digits of a number as they are scanned.
+#[derive(Default)]
+struct Mantissa {
+    value: u64,
+    /// Digits folded into `value` (leading zeros included: they cost nothing).
+    kept: u32,
+    /// A digit did not fit: the number needs the general parser.
+    dropped: bool,
+}
+
+impl Mantissa {
+    fn push(&mut self, digit: u8) {
+        if self.kept < EXACT_DIGITS {
+            self.value = self.value * 10 + u64::from(digit);
+            self.kept += 1;
+        } else {
+            self.dropped = true;
+        }
+    }
+}
+
+/// The value of eight ASCII digits read as a little-endian word, or `None` if any byte is not a
+/// digit (the well-known SWAR reduction: pairs, then quads, then the eight).
+pub(super) fn eight_digits(word: u64) -> Option<u64> {
+    const ZEROS: u64 = 0x3030_3030_3030_3030;
+    let high_nibbles = word & 0xF0F0_F0F0_F0F0_F0F0;
+    let carries = (word.wrapping_add(0x0606_0606_0606_0606) & 0xF0F0_F0F0_F0F0_F0F0) >> 4;
+    if high_nibbles | carries != 0x3333_3333_3333_3333 {
+        return None;
+    }
+    let digits = word - ZEROS;
+    let pairs = digits.wrapping_mul(10) + (digits >> 8);
+    const LOW: u64 = 0x0000_00FF_0000_00FF;
+    let quads = (pairs & LOW)
+        .wrapping_mul(100 + (1_000_000 << 32))
+        .wrapping_add(((pairs >> 16) & LOW).wrapping_mul(1 + (10_000 << 32)));
+    Some(quads >> 32)
+}
+
+/// `mantissa × 10^exponent`, when one exact operation on doubles gives it correctly rounded.
+fn exact_decimal(mantissa: u64, exponent: i64) -> Option<f64> {
+    /// Powers of ten a double holds exactly.
+    const POWERS: [f64; 23] = [
+        1e0, 1e1, 1e2, 1e3, 1e4, 1e5, 1e6, 1e7, 1e8, 1e9, 1e10, 1e11, 1e12, 1e13, 1e14, 1e15, 1e16,
+        1e17, 1e18, 1e19, 1e20, 1e21, 1e22,
+    ];
+    if mantissa > 1 << 53 {
+        return None;
+    }
+    let power = *POWERS.get(usize::try_from(exponent.unsigned_abs()).ok()?)?;
+    #[allow(clippy::cast_precision_loss)] // at most 2^53: exact
+    let mantissa = mantissa as f64;
+    Some(if exponent < 0 {
+        mantissa / power
+    } else {
+        mantissa * power
+    })
 }

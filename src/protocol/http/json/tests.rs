@@ -87,6 +87,82 @@ fn number_grammar_is_strict() {
     );
 }
 
+/// The parser's own conversion (exact integers, Clinger's fast path) must agree bit for bit with
+/// the standard library's correctly rounded one, on the fast path and around its edges.
+#[test]
+fn numbers_convert_exactly_as_the_standard_parser() {
+    let mut seed = 0x2545_F491_4F6C_DD1Du64;
+    let mut next = move || {
+        seed ^= seed << 13;
+        seed ^= seed >> 7;
+        seed ^= seed << 17;
+        seed
+    };
+    let mut texts: Vec<String> = [
+        "0",
+        "-0",
+        "0.0",
+        "-0.0",
+        "1",
+        "9007199254740992",
+        "9007199254740993",
+        "0.1",
+        "1e22",
+        "1e23",
+        "1e-22",
+        "1e-23",
+        "123456789012345678e-5",
+        "1234567890123456789e-3",
+        "12345678901234567890e-3",
+        "0.30000000000000004",
+        "4.9e-324",
+        "1.7976931348623157e308",
+        "2.2250738585072014e-308",
+        "-1e0",
+        "1E+2",
+        "0.000000000000000000001234",
+        "18446744073709551615",
+        "18446744073709551616",
+        "-9223372036854775809",
+        "1e1000000000000",
+    ]
+    .iter()
+    .map(ToString::to_string)
+    .collect();
+    for _ in 0..20_000 {
+        let bits = next();
+        let f32_value = f32::from_bits(bits as u32);
+        let f64_value = f64::from_bits(bits);
+        for value in [f64::from(f32_value), f64_value] {
+            if value.is_finite() {
+                texts.push(format!("{value}"));
+                texts.push(format!("{value:e}"));
+            }
+        }
+        texts.push(format!("{}", f32_value / 1e30));
+        let digits = next() % 10_u64.pow((next() % 20) as u32).max(1);
+        let exponent = (next() % 60) as i64 - 30;
+        texts.push(format!("{digits}e{exponent}"));
+        texts.push(format!("-{digits}.{}E{exponent}", next() % 1000));
+    }
+    for text in &texts {
+        let parsed = match doc(text) {
+            Value::Number(n) => n,
+            other => panic!("{text}: {other:?}"),
+        };
+        let integer = !text.contains(['.', 'e', 'E']);
+        let expected = match (integer, text.parse::<u64>(), text.parse::<i64>()) {
+            (true, Ok(v), _) if !text.starts_with('-') => Number::Unsigned(v),
+            (true, _, Ok(v)) if text.starts_with('-') => Number::Negative(v),
+            _ => Number::Float(text.parse::<f64>().unwrap()),
+        };
+        match (parsed, expected) {
+            (Number::Float(a), Number::Float(b)) => assert_eq!(a.to_bits(), b.to_bits(), "{text}"),
+            (a, b) => assert_eq!(a, b, "{text}"),
+        }
+    }
+}
+
 #[test]
 fn strings_unescape() {
     let v = doc(r#"["a\"b\\c\/d\b\f\n\r\t", "\u00e9\u2603", "\ud83d\ude00", "héllo"]"#);
@@ -284,4 +360,31 @@ fn value_count_is_limited_outside_lazy_members() {
     // Raw members are validated without building values, so they do not count.
     let lazy = format!(r#"{{"data": [{}0]}}"#, "0,".repeat(MAX_VALUES));
     assert!(parse(lazy.as_bytes(), Some("data")).is_ok());
+}
+
+#[test]
+fn eight_digit_words_read_as_numbers() {
+    let word = |text: &[u8; 8]| reader::eight_digits(u64::from_le_bytes(*text));
+    assert_eq!(word(b"00000000"), Some(0));
+    assert_eq!(word(b"12345678"), Some(12_345_678));
+    assert_eq!(word(b"99999999"), Some(99_999_999));
+    assert_eq!(word(b"10000001"), Some(10_000_001));
+    for bad in [
+        b"1234567.",
+        b"/2345678",
+        b":2345678",
+        b"1234567a",
+        b"1234 678",
+        b"\x0012345678"[..8].try_into().unwrap(),
+    ] {
+        assert_eq!(word(bad), None, "{bad:?}");
+    }
+    let mut n = 0u64;
+    while n < 100_000_000 {
+        assert_eq!(
+            word(format!("{n:08}").as_bytes().try_into().unwrap()),
+            Some(n)
+        );
+        n += 7_919;
+    }
 }
