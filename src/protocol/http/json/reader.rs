@@ -476,22 +476,60 @@ pub(super) fn eight_digits(word: u64) -> Option<u64> {
     Some(quads >> 32)
 }
 
-/// `mantissa × 10^exponent`, when one exact operation on doubles gives it correctly rounded.
+/// `mantissa × 10^exponent` correctly rounded, for the common shapes of decimals: one exact
+/// operation on doubles when both operands are exact (Clinger's fast path), otherwise exact
+/// integer arithmetic in 128 bits for the mantissas above 2^53 (16-19 digits: the floats Python
+/// clients widen to doubles). `None` for the rest.
 fn exact_decimal(mantissa: u64, exponent: i64) -> Option<f64> {
     /// Powers of ten a double holds exactly.
     const POWERS: [f64; 23] = [
         1e0, 1e1, 1e2, 1e3, 1e4, 1e5, 1e6, 1e7, 1e8, 1e9, 1e10, 1e11, 1e12, 1e13, 1e14, 1e15, 1e16,
         1e17, 1e18, 1e19, 1e20, 1e21, 1e22,
     ];
-    if mantissa > 1 << 53 {
+    if mantissa <= 1 << 53 {
+        if let Some(&power) = POWERS.get(usize::try_from(exponent.unsigned_abs()).ok()?) {
+            #[allow(clippy::cast_precision_loss)] // at most 2^53: exact
+            let mantissa = mantissa as f64;
+            return Some(if exponent < 0 {
+                mantissa / power
+            } else {
+                mantissa * power
+            });
+        }
+    }
+    if mantissa == 0 {
         return None;
     }
-    let power = *POWERS.get(usize::try_from(exponent.unsigned_abs()).ok()?)?;
-    #[allow(clippy::cast_precision_loss)] // at most 2^53: exact
-    let mantissa = mantissa as f64;
-    Some(if exponent < 0 {
-        mantissa / power
-    } else {
-        mantissa * power
-    })
+    match exponent {
+        // Below 10^38 < 2^128: the product is exact, and the conversion rounds to nearest even.
+        #[allow(clippy::cast_precision_loss)]
+        0..=19 => Some((u128::from(mantissa) * 10u128.pow(exponent as u32)) as f64),
+        -27..=-1 => Some(divide_by_power_of_ten(
+            mantissa,
+            exponent.unsigned_abs() as u32,
+        )),
+        _ => None,
+    }
+}
+
+/// `mantissa / 10^k` correctly rounded, for `k` in 1..=27 (5^27 < 2^63). With 10^k = 5^k × 2^k,
+/// the mantissa is shifted so that its integer quotient by 5^k has 63 or 64 bits; a remainder is
+/// folded into the lowest bit, ten bits below where rounding to 53 bits looks, so the one
+/// conversion that follows rounds exactly as the infinitely precise quotient would.
+fn divide_by_power_of_ten(mantissa: u64, k: u32) -> f64 {
+    let divisor = 5u64.pow(k);
+    let shift = (64 - divisor.leading_zeros()) + 63 - (64 - mantissa.leading_zeros());
+    let numerator = u128::from(mantissa) << shift;
+    let divisor = u128::from(divisor);
+    let quotient = numerator / divisor;
+    let inexact = numerator - quotient * divisor != 0;
+    // numerator < 2^(bits(divisor) + 63) ≤ 2^64 × divisor: the quotient fits 64 bits.
+    #[allow(clippy::cast_possible_truncation)]
+    let quotient = quotient as u64 | u64::from(inexact);
+    // value = quotient × 2^-(shift + k); at least 2^62 × 2^-152: a normal double, so the
+    // scaling by a power of two is exact.
+    let scale = 1023 - i64::from(shift + k);
+    #[allow(clippy::cast_precision_loss, clippy::cast_sign_loss)]
+    let scaled = quotient as f64 * f64::from_bits((scale as u64) << 52);
+    scaled
 }

@@ -125,6 +125,15 @@ fn numbers_convert_exactly_as_the_standard_parser() {
         "18446744073709551616",
         "-9223372036854775809",
         "1e1000000000000",
+        // Halfway between two doubles, and a hair above or below it.
+        "9007199254740993.001",
+        "9007199254740992.999",
+        "9007199254740995.0001",
+        "9007199254740993.0000",
+        "9007199254740993e0",
+        "9007199254740995e1",
+        "1e-27",
+        "3e-28",
     ]
     .iter()
     .map(ToString::to_string)
