@@ -335,10 +335,9 @@ impl<'a> Reader<'a> {
     /// A number, including rapidjson's `NaN`, `Inf` and `Infinity` with an optional minus.
     ///
     /// Tensor data is mostly numbers, so the common ones are converted as they are scanned:
-    /// integers that fit 64 bits exactly, and decimals of at most 19 significant digits whose
-    /// value is one exact multiplication or division by a power of ten (Clinger's fast path:
-    /// both operands exact, so the one rounding is the correct one). Anything else goes to the
-    /// standard library's correctly rounded parser.
+    /// integers that fit 64 bits, and decimals of at most 19 digits with a small exponent
+    /// ([`exact_decimal`]), both exactly. Anything else goes to the standard library's correctly
+    /// rounded parser.
     fn number(&mut self) -> Result<Number, ParseError> {
         let start = self.pos;
         let negative = self.peek() == Some(b'-');
@@ -528,8 +527,8 @@ fn divide_by_power_of_ten(mantissa: u64, k: u32) -> f64 {
     let quotient = quotient as u64 | u64::from(inexact);
     // value = quotient × 2^-(shift + k); at least 2^62 × 2^-152: a normal double, so the
     // scaling by a power of two is exact.
-    let scale = 1023 - i64::from(shift + k);
-    #[allow(clippy::cast_precision_loss, clippy::cast_sign_loss)]
-    let scaled = quotient as f64 * f64::from_bits((scale as u64) << 52);
-    scaled
+    let scale = 1023 - u64::from(shift + k);
+    #[allow(clippy::cast_precision_loss)]
+    let quotient = quotient as f64;
+    quotient * f64::from_bits(scale << 52)
 }

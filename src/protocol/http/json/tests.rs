@@ -87,8 +87,9 @@ fn number_grammar_is_strict() {
     );
 }
 
-/// The parser's own conversion (exact integers, Clinger's fast path) must agree bit for bit with
-/// the standard library's correctly rounded one, on the fast path and around its edges.
+/// The parser's own conversions (exact integers, Clinger's fast path, 128-bit division) must
+/// agree bit for bit with the standard library's correctly rounded one, on their paths and around
+/// their edges.
 #[test]
 fn numbers_convert_exactly_as_the_standard_parser() {
     let mut seed = 0x2545_F491_4F6C_DD1Du64;
@@ -134,6 +135,12 @@ fn numbers_convert_exactly_as_the_standard_parser() {
         "9007199254740995e1",
         "1e-27",
         "3e-28",
+        // The division's truncated quotient sits exactly halfway: its remainder decides.
+        "7363203552012.826661",
+        "0.000024608926028991214",
+        "0.0000090146988899199150",
+        "0.000000000541882289294974846",
+        "0.00005963420285600974942",
     ]
     .iter()
     .map(ToString::to_string)
@@ -149,6 +156,15 @@ fn numbers_convert_exactly_as_the_standard_parser() {
             }
         }
         texts.push(format!("{}", f32_value / 1e30));
+        // What clients send most: floats in everyday ranges, as f32 widened or as f64.
+        texts.push(format!(
+            "{}",
+            f64::from((bits >> 40) as f32 / (1u64 << 24) as f32)
+        ));
+        texts.push(format!(
+            "{}",
+            (bits >> 11) as f64 / (1u64 << 53) as f64 * 1000.0
+        ));
         let digits = next() % 10_u64.pow((next() % 20) as u32).max(1);
         let exponent = (next() % 60) as i64 - 30;
         texts.push(format!("{digits}e{exponent}"));
