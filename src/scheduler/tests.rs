@@ -289,6 +289,17 @@ impl Backend for WhereRun {
 
 /// Runs `count` requests one after another and returns the threads they ran on.
 async fn run_lone_requests(config: BatchingConfig, delay: Duration, count: usize) -> Vec<String> {
+    run_requests(config, delay, count, false).await
+}
+
+/// Runs `count` requests one after another, with another request counted in flight all along
+/// when `beside_another`, and returns the threads they ran on.
+async fn run_requests(
+    config: BatchingConfig,
+    delay: Duration,
+    count: usize,
+    beside_another: bool,
+) -> Vec<String> {
     let threads = Arc::new(Mutex::new(Vec::new()));
     let backends: Vec<Box<dyn Backend>> = (0..2)
         .map(|_| {
@@ -300,10 +311,12 @@ async fn run_lone_requests(config: BatchingConfig, delay: Duration, count: usize
         .collect();
     let stats = Arc::new(ModelStats::new("m", 1));
     let scheduler = Scheduler::start("instance", config, backends, stats).unwrap();
+    let other = beside_another.then(|| scheduler.admit().unwrap());
     for i in 0..count {
         let outcome = scheduler.submit(request(i as u8, 1)).await.unwrap();
         assert_eq!(&outcome.outputs[0].data[..], &[i as u8]);
     }
+    drop(other);
     scheduler.stop();
     let seen = threads.lock().unwrap().clone();
     seen
@@ -329,6 +342,25 @@ async fn a_quick_model_runs_lone_requests_on_the_callers_thread() {
         seen[1..].iter().all(|t| !t.starts_with("instance-")),
         "{seen:?}"
     );
+}
+
+#[tokio::test]
+async fn a_tiny_model_runs_inline_beside_other_requests() {
+    let seen = run_requests(BatchingConfig::default(), Duration::ZERO, 4, true).await;
+    assert!(seen[0].starts_with("instance-"), "{seen:?}");
+    assert!(
+        seen[1..].iter().all(|t| !t.starts_with("instance-")),
+        "{seen:?}"
+    );
+    // Quick enough to run a lone request inline, but not every request.
+    let seen = run_requests(
+        BatchingConfig::default(),
+        Duration::from_micros(60),
+        3,
+        true,
+    )
+    .await;
+    assert!(seen.iter().all(|t| t.starts_with("instance-")), "{seen:?}");
 }
 
 #[tokio::test]
