@@ -306,8 +306,8 @@ impl<'a> Reader<'a> {
         Ok(digits)
     }
 
-    /// Scans a run of digits, folding the first [`EXACT_DIGITS`] significant ones into
-    /// `mantissa`; returns how many digits it scanned.
+    /// Scans a run of digits, folding the first [`EXACT_DIGITS`] of them into `mantissa`; returns
+    /// how many digits it scanned.
     fn digits(&mut self, mantissa: &mut Mantissa) -> usize {
         let start = self.pos;
         let mut pos = self.pos;
@@ -485,8 +485,11 @@ fn exact_decimal(mantissa: u64, exponent: i64) -> Option<f64> {
         1e0, 1e1, 1e2, 1e3, 1e4, 1e5, 1e6, 1e7, 1e8, 1e9, 1e10, 1e11, 1e12, 1e13, 1e14, 1e15, 1e16,
         1e17, 1e18, 1e19, 1e20, 1e21, 1e22,
     ];
+    let clinger_power = usize::try_from(exponent.unsigned_abs())
+        .ok()
+        .and_then(|index| POWERS.get(index));
     if mantissa <= 1 << 53 {
-        if let Some(&power) = POWERS.get(usize::try_from(exponent.unsigned_abs()).ok()?) {
+        if let Some(&power) = clinger_power {
             #[allow(clippy::cast_precision_loss)] // at most 2^53: exact
             let mantissa = mantissa as f64;
             return Some(if exponent < 0 {
