@@ -437,7 +437,9 @@ fn next_batch(shared: &Shared) -> Option<(Vec<Job>, Box<dyn Backend>)> {
             };
             continue;
         }
-        match queue.state.next_batch(now) {
+        // Taking a session leaves another free for whoever comes next.
+        let spare_instance = queue.free.len() >= 2;
+        match queue.state.next_batch(now, spare_instance) {
             Next::Batch(mut jobs) => {
                 jobs.retain(|job| !job.reply.is_closed());
                 if jobs.is_empty() {

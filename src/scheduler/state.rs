@@ -11,12 +11,18 @@
 //!   request has waited `max_queue_delay`, or once no request has joined it for a tenth of
 //!   that delay ([`SETTLE_FRACTION`]: the burst it came with is over, and waiting longer would
 //!   only add latency); otherwise the batcher waits until then;
-//! - a request does not wait at all while waiting has not paid lately: once a batch has waited
-//!   and gone with a single request, later ones go at once, until a batch of several forms again
-//!   (requests that queued up behind busy instances) — a client that sends one request at a time
-//!   never pays the delay;
-//! - with `adaptive_delay` off (the config parameter `adaptive_batching_delay: "false"`) neither
-//!   shortcut applies and a batch that does not fill waits for its full delay, as in Triton;
+//! - a request does not wait at all while waiting has not paid lately: once a batch has gone with
+//!   a single request (after waiting, or early by the next rule), later ones go at once, until a
+//!   batch of several forms again (requests that queued up behind busy instances) — a client that
+//!   sends one request at a time never pays the delay;
+//! - a batch waits for company only on the last free instance: while another instance stays free
+//!   for whoever comes next, it goes at once. Latecomers lose nothing (they find that instance),
+//!   and an instance never idles on a timer while the model's others idle too — with clients that
+//!   wait for their answers, the requests a batch would wait for are often the answers of the
+//!   instance that just went idle, and waiting for them starves both;
+//! - with `adaptive_delay` off (the config parameter `adaptive_batching_delay: "false"`) none of
+//!   these shortcuts applies and a batch that does not fill waits for its full delay, as in
+//!   Triton;
 //! - a request whose timeout passes while queued is rejected (REJECT) or moved behind every request
 //!   that has not timed out (DELAY); a client deadline always rejects;
 //! - without dynamic batching every request runs alone, in priority and arrival order.
@@ -320,9 +326,10 @@ impl<T> State<T> {
             .min()
     }
 
-    /// Forms the next batch for a free instance, or says how long to wait. Call
+    /// Forms the next batch for a free instance, or says how long to wait. `spare_instance`:
+    /// another instance would still be free after this one takes the batch. Call
     /// [`State::expire`] first so that no expired request is sent.
-    pub fn next_batch(&mut self, now: Instant) -> Next<T> {
+    pub fn next_batch(&mut self, now: Instant, spare_instance: bool) -> Next<T> {
         let Some(queue) = self
             .levels
             .iter_mut()
@@ -371,8 +378,8 @@ impl<T> State<T> {
         };
         let take = if full || (adaptive && !self.waiting_pays) {
             count
-        } else if now >= due {
-            // It waited: did anyone join?
+        } else if now >= due || (adaptive && spare_instance) {
+            // It waited, or need not wait longer: did anyone join?
             self.waiting_pays = count > 1;
             count
         } else if let Some(prefix) = preferred_prefix {

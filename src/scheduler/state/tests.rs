@@ -39,10 +39,10 @@ fn without_dynamic_batching_requests_run_alone_in_order() {
     for i in 0..3 {
         state.push(sub(i, 1), now).unwrap();
     }
-    assert_eq!(batch(state.next_batch(now)), vec![0]);
-    assert_eq!(batch(state.next_batch(now)), vec![1]);
-    assert_eq!(batch(state.next_batch(now)), vec![2]);
-    assert_eq!(state.next_batch(now), Next::Idle);
+    assert_eq!(batch(state.next_batch(now, false)), vec![0]);
+    assert_eq!(batch(state.next_batch(now, false)), vec![1]);
+    assert_eq!(batch(state.next_batch(now, false)), vec![2]);
+    assert_eq!(state.next_batch(now, false), Next::Idle);
 }
 
 #[test]
@@ -52,7 +52,7 @@ fn zero_delay_sends_everything_compatible_at_once() {
     for i in 0..5 {
         state.push(sub(i, 1), now).unwrap();
     }
-    assert_eq!(batch(state.next_batch(now)), vec![0, 1, 2, 3, 4]);
+    assert_eq!(batch(state.next_batch(now, false)), vec![0, 1, 2, 3, 4]);
     assert!(state.is_empty());
 }
 
@@ -63,9 +63,9 @@ fn batches_never_exceed_max_batch_size() {
     for (i, rows) in [2, 1, 2, 3].into_iter().enumerate() {
         state.push(sub(i as u32, rows), now).unwrap();
     }
-    assert_eq!(batch(state.next_batch(now)), vec![0, 1]); // 2 + 1; adding 2 would give 5
-    assert_eq!(batch(state.next_batch(now)), vec![2]); // 2; adding 3 would give 5
-    assert_eq!(batch(state.next_batch(now)), vec![3]);
+    assert_eq!(batch(state.next_batch(now, false)), vec![0, 1]); // 2 + 1; adding 2 would give 5
+    assert_eq!(batch(state.next_batch(now, false)), vec![2]); // 2; adding 3 would give 5
+    assert_eq!(batch(state.next_batch(now, false)), vec![3]);
 }
 
 #[test]
@@ -83,9 +83,9 @@ fn different_signatures_are_never_merged_and_order_is_kept() {
         )
         .unwrap();
     state.push(sub(2, 1), now).unwrap();
-    assert_eq!(batch(state.next_batch(now)), vec![0]);
-    assert_eq!(batch(state.next_batch(now)), vec![1]);
-    assert_eq!(batch(state.next_batch(now)), vec![2]);
+    assert_eq!(batch(state.next_batch(now, false)), vec![0]);
+    assert_eq!(batch(state.next_batch(now, false)), vec![1]);
+    assert_eq!(batch(state.next_batch(now, false)), vec![2]);
 }
 
 #[test]
@@ -96,18 +96,18 @@ fn delay_waits_for_more_requests_until_it_expires() {
     // Requests keep joining (every 80 us, under a tenth of the delay): the batch waits for its
     // oldest request's full delay.
     state.push(sub(0, 1), start).unwrap();
-    assert_eq!(state.next_batch(start), Next::WaitUntil(us(100)));
+    assert_eq!(state.next_batch(start, false), Next::WaitUntil(us(100)));
     for i in 1..=12 {
         let at = i * 80;
         state.push(sub(i as u32, 1), us(at)).unwrap();
         assert_eq!(
-            state.next_batch(us(at)),
+            state.next_batch(us(at), false),
             Next::WaitUntil(us((at + 100).min(1000)))
         );
     }
-    assert_eq!(state.next_batch(us(999)), Next::WaitUntil(us(1000)));
+    assert_eq!(state.next_batch(us(999), false), Next::WaitUntil(us(1000)));
     assert_eq!(
-        batch(state.next_batch(us(1000))),
+        batch(state.next_batch(us(1000), false)),
         (0..=12).collect::<Vec<_>>()
     );
 }
@@ -119,8 +119,8 @@ fn a_batch_nobody_joins_goes_after_a_tenth_of_the_delay() {
     let mut state = State::new(dynamic(16, &[], 1000));
     state.push(sub(0, 1), start).unwrap();
     state.push(sub(1, 1), us(50)).unwrap();
-    assert_eq!(state.next_batch(us(149)), Next::WaitUntil(us(150)));
-    assert_eq!(batch(state.next_batch(us(150))), vec![0, 1]);
+    assert_eq!(state.next_batch(us(149), false), Next::WaitUntil(us(150)));
+    assert_eq!(batch(state.next_batch(us(150), false)), vec![0, 1]);
     // Only the batch's own requests count: a later, incompatible one does not keep it waiting.
     state.push(sub(2, 1), us(400)).unwrap();
     state
@@ -132,8 +132,8 @@ fn a_batch_nobody_joins_goes_after_a_tenth_of_the_delay() {
             us(450),
         )
         .unwrap();
-    assert_eq!(batch(state.next_batch(us(500))), vec![2]);
-    assert_eq!(batch(state.next_batch(us(600))), vec![3]);
+    assert_eq!(batch(state.next_batch(us(500), false)), vec![2]);
+    assert_eq!(batch(state.next_batch(us(600), false)), vec![3]);
 }
 
 #[test]
@@ -143,22 +143,65 @@ fn a_lone_client_stops_paying_the_delay_until_requests_queue_up_again() {
     let mut state = State::new(dynamic(8, &[], 1000));
     assert!(state.waits_for_company());
     state.push(sub(0, 1), start).unwrap();
-    assert_eq!(state.next_batch(start), Next::WaitUntil(us(100)));
+    assert_eq!(state.next_batch(start, false), Next::WaitUntil(us(100)));
     assert_eq!(
-        batch(state.next_batch(us(100))),
+        batch(state.next_batch(us(100), false)),
         vec![0],
         "waited for nobody"
     );
     assert!(!state.waits_for_company());
     state.push(sub(1, 1), us(400)).unwrap();
-    assert_eq!(batch(state.next_batch(us(400))), vec![1], "goes at once");
+    assert_eq!(
+        batch(state.next_batch(us(400), false)),
+        vec![1],
+        "goes at once"
+    );
     // Two requests queued up behind a busy instance: batching pays again, and so does waiting.
     state.push(sub(2, 1), us(500)).unwrap();
     state.push(sub(3, 1), us(510)).unwrap();
-    assert_eq!(batch(state.next_batch(us(520))), vec![2, 3]);
+    assert_eq!(batch(state.next_batch(us(520), false)), vec![2, 3]);
     assert!(state.waits_for_company());
     state.push(sub(4, 1), us(600)).unwrap();
-    assert_eq!(state.next_batch(us(600)), Next::WaitUntil(us(700)));
+    assert_eq!(state.next_batch(us(600), false), Next::WaitUntil(us(700)));
+}
+
+#[test]
+fn a_batch_waits_for_company_only_on_the_last_free_instance() {
+    let start = Instant::now();
+    let us = |n| start + Duration::from_micros(n);
+    let mut state = State::new(dynamic(8, &[], 1000));
+    state.push(sub(0, 1), start).unwrap();
+    state.push(sub(1, 1), start).unwrap();
+    // Another instance is free for whoever comes next: go now, and batching still pays.
+    assert_eq!(batch(state.next_batch(start, true)), vec![0, 1]);
+    assert!(state.waits_for_company());
+    // The last free instance waits as before.
+    state.push(sub(2, 1), us(20)).unwrap();
+    assert_eq!(state.next_batch(us(20), false), Next::WaitUntil(us(120)));
+    // When another instance comes back, the waiting batch goes at once; it went alone, so
+    // waiting stops paying, as for a batch that waited out its delay alone.
+    assert_eq!(batch(state.next_batch(us(60), true)), vec![2]);
+    assert!(!state.waits_for_company());
+    state.push(sub(3, 1), us(100)).unwrap();
+    assert_eq!(
+        batch(state.next_batch(us(100), false)),
+        vec![3],
+        "goes at once"
+    );
+}
+
+#[test]
+fn without_the_adaptive_delay_a_spare_instance_does_not_shorten_the_wait() {
+    let start = Instant::now();
+    let mut state = State::new(BatchingConfig {
+        adaptive_delay: false,
+        ..dynamic(8, &[], 1000)
+    });
+    state.push(sub(0, 1), start).unwrap();
+    assert_eq!(
+        state.next_batch(start, true),
+        Next::WaitUntil(start + Duration::from_micros(1000))
+    );
 }
 
 #[test]
@@ -174,10 +217,13 @@ fn without_the_adaptive_delay_every_batch_waits_its_full_delay() {
         state.push(sub(round as u32, 1), us(at)).unwrap();
         assert!(state.waits_for_company());
         assert_eq!(
-            state.next_batch(us(at + 500)),
+            state.next_batch(us(at + 500), false),
             Next::WaitUntil(us(at + 1000))
         );
-        assert_eq!(batch(state.next_batch(us(at + 1000))), vec![round as u32]);
+        assert_eq!(
+            batch(state.next_batch(us(at + 1000), false)),
+            vec![round as u32]
+        );
     }
 }
 
@@ -188,8 +234,8 @@ fn a_full_batch_goes_before_the_delay() {
     for i in 0..5 {
         state.push(sub(i, 1), now).unwrap();
     }
-    assert_eq!(batch(state.next_batch(now)), vec![0, 1, 2, 3]);
-    assert!(matches!(state.next_batch(now), Next::WaitUntil(_)));
+    assert_eq!(batch(state.next_batch(now, false)), vec![0, 1, 2, 3]);
+    assert!(matches!(state.next_batch(now, false), Next::WaitUntil(_)));
 }
 
 #[test]
@@ -197,13 +243,13 @@ fn preferred_sizes_go_early_taking_the_longest_preferred_prefix() {
     let now = Instant::now();
     let mut state = State::new(dynamic(16, &[4, 2], 1_000_000));
     state.push(sub(0, 1), now).unwrap();
-    assert!(matches!(state.next_batch(now), Next::WaitUntil(_)));
+    assert!(matches!(state.next_batch(now, false), Next::WaitUntil(_)));
     for i in 1..5 {
         state.push(sub(i, 1), now).unwrap();
     }
     // 5 queued, preferred {2, 4}: send 4 now, keep 1 waiting.
-    assert_eq!(batch(state.next_batch(now)), vec![0, 1, 2, 3]);
-    assert!(matches!(state.next_batch(now), Next::WaitUntil(_)));
+    assert_eq!(batch(state.next_batch(now, false)), vec![0, 1, 2, 3]);
+    assert!(matches!(state.next_batch(now, false), Next::WaitUntil(_)));
     assert_eq!(state.len(), 1);
 }
 
@@ -253,7 +299,9 @@ fn higher_priority_goes_first_and_bad_priorities_use_the_default() {
             now,
         )
         .unwrap();
-    let order: Vec<u32> = (0..4).flat_map(|_| batch(state.next_batch(now))).collect();
+    let order: Vec<u32> = (0..4)
+        .flat_map(|_| batch(state.next_batch(now, false)))
+        .collect();
     assert_eq!(order, vec![3, 1, 2, 0]);
 }
 
@@ -325,8 +373,8 @@ fn policy_timeout_rejects_or_delays() {
     assert!(delay.expire(later).is_empty());
     delay.push(sub(1, 1), later).unwrap();
     // The fresh request runs before the one whose timeout passed.
-    assert_eq!(batch(delay.next_batch(later)), vec![1]);
-    assert_eq!(batch(delay.next_batch(later)), vec![0]);
+    assert_eq!(batch(delay.next_batch(later, false)), vec![1]);
+    assert_eq!(batch(delay.next_batch(later, false)), vec![0]);
 }
 
 #[test]
@@ -447,7 +495,7 @@ fn client_deadlines_reject_even_delayed_requests() {
         state.expire(start + Duration::from_millis(5)),
         vec![(0, Rejection::Deadline)]
     );
-    assert_eq!(batch(state.next_batch(start)), vec![1]);
+    assert_eq!(batch(state.next_batch(start, false)), vec![1]);
 }
 
 #[test]
@@ -460,7 +508,7 @@ fn cancel_removes_a_queued_request() {
     assert_eq!(state.cancel(|&p| p == 0), None);
     assert_eq!(state.len(), 1);
     assert_eq!(
-        batch(state.next_batch(now + Duration::from_millis(1))),
+        batch(state.next_batch(now + Duration::from_millis(1), false)),
         vec![1]
     );
     assert_eq!(state.cancel(|&p| p == 1), None);
