@@ -188,11 +188,19 @@ macro_rules! numeric_input {
         match bytemuck::try_cast_slice::<u8, $ty>(&$tensor.data) {
             Ok(slice) => TensorRef::from_array_view((shape, slice)).map(SessionInputValue::from),
             Err(_) => {
-                let owned: Vec<$ty> = bytemuck::pod_collect_to_vec(&$tensor.data);
+                let owned: Vec<$ty> = read_unaligned(&$tensor.data);
                 ort::value::Tensor::from_array((shape, owned)).map(SessionInputValue::from)
             }
         }
     }};
+}
+
+/// Copies elements out of bytes that are not aligned for them (raw contents sit wherever the
+/// client's message put them). One pass: no zero-filled buffer first.
+fn read_unaligned<T: bytemuck::Pod>(data: &[u8]) -> Vec<T> {
+    data.chunks_exact(std::mem::size_of::<T>())
+        .map(bytemuck::pod_read_unaligned)
+        .collect()
 }
 
 fn input_value(tensor: &Tensor) -> Result<SessionInputValue<'_>, BackendError> {
@@ -364,4 +372,24 @@ pub(super) fn output_tensor(name: &str, value: &DynValue) -> Result<Tensor, Back
         }
     };
     Ok(Tensor::new(name, datatype, shape, data))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::read_unaligned;
+
+    #[test]
+    fn unaligned_bytes_read_as_the_same_elements() {
+        let values: Vec<f32> = (0..1000).map(|i| i as f32 * 0.5 - 7.25).collect();
+        let mut bytes = vec![0u8; 1];
+        bytes.extend_from_slice(bytemuck::cast_slice(&values));
+        let unaligned = &bytes[1..];
+        assert!(bytemuck::try_cast_slice::<u8, f32>(unaligned).is_err());
+        assert_eq!(read_unaligned::<f32>(unaligned), values);
+        let halves: Vec<u16> = (0..7).collect();
+        let mut bytes = vec![9u8];
+        bytes.extend_from_slice(bytemuck::cast_slice(&halves));
+        assert_eq!(read_unaligned::<u16>(&bytes[1..]), halves);
+        assert!(read_unaligned::<f64>(&[]).is_empty());
+    }
 }
