@@ -380,16 +380,23 @@ mod tests {
 
     #[test]
     fn unaligned_bytes_read_as_the_same_elements() {
+        // Places the elements' bytes at an address that is not a multiple of 4.
+        fn misaligned(elements: &[u8]) -> (Vec<u8>, usize) {
+            let mut buffer = vec![0u8; elements.len() + 4];
+            let start = (1..4)
+                .find(|offset| (buffer.as_ptr() as usize + offset) % 4 != 0)
+                .expect("one of three consecutive addresses is not a multiple of 4");
+            buffer[start..start + elements.len()].copy_from_slice(elements);
+            (buffer, start)
+        }
         let values: Vec<f32> = (0..1000).map(|i| i as f32 * 0.5 - 7.25).collect();
-        let mut bytes = vec![0u8; 1];
-        bytes.extend_from_slice(bytemuck::cast_slice(&values));
-        let unaligned = &bytes[1..];
+        let (buffer, start) = misaligned(bytemuck::cast_slice(&values));
+        let unaligned = &buffer[start..start + values.len() * 4];
         assert!(bytemuck::try_cast_slice::<u8, f32>(unaligned).is_err());
         assert_eq!(read_unaligned::<f32>(unaligned), values);
-        let halves: Vec<u16> = (0..7).collect();
-        let mut bytes = vec![9u8];
-        bytes.extend_from_slice(bytemuck::cast_slice(&halves));
-        assert_eq!(read_unaligned::<u16>(&bytes[1..]), halves);
+        let wide: Vec<u64> = (0..7).map(|i| u64::MAX - i).collect();
+        let (buffer, start) = misaligned(bytemuck::cast_slice(&wide));
+        assert_eq!(read_unaligned::<u64>(&buffer[start..start + 56]), wide);
         assert!(read_unaligned::<f64>(&[]).is_empty());
     }
 }
