@@ -132,7 +132,7 @@ fn batching(c: &mut Criterion) {
         })
         .collect();
     let slices: Vec<&[Tensor]> = requests.iter().map(Vec::as_slice).collect();
-    let merged = batch::concat(&slices);
+    let merged = batch::concat(&slices).into_owned();
     let rows = vec![1; ROWS];
     let mut group = c.benchmark_group("batch");
     group.throughput(Throughput::Bytes((ROWS * WIDTH * 4) as u64));
