@@ -476,9 +476,9 @@ pub(super) fn eight_digits(word: u64) -> Option<u64> {
 }
 
 /// `mantissa × 10^exponent` correctly rounded, for the common shapes of decimals: one exact
-/// operation on doubles when both operands are exact (Clinger's fast path), otherwise exact
-/// integer arithmetic in 128 bits for the mantissas above 2^53 (16-19 digits: the floats Python
-/// clients widen to doubles). `None` for the rest.
+/// operation on doubles when both operands are exact (Clinger's fast path), otherwise, for the
+/// mantissas above 2^53 (16-19 digits: the floats Python clients widen to doubles), an exact
+/// 128-bit product or a multiplication by a 128-bit reciprocal. `None` for the rest.
 fn exact_decimal(mantissa: u64, exponent: i64) -> Option<f64> {
     /// Powers of ten a double holds exactly.
     const POWERS: [f64; 23] = [
@@ -514,24 +514,80 @@ fn exact_decimal(mantissa: u64, exponent: i64) -> Option<f64> {
     }
 }
 
-/// `mantissa / 10^k` correctly rounded, for `k` in 1..=27 (5^27 < 2^63). With 10^k = 5^k × 2^k,
-/// the mantissa is shifted so that its integer quotient by 5^k has 63 or 64 bits; a remainder is
-/// folded into the lowest bit, ten bits below where rounding to 53 bits looks, so the one
-/// conversion that follows rounds exactly as the infinitely precise quotient would.
-fn divide_by_power_of_ten(mantissa: u64, k: u32) -> f64 {
-    let divisor = 5u64.pow(k);
-    let shift = (64 - divisor.leading_zeros()) + 63 - (64 - mantissa.leading_zeros());
-    let numerator = u128::from(mantissa) << shift;
-    let divisor = u128::from(divisor);
-    let quotient = numerator / divisor;
-    let inexact = numerator - quotient * divisor != 0;
-    // numerator < 2^(bits(divisor) + 63) ≤ 2^64 × divisor: the quotient fits 64 bits.
+/// `mantissa / 10^k` correctly rounded, for `k` in 1..=27: the Eisel–Lemire method. The
+/// mantissa, shifted up until its top bit is set, is multiplied by a 128-bit reciprocal of 5^k
+/// ([`RECIPROCALS`]), and the top 55 bits of the product are the quotient with two bits to spare
+/// for rounding. While 5^k < 2^64 the reciprocal is exact enough that the product never lands
+/// where its truncation could change the rounding (the analysis behind fast_float's range of
+/// "safe" exponents), so the only case to settle apart is a quotient exactly halfway between two
+/// doubles, which only `k` ≤ 4 can produce. Two multiplications at most, where a 128-bit division
+/// cost about a quarter of the parse of such a number.
+pub(super) fn divide_by_power_of_ten(mantissa: u64, k: u32) -> f64 {
+    debug_assert!(mantissa != 0 && (1..RECIPROCALS.len()).contains(&(k as usize)));
+    let reciprocal = RECIPROCALS[k as usize];
+    let leading = mantissa.leading_zeros();
+    let normalized = u128::from(mantissa << leading);
+    #[allow(clippy::cast_possible_truncation)] // the halves of a u128
+    let (high, low) = ((reciprocal >> 64) as u64, reciprocal as u64);
+    let mut product = normalized * u128::from(high);
+    // Nine bits below the 55 kept all ones: the low half of the reciprocal may carry into them.
+    // (At most (2^64 - 1)^2 plus less than 2^64: no overflow.)
+    if (product >> 64) & 0x1FF == 0x1FF {
+        product += (normalized * u128::from(low)) >> 64;
+    }
     #[allow(clippy::cast_possible_truncation)]
-    let quotient = quotient as u64 | u64::from(inexact);
-    // value = quotient × 2^-(shift + k); at least 2^62 × 2^-152: a normal double, so the
-    // scaling by a power of two is exact.
-    let scale = 1023 - u64::from(shift + k);
-    #[allow(clippy::cast_precision_loss)]
-    let quotient = quotient as f64;
-    quotient * f64::from_bits(scale << 52)
+    let (upper, lower) = ((product >> 64) as u64, product as u64);
+    let top_bit = upper >> 63;
+    let shift = 9 + top_bit as u32;
+    let mut bits = upper >> shift;
+    // Exactly halfway: only zeros were shifted out, so round to even instead of up.
+    if lower <= 1 && k <= 4 && bits & 3 == 1 && bits << shift == upper {
+        bits &= !1;
+    }
+    bits = (bits + (bits & 1)) >> 1;
+    // floor(log2(10^-k)) + 63, with log2(10) ≈ 217706 / 2^16, then the normalization shift and
+    // the bias. 10^-k × 2^64 ≥ 1e-27 × 1: always a normal double.
+    let k = i64::from(k);
+    let mut exponent = ((-217_706 * k) >> 16) + 63 + top_bit as i64 - i64::from(leading) + 1023;
+    if bits >= 2 << 52 {
+        // Rounding carried into a new bit.
+        bits = 1 << 52;
+        exponent += 1;
+    }
+    #[allow(clippy::cast_sign_loss)] // between 1 and 2046, as said above
+    let exponent = exponent as u64;
+    f64::from_bits((bits & !(1 << 52)) | exponent << 52)
+}
+
+/// `RECIPROCALS[k]` = ⌊2^(127 + b) / 5^k⌋ + 1 with `b` the bit length of 5^k: 5^-k scaled to
+/// exactly 128 bits and rounded up, for `k` in 1..=27 (index 0 unused).
+const RECIPROCALS: [u128; 28] = {
+    let mut table = [0u128; 28];
+    let mut k = 1;
+    while k < table.len() {
+        table[k] = reciprocal_of_power_of_five(k as u32);
+        k += 1;
+    }
+    table
+};
+
+/// ⌊2^(127 + b) / 5^k⌋ + 1 (see [`RECIPROCALS`]) by long division, one bit at a time: the
+/// numerator has more bits than any integer type, but the divisor and remainder fit 64.
+const fn reciprocal_of_power_of_five(k: u32) -> u128 {
+    let divisor = 5u128.pow(k);
+    let bits = 128 - divisor.leading_zeros();
+    let mut remainder = 0u128;
+    let mut quotient = 0u128;
+    // The numerator's bits from the top: a one at position 127 + bits, then zeros.
+    let mut position = 127 + bits + 1;
+    while position > 0 {
+        position -= 1;
+        remainder = (remainder << 1) | (position == 127 + bits) as u128;
+        quotient <<= 1;
+        if remainder >= divisor {
+            remainder -= divisor;
+            quotient |= 1;
+        }
+    }
+    quotient + 1
 }

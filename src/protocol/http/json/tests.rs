@@ -87,7 +87,7 @@ fn number_grammar_is_strict() {
     );
 }
 
-/// The parser's own conversions (exact integers, Clinger's fast path, 128-bit division) must
+/// The parser's own conversions (exact integers, Clinger's fast path, the 128-bit product and reciprocal) must
 /// agree bit for bit with the standard library's correctly rounded one, on their paths and around
 /// their edges.
 #[test]
@@ -185,6 +185,49 @@ fn numbers_convert_exactly_as_the_standard_parser() {
             (Number::Float(a), Number::Float(b)) => assert_eq!(a.to_bits(), b.to_bits(), "{text}"),
             (a, b) => assert_eq!(a, b, "{text}"),
         }
+    }
+}
+
+/// The 128-bit reciprocal division against the standard parser on every divisor it serves: random
+/// mantissas of every length, and the quotients that fall exactly halfway between two doubles
+/// (only 10^1..10^4 can produce them with a 64-bit mantissa), with their neighbours.
+#[test]
+fn division_by_powers_of_ten_rounds_exactly() {
+    let mut seed = 0x9E37_79B9_7F4A_7C15u64;
+    let mut next = move || {
+        seed ^= seed << 13;
+        seed ^= seed >> 7;
+        seed ^= seed << 17;
+        seed
+    };
+    let mut cases: Vec<(u64, u32)> = Vec::new();
+    for k in 1..=27 {
+        for _ in 0..3_000 {
+            let mantissa = next() >> (next() % 64);
+            cases.push((mantissa.max(1), k));
+        }
+        cases.push((u64::MAX, k));
+        cases.push((1, k));
+    }
+    for k in 1..=4u32 {
+        for _ in 0..500 {
+            // (2^53 + odd) / 2^t is halfway between two doubles; times 10^k it is an integer for
+            // t ≤ k.
+            let odd = (1u64 << 53) + (next() % (1 << 52)) * 2 + 1;
+            for t in 1..=k {
+                if let Some(mantissa) = odd
+                    .checked_mul(5u64.pow(k))
+                    .and_then(|m| m.checked_mul(1 << (k - t)))
+                {
+                    cases.extend([(mantissa - 1, k), (mantissa, k), (mantissa + 1, k)]);
+                }
+            }
+        }
+    }
+    for (mantissa, k) in cases {
+        let expected: f64 = format!("{mantissa}e-{k}").parse().unwrap();
+        let got = reader::divide_by_power_of_ten(mantissa, k);
+        assert_eq!(got.to_bits(), expected.to_bits(), "{mantissa}e-{k}");
     }
 }
 
