@@ -546,7 +546,7 @@ pub(super) fn divide_by_power_of_ten(mantissa: u64, k: u32) -> f64 {
     }
     bits = (bits + (bits & 1)) >> 1;
     // floor(log2(10^-k)) + 63, with log2(10) ≈ 217706 / 2^16, then the normalization shift and
-    // the bias. 10^-k × 2^64 ≥ 1e-27 × 1: always a normal double.
+    // the bias. The value is at least 10^-27: always a normal double.
     let k = i64::from(k);
     let mut exponent = ((-217_706 * k) >> 16) + 63 + top_bit as i64 - i64::from(leading) + 1023;
     if bits >= 2 << 52 {

@@ -209,8 +209,8 @@ fn division_by_powers_of_ten_rounds_exactly() {
     }
     for k in 1..=4u32 {
         for _ in 0..500 {
-            // (2^53 + odd) / 2^t is halfway between two doubles; times 10^k it is an integer for
-            // t ≤ k.
+            // An odd 54-bit integer over 2^t is halfway between two doubles; times 10^k it is an
+            // integer for t ≤ k.
             let odd = (1u64 << 53) + (next() % (1 << 52)) * 2 + 1;
             for t in 1..=k {
                 if let Some(mantissa) = odd
