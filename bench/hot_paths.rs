@@ -8,7 +8,7 @@ use kiln::core::tensor::{check_bytes_framing, frame_bytes};
 use kiln::core::{DataType, InferResponse, Parameters, Tensor};
 use kiln::proto::inference::{model_infer_request::InferInputTensor, ModelInferRequest};
 use kiln::protocol::codec::{request_from_wire, response_to_wire};
-use kiln::protocol::http::tensor_json;
+use kiln::protocol::http::{json, tensor_json};
 use kiln::scheduler::batch;
 use prost::Message;
 use std::hint::black_box;
@@ -100,8 +100,8 @@ fn json_tensor(c: &mut Criterion) {
         .collect();
     let mut group = c.benchmark_group("json");
     for (name, values) in [
-        ("decode 8x784 FP32 data", short),
-        ("decode 8x784 FP32 data, widened by Python", widened),
+        ("decode 8x784 FP32 data", &short),
+        ("decode 8x784 FP32 data, widened by Python", &widened),
     ] {
         let text = format!("[{}]", values.join(","));
         group.throughput(Throughput::Bytes(text.len() as u64));
@@ -117,6 +117,23 @@ fn json_tensor(c: &mut Criterion) {
             })
         });
     }
+    // The whole request body as the REST handler reads it: the document is parsed with the
+    // tensor's data validated but left raw, and the data is then converted into the tensor.
+    let body = format!(
+        r#"{{"inputs":[{{"name":"INPUT0","shape":[{ROWS},{WIDTH}],"datatype":"FP32","data":[{}]}}],"outputs":[{{"name":"OUTPUT0"}}]}}"#,
+        widened.join(",")
+    );
+    group.throughput(Throughput::Bytes(body.len() as u64));
+    group.bench_function("request body 8x784 FP32, widened by Python", |b| {
+        b.iter(|| {
+            let doc = json::parse(black_box(body.as_bytes()), Some("data")).unwrap();
+            let input = &doc.get("inputs").unwrap().as_array().unwrap()[0];
+            let Some(json::Value::Raw(data)) = input.get("data") else {
+                panic!("the data is kept raw");
+            };
+            tensor_json::decode("INPUT0", DataType::Fp32, ROWS * WIDTH, data).unwrap()
+        })
+    });
     group.finish();
 }
 

@@ -171,7 +171,12 @@ impl<'a> Reader<'a> {
                         self.skip_ws();
                     }
                     self.skip(depth + 1)?;
-                    if self.separator(close, "Missing a comma or closing bracket.")? {
+                    let missing = if open == b'[' {
+                        "Missing a comma or ']' after an array element."
+                    } else {
+                        "Missing a comma or '}' after an object member."
+                    };
+                    if self.separator(close, missing)? {
                         return Ok(());
                     }
                 }
@@ -180,7 +185,7 @@ impl<'a> Reader<'a> {
             Some(b't') => self.literal("true"),
             Some(b'f') => self.literal("false"),
             Some(b'n') => self.literal("null"),
-            _ => self.number().map(drop),
+            _ => self.skip_number(),
         }
     }
 
@@ -306,13 +311,14 @@ impl<'a> Reader<'a> {
         Ok(digits)
     }
 
-    /// Scans a run of digits, folding the first [`EXACT_DIGITS`] of them into `mantissa`; returns
-    /// how many digits it scanned.
-    fn digits(&mut self, mantissa: &mut Mantissa) -> usize {
+    /// Scans a run of digits and returns how many it scanned. With `FOLD`, the first
+    /// [`EXACT_DIGITS`] of them are folded into `mantissa`; without, they are only checked (a
+    /// member skipped now and visited later).
+    fn digits<const FOLD: bool>(&mut self, mantissa: &mut Mantissa) -> usize {
         let start = self.pos;
         let mut pos = self.pos;
         // Eight at a time while they fit (tensor data is mostly long decimals).
-        while mantissa.kept + 8 <= EXACT_DIGITS {
+        while !FOLD || mantissa.kept + 8 <= EXACT_DIGITS {
             let Some(word) = self.src.get(pos..pos + 8) else {
                 break;
             };
@@ -320,12 +326,16 @@ impl<'a> Reader<'a> {
             let Some(value) = eight_digits(word) else {
                 break;
             };
-            mantissa.value = mantissa.value * 100_000_000 + value;
-            mantissa.kept += 8;
+            if FOLD {
+                mantissa.value = mantissa.value * 100_000_000 + value;
+                mantissa.kept += 8;
+            }
             pos += 8;
         }
         while let Some(digit @ b'0'..=b'9') = self.src.get(pos).copied() {
-            mantissa.push(digit - b'0');
+            if FOLD {
+                mantissa.push(digit - b'0');
+            }
             pos += 1;
         }
         self.pos = pos;
@@ -340,6 +350,53 @@ impl<'a> Reader<'a> {
     /// rounded parser.
     fn number(&mut self) -> Result<Number, ParseError> {
         let start = self.pos;
+        let (negative, scanned) = self.scan_number::<true>()?;
+        let (mantissa, exponent, integer) = match scanned {
+            Scanned::Special(value) => return Ok(Number::Float(value)),
+            Scanned::Decimal {
+                mantissa,
+                exponent,
+                integer,
+            } => (mantissa, exponent, integer),
+        };
+        if !mantissa.dropped {
+            let value = mantissa.value;
+            if integer {
+                if !negative {
+                    return Ok(Number::Unsigned(value));
+                }
+                if let Some(v) = 0i64.checked_sub_unsigned(value) {
+                    return Ok(Number::Negative(v));
+                }
+            } else if let Some(v) = exact_decimal(value, exponent) {
+                return Ok(Number::Float(if negative { -v } else { v }));
+            }
+        }
+        // The grammar admits only ASCII, so this cannot fail.
+        let text = std::str::from_utf8(&self.src[start..self.pos]).unwrap_or("0");
+        if integer {
+            if negative {
+                if let Ok(v) = text.parse::<i64>() {
+                    return Ok(Number::Negative(v));
+                }
+            } else if let Ok(v) = text.parse::<u64>() {
+                return Ok(Number::Unsigned(v));
+            }
+        }
+        text.parse::<f64>()
+            .map(Number::Float)
+            .map_err(|_| self.error("Invalid value."))
+    }
+
+    /// Checks a number's grammar without converting it: the first pass over a member that is
+    /// visited later (tensor data), so each number is converted once.
+    fn skip_number(&mut self) -> Result<(), ParseError> {
+        self.scan_number::<false>().map(drop)
+    }
+
+    /// Scans a number (rapidjson's grammar, see [`Reader::number`]) and says whether it had a
+    /// minus sign. With `FOLD`, its digits are folded into the mantissa as they are scanned.
+    fn scan_number<const FOLD: bool>(&mut self) -> Result<(bool, Scanned), ParseError> {
         let negative = self.peek() == Some(b'-');
         if negative {
             self.pos += 1;
@@ -348,7 +405,7 @@ impl<'a> Reader<'a> {
         match self.peek() {
             Some(b'N') => {
                 self.literal("NaN")?;
-                return Ok(Number::Float(f64::NAN));
+                return Ok((negative, Scanned::Special(f64::NAN)));
             }
             Some(b'I') => {
                 self.literal("Inf")?;
@@ -360,7 +417,7 @@ impl<'a> Reader<'a> {
                 } else {
                     f64::INFINITY
                 };
-                return Ok(Number::Float(inf));
+                return Ok((negative, Scanned::Special(inf)));
             }
             Some(b'0') => {
                 self.pos += 1;
@@ -369,7 +426,7 @@ impl<'a> Reader<'a> {
                 }
             }
             Some(b'1'..=b'9') => {
-                self.digits(&mut mantissa);
+                self.digits::<FOLD>(&mut mantissa);
             }
             _ => return Err(self.error("Invalid value.")),
         }
@@ -379,7 +436,7 @@ impl<'a> Reader<'a> {
             self.pos += 1;
             integer = false;
             let before = mantissa.kept;
-            if self.digits(&mut mantissa) == 0 {
+            if self.digits::<FOLD>(&mut mantissa) == 0 {
                 return Err(self.error("Missing fraction part in number."));
             }
             exponent -= i64::from(mantissa.kept - before);
@@ -403,34 +460,28 @@ impl<'a> Reader<'a> {
             }
             exponent += if negative_exponent { -written } else { written };
         }
-        if !mantissa.dropped {
-            let value = mantissa.value;
-            if integer {
-                if !negative {
-                    return Ok(Number::Unsigned(value));
-                }
-                if let Some(v) = 0i64.checked_sub_unsigned(value) {
-                    return Ok(Number::Negative(v));
-                }
-            } else if let Some(v) = exact_decimal(value, exponent) {
-                return Ok(Number::Float(if negative { -v } else { v }));
-            }
-        }
-        // The grammar above admits only ASCII, so this cannot fail.
-        let text = std::str::from_utf8(&self.src[start..self.pos]).unwrap_or("0");
-        if integer {
-            if negative {
-                if let Ok(v) = text.parse::<i64>() {
-                    return Ok(Number::Negative(v));
-                }
-            } else if let Ok(v) = text.parse::<u64>() {
-                return Ok(Number::Unsigned(v));
-            }
-        }
-        text.parse::<f64>()
-            .map(Number::Float)
-            .map_err(|_| self.error("Invalid value."))
+        Ok((
+            negative,
+            Scanned::Decimal {
+                mantissa,
+                exponent,
+                integer,
+            },
+        ))
     }
+}
+
+/// What [`Reader::scan_number`] found.
+enum Scanned {
+    /// `NaN`, `Inf` or `Infinity`, with its sign.
+    Special(f64),
+    /// Digits (folded into `mantissa` if asked) times 10^`exponent`; `integer` when there was
+    /// neither a fraction nor an exponent.
+    Decimal {
+        mantissa: Mantissa,
+        exponent: i64,
+        integer: bool,
+    },
 }
 
 /// Significant digits that always fit a `u64`.
