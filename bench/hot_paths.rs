@@ -1,6 +1,7 @@
 //! Criterion micro-benchmarks of the request path's data handling, in bytes per second:
-//! gRPC raw-contents decode and response encode, BYTES framing checks, JSON tensor parsing, and
-//! dynamic-batch concat/split. Run with `cargo bench --bench hot_paths`.
+//! gRPC raw-contents decode and response encode, BYTES framing checks, JSON tensor parsing (the
+//! data alone, and a whole REST request body), and dynamic-batch concat/split. Run with
+//! `cargo bench --bench hot_paths`.
 
 use bytes::Bytes;
 use criterion::{criterion_group, criterion_main, BatchSize, Criterion, Throughput};
