@@ -69,7 +69,7 @@ impl<'a> Reader<'a> {
                 loop {
                     self.skip_ws();
                     items.push(self.value(depth + 1, lazy_key)?);
-                    if self.separator(b']', "Missing a comma or ']' after an array element.")? {
+                    if self.separator(b']', MISSING_ARRAY_SEPARATOR)? {
                         return Ok(Value::Array(items));
                     }
                 }
@@ -120,7 +120,7 @@ impl<'a> Reader<'a> {
                 self.value(depth + 1, lazy_key)?
             };
             members.push((key, value));
-            if self.separator(b'}', "Missing a comma or '}' after an object member.")? {
+            if self.separator(b'}', MISSING_MEMBER_SEPARATOR)? {
                 return Ok(Value::Object(members));
             }
         }
@@ -147,7 +147,11 @@ impl<'a> Reader<'a> {
         match self.peek() {
             Some(open @ (b'[' | b'{')) => {
                 self.check_depth(depth)?;
-                let close = if open == b'[' { b']' } else { b'}' };
+                let (close, missing) = if open == b'[' {
+                    (b']', MISSING_ARRAY_SEPARATOR)
+                } else {
+                    (b'}', MISSING_MEMBER_SEPARATOR)
+                };
                 self.pos += 1;
                 self.skip_ws();
                 if self.peek() == Some(close) {
@@ -171,11 +175,6 @@ impl<'a> Reader<'a> {
                         self.skip_ws();
                     }
                     self.skip(depth + 1)?;
-                    let missing = if open == b'[' {
-                        "Missing a comma or ']' after an array element."
-                    } else {
-                        "Missing a comma or '}' after an object member."
-                    };
                     if self.separator(close, missing)? {
                         return Ok(());
                     }
@@ -207,7 +206,7 @@ impl<'a> Reader<'a> {
                 loop {
                     self.skip_ws();
                     self.visit(depth + 1, visit, scratch)?;
-                    if self.separator(b']', "Missing a comma or ']' after an array element.")? {
+                    if self.separator(b']', MISSING_ARRAY_SEPARATOR)? {
                         return Ok(());
                     }
                 }
@@ -483,6 +482,10 @@ enum Scanned {
         integer: bool,
     },
 }
+
+/// rapidjson's messages for a container element not followed by `,` or the closing bracket.
+const MISSING_ARRAY_SEPARATOR: &str = "Missing a comma or ']' after an array element.";
+const MISSING_MEMBER_SEPARATOR: &str = "Missing a comma or '}' after an object member.";
 
 /// Significant digits that always fit a `u64`.
 const EXACT_DIGITS: u32 = 19;
