@@ -85,6 +85,18 @@ run_logged() {
 
 command -v "$PYTHON" >/dev/null 2>&1 || die "'$PYTHON' not found (set PYTHON=/path/to/python3.11)"
 
+# Prints the version the ONNX Runtime library $1 reports (dlopen, then OrtGetApiBase); fails when it does not load.
+ort_version() {
+  "$PYTHON" - "$1" <<'EOF'
+import ctypes, sys
+lib = ctypes.CDLL(sys.argv[1])
+class ApiBase(ctypes.Structure):
+    _fields_ = [("GetApi", ctypes.c_void_p), ("GetVersionString", ctypes.CFUNCTYPE(ctypes.c_char_p))]
+lib.OrtGetApiBase.restype = ctypes.POINTER(ApiBase)
+print(lib.OrtGetApiBase().contents.GetVersionString().decode())
+EOF
+}
+
 # make_venv DIR : python -m venv DIR; on Debian/Ubuntu's system python3 without python3-venv (ensurepip missing),
 # install python3-venv with apt-get when running as root, else say what to run.
 make_venv() {
@@ -148,15 +160,8 @@ EOF
   ln -s "libonnxruntime.so.$ORT_VERSION" "$tmp/new/libonnxruntime.so.1"
   # the library must load here and report the pinned version
   local got
-  got=$("$PYTHON" - "$tmp/new/libonnxruntime.so" <<'EOF'
-import ctypes, sys
-lib = ctypes.CDLL(sys.argv[1])
-class ApiBase(ctypes.Structure):
-    _fields_ = [("GetApi", ctypes.c_void_p), ("GetVersionString", ctypes.CFUNCTYPE(ctypes.c_char_p))]
-lib.OrtGetApiBase.restype = ctypes.POINTER(ApiBase)
-print(lib.OrtGetApiBase().contents.GetVersionString().decode())
-EOF
-) || die "dlopen of the extracted libonnxruntime.so failed (glibc >= 2.28 and libstdc++6 are needed)"
+  got=$(ort_version "$tmp/new/libonnxruntime.so") \
+    || die "dlopen of the extracted libonnxruntime.so failed (glibc >= 2.28 and libstdc++6 are needed)"
   [ "$got" = "$ORT_VERSION" ] || die "extracted library reports version '$got', expected $ORT_VERSION"
   echo "$stamp" > "$tmp/new/.stamp"
   rm -rf "$ORT_DIR"
@@ -312,7 +317,7 @@ do_gpu() {
   # Every library kiln preloads (src/backend/cuda/libraries.rs: the lists ort::ep::cuda::preload_dylibs loads) must be
   # there and load, in that order (none needs a GPU to load); then the runtime must report its version.
   local got
-  got=$("$PYTHON" - "$tmp/new" <<'EOF'
+  if ! "$PYTHON" - "$tmp/new" <<'EOF'
 import ctypes, os, sys
 root = sys.argv[1]
 cuda = ["libcudart.so.13", "libcublasLt.so.13", "libcublas.so.13", "libnvrtc.so.13", "libcurand.so.10", "libcufft.so.12"]
@@ -335,13 +340,11 @@ for folder, names in (("nvidia/cu13/lib", cuda), ("nvidia/cudnn/lib", cudnn)):
             if driver or "libcuda.so.1" not in str(e):
                 raise
             print(f"{folder}/{name}: not loaded, it needs the NVIDIA driver (libcuda.so.1)", file=sys.stderr)
-lib = ctypes.CDLL(os.path.join(root, "onnxruntime/capi/libonnxruntime.so"))
-class ApiBase(ctypes.Structure):
-    _fields_ = [("GetApi", ctypes.c_void_p), ("GetVersionString", ctypes.CFUNCTYPE(ctypes.c_char_p))]
-lib.OrtGetApiBase.restype = ctypes.POINTER(ApiBase)
-print(lib.OrtGetApiBase().contents.GetVersionString().decode())
 EOF
-) || die "the installed GPU libraries do not load (see above)"
+  then
+    die "the installed GPU libraries do not load (see above)"
+  fi
+  got=$(ort_version "$capi/libonnxruntime.so") || die "the installed libonnxruntime.so does not load (see above)"
   [ "$got" = "$ORT_GPU_VERSION" ] || die "libonnxruntime.so reports version '$got', expected $ORT_GPU_VERSION"
   echo "$stamp" > "$tmp/new/.stamp"
   rm -rf "$GPU_DIR"
