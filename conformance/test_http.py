@@ -69,7 +69,7 @@ def test_health(hclient, ready_client):
 def test_server_metadata(hclient):
     md = hclient.get_server_metadata()
     assert md["name"] == "kiln"
-    for ext in ("binary_tensor_data", "classification", "model_configuration"):
+    for ext in ("binary_tensor_data", "classification", "model_configuration", "statistics", "schedule_policy"):
         assert ext in md["extensions"]
 
 

@@ -25,14 +25,21 @@ use std::time::{Duration, Instant};
 
 pub use crate::repository::{IndexEntry, LoadParameter};
 
-/// Protocol extensions kiln implements, as reported by server metadata.
+/// Protocol extensions kiln implements, as reported by server metadata, in Triton's order. Clients
+/// act on this list: perf_analyzer, for one, reads the server's statistics only when it names
+/// `statistics`. Not listed because not served: `sequence`, the two shared-memory extensions,
+/// `trace` and `logging`.
 pub const EXTENSIONS: &[&str] = &[
     "classification",
     "model_repository",
     "model_repository(unload_dependents)",
+    // The `priority` and `timeout` request parameters, with the config's queue policies.
+    "schedule_policy",
     "model_configuration",
     "binary_tensor_data",
     "parameters",
+    // ModelStatistics and `/v2/models[/{m}[/versions/{v}]]/stats`.
+    "statistics",
 ];
 
 /// Server name and version for `ServerMetadata`.
@@ -462,13 +469,19 @@ mod tests {
     }
 
     #[test]
-    fn extensions_advertise_rest_features() {
+    fn extensions_advertise_what_is_served() {
         for extension in [
             "classification",
             "binary_tensor_data",
             "model_configuration",
+            "schedule_policy",
+            "statistics",
         ] {
             assert!(EXTENSIONS.contains(&extension));
+        }
+        // Answered UNAVAILABLE / 501 "not implemented": a client must not be told otherwise.
+        for extension in ["system_shared_memory", "cuda_shared_memory", "trace", "logging"] {
+            assert!(!EXTENSIONS.contains(&extension));
         }
     }
 }
