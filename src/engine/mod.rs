@@ -479,8 +479,13 @@ mod tests {
         ] {
             assert!(EXTENSIONS.contains(&extension));
         }
-        // Answered UNAVAILABLE / 501 "not implemented": a client must not be told otherwise.
-        for extension in ["system_shared_memory", "cuda_shared_memory", "trace", "logging"] {
+        // Answered UNIMPLEMENTED (gRPC) and 501 (REST): a client must not be told otherwise.
+        for extension in [
+            "system_shared_memory",
+            "cuda_shared_memory",
+            "trace",
+            "logging",
+        ] {
             assert!(!EXTENSIONS.contains(&extension));
         }
     }
