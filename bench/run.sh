@@ -3,7 +3,8 @@
 # ONNX Runtime, in one compare.py run, and prints the summary table.
 #
 # usage: bench/run.sh [peers|scheduler] [compare.py options]
-#   peers      (default) issue 8's table: kiln as configured for each model (target `kiln`) vs
+#   peers      (default) issue 8's table: kiln as configured for each model (target `kiln`, with
+#              --idle-poll-us 200; `kiln-default`: the same without it) vs
 #              Triton with and without dynamic batching and furnace, on add_sub, mlp and
 #              matmul_stack, gRPC and REST, concurrency 1 and 8, 3 rounds, + in-process ORT
 #   scheduler  issue 4's point: mlp and matmul_stack, gRPC, concurrency 8, dynamic batching
@@ -34,7 +35,7 @@ if [ "$preset" = scheduler ]; then
   [ $# -eq 0 ] && set -- --only kiln-dynbatch,triton-dynbatch,furnace --models mlp,matmul_stack \
     --protocols grpc -c 8 -d 8 -w 2 --rounds 3 --ort-ref
 else
-  [ $# -eq 0 ] && set -- --only kiln,triton,triton-dynbatch,furnace \
+  [ $# -eq 0 ] && set -- --only kiln,kiln-default,triton,triton-dynbatch,furnace \
     --models add_sub,mlp,matmul_stack --protocols grpc,http -c 1,8 -d 6 -w 2 --rounds 3 --ort-ref
 fi
 echo "load before the run: $(cut -d' ' -f1-3 /proc/loadavg)"

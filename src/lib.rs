@@ -2,6 +2,7 @@ pub mod backend;
 pub mod core;
 pub mod engine;
 pub mod generate;
+pub mod idle_poll;
 pub mod metrics;
 pub mod proto;
 pub mod protocol;

@@ -12,6 +12,7 @@ mod grpc;
 mod http;
 mod http_errors;
 mod http_tensors;
+mod idle_poll;
 mod lifecycle;
 mod lifecycle_overrides;
 mod lifecycle_poll;

@@ -1,0 +1,92 @@
+//! `--idle-poll-us` through the real binary: one poller per CPU, in the SCHED_IDLE class,
+//! requests answered as usual while they poll, and pollers asleep once traffic stops (an idle
+//! server spends no CPU). Without the flag there are no pollers.
+
+use crate::common::{fp32_bytes, fp32_values, Server};
+use kiln::proto::inference::{model_infer_request::InferInputTensor, ModelInferRequest};
+use std::time::{Duration, Instant};
+
+/// `policy` value of a SCHED_IDLE thread in /proc/<pid>/task/<tid>/stat.
+const SCHED_IDLE: u32 = 5;
+
+/// (state, policy) of each of the process's threads named `idle-poll-*`.
+fn pollers(pid: u32) -> Vec<(char, u32)> {
+    let mut found = Vec::new();
+    for task in std::fs::read_dir(format!("/proc/{pid}/task")).expect("/proc is readable") {
+        let path = task.expect("task entry").path();
+        let Ok(comm) = std::fs::read_to_string(path.join("comm")) else {
+            continue; // the thread exited
+        };
+        if !comm.starts_with("idle-poll-") {
+            continue;
+        }
+        let stat = std::fs::read_to_string(path.join("stat")).expect("stat is readable");
+        // Fields after the parenthesised name, from field 3 (state); `policy` is field 41.
+        let fields: Vec<&str> = stat
+            .rsplit_once(')')
+            .expect("stat has a name")
+            .1
+            .split_whitespace()
+            .collect();
+        let state = fields[0].chars().next().expect("a state");
+        found.push((state, fields[41 - 3].parse().expect("a policy")));
+    }
+    found
+}
+
+fn add_sub(x: f32) -> ModelInferRequest {
+    let input = |name: &str| InferInputTensor {
+        name: name.into(),
+        datatype: "FP32".into(),
+        shape: vec![1, 16],
+        ..Default::default()
+    };
+    ModelInferRequest {
+        model_name: "add_sub".into(),
+        inputs: vec![input("INPUT0"), input("INPUT1")],
+        raw_input_contents: vec![fp32_bytes(&[x; 16]), fp32_bytes(&[1.0; 16])],
+        ..Default::default()
+    }
+}
+
+#[tokio::test]
+async fn pollers_poll_at_idle_priority_and_sleep_without_traffic() {
+    let server = Server::start_with(&["model_repository"], &["--idle-poll-us", "200"]);
+    let cpus = std::thread::available_parallelism().map_or(1, |n| n.get());
+    let threads = pollers(server.pid());
+    assert_eq!(threads.len(), cpus, "one poller per CPU: {threads:?}");
+    assert!(
+        threads.iter().all(|&(_, policy)| policy == SCHED_IDLE),
+        "{threads:?}"
+    );
+
+    let client = server.client().await;
+    let answers = (0..64).map(|i| {
+        let mut client = client.clone();
+        tokio::spawn(async move {
+            let response = client.model_infer(add_sub(i as f32)).await?.into_inner();
+            Ok::<_, tonic::Status>(fp32_values(&response.raw_output_contents[0])[0])
+        })
+    });
+    let answers: Vec<f32> = futures_util::future::join_all(answers)
+        .await
+        .into_iter()
+        .map(|joined| joined.expect("task").expect("answered"))
+        .collect();
+    let expected: Vec<f32> = (0..64).map(|i| i as f32 + 1.0).collect();
+    assert_eq!(answers, expected);
+
+    // No traffic: every poller goes to sleep.
+    let until = Instant::now() + Duration::from_secs(10);
+    loop {
+        let threads = pollers(server.pid());
+        if threads.iter().all(|&(state, _)| state == 'S') {
+            break;
+        }
+        assert!(Instant::now() < until, "pollers still running: {threads:?}");
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+
+    let plain = Server::start_with(&["model_repository"], &[]);
+    assert!(pollers(plain.pid()).is_empty());
+}
