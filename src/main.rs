@@ -182,8 +182,9 @@ struct Args {
     /// Microseconds that CPUs running out of work keep polling, after the last request activity,
     /// instead of going idle (0: off). Waking an idle CPU is slow, on VMs especially; polling
     /// spends CPU time, at the lowest priority (SCHED_IDLE), to take that off each request's
-    /// latency. It counts against a container's CPU quota. 200 suits most servers.
-    #[arg(long, env = "KILN_IDLE_POLL_US", default_value_t = 0)]
+    /// latency. It counts against a container's CPU quota. 200 suits most servers; at most
+    /// 1000000 (1 s).
+    #[arg(long, env = "KILN_IDLE_POLL_US", default_value_t = 0, value_parser = clap::value_parser!(u64).range(0..=1_000_000))]
     idle_poll_us: u64,
 }
 

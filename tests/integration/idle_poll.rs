@@ -90,3 +90,22 @@ async fn pollers_poll_at_idle_priority_and_sleep_without_traffic() {
     let plain = Server::start_with(&["model_repository"], &[]);
     assert!(pollers(plain.pid()).is_empty());
 }
+
+#[test]
+fn windows_beyond_a_second_are_refused() {
+    let output = std::process::Command::new(env!("CARGO_BIN_EXE_kiln"))
+        .args([
+            "--model-repository",
+            "model_repository",
+            "--idle-poll-us",
+            "1000001",
+        ])
+        .output()
+        .expect("kiln runs");
+    assert_eq!(output.status.code(), Some(2));
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert!(
+        stderr.contains("invalid value '1000001' for '--idle-poll-us"),
+        "{stderr}"
+    );
+}
