@@ -2,8 +2,7 @@
 //! requests answered as usual while they poll, and pollers asleep once traffic stops (an idle
 //! server spends no CPU). Without the flag there are no pollers.
 
-use crate::common::{fp32_bytes, fp32_values, Server};
-use kiln::proto::inference::{model_infer_request::InferInputTensor, ModelInferRequest};
+use crate::common::{add_sub_row, fp32_values, Server};
 use std::time::{Duration, Instant};
 
 /// `policy` value of a SCHED_IDLE thread in /proc/<pid>/task/<tid>/stat.
@@ -34,21 +33,6 @@ fn pollers(pid: u32) -> Vec<(char, u32)> {
     found
 }
 
-fn add_sub(x: f32) -> ModelInferRequest {
-    let input = |name: &str| InferInputTensor {
-        name: name.into(),
-        datatype: "FP32".into(),
-        shape: vec![1, 16],
-        ..Default::default()
-    };
-    ModelInferRequest {
-        model_name: "add_sub".into(),
-        inputs: vec![input("INPUT0"), input("INPUT1")],
-        raw_input_contents: vec![fp32_bytes(&[x; 16]), fp32_bytes(&[1.0; 16])],
-        ..Default::default()
-    }
-}
-
 #[tokio::test]
 async fn pollers_poll_at_idle_priority_and_sleep_without_traffic() {
     let server = Server::start_with(&["model_repository"], &["--idle-poll-us", "200"]);
@@ -64,7 +48,10 @@ async fn pollers_poll_at_idle_priority_and_sleep_without_traffic() {
     let answers = (0..64).map(|i| {
         let mut client = client.clone();
         tokio::spawn(async move {
-            let response = client.model_infer(add_sub(i as f32)).await?.into_inner();
+            let response = client
+                .model_infer(add_sub_row(&[i as f32; 16], &[1.0; 16]))
+                .await?
+                .into_inner();
             Ok::<_, tonic::Status>(fp32_values(&response.raw_output_contents[0])[0])
         })
     });

@@ -5,29 +5,11 @@
 use crate::common::lifecycle::{add_bias_request, eventually, index, ready, row, Client};
 use crate::common::onnx::{add_bias_config, add_bias_model};
 use crate::common::s3::S3Server;
-use crate::common::{fp32_bytes, fp32_values, repo_path, Server, TempRepo};
-use kiln::proto::inference::model_infer_request::InferInputTensor;
-use kiln::proto::inference::{ModelInferRequest, ModelReadyRequest};
+use crate::common::{add_sub_row, fp32_values, repo_path, Server, TempRepo};
+use kiln::proto::inference::ModelReadyRequest;
 use std::path::{Path, PathBuf};
 
 const BUCKET: &str = "kiln-models";
-
-fn add_sub_request() -> ModelInferRequest {
-    let a: Vec<f32> = (0..16).map(|i| i as f32).collect();
-    let b = vec![0.5_f32; 16];
-    let input = |name: &str| InferInputTensor {
-        name: name.into(),
-        datatype: "FP32".into(),
-        shape: vec![1, 16],
-        ..Default::default()
-    };
-    ModelInferRequest {
-        model_name: "add_sub".into(),
-        inputs: vec![input("INPUT0"), input("INPUT1")],
-        raw_input_contents: vec![fp32_bytes(&a), fp32_bytes(&b)],
-        ..Default::default()
-    }
-}
 
 /// `(version that answered, Y)` of an add-bias model for X = [1, 2, 3, 4], or `None` on error.
 async fn biased(client: &Client, version: &str) -> Option<(String, Vec<f32>)> {
@@ -120,7 +102,10 @@ async fn s3_repository_serves_and_follows_the_bucket() {
             .ready
     );
     let response = client
-        .model_infer(add_sub_request())
+        .model_infer(add_sub_row(
+            &(0..16).map(|i| i as f32).collect::<Vec<_>>(),
+            &[0.5; 16],
+        ))
         .await
         .unwrap()
         .into_inner();

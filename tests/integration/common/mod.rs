@@ -6,7 +6,8 @@ pub mod onnx;
 pub mod s3;
 
 use kiln::proto::inference::grpc_inference_service_client::GrpcInferenceServiceClient;
-use kiln::proto::inference::{ModelConfig, ModelConfigRequest};
+use kiln::proto::inference::model_infer_request::InferInputTensor;
+use kiln::proto::inference::{ModelConfig, ModelConfigRequest, ModelInferRequest};
 use std::io::{BufRead, BufReader};
 use std::path::PathBuf;
 use std::process::{Child, Command, Stdio};
@@ -212,6 +213,23 @@ pub fn fp32_bytes(values: &[f32]) -> bytes::Bytes {
         .flat_map(|v| v.to_le_bytes())
         .collect::<Vec<u8>>()
         .into()
+}
+
+/// A one-row request to the bundled `add_sub`: INPUT0 = `a`, INPUT1 = `b` (16 values each), as
+/// raw contents.
+pub fn add_sub_row(a: &[f32], b: &[f32]) -> ModelInferRequest {
+    let input = |name: &str| InferInputTensor {
+        name: name.into(),
+        datatype: "FP32".into(),
+        shape: vec![1, 16],
+        ..Default::default()
+    };
+    ModelInferRequest {
+        model_name: "add_sub".into(),
+        inputs: vec![input("INPUT0"), input("INPUT1")],
+        raw_input_contents: vec![fp32_bytes(a), fp32_bytes(b)],
+        ..Default::default()
+    }
 }
 
 /// The values of a raw FP32 tensor.
