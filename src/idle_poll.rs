@@ -48,7 +48,8 @@ struct Shared {
     lock: Mutex<()>,
     wake: Condvar,
     window: Duration,
-    /// Times a poller went back to polling after sleeping (for tests).
+    /// Times a poller went back to polling after sleeping.
+    #[cfg(test)]
     resumed: AtomicU64,
 }
 
@@ -65,6 +66,7 @@ impl IdlePoll {
             lock: Mutex::new(()),
             wake: Condvar::new(),
             window,
+            #[cfg(test)]
             resumed: AtomicU64::new(0),
         });
         let mut poll = IdlePoll {
@@ -91,8 +93,7 @@ impl IdlePoll {
 impl Drop for IdlePoll {
     fn drop(&mut self) {
         self.shared.stopped.store(true, Ordering::SeqCst);
-        drop(self.shared.lock());
-        self.shared.wake.notify_all();
+        self.shared.wake_sleepers();
         for thread in self.threads.drain(..) {
             let _ = thread.join();
         }
@@ -106,8 +107,7 @@ impl Activity {
         // SeqCst pairs with the poller's: it registers as sleeping, then looks at the ticks.
         shared.ticks.fetch_add(1, Ordering::SeqCst);
         if shared.sleeping.load(Ordering::SeqCst) > 0 {
-            drop(shared.lock());
-            shared.wake.notify_all();
+            shared.wake_sleepers();
         }
     }
 }
@@ -115,6 +115,13 @@ impl Activity {
 impl Shared {
     fn lock(&self) -> MutexGuard<'_, ()> {
         self.lock.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// Wakes every sleeping poller. Taking the lock first means a poller between its last look
+    /// at the ticks and its wait cannot miss the notification.
+    fn wake_sleepers(&self) {
+        drop(self.lock());
+        self.wake.notify_all();
     }
 
     fn run(&self) {
@@ -148,6 +155,7 @@ impl Shared {
             guard = self.wake.wait(guard).unwrap_or_else(|e| e.into_inner());
         }
         self.sleeping.fetch_sub(1, Ordering::SeqCst);
+        #[cfg(test)]
         self.resumed.fetch_add(1, Ordering::Relaxed);
         self.ticks.load(Ordering::SeqCst)
     }

@@ -2,8 +2,8 @@
 //! requests answered as usual while they poll, and pollers asleep once traffic stops (an idle
 //! server spends no CPU). Without the flag there are no pollers.
 
+use crate::common::lifecycle::eventually;
 use crate::common::{add_sub_row, fp32_values, Server};
-use std::time::{Duration, Instant};
 
 /// `policy` value of a SCHED_IDLE thread in /proc/<pid>/task/<tid>/stat.
 const SCHED_IDLE: u32 = 5;
@@ -64,15 +64,10 @@ async fn pollers_poll_at_idle_priority_and_sleep_without_traffic() {
     assert_eq!(answers, expected);
 
     // No traffic: every poller goes to sleep.
-    let until = Instant::now() + Duration::from_secs(10);
-    loop {
-        let threads = pollers(server.pid());
-        if threads.iter().all(|&(state, _)| state == 'S') {
-            break;
-        }
-        assert!(Instant::now() < until, "pollers still running: {threads:?}");
-        tokio::time::sleep(Duration::from_millis(5)).await;
-    }
+    eventually("every poller asleep", || async {
+        pollers(server.pid()).iter().all(|&(state, _)| state == 'S')
+    })
+    .await;
 
     let plain = Server::start_with(&["model_repository"], &[]);
     assert!(pollers(plain.pid()).is_empty());
