@@ -8,7 +8,7 @@
 //! holds its `len` cached positions at the end of the cache, and `attention_mask` hides the rest.
 
 use super::{BackendError, OnnxRuntime, SessionOptions};
-use ort::session::{Session, SessionInputValue};
+use ort::session::{RunOptions, Session, SessionInputValue};
 use ort::value::{DynValue, TensorElementType, ValueType};
 use std::borrow::Cow;
 use std::path::Path;
@@ -66,6 +66,8 @@ pub struct Step {
 /// An ONNX Runtime session over a decoder graph, with the shape facts read from the graph.
 pub struct DecoderSession {
     session: Session,
+    /// Options for every run, when the config asks for any (arena shrinkage).
+    run_options: Option<RunOptions>,
     layers: usize,
     heads: usize,
     head_dim: usize,
@@ -88,9 +90,11 @@ impl DecoderSession {
         path: &Path,
         options: &SessionOptions,
     ) -> Result<DecoderSession, BackendError> {
-        let session = super::onnx::build_session(runtime, path, options).map_err(|e| {
+        let load_error = |e: String| {
             BackendError::Load(format!("failed to load ONNX model {}: {e}", path.display()))
-        })?;
+        };
+        let session = super::onnx::build_session(runtime, path, options).map_err(load_error)?;
+        let run_options = super::onnx::run_options(&options.tuning).map_err(load_error)?;
         let fail = |m: String| {
             BackendError::Load(format!(
                 "{} is not a decoder-only model with Optimum's text-generation inputs and outputs: {m}",
@@ -175,6 +179,7 @@ impl DecoderSession {
         let (heads, head_dim) = shape.unwrap_or_default();
         Ok(DecoderSession {
             session,
+            run_options,
             layers,
             heads,
             head_dim,
@@ -242,10 +247,11 @@ impl DecoderSession {
         for (name, value) in self.cache_inputs.iter().zip(cache.values) {
             inputs.push((Cow::Borrowed(name.as_str()), value.into()));
         }
-        let mut outputs = self
-            .session
-            .run(inputs)
-            .map_err(|e| BackendError::Run(format!("onnx runtime error: {e}")))?;
+        let mut outputs = match &self.run_options {
+            None => self.session.run(inputs),
+            Some(options) => self.session.run_with_options(inputs, options),
+        }
+        .map_err(|e| BackendError::Run(format!("onnx runtime error: {e}")))?;
         let logits = outputs
             .get("logits")
             .ok_or_else(|| BackendError::Run("the model returned no logits".into()))?;
@@ -379,6 +385,8 @@ mod tests {
             &SessionOptions {
                 intra_op_threads: 1,
                 device: crate::backend::Device::Cpu,
+                tuning: Default::default(),
+                pool_name: None,
             },
         )
         .unwrap()
@@ -505,6 +513,8 @@ mod tests {
             &SessionOptions {
                 intra_op_threads: 1,
                 device: crate::backend::Device::Cpu,
+                tuning: Default::default(),
+                pool_name: None,
             },
         )
         .err()

@@ -13,7 +13,7 @@ pub mod tokenize;
 use crate::core::{DataType, Tensor};
 
 pub use cuda::{CudaOptions, Device, Gpu, GpuInventory};
-pub use onnx::{OnnxSession, SessionOptions};
+pub use onnx::{GraphLevel, OnnxSession, SessionOptions, SessionTuning};
 pub use runtime::OnnxRuntime;
 
 /// Errors raised while loading or running a model.

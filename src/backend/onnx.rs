@@ -9,7 +9,9 @@ use crate::core::tensor::BytesElements;
 use crate::core::{DataType, Tensor};
 use bytes::Bytes;
 use half::{bf16, f16};
-use ort::session::{Session, SessionInputValue};
+use ort::environment::ThreadManager;
+use ort::session::builder::GraphOptimizationLevel;
+use ort::session::{RunOptions, Session, SessionInputValue};
 use ort::value::{DynValue, TensorElementType, TensorRef, ValueType};
 use std::borrow::Cow;
 use std::path::Path;
@@ -21,6 +23,72 @@ pub struct SessionOptions {
     pub intra_op_threads: usize,
     /// CPU, or the CUDA execution provider on one GPU.
     pub device: Device,
+    /// What the model's config tunes; the default leaves ONNX Runtime's own behaviour.
+    pub tuning: SessionTuning,
+    /// The name of the session's own ONNX Runtime threads (its operator pools), so that `top -H`
+    /// or `/proc/<pid>/task` tell them apart; `None` leaves them the name of the loading thread.
+    pub pool_name: Option<String>,
+}
+
+/// Spawns ONNX Runtime's pool threads under a name of ours.
+struct NamedThreads(String);
+
+impl ThreadManager for NamedThreads {
+    type Thread = std::thread::JoinHandle<()>;
+
+    fn create(&self, work: impl FnOnce() + Send + 'static) -> ort::Result<Self::Thread> {
+        std::thread::Builder::new()
+            .name(self.0.clone())
+            // What ONNX Runtime's own threads get on Linux (glibc's default), not std's 2 MiB.
+            .stack_size(8 << 20)
+            .spawn(work)
+            .map_err(|e| ort::Error::new(format!("cannot start an ONNX Runtime thread: {e}")))
+    }
+
+    fn join(thread: Self::Thread) -> ort::Result<()> {
+        thread
+            .join()
+            .map_err(|_| ort::Error::new("an ONNX Runtime thread panicked"))
+    }
+}
+
+/// ONNX Runtime session settings a model config may set (read by `repository::tuning`).
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct SessionTuning {
+    pub graph_level: GraphLevel,
+    /// `Some(threads)`: independent operators run in parallel on that many threads;
+    /// `None`: one operator after another (ONNX Runtime's default).
+    pub parallel_execution: Option<usize>,
+    /// The CPU memory arena on (ONNX Runtime's default) or off.
+    pub mem_arena: Option<bool>,
+    /// Memory pattern planning on (ONNX Runtime's default) or off.
+    pub mem_pattern: Option<bool>,
+    /// `session.use_device_allocator_for_initializers`.
+    pub device_allocator_for_initializers: Option<bool>,
+    /// The arenas to shrink after every run, in ONNX Runtime's `memory.enable_memory_arena_shrinkage`
+    /// spelling (`cpu:0;gpu:1`), already narrowed to the devices this session has arenas on.
+    pub arena_shrinkage: Option<String>,
+}
+
+/// How far ONNX Runtime rewrites the graph before running it.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub enum GraphLevel {
+    #[default]
+    All,
+    Extended,
+    Basic,
+    Disabled,
+}
+
+impl From<GraphLevel> for GraphOptimizationLevel {
+    fn from(level: GraphLevel) -> Self {
+        match level {
+            GraphLevel::All => GraphOptimizationLevel::All,
+            GraphLevel::Extended => GraphOptimizationLevel::Level2,
+            GraphLevel::Basic => GraphOptimizationLevel::Level1,
+            GraphLevel::Disabled => GraphOptimizationLevel::Disable,
+        }
+    }
 }
 
 /// One ONNX Runtime session: a model instance.
@@ -30,6 +98,8 @@ pub struct OnnxSession {
     pub(super) outputs: Vec<TensorInfo>,
     /// The CUDA ordinal of the GPU the session runs on.
     pub(super) gpu: Option<i32>,
+    /// Options for every run, when the config asks for any (arena shrinkage).
+    pub(super) run_options: Option<RunOptions>,
 }
 
 impl OnnxSession {
@@ -46,6 +116,7 @@ impl OnnxSession {
             BackendError::Load(format!("failed to load ONNX model {}: {e}", path.display()))
         };
         let session = build_session(runtime, path, options).map_err(load_error)?;
+        let run_options = run_options(&options.tuning).map_err(load_error)?;
         let inputs = session
             .inputs()
             .iter()
@@ -61,6 +132,7 @@ impl OnnxSession {
             inputs,
             outputs,
             gpu: options.device.gpu().map(|g| g.id),
+            run_options,
         })
     }
 
@@ -103,14 +175,41 @@ pub(super) fn build_session(
     options: &SessionOptions,
 ) -> Result<Session, String> {
     let text = |e: ort::Error<ort::session::builder::SessionBuilder>| e.to_string();
+    let tuning = &options.tuning;
     let mut builder = Session::builder(runtime.environment())
         .map_err(|e| e.to_string())?
         .with_intra_threads(options.intra_op_threads.max(1))
         .map_err(text)?
-        .with_inter_threads(1)
-        .map_err(text)?
         .with_intra_op_spinning(false)
+        .map_err(text)?
+        .with_optimization_level(tuning.graph_level.into())
         .map_err(text)?;
+    builder = match tuning.parallel_execution {
+        None => builder.with_inter_threads(1).map_err(text)?,
+        Some(threads) => builder
+            .with_parallel_execution(true)
+            .map_err(text)?
+            .with_inter_threads(threads.max(1))
+            .map_err(text)?
+            .with_inter_op_spinning(false)
+            .map_err(text)?,
+    };
+    if let Some(name) = &options.pool_name {
+        builder = builder
+            .with_thread_manager(NamedThreads(name.clone()))
+            .map_err(text)?;
+    }
+    if let Some(enable) = tuning.mem_pattern {
+        builder = builder.with_memory_pattern(enable).map_err(text)?;
+    }
+    if let Some(enable) = tuning.device_allocator_for_initializers {
+        builder = builder
+            .with_config_entry(
+                "session.use_device_allocator_for_initializers",
+                if enable { "1" } else { "0" },
+            )
+            .map_err(text)?;
+    }
     if let Device::Cuda { gpu, options } = &options.device {
         #[cfg(feature = "cuda")]
         {
@@ -124,7 +223,28 @@ pub(super) fn build_session(
             return Err(super::cuda::NOT_BUILT.to_string());
         }
     }
+    if let Some(enable) = tuning.mem_arena {
+        // The CPU provider is where ONNX Runtime's C API switches its arena.
+        builder = builder
+            .with_execution_providers([ort::ep::CPU::default()
+                .with_arena_allocator(enable)
+                .build()
+                .error_on_failure()])
+            .map_err(text)?;
+    }
     builder.commit_from_file(path).map_err(|e| e.to_string())
+}
+
+/// The options every run of a session takes, when its tuning needs any.
+pub(super) fn run_options(tuning: &SessionTuning) -> Result<Option<RunOptions>, String> {
+    let Some(arenas) = &tuning.arena_shrinkage else {
+        return Ok(None);
+    };
+    let mut options = RunOptions::new().map_err(|e| e.to_string())?;
+    options
+        .set("memory.enable_memory_arena_shrinkage", arenas)
+        .map_err(|e| e.to_string())?;
+    Ok(Some(options))
 }
 
 fn tensor_info(name: &str, value_type: &ValueType) -> TensorInfo {
@@ -170,10 +290,11 @@ impl Backend for OnnxSession {
         for tensor in inputs {
             values.push((Cow::Borrowed(tensor.name.as_str()), input_value(tensor)?));
         }
-        let outputs = self
-            .session
-            .run(values)
-            .map_err(|e| BackendError::Run(format!("onnx runtime error: {e}")))?;
+        let outputs = match &self.run_options {
+            None => self.session.run(values),
+            Some(options) => self.session.run_with_options(values, options),
+        }
+        .map_err(|e| BackendError::Run(format!("onnx runtime error: {e}")))?;
         outputs
             .into_iter()
             .map(|(name, value)| output_tensor(name, &value))

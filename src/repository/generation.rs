@@ -8,14 +8,15 @@
 //! `max_sequence_length` (prompt plus generated tokens, default 2048), `eos_token` (default: the
 //! tokenizer's `<|endoftext|>`, `</s>`, `<eos>`...), `tokenizer` (file name, default
 //! `tokenizer.json`, looked for in the version directory, then the model directory),
-//! `intra_op_thread_count` (ONNX Runtime threads per operator, as Triton's ONNX Runtime backend
-//! spells it; default: every core kiln gives the model) and the general `max_inflight_requests`.
+//! and the general `max_inflight_requests`. ONNX Runtime's own settings (`intra_op_thread_count`,
+//! default: every core kiln gives the model; graph level, memory) are read as for any model, by
+//! `tuning`.
 
 use super::config::{self, datatype_from_config};
 use super::store::contained;
 use super::{Executor, IoSpec, ServingVersion, TensorSpec};
 use crate::backend::decoder::DecoderSession;
-use crate::backend::{Device, OnnxRuntime, SessionOptions};
+use crate::backend::{OnnxRuntime, SessionOptions};
 use crate::core::DataType;
 use crate::generate::text::TextCodec;
 use crate::generate::{GenerateOptions, Generator};
@@ -116,7 +117,6 @@ pub fn complete_config(config: &mut ModelConfig) -> Result<(), String> {
             ))
         }
     }
-    number(config, "intra_op_thread_count", 1)?;
     options(config).map(|_| ())
 }
 
@@ -200,7 +200,7 @@ pub fn start_version(
     model_path: &Path,
     config: &ModelConfig,
     runtime: &OnnxRuntime,
-    cores: usize,
+    session_options: &SessionOptions,
 ) -> Result<ServingVersion, String> {
     if !model_path.is_file() {
         return Err(format!("model file {} not found", model_path.display()));
@@ -216,12 +216,8 @@ pub fn start_version(
         contained(model_dir, &file)?
     };
     let codec = TextCodec::load(&tokenizer, parameter("eos_token").as_deref())?;
-    let session_options = SessionOptions {
-        intra_op_threads: number(config, "intra_op_thread_count", cores.max(1))?,
-        device: Device::Cpu,
-    };
     let session =
-        DecoderSession::load(runtime, model_path, &session_options).map_err(|e| e.to_string())?;
+        DecoderSession::load(runtime, model_path, session_options).map_err(|e| e.to_string())?;
     let stats = Arc::new(ModelStats::new(name, version));
     let generator = Generator::start(
         &format!("{name}-{version}"),

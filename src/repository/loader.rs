@@ -9,6 +9,7 @@ use super::limits::{
     check_sessions, read_text, MAX_CONFIG_BYTES, MAX_LABELS, MAX_LABEL_FILE_BYTES,
 };
 use super::store::{contained, plain_relative};
+use super::tuning::{self, Tuning};
 use super::{
     autocomplete, generation, placement, text, versions, Executor, IoSpec, LoadOptions, Model,
     ServingVersion,
@@ -62,8 +63,11 @@ pub struct Prepared {
     labels: BTreeMap<String, Vec<String>>,
     /// Where each instance runs, one entry per instance.
     devices: Vec<Device>,
-    /// Intra-op threads per session: the cores shared between the instances.
+    /// Intra-op threads per session: the config's count, or the cores shared between the
+    /// instances.
     intra_op_threads: usize,
+    /// The ONNX Runtime settings the config tunes.
+    tuning: Tuning,
     /// Why GPU groups run on CPU (`--gpu-fallback-to-cpu`).
     fallback: Option<String>,
     /// The tokenizer of a model that takes text.
@@ -109,11 +113,12 @@ pub fn prepare(
     }
     // A generation model runs one loop over one session, whatever the instance groups say, and
     // tokenizes in that loop (see `generation`).
-    let intra_op_threads = if generating {
+    let tuning = tuning::tuning(&config)?;
+    let intra_op_threads = tuning.intra_op_threads.unwrap_or(if generating {
         options.cores.max(1)
     } else {
         (options.cores / placed.devices.len().max(1)).max(1)
-    };
+    });
     let text = if generating {
         None
     } else {
@@ -135,6 +140,8 @@ pub fn prepare(
         let cpu = SessionOptions {
             intra_op_threads,
             device: Device::Cpu,
+            tuning: tuning.session(intra_op_threads, None),
+            pool_name: None,
         };
         let probe = OnnxSession::load(&runtime, &newest, &cpu).map_err(|e| e.to_string())?;
         // A text model shows clients its text input in place of the token inputs.
@@ -159,6 +166,7 @@ pub fn prepare(
         labels,
         devices: placed.devices,
         intra_op_threads,
+        tuning,
         fallback: placed.fallback,
         text,
     })
@@ -177,6 +185,7 @@ pub fn build(prepared: Prepared, reuse: Reuse<'_>) -> Result<Model, LoadFailure>
         labels,
         devices,
         intra_op_threads,
+        tuning,
         fallback,
         text,
     } = prepared;
@@ -197,19 +206,20 @@ pub fn build(prepared: Prepared, reuse: Reuse<'_>) -> Result<Model, LoadFailure>
         }
         let started = model_path(&dir, version, &config.default_model_filename).and_then(|path| {
             if generation::is_generation(&config) {
-                return generation::start_version(
-                    &name,
-                    version,
-                    &dir,
-                    &path,
-                    &config,
-                    &runtime,
+                let options = SessionOptions {
                     intra_op_threads,
+                    device: Device::Cpu,
+                    tuning: tuning.session(intra_op_threads, None),
+                    pool_name: Some(format!("ort-{name}-{version}")),
+                };
+                return generation::start_version(
+                    &name, version, &dir, &path, &config, &runtime, &options,
                 );
             }
             let instances = Instances {
                 devices: &devices,
                 intra_op_threads,
+                tuning: &tuning,
                 runtime: &runtime,
                 text: text.as_ref(),
             };
@@ -308,6 +318,7 @@ struct Instances<'a> {
     /// Where each instance runs.
     devices: &'a [Device],
     intra_op_threads: usize,
+    tuning: &'a Tuning,
     runtime: &'a OnnxRuntime,
     /// A text model's tokenizer, wrapped around each session.
     text: Option<&'a TextSpec>,
@@ -326,6 +337,7 @@ fn start_version(
     let Instances {
         devices,
         intra_op_threads,
+        tuning,
         runtime,
         text,
     } = *instances;
@@ -333,10 +345,13 @@ fn start_version(
     let mut backends: Vec<Box<dyn Backend>> = Vec::with_capacity(devices.len());
     let mut io = None;
     let mut text_input = None;
-    for device in devices {
+    for (index, device) in devices.iter().enumerate() {
         let options = SessionOptions {
             intra_op_threads,
             device: device.clone(),
+            tuning: tuning.session(intra_op_threads, device.gpu().map(|gpu| gpu.id)),
+            // The instance's own thread is `{name}-{version}-{index}` (the scheduler's).
+            pool_name: Some(format!("ort-{name}-{version}-{index}")),
         };
         let session = OnnxSession::load(runtime, path, &options).map_err(|e| e.to_string())?;
         if io.is_none() {

@@ -9,7 +9,8 @@
 //! readiness, and the snapshot requests read; `overrides` checks the load API's parameters;
 //! `index` renders the repository index; `retire` stops replaced versions once their last
 //! request has finished; `text` reads the tokenizer parameters of models that take text;
-//! `generation` loads decoupled generation models.
+//! `generation` loads decoupled generation models; `tuning` reads the ONNX Runtime settings a
+//! config gives (threads, graph level, memory).
 //! `limits` bounds what model files may ask for (sizes, counts, dims).
 //!
 //! A model that fails to load is kept with its reason and is not ready; it never takes the server
@@ -29,6 +30,7 @@ mod retire;
 pub mod s3;
 pub mod store;
 pub mod text;
+pub mod tuning;
 mod versions;
 
 pub use index::IndexEntry;

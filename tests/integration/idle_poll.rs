@@ -8,18 +8,16 @@ use crate::common::{add_sub_row, fp32_values, Server};
 /// `policy` value of a SCHED_IDLE thread in /proc/<pid>/task/<tid>/stat.
 const SCHED_IDLE: u32 = 5;
 
-/// (state, policy) of each of the process's threads named `idle-poll-*`.
-fn pollers(pid: u32) -> Vec<(char, u32)> {
+/// (state, policy) of each of the server's threads named `idle-poll-*`.
+fn pollers(server: &Server) -> Vec<(char, u32)> {
     let mut found = Vec::new();
-    for task in std::fs::read_dir(format!("/proc/{pid}/task")).expect("/proc is readable") {
-        let path = task.expect("task entry").path();
-        let Ok(comm) = std::fs::read_to_string(path.join("comm")) else {
-            continue; // the thread exited
-        };
-        if !comm.starts_with("idle-poll-") {
+    for (name, path) in server.threads() {
+        if !name.starts_with("idle-poll-") {
             continue;
         }
-        let stat = std::fs::read_to_string(path.join("stat")).expect("stat is readable");
+        let Ok(stat) = std::fs::read_to_string(path.join("stat")) else {
+            continue; // the thread exited
+        };
         // Fields after the parenthesised name, from field 3 (state); `policy` is field 41.
         let fields: Vec<&str> = stat
             .rsplit_once(')')
@@ -37,7 +35,7 @@ fn pollers(pid: u32) -> Vec<(char, u32)> {
 async fn pollers_poll_at_idle_priority_and_sleep_without_traffic() {
     let server = Server::start_with(&["model_repository"], &["--idle-poll-us", "200"]);
     let cpus = std::thread::available_parallelism().map_or(1, |n| n.get());
-    let threads = pollers(server.pid());
+    let threads = pollers(&server);
     assert_eq!(threads.len(), cpus, "one poller per CPU: {threads:?}");
     assert!(
         threads.iter().all(|&(_, policy)| policy == SCHED_IDLE),
@@ -65,12 +63,12 @@ async fn pollers_poll_at_idle_priority_and_sleep_without_traffic() {
 
     // No traffic: every poller goes to sleep.
     eventually("every poller asleep", || async {
-        pollers(server.pid()).iter().all(|&(state, _)| state == 'S')
+        pollers(&server).iter().all(|&(state, _)| state == 'S')
     })
     .await;
 
     let plain = Server::start_with(&["model_repository"], &[]);
-    assert!(pollers(plain.pid()).is_empty());
+    assert!(pollers(&plain).is_empty());
 }
 
 #[test]

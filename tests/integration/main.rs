@@ -21,5 +21,6 @@ mod lifecycle_s3;
 mod model_files;
 mod overload;
 mod scheduler;
+mod session_tuning;
 mod shutdown;
 mod text;

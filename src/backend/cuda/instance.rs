@@ -104,11 +104,14 @@ impl Backend for CudaInstance {
                 BackendError::Input(format!("failed to bind input '{}': {e}", tensor.name))
             })?;
         }
-        let outputs = self
-            .session
-            .session
-            .run_binding(&self.binding)
-            .map_err(|e| BackendError::Run(format!("onnx runtime error: {e}")))?;
+        let session = &mut self.session;
+        let outputs = match &session.run_options {
+            None => session.session.run_binding(&self.binding),
+            Some(options) => session
+                .session
+                .run_binding_with_options(&self.binding, options),
+        }
+        .map_err(|e| BackendError::Run(format!("onnx runtime error: {e}")))?;
         outputs
             .into_iter()
             .map(|(name, value)| onnx::output_tensor(name, &value))

@@ -144,6 +144,20 @@ impl Server {
         self.child.id()
     }
 
+    /// The server's threads: each one's name (`comm`) and its `/proc/<pid>/task/<tid>` directory.
+    pub fn threads(&self) -> Vec<(String, PathBuf)> {
+        let mut found = Vec::new();
+        let tasks = std::fs::read_dir(format!("/proc/{}/task", self.pid()));
+        for task in tasks.expect("/proc is readable") {
+            let path = task.expect("task entry").path();
+            // A thread that exits between the listing and this read is simply not counted.
+            if let Ok(comm) = std::fs::read_to_string(path.join("comm")) {
+                found.push((comm.trim_end().to_string(), path));
+            }
+        }
+        found
+    }
+
     /// The server's resident memory (`VmRSS` of /proc/<pid>/status), in KiB.
     pub fn rss_kib(&self) -> u64 {
         let status = std::fs::read_to_string(format!("/proc/{}/status", self.pid()))
