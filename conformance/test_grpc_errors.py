@@ -299,7 +299,7 @@ def test_reserved_triton_parameter(stub):
 # --------------------------------------------------------------------------- unimplemented RPCs
 
 @pytest.mark.parametrize("rpc,req", [
-    ("SystemSharedMemoryStatus", service_pb2.SystemSharedMemoryStatusRequest()),
+    ("CudaSharedMemoryStatus", service_pb2.CudaSharedMemoryStatusRequest()),
     ("TraceSetting", service_pb2.TraceSettingRequest()),
 ])
 def test_unimplemented_rpc(stub, rpc, req):

@@ -11,6 +11,10 @@ pub enum Error {
     /// The model or version does not exist (gRPC NOT_FOUND, HTTP 404).
     #[error("{0}")]
     NotFound(String),
+    /// The thing to create exists already, e.g. a shared-memory region name (gRPC ALREADY_EXISTS,
+    /// HTTP 400 as Triton answers it).
+    #[error("{0}")]
+    AlreadyExists(String),
     /// The model or server cannot take the request now (gRPC UNAVAILABLE, HTTP 503).
     #[error("{0}")]
     Unavailable(String),
@@ -35,6 +39,7 @@ impl Error {
         match self {
             Error::InvalidArgument(m)
             | Error::NotFound(m)
+            | Error::AlreadyExists(m)
             | Error::Unavailable(m)
             | Error::ResourceExhausted(m)
             | Error::DeadlineExceeded(m)

@@ -8,6 +8,7 @@ pub mod generate;
 mod lookup;
 pub mod raw_input;
 mod response;
+pub mod shared_memory;
 pub mod validate;
 
 use crate::backend::BackendError;
@@ -18,6 +19,8 @@ use crate::proto::inference::{ModelConfig, ModelStatistics};
 use crate::repository::{Executor, Model, ModelRepository};
 use crate::scheduler::{self, ScheduleError};
 pub use admission::Admission;
+use shared_memory::tensors;
+pub use shared_memory::{RegionStatus, SharedMemory};
 use std::collections::BTreeMap;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::Arc;
@@ -27,8 +30,8 @@ pub use crate::repository::{IndexEntry, LoadParameter};
 
 /// Protocol extensions kiln implements, as reported by server metadata, in Triton's order. Clients
 /// act on this list: perf_analyzer, for one, reads the server's statistics only when it names
-/// `statistics`. Not listed because not served: `sequence`, the two shared-memory extensions,
-/// `trace` and `logging`.
+/// `statistics`. Not listed because not served: `sequence`, `cuda_shared_memory`, `trace` and
+/// `logging`.
 pub const EXTENSIONS: &[&str] = &[
     "classification",
     "model_repository",
@@ -36,6 +39,7 @@ pub const EXTENSIONS: &[&str] = &[
     // The `priority` and `timeout` request parameters, with the config's queue policies.
     "schedule_policy",
     "model_configuration",
+    "system_shared_memory",
     "binary_tensor_data",
     "parameters",
     // ModelStatistics and `/v2/models[/{m}[/versions/{v}]]/stats`.
@@ -84,6 +88,8 @@ pub struct Engine {
     /// Set when shutdown starts: the server reports not ready and refuses new requests while the
     /// admitted ones finish.
     exiting: AtomicBool,
+    /// The system shared-memory regions clients registered.
+    shared_memory: SharedMemory,
 }
 
 impl Engine {
@@ -94,7 +100,13 @@ impl Engine {
             in_flight: Arc::new(AtomicUsize::new(0)),
             max_in_flight: 0,
             exiting: AtomicBool::new(false),
+            shared_memory: SharedMemory::default(),
         }
+    }
+
+    /// The system shared-memory regions (register, status, unregister).
+    pub fn shared_memory(&self) -> &SharedMemory {
+        &self.shared_memory
     }
 
     /// The repository, for the server's start-up load, polling and readiness watch.
@@ -271,8 +283,14 @@ impl Engine {
             finished: false,
         };
         let prefix = validate::request_prefix(&request.id);
+        let memory = &self.shared_memory;
+        let mut output_slots = tensors::OutputSlots::new();
         let scheduled = check_parameters(&request)
-            .and_then(|()| validate::prepare_inputs(&model.name, &serving.io, &mut request))
+            .and_then(|()| tensors::read_inputs(memory, &model.name, &prefix, &mut request))
+            .and_then(|()| {
+                output_slots = tensors::output_slots(memory, &request)?;
+                validate::prepare_inputs(&model.name, &serving.io, &mut request)
+            })
             .map_err(|e| (e, FailureReason::Other))
             .map(|inputs| scheduler::Request {
                 rows: validate::rows(&serving.io, &inputs),
@@ -304,14 +322,24 @@ impl Engine {
         record.finished = true;
         match result {
             Ok((rows, outcome)) => {
-                serving.stats.record_success(
-                    rows,
-                    arrived.elapsed(),
-                    outcome.queue,
-                    outcome.compute,
-                    outcome.gpu,
-                );
-                response::response(&model, &serving, request, outcome.outputs)
+                let answer = response::response(&model, &serving, request, outcome.outputs)
+                    .and_then(|mut answer| {
+                        tensors::write_outputs(&output_slots, &mut answer)?;
+                        Ok(answer)
+                    });
+                match &answer {
+                    Ok(_) => serving.stats.record_success(
+                        rows,
+                        arrived.elapsed(),
+                        outcome.queue,
+                        outcome.compute,
+                        outcome.gpu,
+                    ),
+                    Err(_) => serving
+                        .stats
+                        .record_failure(arrived.elapsed(), FailureReason::Other),
+                }
+                answer
             }
             Err((error, reason)) => {
                 serving.stats.record_failure(arrived.elapsed(), reason);
@@ -476,16 +504,12 @@ mod tests {
             "model_configuration",
             "schedule_policy",
             "statistics",
+            "system_shared_memory",
         ] {
             assert!(EXTENSIONS.contains(&extension));
         }
         // Answered UNIMPLEMENTED (gRPC) and 501 (REST): a client must not be told otherwise.
-        for extension in [
-            "system_shared_memory",
-            "cuda_shared_memory",
-            "trace",
-            "logging",
-        ] {
+        for extension in ["cuda_shared_memory", "trace", "logging"] {
             assert!(!EXTENSIONS.contains(&extension));
         }
     }

@@ -191,9 +191,12 @@ fn check_input(
         Some(size) => {
             let expected = count as u64 * size as u64;
             if input.data.len() as u64 != expected {
-                return Err(invalid_arg!(
-                    "{prefix}input byte size mismatch for input '{name}' for model '{model}'. Expected {expected}, got {}",
-                    input.data.len()
+                return Err(byte_size_mismatch(
+                    prefix,
+                    name,
+                    model,
+                    expected,
+                    input.data.len() as u64,
                 ));
             }
         }
@@ -218,6 +221,13 @@ fn check_input(
         }
     }
     Ok(())
+}
+
+/// A fixed-size input whose data is not the size its shape says.
+pub fn byte_size_mismatch(prefix: &str, name: &str, model: &str, expected: u64, got: u64) -> Error {
+    invalid_arg!(
+        "{prefix}input byte size mismatch for input '{name}' for model '{model}'. Expected {expected}, got {got}"
+    )
 }
 
 /// Replaces the client's dims with the model's own (`reshape`, scalars), keeping the batch dim.

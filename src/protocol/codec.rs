@@ -6,6 +6,7 @@ use crate::core::tensor::frame_bytes;
 use crate::core::{
     DataType, Error, InferRequest, InferResponse, ParamValue, Parameters, RequestedOutput, Tensor,
 };
+use crate::engine::shared_memory;
 use crate::invalid_arg;
 use crate::proto::inference::{
     infer_parameter::ParameterChoice, model_infer_request::InferInputTensor,
@@ -56,11 +57,12 @@ pub fn params_to_wire(params: Parameters) -> HashMap<String, InferParameter> {
 }
 
 /// Decodes a `ModelInferRequest`. Raw entries are matched to inputs in order, skipping inputs that
-/// carry typed contents; mixing the two is rejected, as Triton does.
+/// carry typed contents or name a shared-memory region; mixing raw and typed is rejected, as
+/// Triton does.
 ///
 /// # Errors
 /// INVALID_ARGUMENT with Triton's message for missing data, mixed raw/typed data, a typed field
-/// that does not match the datatype, or an unknown datatype; UNIMPLEMENTED for shared memory.
+/// that does not match the datatype, typed contents beside shared memory, or an unknown datatype.
 pub fn request_from_wire(request: ModelInferRequest) -> Result<InferRequest, Error> {
     let model = request.model_name;
     let uses_raw = !request.raw_input_contents.is_empty();
@@ -122,12 +124,21 @@ fn input_from_wire(
         )
     })?;
     let parameters = params_from_wire(input.parameters);
-    if parameters.contains_key("shared_memory_region") {
-        return Err(Error::Unsupported(format!(
-            "shared memory input '{name}' for model '{model}' is not supported by this server yet"
-        )));
-    }
+    // The engine reads a shared-memory input's data out of its region; it takes no raw entry.
+    let in_shared_memory = parameters.contains_key(shared_memory::REGION);
     let data = match input.contents {
+        _ if in_shared_memory => {
+            if input
+                .contents
+                .as_ref()
+                .is_some_and(|c| populated_field(c).is_some())
+            {
+                return Err(invalid_arg!(
+                    "unexpected 'content' provided when using shared memory for input tensor                      '{name}' for model '{model}'"
+                ));
+            }
+            Bytes::new()
+        }
         Some(contents) if !uses_raw => typed_to_raw(contents, datatype, &name, model)?,
         _ => raw.next().ok_or_else(|| {
             invalid_arg!(

@@ -24,6 +24,7 @@ pub fn status(error: Error) -> Status {
     match error {
         Error::InvalidArgument(m) => Status::invalid_argument(m),
         Error::NotFound(m) => Status::not_found(m),
+        Error::AlreadyExists(m) => Status::already_exists(m),
         Error::Unavailable(m) => Status::unavailable(m),
         Error::ResourceExhausted(m) => Status::resource_exhausted(m),
         Error::DeadlineExceeded(m) => Status::deadline_exceeded(m),
@@ -341,23 +342,53 @@ impl GrpcInferenceService for InferenceService {
 
     async fn system_shared_memory_status(
         &self,
-        _: Request<SystemSharedMemoryStatusRequest>,
+        request: Request<SystemSharedMemoryStatusRequest>,
     ) -> RpcResult<SystemSharedMemoryStatusResponse> {
-        Err(not_yet("SystemSharedMemoryStatus"))
+        let name = request.into_inner().name;
+        let regions = self
+            .engine
+            .shared_memory()
+            .status(&name)
+            .map_err(status)?
+            .into_iter()
+            .map(|region| {
+                let status = system_shared_memory_status_response::RegionStatus {
+                    name: region.name.clone(),
+                    key: region.key,
+                    offset: region.offset,
+                    byte_size: region.byte_size,
+                };
+                (region.name, status)
+            })
+            .collect();
+        Ok(Response::new(SystemSharedMemoryStatusResponse { regions }))
     }
 
     async fn system_shared_memory_register(
         &self,
-        _: Request<SystemSharedMemoryRegisterRequest>,
+        request: Request<SystemSharedMemoryRegisterRequest>,
     ) -> RpcResult<SystemSharedMemoryRegisterResponse> {
-        Err(not_yet("SystemSharedMemoryRegister"))
+        let request = request.into_inner();
+        self.engine
+            .shared_memory()
+            .register(
+                &request.name,
+                &request.key,
+                request.offset,
+                request.byte_size,
+            )
+            .map_err(status)?;
+        Ok(Response::new(SystemSharedMemoryRegisterResponse {}))
     }
 
     async fn system_shared_memory_unregister(
         &self,
-        _: Request<SystemSharedMemoryUnregisterRequest>,
+        request: Request<SystemSharedMemoryUnregisterRequest>,
     ) -> RpcResult<SystemSharedMemoryUnregisterResponse> {
-        Err(not_yet("SystemSharedMemoryUnregister"))
+        self.engine
+            .shared_memory()
+            .unregister(&request.into_inner().name);
+        Ok(Response::new(SystemSharedMemoryUnregisterResponse {}))
     }
 
     async fn cuda_shared_memory_status(

@@ -6,7 +6,7 @@ use kiln::proto::inference::{
     model_infer_request::{InferInputTensor, InferRequestedOutputTensor},
     InferTensorContents, ModelInferRequest, ModelMetadataRequest, ModelReadyRequest,
     RepositoryIndexRequest, ServerLiveRequest, ServerMetadataRequest, ServerReadyRequest,
-    SystemSharedMemoryStatusRequest,
+    CudaSharedMemoryStatusRequest,
 };
 use tonic::Code;
 
@@ -365,7 +365,7 @@ async fn bad_requests_get_triton_errors_and_the_server_stays_up() {
         err.message()
     );
     let err = client
-        .system_shared_memory_status(SystemSharedMemoryStatusRequest::default())
+        .cuda_shared_memory_status(CudaSharedMemoryStatusRequest::default())
         .await
         .unwrap_err();
     assert_eq!(err.code(), Code::Unimplemented);

@@ -166,7 +166,6 @@ async fn routes_methods_and_placeholders() {
     assert!(one["model_stats"][0]["inference_stats"]["success"]["count"].is_u64());
     assert_eq!(get(http, "/v2/models/nope/stats").await.status, 404);
     for path in [
-        "/v2/systemsharedmemory/status",
         "/v2/cudasharedmemory/region/r/status",
         "/v2/trace/setting",
         "/v2/models/add_sub/trace/setting",

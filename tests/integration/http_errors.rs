@@ -248,12 +248,13 @@ async fn lookup_and_validation_statuses() {
         input(
             "[1,16]",
             "FP32",
-            r#""parameters":{"shared_memory_region":"r"}"#,
+            r#""parameters":{"shared_memory_region":"r","shared_memory_byte_size":64}"#,
         )
         .as_bytes(),
     )
     .await;
-    assert_eq!(shm.status, 501);
+    assert_eq!(shm.status, 404);
+    assert_eq!(shm.error(), "Unable to find shared memory region: 'r'");
     let classify_bytes = request(
         &server.http_address,
         "POST",

@@ -73,7 +73,10 @@ async fn config_settings_reach_onnx_runtime() {
         );
         let (status, body) = rest_infer(&server.http_address, name).await;
         assert_eq!(status, 200, "{name}: {body}");
-        assert_eq!(body["outputs"][0]["data"], serde_json::json!([2.0, 3.0, 4.0, 5.0]));
+        assert_eq!(
+            body["outputs"][0]["data"],
+            serde_json::json!([2.0, 3.0, 4.0, 5.0])
+        );
     }
 
     let mut pools: BTreeMap<String, usize> = BTreeMap::new();

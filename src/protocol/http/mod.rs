@@ -13,6 +13,7 @@ pub mod generate;
 pub mod infer;
 pub mod json;
 mod routes;
+mod shared_memory;
 pub mod tensor_json;
 
 pub use routes::router;
@@ -38,7 +39,7 @@ pub const DEFAULT_MAX_INPUT_BYTES: usize = 64 * 1024 * 1024;
 /// passed deadline, which Triton has no code for, is 504; an admission limit is 429).
 pub fn status(error: &Error) -> StatusCode {
     match error {
-        Error::InvalidArgument(_) => StatusCode::BAD_REQUEST,
+        Error::InvalidArgument(_) | Error::AlreadyExists(_) => StatusCode::BAD_REQUEST,
         Error::NotFound(_) => StatusCode::NOT_FOUND,
         Error::Unavailable(_) => StatusCode::SERVICE_UNAVAILABLE,
         Error::ResourceExhausted(_) => StatusCode::TOO_MANY_REQUESTS,
@@ -115,6 +116,7 @@ mod tests {
         let cases = [
             (Error::InvalidArgument("m".into()), 400),
             (Error::NotFound("m".into()), 404),
+            (Error::AlreadyExists("m".into()), 400),
             (Error::Unavailable("m".into()), 503),
             (Error::ResourceExhausted("m".into()), 429),
             (Error::DeadlineExceeded("m".into()), 504),

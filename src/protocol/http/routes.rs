@@ -1,10 +1,11 @@
 //! Every REST endpoint of KServe v2 and Triton (WIRE.md §e.1), and the small handlers: health,
-//! metadata, readiness, config, statistics, repository index. Endpoints whose features later
-//! issues bring (shared memory, trace, logging) answer 501 with a JSON error until then.
+//! metadata, readiness, config, statistics, repository index; system shared memory is in
+//! `shared_memory`. Endpoints of features kiln does not serve (CUDA shared memory, trace,
+//! logging) answer 501 with a JSON error.
 //! `/v2/models/stats` is a static route, so it wins over `/v2/models/{model}`. Unknown paths get
 //! Triton's 404 `{"error":"Not Found"}`, wrong methods 405 `{"error":"Method Not Allowed"}`.
 
-use super::{body, generate, infer, HttpConfig, HttpError};
+use super::{body, generate, infer, shared_memory, HttpConfig, HttpError};
 use crate::core::Error;
 use crate::engine::{Engine, LoadParameter, TensorMetadata};
 use crate::invalid_arg;
@@ -69,23 +70,45 @@ pub fn router(engine: Arc<Engine>, config: HttpConfig) -> Router {
             );
     }
     router = router.route("/v2/models/{model}/trace/setting", trace_setting());
-    for kind in ["systemsharedmemory", "cudasharedmemory"] {
-        for prefix in [
-            format!("/v2/{kind}"),
-            format!("/v2/{kind}/region/{{region}}"),
-        ] {
-            router = router
-                .route(&format!("{prefix}/status"), get(not_yet("shared memory")))
-                .route(
-                    &format!("{prefix}/unregister"),
-                    post(not_yet("shared memory")),
-                );
-        }
-        router = router.route(
-            &format!("/v2/{kind}/region/{{region}}/register"),
-            post(not_yet("shared memory")),
+    router = router
+        .route(
+            "/v2/systemsharedmemory/status",
+            get(shared_memory::status_all),
+        )
+        .route(
+            "/v2/systemsharedmemory/region/{region}/status",
+            get(shared_memory::status_region),
+        )
+        .route(
+            "/v2/systemsharedmemory/region/{region}/register",
+            post(shared_memory::register),
+        )
+        .route(
+            "/v2/systemsharedmemory/unregister",
+            post(shared_memory::unregister_all),
+        )
+        .route(
+            "/v2/systemsharedmemory/region/{region}/unregister",
+            post(shared_memory::unregister_region),
         );
+    for prefix in [
+        "/v2/cudasharedmemory",
+        "/v2/cudasharedmemory/region/{region}",
+    ] {
+        router = router
+            .route(
+                &format!("{prefix}/status"),
+                get(not_yet("CUDA shared memory")),
+            )
+            .route(
+                &format!("{prefix}/unregister"),
+                post(not_yet("CUDA shared memory")),
+            );
     }
+    router = router.route(
+        "/v2/cudasharedmemory/region/{region}/register",
+        post(not_yet("CUDA shared memory")),
+    );
     router
         .method_not_allowed_fallback(|| async {
             HttpError::new(StatusCode::METHOD_NOT_ALLOWED, "Method Not Allowed")

@@ -42,7 +42,7 @@ impl OutputFormats {
 const BINARY_DATA_SIZE: &str = "binary_data_size";
 const BINARY_DATA: &str = "binary_data";
 const BINARY_DATA_OUTPUT: &str = "binary_data_output";
-const SHARED_MEMORY_REGION: &str = "shared_memory_region";
+use crate::engine::shared_memory::REGION as SHARED_MEMORY_REGION;
 
 /// Decodes a request body. `header_length` is the `Inference-Header-Content-Length` (already
 /// checked to be within the body and non-zero); without it the whole body is JSON.
@@ -162,12 +162,10 @@ fn decode_input(
         invalid_arg!("invalid datatype '{datatype_name}' for input '{name}' for model '{model}'")
     })?;
     let shape = shape(input.get("shape"))?;
-    if has_shm {
-        return Err(Error::Unsupported(format!(
-            "shared memory input '{name}' for model '{model}' is not supported by this server yet"
-        )));
-    }
-    let data = if has_binary {
+    let data = if has_shm {
+        // The engine reads it out of the region its parameters name.
+        Bytes::new()
+    } else if has_binary {
         let size = params
             .and_then(|p| p.get(BINARY_DATA_SIZE))
             .and_then(Value::as_u64)
@@ -323,11 +321,6 @@ fn decode_output(
         Some(p) => tensor_parameters(p)?,
         None => Parameters::new(),
     };
-    if parameters.contains_key(SHARED_MEMORY_REGION) {
-        return Err(Error::Unsupported(format!(
-            "shared memory output '{name}' is not supported by this server yet"
-        )));
-    }
     if let Some(binary) = parameters.remove(BINARY_DATA) {
         let ParamValue::Bool(binary) = binary else {
             return Err(invalid_arg!(

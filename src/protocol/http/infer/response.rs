@@ -5,6 +5,7 @@ use super::super::json;
 use super::super::tensor_json;
 use super::request::OutputFormats;
 use crate::core::{Error, InferResponse, ParamValue, Parameters};
+use crate::engine::shared_memory;
 
 /// An encoded response body.
 #[derive(Debug)]
@@ -16,7 +17,8 @@ pub struct Encoded {
 }
 
 /// Encodes a response. `model_name` and `model_version` are always present, `id` when set;
-/// JSON `data` is flat; binary outputs carry `binary_data_size` (0-byte ones add no blob).
+/// JSON `data` is flat; binary outputs carry `binary_data_size` (0-byte ones add no blob); outputs
+/// written to shared memory carry neither.
 ///
 /// # Errors
 /// INVALID_ARGUMENT for FP16/BF16 outputs asked for as JSON (Triton's rule), INTERNAL for output
@@ -55,7 +57,9 @@ pub fn encode(response: &InferResponse, formats: &OutputFormats) -> Result<Encod
             out.extend_from_slice(dim.to_string().as_bytes());
         }
         out.push(b']');
-        let binary = formats.is_binary(&output.name);
+        // An output written to shared memory carries only the region in its parameters.
+        let in_shared_memory = output.parameters.contains_key(shared_memory::REGION);
+        let binary = !in_shared_memory && formats.is_binary(&output.name);
         let size = binary.then_some(output.data.len());
         if size.is_some() || !output.parameters.is_empty() {
             out.extend_from_slice(b",\"parameters\":");
@@ -65,7 +69,7 @@ pub fn encode(response: &InferResponse, formats: &OutputFormats) -> Result<Encod
             if !output.data.is_empty() {
                 blobs.push(&output.data);
             }
-        } else {
+        } else if !in_shared_memory {
             out.extend_from_slice(b",\"data\":");
             tensor_json::encode(&mut out, output)?;
         }

@@ -111,8 +111,19 @@ fn exactly_one_data_source_per_input() {
     );
     let none = r#"{"inputs": [{"name": "x", "shape": [1], "datatype": "FP32"}]}"#;
     assert!(message(json_only(none)).ends_with("But no field is set"));
-    let shm = r#"{"inputs": [{"name": "x", "shape": [1], "datatype": "FP32", "parameters": {"shared_memory_region": "r"}}]}"#;
-    assert!(matches!(json_only(shm), Err(Error::Unsupported(_))));
+    // A shared-memory input has no data here: the engine reads it from the region.
+    let shm = r#"{"inputs": [{"name": "x", "shape": [1], "datatype": "FP32",
+                 "parameters": {"shared_memory_region": "r", "shared_memory_byte_size": 4}}]}"#;
+    let (request, _) = json_only(shm).unwrap();
+    assert!(request.inputs[0].data.is_empty());
+    assert_eq!(
+        request.inputs[0].parameters["shared_memory_region"],
+        ParamValue::String("r".into())
+    );
+    assert_eq!(
+        request.inputs[0].parameters["shared_memory_byte_size"],
+        ParamValue::Int64(4)
+    );
 }
 
 #[test]
@@ -217,7 +228,11 @@ fn malformed_fields() {
         assert!(got.contains(expected), "{body}: {got}");
     }
     let shm_out = r#"{"inputs": [], "outputs": [{"name": "o", "parameters": {"shared_memory_region": "r"}}]}"#;
-    assert!(matches!(json_only(shm_out), Err(Error::Unsupported(_))));
+    let (request, _) = json_only(shm_out).unwrap();
+    assert_eq!(
+        request.outputs[0].parameters["shared_memory_region"],
+        ParamValue::String("r".into())
+    );
 }
 
 #[test]

@@ -1,0 +1,152 @@
+"""System shared memory with Triton's own client tooling: regions made by
+tritonclient.utils.shared_memory, registered and used through tritonclient.grpc and
+tritonclient.http exactly as Triton's simple_*_shm_client examples do."""
+
+from __future__ import annotations
+
+import os
+
+import numpy as np
+import pytest
+import tritonclient.grpc as grpcclient
+import tritonclient.http as httpclient
+import tritonclient.utils.shared_memory as shm
+from tritonclient.utils import InferenceServerException
+
+from conftest import RPC_TIMEOUT
+
+T = RPC_TIMEOUT
+BYTES = 16 * 4  # one add_sub row of FP32
+
+
+@pytest.fixture(params=["grpc", "http"])
+def triton(request, server):
+    if request.param == "grpc":
+        client = grpcclient.InferenceServerClient(server.grpc_url)
+        yield grpcclient, client
+    else:
+        client = httpclient.InferenceServerClient(server.http_url)
+        yield httpclient, client
+        client.close()
+
+
+@pytest.fixture
+def regions(triton):
+    """Input and output regions, as tritonclient makes them; all removed afterwards."""
+    _, client = triton
+    tag = f"{os.getpid()}_{id(client)}"
+    handles = {
+        "input": shm.create_shared_memory_region(f"in_{tag}", f"/kiln_in_{tag}", 2 * BYTES),
+        "output": shm.create_shared_memory_region(f"out_{tag}", f"/kiln_out_{tag}", 2 * BYTES),
+    }
+    client.unregister_system_shared_memory()
+    client.register_system_shared_memory(f"in_{tag}", f"/kiln_in_{tag}", 2 * BYTES)
+    client.register_system_shared_memory(f"out_{tag}", f"/kiln_out_{tag}", 2 * BYTES)
+    yield tag, handles
+    client.unregister_system_shared_memory()
+    for handle in handles.values():
+        shm.destroy_shared_memory_region(handle)
+
+
+def test_inputs_and_outputs_in_shared_memory(triton, regions):
+    module, client = triton
+    tag, handles = regions
+    a = np.arange(16, dtype=np.float32).reshape(1, 16)
+    b = np.full((1, 16), 2.0, dtype=np.float32)
+    shm.set_shared_memory_region(handles["input"], [a, b])
+
+    inputs = [module.InferInput("INPUT0", [1, 16], "FP32"), module.InferInput("INPUT1", [1, 16], "FP32")]
+    inputs[0].set_shared_memory(f"in_{tag}", BYTES)
+    inputs[1].set_shared_memory(f"in_{tag}", BYTES, offset=BYTES)
+    outputs = [module.InferRequestedOutput("OUTPUT0"), module.InferRequestedOutput("OUTPUT1")]
+    outputs[0].set_shared_memory(f"out_{tag}", BYTES)
+    outputs[1].set_shared_memory(f"out_{tag}", BYTES, offset=BYTES)
+    result = client.infer("add_sub", inputs, outputs=outputs)
+
+    for index, (name, offset, expected) in enumerate(
+        (("OUTPUT0", 0, a + b), ("OUTPUT1", BYTES, a - b))
+    ):
+        output = result.get_output(name)
+        # The data is in the region, not in the response (as Triton answers).
+        if module is grpcclient:
+            shape = list(output.shape)
+            assert output.parameters["shared_memory_region"].string_param == f"out_{tag}"
+            assert result.get_response().raw_output_contents[index] == b""
+        else:
+            shape = output["shape"]
+            assert output["parameters"]["shared_memory_region"] == f"out_{tag}"
+            assert "data" not in output and "binary_data_size" not in output["parameters"]
+        assert (output.datatype if module is grpcclient else output["datatype"]) == "FP32"
+        assert shape == [1, 16]
+        got = shm.get_contents_as_numpy(handles["output"], np.float32, shape, offset=offset)
+        np.testing.assert_array_equal(got, expected)
+
+    # Mixed: one input inline, one output inline.
+    inputs = [module.InferInput("INPUT0", [1, 16], "FP32"), module.InferInput("INPUT1", [1, 16], "FP32")]
+    inputs[0].set_data_from_numpy(b)
+    inputs[1].set_shared_memory(f"in_{tag}", BYTES)
+    outputs = [module.InferRequestedOutput("OUTPUT0"), module.InferRequestedOutput("OUTPUT1")]
+    outputs[1].set_shared_memory(f"out_{tag}", BYTES)
+    result = client.infer("add_sub", inputs, outputs=outputs)
+    np.testing.assert_array_equal(result.as_numpy("OUTPUT0"), b + a)
+    np.testing.assert_array_equal(
+        shm.get_contents_as_numpy(handles["output"], np.float32, [1, 16]), b - a
+    )
+
+
+def test_status_and_unregister(triton, regions):
+    module, client = triton
+    tag, _ = regions
+    status = client.get_system_shared_memory_status()
+    if module is grpcclient:
+        found = {name: (r.key, r.offset, r.byte_size) for name, r in status.regions.items()}
+    else:
+        found = {r["name"]: (r["key"], r["offset"], r["byte_size"]) for r in status}
+    assert found == {
+        f"in_{tag}": (f"/kiln_in_{tag}", 0, 2 * BYTES),
+        f"out_{tag}": (f"/kiln_out_{tag}", 0, 2 * BYTES),
+    }
+    client.unregister_system_shared_memory(f"in_{tag}")
+    with pytest.raises(InferenceServerException) as e:
+        client.get_system_shared_memory_status(f"in_{tag}")
+    assert f"Unable to find system shared memory region: 'in_{tag}'" in str(e.value)
+
+    inputs = [module.InferInput("INPUT0", [1, 16], "FP32"), module.InferInput("INPUT1", [1, 16], "FP32")]
+    for i in inputs:
+        i.set_shared_memory(f"in_{tag}", BYTES)
+    with pytest.raises(InferenceServerException) as e:
+        client.infer("add_sub", inputs)
+    assert f"Unable to find shared memory region: 'in_{tag}'" in str(e.value)
+
+
+def test_bad_registrations_and_windows(triton, regions):
+    module, client = triton
+    tag, _ = regions
+    with pytest.raises(InferenceServerException) as e:
+        client.register_system_shared_memory(f"in_{tag}", f"/kiln_in_{tag}", BYTES)
+    assert f"shared memory region 'in_{tag}' already in manager" in str(e.value)
+    with pytest.raises(InferenceServerException) as e:
+        client.register_system_shared_memory("ghost", "/kiln_no_such_object", BYTES)
+    assert "Unable to open shared memory region: '/kiln_no_such_object'" in str(e.value)
+    with pytest.raises(InferenceServerException) as e:
+        client.register_system_shared_memory("too_big", f"/kiln_in_{tag}", 4 * BYTES)
+    assert "failed to register shared memory region 'too_big': invalid args" in str(e.value)
+
+    inputs = [module.InferInput("INPUT0", [1, 16], "FP32"), module.InferInput("INPUT1", [1, 16], "FP32")]
+    inputs[0].set_shared_memory(f"in_{tag}", BYTES)
+    inputs[1].set_shared_memory(f"in_{tag}", BYTES, offset=BYTES + 4)
+    with pytest.raises(InferenceServerException) as e:
+        client.infer("add_sub", inputs)
+    assert f"Invalid offset + byte size for shared memory region: 'in_{tag}'" in str(e.value)
+
+    inputs[1] = module.InferInput("INPUT1", [1, 16], "FP32")
+    inputs[1].set_shared_memory(f"in_{tag}", BYTES)
+    small = module.InferRequestedOutput("OUTPUT0")
+    small.set_shared_memory(f"out_{tag}", BYTES // 2)
+    with pytest.raises(InferenceServerException) as e:
+        client.infer("add_sub", inputs, outputs=[small])
+    assert (
+        f"shared memory size specified with the request for output 'OUTPUT0' ({BYTES // 2} bytes) "
+        f"should be at least {BYTES} bytes to hold the results"
+    ) in str(e.value)
+    assert client.is_server_live()

@@ -1,0 +1,239 @@
+//! Triton's system shared-memory extension: a client puts tensors in POSIX shared-memory objects
+//! it made (`shm_open` + `ftruncate`, e.g. with `tritonclient.utils.shared_memory`), registers a
+//! window of one under a region name, and then names the region (with a byte size and an
+//! optional offset) in an input's or an output's parameters instead of sending the bytes:
+//! `shared_memory_region`, `shared_memory_byte_size`, `shared_memory_offset`.
+//!
+//! Layout: this module keeps the registry (register, status, unregister; Triton's texts and
+//! codes); `mapping` maps one window (the unsafe part); `tensors` reads inputs out of regions and
+//! writes outputs into them around a request.
+//!
+//! A request holds the regions it uses, so unregistering one while a request is in flight is
+//! safe: the window stays mapped until that request is done (Triton waits the same way).
+
+mod mapping;
+pub(super) mod tensors;
+
+use crate::core::Error;
+use mapping::{MapError, Mapping};
+use std::collections::BTreeMap;
+use std::sync::{Arc, Mutex};
+pub use tensors::{BYTE_SIZE, OFFSET, REGION};
+
+/// Most regions registered at once: each is a mapping, and a process may hold only so many
+/// (`vm.max_map_count`, 65,530 by default) before every allocation starts failing.
+pub const MAX_REGIONS: usize = 4096;
+
+/// What status reports of one region.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct RegionStatus {
+    pub name: String,
+    pub key: String,
+    pub offset: u64,
+    pub byte_size: u64,
+}
+
+/// A registered region: its window of the client's object, mapped.
+#[derive(Debug)]
+pub(super) struct Region {
+    name: String,
+    key: String,
+    offset: u64,
+    mapping: Mapping,
+}
+
+/// The registered system shared-memory regions, by name.
+#[derive(Debug, Default)]
+pub struct SharedMemory {
+    regions: Mutex<BTreeMap<String, Arc<Region>>>,
+}
+
+impl SharedMemory {
+    /// Maps `byte_size` bytes at `offset` of the object `key` and registers them as `name`.
+    ///
+    /// # Errors
+    /// ALREADY_EXISTS for a name in use; INTERNAL when the object cannot be opened; INVALID_ARGUMENT
+    /// when the window does not fit inside the object or cannot be mapped (Triton's texts), or
+    /// RESOURCE_EXHAUSTED past [`MAX_REGIONS`].
+    pub fn register(
+        &self,
+        name: &str,
+        key: &str,
+        offset: u64,
+        byte_size: u64,
+    ) -> Result<(), Error> {
+        let mut regions = self
+            .regions
+            .lock()
+            .expect("shared-memory registry poisoned");
+        if regions.contains_key(name) {
+            return Err(Error::AlreadyExists(format!(
+                "shared memory region '{name}' already in manager"
+            )));
+        }
+        if regions.len() >= MAX_REGIONS {
+            return Err(Error::ResourceExhausted(format!(
+                "failed to register shared memory region '{name}': {MAX_REGIONS} regions are \
+                 registered already"
+            )));
+        }
+        let mapping = Mapping::open(key, offset, byte_size).map_err(|e| match e {
+            MapError::Open(why) => {
+                tracing::debug!("shm_open('{key}') failed: {why}");
+                Error::Internal(format!("Unable to open shared memory region: '{key}'"))
+            }
+            MapError::OutOfBounds => Error::InvalidArgument(format!(
+                "failed to register shared memory region '{name}': invalid args"
+            )),
+            MapError::Map(why) => Error::InvalidArgument(format!(
+                "failed to register shared memory region '{name}': unable to process address \
+                 space: {why}"
+            )),
+        })?;
+        regions.insert(
+            name.to_string(),
+            Arc::new(Region {
+                name: name.to_string(),
+                key: key.to_string(),
+                offset,
+                mapping,
+            }),
+        );
+        Ok(())
+    }
+
+    /// Every region (`name` empty), or the one named.
+    ///
+    /// # Errors
+    /// NOT_FOUND for a name that is not registered.
+    pub fn status(&self, name: &str) -> Result<Vec<RegionStatus>, Error> {
+        let regions = self
+            .regions
+            .lock()
+            .expect("shared-memory registry poisoned");
+        let describe = |region: &Arc<Region>| RegionStatus {
+            name: region.name.clone(),
+            key: region.key.clone(),
+            offset: region.offset,
+            byte_size: region.mapping.len() as u64,
+        };
+        if name.is_empty() {
+            return Ok(regions.values().map(describe).collect());
+        }
+        regions.get(name).map(|r| vec![describe(r)]).ok_or_else(|| {
+            Error::NotFound(format!(
+                "Unable to find system shared memory region: '{name}'"
+            ))
+        })
+    }
+
+    /// Unregisters every region (`name` empty), or the one named; a name that is not registered
+    /// is not an error (Triton's rule). Requests in flight keep their regions mapped until done.
+    pub fn unregister(&self, name: &str) {
+        let mut regions = self
+            .regions
+            .lock()
+            .expect("shared-memory registry poisoned");
+        if name.is_empty() {
+            regions.clear();
+        } else {
+            regions.remove(name);
+        }
+    }
+
+    /// The region registered as `name`, for a request to use.
+    ///
+    /// # Errors
+    /// NOT_FOUND, as Triton words it for tensors.
+    pub(super) fn region(&self, name: &str) -> Result<Arc<Region>, Error> {
+        let regions = self
+            .regions
+            .lock()
+            .expect("shared-memory registry poisoned");
+        regions.get(name).cloned().ok_or_else(|| {
+            Error::NotFound(format!("Unable to find shared memory region: '{name}'"))
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::mapping::tests::Object;
+    use super::*;
+
+    #[test]
+    fn regions_register_report_and_unregister() {
+        let object = Object::new("registry", 8192);
+        let memory = SharedMemory::default();
+        memory.register("in", &object.key, 0, 64).unwrap();
+        memory.register("out", &object.key, 4096, 128).unwrap();
+        assert_eq!(
+            memory.register("in", &object.key, 0, 8).unwrap_err(),
+            Error::AlreadyExists("shared memory region 'in' already in manager".into())
+        );
+        let status = |name: &str, offset, byte_size| RegionStatus {
+            name: name.into(),
+            key: object.key.clone(),
+            offset,
+            byte_size,
+        };
+        assert_eq!(
+            memory.status("").unwrap(),
+            [status("in", 0, 64), status("out", 4096, 128)]
+        );
+        assert_eq!(memory.status("out").unwrap(), [status("out", 4096, 128)]);
+        assert_eq!(
+            memory.status("nope").unwrap_err(),
+            Error::NotFound("Unable to find system shared memory region: 'nope'".into())
+        );
+
+        memory.unregister("in");
+        memory.unregister("never registered");
+        assert_eq!(memory.status("").unwrap(), [status("out", 4096, 128)]);
+        memory.unregister("");
+        assert!(memory.status("").unwrap().is_empty());
+        assert_eq!(
+            memory.region("out").unwrap_err(),
+            Error::NotFound("Unable to find shared memory region: 'out'".into())
+        );
+    }
+
+    #[test]
+    fn registration_failures_use_tritons_words() {
+        let object = Object::new("failures", 4096);
+        let memory = SharedMemory::default();
+        assert_eq!(
+            memory
+                .register("r", "/kiln-missing-object", 0, 8)
+                .unwrap_err(),
+            Error::Internal("Unable to open shared memory region: '/kiln-missing-object'".into())
+        );
+        for (offset, size) in [(0, 4097), (4095, 2), (u64::MAX, 1), (0, 0)] {
+            assert_eq!(
+                memory.register("r", &object.key, offset, size).unwrap_err(),
+                Error::InvalidArgument(
+                    "failed to register shared memory region 'r': invalid args".into()
+                ),
+                "{offset} + {size}"
+            );
+        }
+        assert!(memory.status("").unwrap().is_empty());
+    }
+
+    #[test]
+    fn a_region_in_use_outlives_its_unregistration() {
+        let object = Object::new("in-use", 4096);
+        let memory = SharedMemory::default();
+        memory.register("r", &object.key, 0, 16).unwrap();
+        let held = memory.region("r").unwrap();
+        memory.unregister("r");
+        assert!(held.mapping.write(0, &[7; 16]));
+        assert_eq!(held.mapping.read(0, 16).unwrap(), [7; 16]);
+        // The name is free again at once.
+        memory.register("r", &object.key, 0, 16).unwrap();
+        assert_eq!(
+            memory.region("r").unwrap().mapping.read(0, 2).unwrap(),
+            [7, 7]
+        );
+    }
+}

@@ -1,0 +1,151 @@
+//! Triton's system shared-memory routes: `GET /v2/systemsharedmemory[/region/{name}]/status`,
+//! `POST /v2/systemsharedmemory/region/{name}/register` with `{"key", "offset", "byte_size"}`,
+//! and `POST /v2/systemsharedmemory[/region/{name}]/unregister`. The registry is the engine's
+//! (see `engine::shared_memory`); gRPC serves the same one.
+
+use super::routes::AppState;
+use super::{body, HttpError};
+use crate::core::Error;
+use axum::body::Body;
+use axum::extract::rejection::PathRejection;
+use axum::extract::{Path, State};
+use axum::http::{HeaderMap, StatusCode};
+use axum::Json;
+use serde_json::{json, Value};
+use std::sync::Arc;
+
+type Shared = Arc<AppState>;
+
+/// The region named in the path.
+fn region(name: Result<Path<String>, PathRejection>) -> Result<String, HttpError> {
+    name.map(|Path(name)| name)
+        .map_err(|e| Error::InvalidArgument(e.body_text()).into())
+}
+
+/// Every region: `[{"name", "key", "offset", "byte_size"}, ...]`.
+pub async fn status_all(State(state): State<Shared>) -> Result<Json<Value>, HttpError> {
+    status(&state, "")
+}
+
+/// The region named in the path, as a one-element array.
+pub async fn status_region(
+    State(state): State<Shared>,
+    name: Result<Path<String>, PathRejection>,
+) -> Result<Json<Value>, HttpError> {
+    status(&state, &region(name)?)
+}
+
+fn status(state: &AppState, name: &str) -> Result<Json<Value>, HttpError> {
+    let regions = state.engine.shared_memory().status(name)?;
+    Ok(Json(Value::Array(
+        regions
+            .into_iter()
+            .map(|r| {
+                json!({"name": r.name, "key": r.key, "offset": r.offset, "byte_size": r.byte_size})
+            })
+            .collect(),
+    )))
+}
+
+/// Registers the region named in the path; 200 with an empty body.
+pub async fn register(
+    State(state): State<Shared>,
+    name: Result<Path<String>, PathRejection>,
+    headers: HeaderMap,
+    request: Body,
+) -> Result<StatusCode, HttpError> {
+    let name = region(name)?;
+    let request = body::read(request, &headers, state.config.max_input_bytes).await?;
+    let (key, offset, byte_size) = register_body(&request)?;
+    state
+        .engine
+        .shared_memory()
+        .register(&name, &key, offset, byte_size)?;
+    Ok(StatusCode::OK)
+}
+
+/// Unregisters every region; 200 with an empty body.
+pub async fn unregister_all(State(state): State<Shared>) -> StatusCode {
+    state.engine.shared_memory().unregister("");
+    StatusCode::OK
+}
+
+/// Unregisters the region named in the path (not an error when there is none); 200.
+pub async fn unregister_region(
+    State(state): State<Shared>,
+    name: Result<Path<String>, PathRejection>,
+) -> Result<StatusCode, HttpError> {
+    state.engine.shared_memory().unregister(&region(name)?);
+    Ok(StatusCode::OK)
+}
+
+/// `{"key": string, "offset": unsigned (default 0), "byte_size": unsigned}`.
+fn register_body(request: &[u8]) -> Result<(String, u64, u64), Error> {
+    let doc: Value = serde_json::from_slice(request).map_err(|e| {
+        Error::InvalidArgument(format!("failed to parse the request JSON buffer: {e}"))
+    })?;
+    let key = doc
+        .get("key")
+        .and_then(Value::as_str)
+        .ok_or_else(|| Error::InvalidArgument("Unable to parse 'key': expected a string".into()))?;
+    let unsigned = |field: &str, default: Option<u64>| match doc.get(field) {
+        None => default.ok_or_else(|| {
+            Error::InvalidArgument(format!("Unable to parse '{field}': it is missing"))
+        }),
+        Some(value) => value.as_u64().ok_or_else(|| {
+            Error::InvalidArgument(format!(
+                "Unable to parse '{field}': expected an unsigned integer"
+            ))
+        }),
+    };
+    Ok((
+        key.to_string(),
+        unsigned("offset", Some(0))?,
+        unsigned("byte_size", None)?,
+    ))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn register_bodies_need_a_key_and_a_size() {
+        assert_eq!(
+            register_body(br#"{"key": "/k", "offset": 8, "byte_size": 64}"#).unwrap(),
+            ("/k".to_string(), 8, 64)
+        );
+        assert_eq!(
+            register_body(br#"{"key": "/k", "byte_size": 64}"#).unwrap(),
+            ("/k".to_string(), 0, 64)
+        );
+        for (body, message) in [
+            (
+                &br#"{"byte_size": 64}"#[..],
+                "Unable to parse 'key': expected a string",
+            ),
+            (
+                br#"{"key": 1, "byte_size": 64}"#,
+                "Unable to parse 'key': expected a string",
+            ),
+            (
+                br#"{"key": "/k"}"#,
+                "Unable to parse 'byte_size': it is missing",
+            ),
+            (
+                br#"{"key": "/k", "byte_size": -1}"#,
+                "Unable to parse 'byte_size': expected an unsigned integer",
+            ),
+            (
+                br#"{"key": "/k", "offset": "0", "byte_size": 1}"#,
+                "Unable to parse 'offset': expected an unsigned integer",
+            ),
+        ] {
+            assert_eq!(register_body(body).unwrap_err().message(), message);
+        }
+        assert!(register_body(b"{")
+            .unwrap_err()
+            .message()
+            .starts_with("failed to parse the request JSON buffer"));
+    }
+}
