@@ -4,9 +4,9 @@ use crate::common::{fp32_bytes, fp32_values, model_config, Server};
 use bytes::Bytes;
 use kiln::proto::inference::{
     model_infer_request::{InferInputTensor, InferRequestedOutputTensor},
-    InferTensorContents, ModelInferRequest, ModelMetadataRequest, ModelReadyRequest,
-    RepositoryIndexRequest, ServerLiveRequest, ServerMetadataRequest, ServerReadyRequest,
-    CudaSharedMemoryStatusRequest,
+    CudaSharedMemoryStatusRequest, InferTensorContents, ModelInferRequest, ModelMetadataRequest,
+    ModelReadyRequest, RepositoryIndexRequest, ServerLiveRequest, ServerMetadataRequest,
+    ServerReadyRequest,
 };
 use tonic::Code;
 

@@ -70,27 +70,7 @@ pub fn router(engine: Arc<Engine>, config: HttpConfig) -> Router {
             );
     }
     router = router.route("/v2/models/{model}/trace/setting", trace_setting());
-    router = router
-        .route(
-            "/v2/systemsharedmemory/status",
-            get(shared_memory::status_all),
-        )
-        .route(
-            "/v2/systemsharedmemory/region/{region}/status",
-            get(shared_memory::status_region),
-        )
-        .route(
-            "/v2/systemsharedmemory/region/{region}/register",
-            post(shared_memory::register),
-        )
-        .route(
-            "/v2/systemsharedmemory/unregister",
-            post(shared_memory::unregister_all),
-        )
-        .route(
-            "/v2/systemsharedmemory/region/{region}/unregister",
-            post(shared_memory::unregister_region),
-        );
+    router = router.merge(shared_memory::routes());
     for prefix in [
         "/v2/cudasharedmemory",
         "/v2/cudasharedmemory/region/{region}",

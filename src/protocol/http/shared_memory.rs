@@ -10,11 +10,23 @@ use axum::body::Body;
 use axum::extract::rejection::PathRejection;
 use axum::extract::{Path, State};
 use axum::http::{HeaderMap, StatusCode};
-use axum::Json;
+use axum::routing::{get, post};
+use axum::{Json, Router};
 use serde_json::{json, Value};
 use std::sync::Arc;
 
 type Shared = Arc<AppState>;
+
+/// The five routes, for the REST router to merge.
+pub fn routes() -> Router<Shared> {
+    let region = "/v2/systemsharedmemory/region/{region}";
+    Router::new()
+        .route("/v2/systemsharedmemory/status", get(status_all))
+        .route(&format!("{region}/status"), get(status_region))
+        .route(&format!("{region}/register"), post(register))
+        .route("/v2/systemsharedmemory/unregister", post(unregister_all))
+        .route(&format!("{region}/unregister"), post(unregister_region))
+}
 
 /// The region named in the path.
 fn region(name: Result<Path<String>, PathRejection>) -> Result<String, HttpError> {
