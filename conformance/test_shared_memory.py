@@ -11,7 +11,7 @@ import pytest
 import tritonclient.grpc as grpcclient
 import tritonclient.http as httpclient
 import tritonclient.utils.shared_memory as shm
-from tritonclient.utils import InferenceServerException
+from tritonclient.utils import InferenceServerException, serialize_byte_tensor, serialized_byte_size
 
 from conftest import RPC_TIMEOUT
 
@@ -150,3 +150,28 @@ def test_bad_registrations_and_windows(triton, regions):
         f"should be at least {BYTES} bytes to hold the results"
     ) in str(e.value)
     assert client.is_server_live()
+
+
+def test_bytes_tensors_in_shared_memory(triton, regions):
+    """BYTES travel in Triton's length-prefixed layout, both ways."""
+    module, client = triton
+    tag, handles = regions
+    words = np.array([[b"kiln", b"", b"shared memory"]], dtype=np.object_)
+    serialized = serialize_byte_tensor(words)
+    size = serialized_byte_size(serialized)
+    shm.set_shared_memory_region(handles["input"], [serialized])
+
+    text = module.InferInput("input-1", [1, 3], "BYTES")
+    text.set_shared_memory(f"in_{tag}", size)
+    echo = module.InferRequestedOutput("output-1")
+    echo.set_shared_memory(f"out_{tag}", 2 * BYTES)
+    client.infer("string_echo", [text], outputs=[echo])
+    got = shm.get_contents_as_numpy(handles["output"], np.object_, [1, 3])
+    assert got.tolist() == words.tolist()
+
+    # A frame that runs past the window is refused, not read past.
+    torn = module.InferInput("input-1", [1, 3], "BYTES")
+    torn.set_shared_memory(f"in_{tag}", size - 1)
+    with pytest.raises(InferenceServerException) as e:
+        client.infer("string_echo", [torn])
+    assert "element byte size indicator exceeds the end of the buffer" in str(e.value)
