@@ -175,3 +175,41 @@ def test_bytes_tensors_in_shared_memory(triton, regions):
     with pytest.raises(InferenceServerException) as e:
         client.infer("string_echo", [torn])
     assert "element byte size indicator exceeds the end of the buffer" in str(e.value)
+
+
+def test_a_shrunken_object_fails_the_request_not_the_server(triton, regions):
+    """A client that truncates its object under a registered region (a mapped server would take
+    SIGBUS on its next access) gets an error; the server answers the next request."""
+    module, client = triton
+    tag, handles = regions
+    inputs = [module.InferInput("INPUT0", [1, 16], "FP32"), module.InferInput("INPUT1", [1, 16], "FP32")]
+    inputs[0].set_shared_memory(f"in_{tag}", BYTES)
+    inputs[1].set_shared_memory(f"in_{tag}", BYTES, offset=BYTES)
+    fd = os.open(f"/dev/shm/kiln_in_{tag}", os.O_RDWR)
+    try:
+        os.ftruncate(fd, BYTES + 8)
+    finally:
+        os.close(fd)
+    with pytest.raises(InferenceServerException) as e:
+        client.infer("add_sub", inputs)
+    assert (
+        f"shared memory region 'in_{tag}' is smaller than when it was registered "
+        f"(key '/kiln_in_{tag}')"
+    ) in str(e.value)
+
+    output = module.InferRequestedOutput("OUTPUT0")
+    output.set_shared_memory(f"out_{tag}", BYTES, offset=BYTES)
+    fd = os.open(f"/dev/shm/kiln_out_{tag}", os.O_RDWR)
+    try:
+        os.ftruncate(fd, BYTES)
+    finally:
+        os.close(fd)
+    inline = [module.InferInput("INPUT0", [1, 16], "FP32"), module.InferInput("INPUT1", [1, 16], "FP32")]
+    for tensor in inline:
+        tensor.set_data_from_numpy(np.ones((1, 16), dtype=np.float32))
+    with pytest.raises(InferenceServerException) as e:
+        client.infer("add_sub", inline, outputs=[output])
+    assert f"shared memory region 'out_{tag}' is smaller than when it was registered" in str(e.value)
+    assert os.stat(f"/dev/shm/kiln_out_{tag}").st_size == BYTES  # not grown back
+    assert client.is_server_live()
+    np.testing.assert_array_equal(client.infer("add_sub", inline).as_numpy("OUTPUT0"), 2 * np.ones((1, 16)))

@@ -5,23 +5,24 @@
 //! `shared_memory_region`, `shared_memory_byte_size`, `shared_memory_offset`.
 //!
 //! Layout: this module keeps the registry (register, status, unregister; Triton's texts and
-//! codes); `mapping` maps one window (the unsafe part); `tensors` reads inputs out of regions and
-//! writes outputs into them around a request.
+//! codes); `window` opens one window of a client's object and copies bytes in and out of it
+//! (through the descriptor, so a client that shrinks its object gets an error, not a crashed
+//! server); `tensors` reads inputs out of regions and writes outputs into them around a request.
 //!
 //! A request holds the regions it uses, so unregistering one while a request is in flight is
-//! safe: the window stays mapped until that request is done (Triton waits the same way).
+//! safe: the window stays open until that request is done (Triton waits the same way).
 
-mod mapping;
 pub(super) mod tensors;
+mod window;
 
 use crate::core::Error;
-use mapping::{MapError, Mapping};
 use std::collections::BTreeMap;
 use std::sync::{Arc, Mutex};
 pub use tensors::{BYTE_SIZE, OFFSET, REGION};
+use window::{OpenError, Window};
 
-/// Most regions registered at once: each is a mapping, and a process may hold only so many
-/// (`vm.max_map_count`, 65,530 by default) before every allocation starts failing.
+/// Most regions registered at once: each holds an open descriptor, and the process needs its
+/// descriptors for connections too.
 pub const MAX_REGIONS: usize = 4096;
 
 /// What status reports of one region.
@@ -33,13 +34,13 @@ pub struct RegionStatus {
     pub byte_size: u64,
 }
 
-/// A registered region: its window of the client's object, mapped.
+/// A registered region: its window of the client's object.
 #[derive(Debug)]
 pub(super) struct Region {
     name: String,
     key: String,
     offset: u64,
-    mapping: Mapping,
+    window: Window,
 }
 
 /// The registered system shared-memory regions, by name.
@@ -49,12 +50,12 @@ pub struct SharedMemory {
 }
 
 impl SharedMemory {
-    /// Maps `byte_size` bytes at `offset` of the object `key` and registers them as `name`.
+    /// Opens `byte_size` bytes at `offset` of the object `key` and registers them as `name`.
     ///
     /// # Errors
     /// ALREADY_EXISTS for a name in use; INTERNAL when the object cannot be opened; INVALID_ARGUMENT
-    /// when the window does not fit inside the object or cannot be mapped (Triton's texts), or
-    /// RESOURCE_EXHAUSTED past [`MAX_REGIONS`].
+    /// when the window does not fit inside the object (Triton's texts), or RESOURCE_EXHAUSTED
+    /// past [`MAX_REGIONS`].
     pub fn register(
         &self,
         name: &str,
@@ -77,17 +78,13 @@ impl SharedMemory {
                  registered already"
             )));
         }
-        let mapping = Mapping::open(key, offset, byte_size).map_err(|e| match e {
-            MapError::Open(why) => {
+        let window = Window::open(key, offset, byte_size).map_err(|e| match e {
+            OpenError::Open(why) => {
                 tracing::debug!("shm_open('{key}') failed: {why}");
                 Error::Internal(format!("Unable to open shared memory region: '{key}'"))
             }
-            MapError::OutOfBounds => Error::InvalidArgument(format!(
+            OpenError::OutOfBounds => Error::InvalidArgument(format!(
                 "failed to register shared memory region '{name}': invalid args"
-            )),
-            MapError::Map(why) => Error::InvalidArgument(format!(
-                "failed to register shared memory region '{name}': unable to process address \
-                 space: {why}"
             )),
         })?;
         regions.insert(
@@ -96,7 +93,7 @@ impl SharedMemory {
                 name: name.to_string(),
                 key: key.to_string(),
                 offset,
-                mapping,
+                window,
             }),
         );
         Ok(())
@@ -115,7 +112,7 @@ impl SharedMemory {
             name: region.name.clone(),
             key: region.key.clone(),
             offset: region.offset,
-            byte_size: region.mapping.len() as u64,
+            byte_size: region.window.len() as u64,
         };
         if name.is_empty() {
             return Ok(regions.values().map(describe).collect());
@@ -128,7 +125,7 @@ impl SharedMemory {
     }
 
     /// Unregisters every region (`name` empty), or the one named; a name that is not registered
-    /// is not an error (Triton's rule). Requests in flight keep their regions mapped until done.
+    /// is not an error (Triton's rule). Requests in flight keep their regions open until done.
     pub fn unregister(&self, name: &str) {
         let mut regions = self
             .regions
@@ -158,7 +155,7 @@ impl SharedMemory {
 
 #[cfg(test)]
 mod tests {
-    use super::mapping::tests::Object;
+    use super::window::tests::Object;
     use super::*;
 
     #[test]
@@ -227,12 +224,12 @@ mod tests {
         memory.register("r", &object.key, 0, 16).unwrap();
         let held = memory.region("r").unwrap();
         memory.unregister("r");
-        assert!(held.mapping.write(0, &[7; 16]));
-        assert_eq!(held.mapping.read(0, 16).unwrap(), [7; 16]);
+        held.window.write(0, &[7; 16]).unwrap();
+        assert_eq!(held.window.read(0, 16).unwrap(), [7; 16]);
         // The name is free again at once.
         memory.register("r", &object.key, 0, 16).unwrap();
         assert_eq!(
-            memory.region("r").unwrap().mapping.read(0, 2).unwrap(),
+            memory.region("r").unwrap().window.read(0, 2).unwrap(),
             [7, 7]
         );
     }

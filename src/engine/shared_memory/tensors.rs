@@ -3,6 +3,7 @@
 //! validation; an output's bytes copied into its region after the run, the response then
 //! carrying the output's name, datatype and shape but no data.
 
+use super::window::AccessError;
 use super::{Region, SharedMemory};
 use crate::core::tensor::element_count;
 use crate::core::{Error, InferRequest, InferResponse, ParamValue, Parameters};
@@ -78,7 +79,7 @@ fn slot(
         ));
     };
     let region = memory.region(name)?;
-    let size = region.mapping.len() as u64;
+    let size = region.window.len() as u64;
     if offset >= size {
         return Err(invalid_arg!(
             "Invalid offset for shared memory region: '{name}'"
@@ -89,7 +90,7 @@ fn slot(
             "Invalid offset + byte size for shared memory region: '{name}'"
         ));
     }
-    // Both fit in the mapped window, which is a `usize` long.
+    // Both fit in the window, whose length is a `usize`.
     Ok(Some(Slot {
         region,
         offset: offset as usize,
@@ -131,9 +132,9 @@ pub fn read_inputs(
         if element_count(&input.shape).is_ok() {
             let data = slot
                 .region
-                .mapping
+                .window
                 .read(slot.offset, slot.byte_size)
-                .expect("slots are checked against their region");
+                .map_err(|e| access_error(e, &slot.region))?;
             input.data = Bytes::from(data);
         }
         for key in [REGION, BYTE_SIZE, OFFSET] {
@@ -184,8 +185,10 @@ pub fn write_outputs(slots: &OutputSlots, response: &mut InferResponse) -> Resul
                 output.data.len()
             )));
         }
-        let written = slot.region.mapping.write(slot.offset, &output.data);
-        debug_assert!(written, "slots are checked against their region");
+        slot.region
+            .window
+            .write(slot.offset, &output.data)
+            .map_err(|e| access_error(e, &slot.region))?;
         output
             .parameters
             .insert(REGION.into(), ParamValue::String(slot.region.name.clone()));
@@ -203,9 +206,28 @@ pub fn write_outputs(slots: &OutputSlots, response: &mut InferResponse) -> Resul
     Ok(())
 }
 
+/// A failed copy: a client that shrank its object under the region is told so.
+fn access_error(error: AccessError, region: &Region) -> Error {
+    match error {
+        AccessError::Shrunk => invalid_arg!(
+            "shared memory region '{}' is smaller than when it was registered (key '{}')",
+            region.name,
+            region.key
+        ),
+        AccessError::OutOfWindow => Error::Internal(format!(
+            "a tensor's range fell outside shared memory region '{}'",
+            region.name
+        )),
+        AccessError::Io(why) => Error::Internal(format!(
+            "failed to access shared memory region '{}': {why}",
+            region.name
+        )),
+    }
+}
+
 #[cfg(test)]
 mod tests {
-    use super::super::mapping::tests::Object;
+    use super::super::window::tests::Object;
     use super::*;
     use crate::core::{DataType, RequestedOutput, Tensor};
 
@@ -308,9 +330,9 @@ mod tests {
     #[test]
     fn inputs_are_copied_out_of_their_region() {
         let (object, memory) = setup();
-        let writer = super::super::mapping::Mapping::open(&object.key, 0, 64).unwrap();
+        let writer = super::super::window::Window::open(&object.key, 0, 64).unwrap();
         let values: Vec<u8> = [1.0f32, 2.0].iter().flat_map(|v| v.to_le_bytes()).collect();
-        assert!(writer.write(8, &values));
+        writer.write(8, &values).unwrap();
         let mut request = InferRequest {
             inputs: vec![fp32_input(2, 8, 8)],
             ..Default::default()
@@ -319,7 +341,7 @@ mod tests {
         assert_eq!(request.inputs[0].data, values);
         assert!(request.inputs[0].parameters.is_empty());
         // The copy is the request's own: later writes by the client do not change it.
-        assert!(writer.write(8, &[0; 8]));
+        writer.write(8, &[0; 8]).unwrap();
         assert_eq!(request.inputs[0].data, values);
 
         let mut wrong = InferRequest {
@@ -363,7 +385,7 @@ mod tests {
             ..Default::default()
         };
         write_outputs(&slots, &mut response).unwrap();
-        let reader = super::super::mapping::Mapping::open(&object.key, 0, 64).unwrap();
+        let reader = super::super::window::Window::open(&object.key, 0, 64).unwrap();
         assert_eq!(reader.read(16, 4).unwrap(), [5, 6, 7, 8]);
         assert!(response.outputs[0].data.is_empty());
         assert_eq!(
