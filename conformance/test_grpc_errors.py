@@ -299,7 +299,7 @@ def test_reserved_triton_parameter(stub):
 # --------------------------------------------------------------------------- unimplemented RPCs
 
 @pytest.mark.parametrize("rpc,req", [
-    ("CudaSharedMemoryStatus", service_pb2.CudaSharedMemoryStatusRequest()),
+    ("CudaSharedMemoryRegister", service_pb2.CudaSharedMemoryRegisterRequest(name="r")),
     ("TraceSetting", service_pb2.TraceSettingRequest()),
 ])
 def test_unimplemented_rpc(stub, rpc, req):

@@ -69,8 +69,7 @@ def test_stats_route_is_not_a_model_and_placeholders_are_501(server):
     assert r.status == 200 and {"add_sub", "string_echo"} <= {s["name"] for s in r.json()["model_stats"]}
     r = get(server.http_url, "/v2/models/add_sub/versions/1/stats")
     assert r.status == 200 and [s["version"] for s in r.json()["model_stats"]] == ["1"]
-    for method, path in (("GET", "/v2/cudasharedmemory/status"),
-                         ("POST", "/v2/cudasharedmemory/region/r/register"), ("POST", "/v2/cudasharedmemory/unregister"),
+    for method, path in (("POST", "/v2/cudasharedmemory/region/r/register"),
                          ("GET", "/v2/trace/setting"), ("POST", "/v2/logging")):
         r = http_request(server.http_url, method, path)
         assert r.status == 501 and r.headers["content-type"] == "application/json", (method, path, r)

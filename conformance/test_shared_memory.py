@@ -67,15 +67,15 @@ def test_inputs_and_outputs_in_shared_memory(triton, regions):
         (("OUTPUT0", 0, a + b), ("OUTPUT1", BYTES, a - b))
     ):
         output = result.get_output(name)
-        # The data is in the region, not in the response (as Triton answers).
+        # The data is in the region, not in the response, and nothing else is (as Triton answers:
+        # its C++ HTTP client reads `binary_data_size` from any output `parameters`).
         if module is grpcclient:
             shape = list(output.shape)
-            assert output.parameters["shared_memory_region"].string_param == f"out_{tag}"
+            assert not output.parameters
             assert result.get_response().raw_output_contents[index] == b""
         else:
             shape = output["shape"]
-            assert output["parameters"]["shared_memory_region"] == f"out_{tag}"
-            assert "data" not in output and "binary_data_size" not in output["parameters"]
+            assert set(output) == {"name", "datatype", "shape"}
         assert (output.datatype if module is grpcclient else output["datatype"]) == "FP32"
         assert shape == [1, 16]
         got = shm.get_contents_as_numpy(handles["output"], np.float32, shape, offset=offset)
@@ -213,3 +213,16 @@ def test_a_shrunken_object_fails_the_request_not_the_server(triton, regions):
     assert os.stat(f"/dev/shm/kiln_out_{tag}").st_size == BYTES  # not grown back
     assert client.is_server_live()
     np.testing.assert_array_equal(client.infer("add_sub", inline).as_numpy("OUTPUT0"), 2 * np.ones((1, 16)))
+
+
+def test_cuda_shared_memory_answers_as_triton_without_gpus(triton):
+    """No CUDA regions: status is empty and unregistering succeeds (perf_analyzer unregisters both
+    kinds on exit); registering is refused."""
+    module, client = triton
+    status = client.get_cuda_shared_memory_status()
+    assert (len(status.regions) if module is grpcclient else len(status)) == 0
+    client.unregister_cuda_shared_memory()
+    client.unregister_cuda_shared_memory("anything")
+    with pytest.raises(InferenceServerException) as e:
+        client.get_cuda_shared_memory_status("r")
+    assert "Unable to find cuda shared memory region: 'r'" in str(e.value)

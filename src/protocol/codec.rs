@@ -238,11 +238,18 @@ pub fn response_to_wire(response: InferResponse) -> ModelInferResponse {
     let mut outputs = Vec::with_capacity(response.outputs.len());
     let mut raw = Vec::with_capacity(response.outputs.len());
     for output in response.outputs {
+        // An output written to shared memory goes with an empty raw entry and no parameters,
+        // as Triton writes it.
+        let parameters = if output.parameters.contains_key(shared_memory::REGION) {
+            HashMap::new()
+        } else {
+            params_to_wire(output.parameters)
+        };
         outputs.push(InferOutputTensor {
             name: output.name,
             datatype: output.datatype.as_wire().to_string(),
             shape: output.shape,
-            parameters: params_to_wire(output.parameters),
+            parameters,
             contents: None,
         });
         raw.push(output.data);

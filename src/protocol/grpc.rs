@@ -4,7 +4,7 @@
 use super::codec::{request_from_wire, response_to_wire};
 use super::decoupled;
 use crate::core::Error;
-use crate::engine::{Engine, LoadParameter};
+use crate::engine::{shared_memory, Engine, LoadParameter};
 
 use crate::proto::inference::{
     grpc_inference_service_server::GrpcInferenceService, model_metadata_response::TensorMetadata,
@@ -393,23 +393,27 @@ impl GrpcInferenceService for InferenceService {
 
     async fn cuda_shared_memory_status(
         &self,
-        _: Request<CudaSharedMemoryStatusRequest>,
+        request: Request<CudaSharedMemoryStatusRequest>,
     ) -> RpcResult<CudaSharedMemoryStatusResponse> {
-        Err(not_yet("CudaSharedMemoryStatus"))
+        shared_memory::cuda_status(&request.into_inner().name).map_err(status)?;
+        Ok(Response::new(CudaSharedMemoryStatusResponse::default()))
     }
 
     async fn cuda_shared_memory_register(
         &self,
-        _: Request<CudaSharedMemoryRegisterRequest>,
+        request: Request<CudaSharedMemoryRegisterRequest>,
     ) -> RpcResult<CudaSharedMemoryRegisterResponse> {
-        Err(not_yet("CudaSharedMemoryRegister"))
+        Err(status(shared_memory::cuda_register(
+            &request.into_inner().name,
+        )))
     }
 
     async fn cuda_shared_memory_unregister(
         &self,
         _: Request<CudaSharedMemoryUnregisterRequest>,
     ) -> RpcResult<CudaSharedMemoryUnregisterResponse> {
-        Err(not_yet("CudaSharedMemoryUnregister"))
+        // No CUDA region is ever registered: nothing to do, as in Triton without GPUs.
+        Ok(Response::new(CudaSharedMemoryUnregisterResponse {}))
     }
 
     async fn trace_setting(

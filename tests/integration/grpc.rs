@@ -4,7 +4,7 @@ use crate::common::{fp32_bytes, fp32_values, model_config, Server};
 use bytes::Bytes;
 use kiln::proto::inference::{
     model_infer_request::{InferInputTensor, InferRequestedOutputTensor},
-    CudaSharedMemoryStatusRequest, InferTensorContents, ModelInferRequest, ModelMetadataRequest,
+    CudaSharedMemoryRegisterRequest, InferTensorContents, ModelInferRequest, ModelMetadataRequest,
     ModelReadyRequest, RepositoryIndexRequest, ServerLiveRequest, ServerMetadataRequest,
     ServerReadyRequest,
 };
@@ -365,10 +365,17 @@ async fn bad_requests_get_triton_errors_and_the_server_stays_up() {
         err.message()
     );
     let err = client
-        .cuda_shared_memory_status(CudaSharedMemoryStatusRequest::default())
+        .cuda_shared_memory_register(CudaSharedMemoryRegisterRequest {
+            name: "r".into(),
+            ..Default::default()
+        })
         .await
         .unwrap_err();
     assert_eq!(err.code(), Code::Unimplemented);
+    assert_eq!(
+        err.message(),
+        "failed to register CUDA shared memory region 'r': kiln does not serve CUDA shared memory"
+    );
 
     assert!(server.is_running());
     assert!(client.model_infer(add_sub_request(2)).await.is_ok());

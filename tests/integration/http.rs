@@ -165,8 +165,20 @@ async fn routes_methods_and_placeholders() {
     assert_eq!(one["model_stats"][0]["version"], "1");
     assert!(one["model_stats"][0]["inference_stats"]["success"]["count"].is_u64());
     assert_eq!(get(http, "/v2/models/nope/stats").await.status, 404);
+    // CUDA shared memory as Triton without GPUs answers it: no regions.
+    assert_eq!(
+        get(http, "/v2/cudasharedmemory/status").await.json(),
+        json!([])
+    );
+    let cuda = get(http, "/v2/cudasharedmemory/region/r/status").await;
+    assert_eq!(
+        (cuda.status, cuda.error()),
+        (
+            404,
+            "Unable to find cuda shared memory region: 'r'".to_string()
+        )
+    );
     for path in [
-        "/v2/cudasharedmemory/region/r/status",
         "/v2/trace/setting",
         "/v2/models/add_sub/trace/setting",
         "/v2/logging",

@@ -153,6 +153,30 @@ impl SharedMemory {
     }
 }
 
+/// CUDA shared memory as a server without CUDA IPC answers it (as Triton built without GPUs):
+/// no region is ever registered, so status lists none, unregistering has nothing to do, and
+/// this refuses registration. Clients such as perf_analyzer unregister both kinds on exit.
+pub fn cuda_register(name: &str) -> Error {
+    Error::Unsupported(format!(
+        "failed to register CUDA shared memory region '{name}': kiln does not serve CUDA shared \
+         memory"
+    ))
+}
+
+/// The CUDA regions: none (see [`cuda_register`]).
+///
+/// # Errors
+/// NOT_FOUND for any name, in Triton's words.
+pub fn cuda_status(name: &str) -> Result<(), Error> {
+    if name.is_empty() {
+        Ok(())
+    } else {
+        Err(Error::NotFound(format!(
+            "Unable to find cuda shared memory region: '{name}'"
+        )))
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::window::tests::Object;

@@ -167,7 +167,8 @@ pub fn output_slots(memory: &SharedMemory, request: &InferRequest) -> Result<Out
 }
 
 /// Copies each output that has a slot into it; the response keeps the output's name, datatype
-/// and shape, with no data and the region named in its parameters.
+/// and shape, with no data. The region named in its parameters marks it for the protocols, which
+/// write such an output without data and without parameters, as Triton does.
 ///
 /// # Errors
 /// INTERNAL (Triton's code and text) when an output is larger than its slot.

@@ -71,24 +71,6 @@ pub fn router(engine: Arc<Engine>, config: HttpConfig) -> Router {
     }
     router = router.route("/v2/models/{model}/trace/setting", trace_setting());
     router = router.merge(shared_memory::routes());
-    for prefix in [
-        "/v2/cudasharedmemory",
-        "/v2/cudasharedmemory/region/{region}",
-    ] {
-        router = router
-            .route(
-                &format!("{prefix}/status"),
-                get(not_yet("CUDA shared memory")),
-            )
-            .route(
-                &format!("{prefix}/unregister"),
-                post(not_yet("CUDA shared memory")),
-            );
-    }
-    router = router.route(
-        "/v2/cudasharedmemory/region/{region}/register",
-        post(not_yet("CUDA shared memory")),
-    );
     router
         .method_not_allowed_fallback(|| async {
             HttpError::new(StatusCode::METHOD_NOT_ALLOWED, "Method Not Allowed")

@@ -1,11 +1,13 @@
 //! Triton's system shared-memory routes: `GET /v2/systemsharedmemory[/region/{name}]/status`,
 //! `POST /v2/systemsharedmemory/region/{name}/register` with `{"key", "offset", "byte_size"}`,
 //! and `POST /v2/systemsharedmemory[/region/{name}]/unregister`. The registry is the engine's
-//! (see `engine::shared_memory`); gRPC serves the same one.
+//! (see `engine::shared_memory`); gRPC serves the same one. The `/v2/cudasharedmemory` routes
+//! answer as Triton without GPUs does: no regions, registration refused.
 
 use super::routes::AppState;
 use super::{body, HttpError};
 use crate::core::Error;
+use crate::engine::shared_memory;
 use axum::body::Body;
 use axum::extract::rejection::PathRejection;
 use axum::extract::{Path, State};
@@ -17,15 +19,21 @@ use std::sync::Arc;
 
 type Shared = Arc<AppState>;
 
-/// The five routes, for the REST router to merge.
+/// The system and CUDA shared-memory routes, for the REST router to merge.
 pub fn routes() -> Router<Shared> {
     let region = "/v2/systemsharedmemory/region/{region}";
+    let cuda_region = "/v2/cudasharedmemory/region/{region}";
     Router::new()
         .route("/v2/systemsharedmemory/status", get(status_all))
         .route(&format!("{region}/status"), get(status_region))
         .route(&format!("{region}/register"), post(register))
         .route("/v2/systemsharedmemory/unregister", post(unregister_all))
         .route(&format!("{region}/unregister"), post(unregister_region))
+        .route("/v2/cudasharedmemory/status", get(cuda_status_all))
+        .route(&format!("{cuda_region}/status"), get(cuda_status_region))
+        .route(&format!("{cuda_region}/register"), post(cuda_register))
+        .route("/v2/cudasharedmemory/unregister", post(cuda_unregister))
+        .route(&format!("{cuda_region}/unregister"), post(cuda_unregister))
 }
 
 /// The region named in the path.
@@ -35,12 +43,12 @@ fn region(name: Result<Path<String>, PathRejection>) -> Result<String, HttpError
 }
 
 /// Every region: `[{"name", "key", "offset", "byte_size"}, ...]`.
-pub async fn status_all(State(state): State<Shared>) -> Result<Json<Value>, HttpError> {
+async fn status_all(State(state): State<Shared>) -> Result<Json<Value>, HttpError> {
     status(&state, "")
 }
 
 /// The region named in the path, as a one-element array.
-pub async fn status_region(
+async fn status_region(
     State(state): State<Shared>,
     name: Result<Path<String>, PathRejection>,
 ) -> Result<Json<Value>, HttpError> {
@@ -60,7 +68,7 @@ fn status(state: &AppState, name: &str) -> Result<Json<Value>, HttpError> {
 }
 
 /// Registers the region named in the path; 200 with an empty body.
-pub async fn register(
+async fn register(
     State(state): State<Shared>,
     name: Result<Path<String>, PathRejection>,
     headers: HeaderMap,
@@ -77,18 +85,44 @@ pub async fn register(
 }
 
 /// Unregisters every region; 200 with an empty body.
-pub async fn unregister_all(State(state): State<Shared>) -> StatusCode {
+async fn unregister_all(State(state): State<Shared>) -> StatusCode {
     state.engine.shared_memory().unregister("");
     StatusCode::OK
 }
 
 /// Unregisters the region named in the path (not an error when there is none); 200.
-pub async fn unregister_region(
+async fn unregister_region(
     State(state): State<Shared>,
     name: Result<Path<String>, PathRejection>,
 ) -> Result<StatusCode, HttpError> {
     state.engine.shared_memory().unregister(&region(name)?);
     Ok(StatusCode::OK)
+}
+
+/// No CUDA region is ever registered: an empty list.
+async fn cuda_status_all() -> Json<Value> {
+    Json(Value::Array(Vec::new()))
+}
+
+/// NOT_FOUND for any name.
+async fn cuda_status_region(
+    name: Result<Path<String>, PathRejection>,
+) -> Result<Json<Value>, HttpError> {
+    shared_memory::cuda_status(&region(name)?)?;
+    Ok(Json(Value::Array(Vec::new())))
+}
+
+/// Refused: kiln does not serve CUDA shared memory.
+async fn cuda_register(name: Result<Path<String>, PathRejection>) -> HttpError {
+    match region(name) {
+        Ok(name) => shared_memory::cuda_register(&name).into(),
+        Err(e) => e,
+    }
+}
+
+/// Nothing to unregister; 200.
+async fn cuda_unregister() -> StatusCode {
+    StatusCode::OK
 }
 
 /// `{"key": string, "offset": unsigned (default 0), "byte_size": unsigned}`.

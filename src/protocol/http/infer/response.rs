@@ -18,7 +18,7 @@ pub struct Encoded {
 
 /// Encodes a response. `model_name` and `model_version` are always present, `id` when set;
 /// JSON `data` is flat; binary outputs carry `binary_data_size` (0-byte ones add no blob); outputs
-/// written to shared memory carry neither.
+/// written to shared memory carry neither, nor any parameters.
 ///
 /// # Errors
 /// INVALID_ARGUMENT for FP16/BF16 outputs asked for as JSON (Triton's rule), INTERNAL for output
@@ -57,11 +57,12 @@ pub fn encode(response: &InferResponse, formats: &OutputFormats) -> Result<Encod
             out.extend_from_slice(dim.to_string().as_bytes());
         }
         out.push(b']');
-        // An output written to shared memory carries only the region in its parameters.
+        // An output written to shared memory goes without data and without parameters, as
+        // Triton writes it (Triton's C++ client reads `binary_data_size` from any `parameters`).
         let in_shared_memory = output.parameters.contains_key(shared_memory::REGION);
         let binary = !in_shared_memory && formats.is_binary(&output.name);
         let size = binary.then_some(output.data.len());
-        if size.is_some() || !output.parameters.is_empty() {
+        if !in_shared_memory && (size.is_some() || !output.parameters.is_empty()) {
             out.extend_from_slice(b",\"parameters\":");
             write_parameters(&mut out, &output.parameters, size);
         }

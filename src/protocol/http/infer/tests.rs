@@ -328,6 +328,26 @@ fn empty_binary_outputs_keep_the_response_json() {
 }
 
 #[test]
+fn outputs_in_shared_memory_carry_no_data_and_no_parameters() {
+    let mut output = Tensor::new("o", DataType::Fp32, vec![1, 2], Bytes::new());
+    output.parameters.insert(
+        "shared_memory_region".into(),
+        ParamValue::String("r".into()),
+    );
+    output
+        .parameters
+        .insert("shared_memory_byte_size".into(), ParamValue::Int64(8));
+    for formats in [OutputFormats::default(), OutputFormats::all_binary()] {
+        let encoded = encode(&response(vec![output.clone()]), &formats).unwrap();
+        assert_eq!(encoded.header_length, None);
+        assert_eq!(
+            String::from_utf8(encoded.body).unwrap(),
+            r#"{"model_name":"m","model_version":"2","outputs":[{"name":"o","datatype":"FP32","shape":[1,2]}]}"#
+        );
+    }
+}
+
+#[test]
 fn half_precision_outputs_need_binary() {
     let reply = response(vec![Tensor::new(
         "h",
