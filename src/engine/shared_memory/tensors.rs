@@ -114,10 +114,9 @@ pub fn read_inputs(
         let Some(slot) = slot(memory, &input.name, &input.parameters)? else {
             continue;
         };
-        if let (Some(size), Ok(count)) =
-            (input.datatype.element_size(), element_count(&input.shape))
-        {
-            let expected = count as u64 * size as u64;
+        let count = element_count(&input.shape);
+        if let (Some(size), Ok(count)) = (input.datatype.element_size(), &count) {
+            let expected = *count as u64 * size as u64;
             if expected != slot.byte_size as u64 {
                 return Err(validate::byte_size_mismatch(
                     prefix,
@@ -129,7 +128,7 @@ pub fn read_inputs(
             }
         }
         // A shape that overflows is left to validation, with no data read for it.
-        if element_count(&input.shape).is_ok() {
+        if count.is_ok() {
             let data = slot
                 .region
                 .window
@@ -167,8 +166,8 @@ pub fn output_slots(memory: &SharedMemory, request: &InferRequest) -> Result<Out
 }
 
 /// Copies each output that has a slot into it; the response keeps the output's name, datatype
-/// and shape, with no data. The region named in its parameters marks it for the protocols, which
-/// write such an output without data and without parameters, as Triton does.
+/// and shape, with no data. Its only parameter, the region's name, marks it for the protocols,
+/// which write such an output without data and without parameters, as Triton does.
 ///
 /// # Errors
 /// INTERNAL (Triton's code and text) when an output is larger than its slot.
@@ -190,18 +189,10 @@ pub fn write_outputs(slots: &OutputSlots, response: &mut InferResponse) -> Resul
             .window
             .write(slot.offset, &output.data)
             .map_err(|e| access_error(e, &slot.region))?;
-        output
-            .parameters
-            .insert(REGION.into(), ParamValue::String(slot.region.name.clone()));
-        output.parameters.insert(
-            BYTE_SIZE.into(),
-            ParamValue::Int64(output.data.len() as i64),
-        );
-        if slot.offset > 0 {
-            output
-                .parameters
-                .insert(OFFSET.into(), ParamValue::Int64(slot.offset as i64));
-        }
+        output.parameters = Parameters::from([(
+            REGION.to_string(),
+            ParamValue::String(slot.region.name.clone()),
+        )]);
         output.data = Bytes::new();
     }
     Ok(())
@@ -391,11 +382,7 @@ mod tests {
         assert!(response.outputs[0].data.is_empty());
         assert_eq!(
             response.outputs[0].parameters,
-            params(&[
-                (REGION, text("r")),
-                (BYTE_SIZE, ParamValue::Int64(4)),
-                (OFFSET, ParamValue::Int64(16)),
-            ])
+            params(&[(REGION, text("r"))])
         );
         assert_eq!(response.outputs[1].data, [9].as_slice());
 
