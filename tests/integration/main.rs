@@ -22,5 +22,6 @@ mod model_files;
 mod overload;
 mod scheduler;
 mod session_tuning;
+mod shared_memory;
 mod shutdown;
 mod text;
