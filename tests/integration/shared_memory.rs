@@ -12,12 +12,11 @@ use kiln::proto::inference::{
     SystemSharedMemoryUnregisterRequest,
 };
 use std::collections::HashMap;
-use std::ffi::CString;
 use std::fs::File;
-use std::os::fd::{FromRawFd, OwnedFd};
 use std::os::unix::fs::FileExt;
 
-/// A POSIX shared-memory object, as a client makes it; unlinked on drop.
+/// A POSIX shared-memory object, as a client makes it (on Linux, `shm_open("/k")` is the file
+/// `/dev/shm/k`); removed on drop.
 struct Object {
     key: String,
     file: File,
@@ -26,18 +25,13 @@ struct Object {
 impl Object {
     fn new(size: u64) -> Object {
         let key = format!("/kiln-it-{}", std::process::id());
-        let c_key = CString::new(key.clone()).unwrap();
-        // SAFETY: test setup; the descriptor is checked and owned at once.
-        let fd = unsafe {
-            libc::shm_unlink(c_key.as_ptr());
-            libc::shm_open(
-                c_key.as_ptr(),
-                libc::O_RDWR | libc::O_CREAT | libc::O_EXCL,
-                0o600,
-            )
-        };
-        assert!(fd >= 0, "shm_open: {}", std::io::Error::last_os_error());
-        let file = File::from(unsafe { OwnedFd::from_raw_fd(fd) });
+        let file = std::fs::OpenOptions::new()
+            .read(true)
+            .write(true)
+            .create(true)
+            .truncate(true)
+            .open(format!("/dev/shm{key}"))
+            .expect("/dev/shm is writable");
         file.set_len(size).unwrap();
         Object { key, file }
     }
@@ -45,9 +39,7 @@ impl Object {
 
 impl Drop for Object {
     fn drop(&mut self) {
-        let c_key = CString::new(self.key.clone()).unwrap();
-        // SAFETY: removes the name created in `new`.
-        unsafe { libc::shm_unlink(c_key.as_ptr()) };
+        let _ = std::fs::remove_file(format!("/dev/shm{}", self.key));
     }
 }
 
