@@ -2,7 +2,7 @@
 //! on disk are picked up without a restart; unchanged versions keep serving across a reload; a
 //! broken change leaves what serves alone.
 
-use crate::common::lifecycle::{add_bias_request, Client};
+use crate::common::lifecycle::{add_bias_request, eventually, Client};
 use crate::common::onnx::{add_bias_config, add_bias_model};
 use crate::common::{fp32_values, TempRepo};
 use kiln::proto::inference::{
@@ -34,19 +34,6 @@ async fn index(client: &mut Client) -> Vec<(String, String, String)> {
         .into_iter()
         .map(|m| (m.name, m.version, m.state))
         .collect()
-}
-
-/// Waits (up to 30 s, a poll runs every second) until `check` holds.
-async fn eventually<F, Fut>(what: &str, mut check: F)
-where
-    F: FnMut() -> Fut,
-    Fut: std::future::Future<Output = bool>,
-{
-    let deadline = Instant::now() + Duration::from_secs(30);
-    while !check().await {
-        assert!(Instant::now() < deadline, "timed out waiting for {what}");
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
 }
 
 async fn answers(client: &Client, name: &str, version: &str, expected: (&str, f32)) -> bool {

@@ -3,7 +3,7 @@
 //! memory back; the listeners answer while models are still loading.
 
 use crate::common::http_client::{get, post};
-use crate::common::lifecycle::{add_bias_request, Client};
+use crate::common::lifecycle::{add_bias_request, eventually, Client};
 use crate::common::onnx::{add_bias_config, add_bias_config_json, add_bias_model};
 use crate::common::{Server, TempRepo};
 use kiln::proto::inference::model_repository_parameter::ParameterChoice;
@@ -55,14 +55,6 @@ fn threads(server: &Server) -> u64 {
         .find_map(|l| l.strip_prefix("Threads:"))
         .and_then(|t| t.trim().parse().ok())
         .unwrap()
-}
-
-async fn wait_until(what: &str, mut check: impl FnMut() -> bool) {
-    let deadline = Instant::now() + Duration::from_secs(30);
-    while !check() {
-        assert!(Instant::now() < deadline, "timed out waiting for {what}");
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
@@ -123,7 +115,7 @@ async fn reloads_under_load_fail_no_request() {
             assert_eq!(response.status, 200, "{}", response.text());
         }
         let before = succeeded.load(Ordering::SeqCst);
-        wait_until("requests between reloads", || {
+        eventually("requests between reloads", || async {
             succeeded.load(Ordering::SeqCst) > before + 10
         })
         .await;
@@ -141,7 +133,7 @@ async fn reloads_under_load_fail_no_request() {
     assert!(failures.is_empty(), "failed requests: {failures:?}");
     assert!(total > 200, "only {total} requests ran");
     // Every replaced version was stopped: the thread count is back where it started.
-    wait_until("replaced versions to stop their threads", || {
+    eventually("replaced versions to stop their threads", || async {
         threads(&server) <= baseline_threads
     })
     .await;

@@ -141,13 +141,13 @@ pub async fn ready(client: &mut Client) -> bool {
         .ready
 }
 
-/// Polls `check` until it holds, for up to 20 s.
+/// Polls `check` every 50 ms until it holds, for up to 30 s.
 pub async fn eventually<F, Fut>(what: &str, mut check: F)
 where
     F: FnMut() -> Fut,
     Fut: std::future::Future<Output = bool>,
 {
-    let deadline = Instant::now() + Duration::from_secs(20);
+    let deadline = Instant::now() + Duration::from_secs(30);
     while !check().await {
         assert!(Instant::now() < deadline, "timed out waiting for {what}");
         tokio::time::sleep(Duration::from_millis(50)).await;
