@@ -134,7 +134,8 @@ fn input_from_wire(
                 .is_some_and(|c| populated_field(c).is_some())
             {
                 return Err(invalid_arg!(
-                    "unexpected 'content' provided when using shared memory for input tensor                      '{name}' for model '{model}'"
+                    "unexpected 'content' provided when using shared memory for input tensor \
+                     '{name}' for model '{model}'"
                 ));
             }
             Bytes::new()
@@ -295,6 +296,44 @@ mod tests {
 
     fn message(result: Result<InferRequest, Error>) -> String {
         result.unwrap_err().message().to_string()
+    }
+
+    #[test]
+    fn shared_memory_inputs_take_no_raw_entry_and_no_contents() {
+        let in_region = |contents| {
+            let mut tensor = input("a", "FP32", &[1], contents);
+            tensor.parameters.insert(
+                shared_memory::REGION.into(),
+                InferParameter {
+                    parameter_choice: Some(ParameterChoice::StringParam("r".into())),
+                },
+            );
+            tensor
+        };
+        let raw = Bytes::from_static(&[0, 0, 128, 63]);
+        let decoded = request_from_wire(request(
+            vec![in_region(None), input("b", "FP32", &[1], None)],
+            vec![raw.clone()],
+        ))
+        .unwrap();
+        assert!(decoded.inputs[0].data.is_empty());
+        assert!(decoded.inputs[0]
+            .parameters
+            .contains_key(shared_memory::REGION));
+        assert_eq!(decoded.inputs[1].data, raw);
+
+        let typed = InferTensorContents {
+            fp32_contents: vec![1.0],
+            ..Default::default()
+        };
+        assert_eq!(
+            message(request_from_wire(request(
+                vec![in_region(Some(typed))],
+                vec![]
+            ))),
+            "unexpected 'content' provided when using shared memory for input tensor 'a' for \
+             model 'm'"
+        );
     }
 
     #[test]
