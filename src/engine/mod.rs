@@ -20,7 +20,7 @@ use crate::repository::{Executor, Model, ModelRepository};
 use crate::scheduler::{self, ScheduleError};
 pub use admission::Admission;
 use shared_memory::tensors;
-pub use shared_memory::{RegionStatus, SharedMemory};
+use shared_memory::SharedMemory;
 use std::collections::BTreeMap;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::Arc;

@@ -5,7 +5,7 @@
 use crate::common::http_client::{get, post};
 use crate::common::lifecycle::{add_bias_request, eventually, Client};
 use crate::common::onnx::{add_bias_config, add_bias_config_json, add_bias_model};
-use crate::common::{Server, TempRepo};
+use crate::common::TempRepo;
 use kiln::proto::inference::model_repository_parameter::ParameterChoice;
 use kiln::proto::inference::{
     ModelRepositoryParameter, RepositoryIndexRequest, RepositoryModelLoadRequest,
@@ -47,16 +47,6 @@ async fn grpc_infer(client: &mut Client, name: &str, n: usize) -> Result<(), Str
         .ok_or_else(|| "short output".to_string())
 }
 
-/// The server's `Threads:` count.
-fn threads(server: &Server) -> u64 {
-    let status = std::fs::read_to_string(format!("/proc/{}/status", server.pid())).unwrap();
-    status
-        .lines()
-        .find_map(|l| l.strip_prefix("Threads:"))
-        .and_then(|t| t.trim().parse().ok())
-        .unwrap()
-}
-
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn reloads_under_load_fail_no_request() {
     let repo = TempRepo::new("reload");
@@ -65,7 +55,7 @@ async fn reloads_under_load_fail_no_request() {
     let args = ["--model-control-mode", "explicit", "--load-model", "steady"];
     let server = repo.serve(&args, true);
     let mut client = server.client().await;
-    let baseline_threads = threads(&server);
+    let baseline_threads = server.threads().len();
 
     let stop = Arc::new(AtomicBool::new(false));
     let succeeded = Arc::new(AtomicU64::new(0));
@@ -134,7 +124,7 @@ async fn reloads_under_load_fail_no_request() {
     assert!(total > 200, "only {total} requests ran");
     // Every replaced version was stopped: the thread count is back where it started.
     eventually("replaced versions to stop their threads", || async {
-        threads(&server) <= baseline_threads
+        server.threads().len() <= baseline_threads
     })
     .await;
     let index = client

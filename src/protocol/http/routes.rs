@@ -111,7 +111,7 @@ impl<S: Send + Sync> FromRequestParts<S> for ModelPath {
     async fn from_request_parts(parts: &mut Parts, state: &S) -> Result<Self, Self::Rejection> {
         let Path(mut params) = Path::<HashMap<String, String>>::from_request_parts(parts, state)
             .await
-            .map_err(|e| HttpError::from(Error::InvalidArgument(e.body_text())))?;
+            .map_err(bad_path)?;
         let name = params.remove("model").unwrap_or_default();
         let version = params.remove("version").unwrap_or_default();
         if !version.bytes().all(|b| b.is_ascii_digit()) {
@@ -119,6 +119,26 @@ impl<S: Send + Sync> FromRequestParts<S> for ModelPath {
         }
         Ok(ModelPath { name, version })
     }
+}
+
+/// The one name a route's path holds (`{model}` of the repository routes, `{region}` of the
+/// shared-memory ones).
+pub struct PathName(pub String);
+
+impl<S: Send + Sync> FromRequestParts<S> for PathName {
+    type Rejection = HttpError;
+
+    async fn from_request_parts(parts: &mut Parts, state: &S) -> Result<Self, Self::Rejection> {
+        let Path(name) = Path::<String>::from_request_parts(parts, state)
+            .await
+            .map_err(bad_path)?;
+        Ok(PathName(name))
+    }
+}
+
+/// A path that does not decode: INVALID_ARGUMENT with axum's reason.
+fn bad_path(rejection: PathRejection) -> HttpError {
+    HttpError::from(Error::InvalidArgument(rejection.body_text()))
 }
 
 /// `{"live": true}` with 200, or `{"live": false}` with 400 (Triton's code; KServe's client
@@ -259,11 +279,10 @@ async fn repository_index(
 /// empty body once the model serves.
 async fn load(
     State(state): State<Shared>,
-    model: Result<Path<String>, PathRejection>,
+    PathName(model): PathName,
     headers: HeaderMap,
     request: Body,
 ) -> Result<StatusCode, HttpError> {
-    let Path(model) = model.map_err(|e| HttpError::from(Error::InvalidArgument(e.body_text())))?;
     let parameters = repository_parameters(&state, &headers, request).await?;
     state.engine.load_model(&model, parameters).await?;
     Ok(StatusCode::OK)
@@ -273,11 +292,10 @@ async fn load(
 /// {"unload_dependents": bool}}` body.
 async fn unload(
     State(state): State<Shared>,
-    model: Result<Path<String>, PathRejection>,
+    PathName(model): PathName,
     headers: HeaderMap,
     request: Body,
 ) -> Result<StatusCode, HttpError> {
-    let Path(model) = model.map_err(|e| HttpError::from(Error::InvalidArgument(e.body_text())))?;
     // Checked for shape only: `unload_dependents` has nothing to act on (no ensembles).
     repository_parameters(&state, &headers, request).await?;
     state.engine.unload_model(&model).await?;

@@ -4,13 +4,12 @@
 //! (see `engine::shared_memory`); gRPC serves the same one. The `/v2/cudasharedmemory` routes
 //! answer as Triton without GPUs does: no regions, registration refused.
 
-use super::routes::AppState;
+use super::routes::{AppState, PathName};
 use super::{body, HttpError};
 use crate::core::Error;
 use crate::engine::shared_memory;
 use axum::body::Body;
-use axum::extract::rejection::PathRejection;
-use axum::extract::{Path, State};
+use axum::extract::State;
 use axum::http::{HeaderMap, StatusCode};
 use axum::routing::{get, post};
 use axum::{Json, Router};
@@ -36,12 +35,6 @@ pub fn routes() -> Router<Shared> {
         .route(&format!("{cuda_region}/unregister"), post(cuda_unregister))
 }
 
-/// The region named in the path.
-fn region(name: Result<Path<String>, PathRejection>) -> Result<String, HttpError> {
-    name.map(|Path(name)| name)
-        .map_err(|e| Error::InvalidArgument(e.body_text()).into())
-}
-
 /// Every region: `[{"name", "key", "offset", "byte_size"}, ...]`.
 async fn status_all(State(state): State<Shared>) -> Result<Json<Value>, HttpError> {
     status(&state, "")
@@ -50,9 +43,9 @@ async fn status_all(State(state): State<Shared>) -> Result<Json<Value>, HttpErro
 /// The region named in the path, as a one-element array.
 async fn status_region(
     State(state): State<Shared>,
-    name: Result<Path<String>, PathRejection>,
+    PathName(name): PathName,
 ) -> Result<Json<Value>, HttpError> {
-    status(&state, &region(name)?)
+    status(&state, &name)
 }
 
 fn status(state: &AppState, name: &str) -> Result<Json<Value>, HttpError> {
@@ -70,11 +63,10 @@ fn status(state: &AppState, name: &str) -> Result<Json<Value>, HttpError> {
 /// Registers the region named in the path; 200 with an empty body.
 async fn register(
     State(state): State<Shared>,
-    name: Result<Path<String>, PathRejection>,
+    PathName(name): PathName,
     headers: HeaderMap,
     request: Body,
 ) -> Result<StatusCode, HttpError> {
-    let name = region(name)?;
     let request = body::read(request, &headers, state.config.max_input_bytes).await?;
     let (key, offset, byte_size) = register_body(&request)?;
     state
@@ -93,9 +85,9 @@ async fn unregister_all(State(state): State<Shared>) -> StatusCode {
 /// Unregisters the region named in the path (not an error when there is none); 200.
 async fn unregister_region(
     State(state): State<Shared>,
-    name: Result<Path<String>, PathRejection>,
+    PathName(name): PathName,
 ) -> Result<StatusCode, HttpError> {
-    state.engine.shared_memory().unregister(&region(name)?);
+    state.engine.shared_memory().unregister(&name);
     Ok(StatusCode::OK)
 }
 
@@ -105,19 +97,14 @@ async fn cuda_status_all() -> Json<Value> {
 }
 
 /// NOT_FOUND for any name.
-async fn cuda_status_region(
-    name: Result<Path<String>, PathRejection>,
-) -> Result<Json<Value>, HttpError> {
-    shared_memory::cuda_status(&region(name)?)?;
+async fn cuda_status_region(PathName(name): PathName) -> Result<Json<Value>, HttpError> {
+    shared_memory::cuda_status(&name)?;
     Ok(Json(Value::Array(Vec::new())))
 }
 
 /// Refused: kiln does not serve CUDA shared memory.
-async fn cuda_register(name: Result<Path<String>, PathRejection>) -> HttpError {
-    match region(name) {
-        Ok(name) => shared_memory::cuda_register(&name).into(),
-        Err(e) => e,
-    }
+async fn cuda_register(PathName(name): PathName) -> HttpError {
+    shared_memory::cuda_register(&name).into()
 }
 
 /// Nothing to unregister; 200.
