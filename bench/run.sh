@@ -3,13 +3,17 @@
 # ONNX Runtime, in one compare.py run, and prints the summary table.
 #
 # usage: bench/run.sh [peers|scheduler] [compare.py options]
-#   peers      (default) issue 8's table: kiln as configured for each model (target `kiln`, with
-#              --idle-poll-us 200; `kiln-default`: the same without it) vs
+#   peers      (default) issue 8's table: kiln as configured for each model (target `kiln`;
+#              `kiln-idle-poll`: the same with --idle-poll-us 200) vs
 #              Triton with and without dynamic batching and furnace, on add_sub, mlp and
 #              matmul_stack, gRPC and REST, concurrency 1 and 8, 3 rounds, + in-process ORT
 #   scheduler  issue 4's point: mlp and matmul_stack, gRPC, concurrency 8, dynamic batching
 #   extra options replace the preset's compare.py options, e.g.
 #     bench/run.sh peers --only kiln,furnace --models add_sub --protocols grpc -c 1 -d 3 -w 1 --rounds 1
+# HALT_POLL_NS=N sets the KVM guest's halt polling (the haltpoll cpuidle driver's
+# guest_halt_poll_ns; root only) for the run and puts the old value back afterwards: on a VM whose
+# idle vCPUs halt at once, waking them is most of every server's latency at concurrency 1
+# (bench/RESULTS.md). 200000 is the kernel's default; the run prints the setting it ran under.
 # Needs: the peers set up once (PEERS_CODE/setup.sh --only triton,furnace), a release build of
 # kiln (built here), and an idle machine: only ratios measured in one run mean anything.
 set -euo pipefail
@@ -35,8 +39,16 @@ if [ "$preset" = scheduler ]; then
   [ $# -eq 0 ] && set -- --only kiln-dynbatch,triton-dynbatch,furnace --models mlp,matmul_stack \
     --protocols grpc -c 8 -d 8 -w 2 --rounds 3 --ort-ref
 else
-  [ $# -eq 0 ] && set -- --only kiln,kiln-default,triton,triton-dynbatch,furnace \
+  [ $# -eq 0 ] && set -- --only kiln,kiln-idle-poll,triton,triton-dynbatch,furnace \
     --models add_sub,mlp,matmul_stack --protocols grpc,http -c 1,8 -d 6 -w 2 --rounds 3 --ort-ref
 fi
+halt_poll=/sys/module/haltpoll/parameters/guest_halt_poll_ns
+if [ -n "${HALT_POLL_NS:-}" ]; then
+  previous=$(cat "$halt_poll")
+  echo "$HALT_POLL_NS" > "$halt_poll"
+  trap 'echo "$previous" > "$halt_poll"' EXIT
+fi
 echo "load before the run: $(cut -d' ' -f1-3 /proc/loadavg)"
+echo "cpuidle driver: $(cat /sys/devices/system/cpu/cpuidle/current_driver 2>/dev/null || echo unknown)," \
+  "guest_halt_poll_ns: $(cat "$halt_poll" 2>/dev/null || echo n/a)"
 python3 "$PEERS_CODE/scripts/compare.py" --targets "$ROOT/bench/targets.json" --baseline "$baseline" "$@"

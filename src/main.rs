@@ -182,7 +182,8 @@ struct Args {
     /// Microseconds that CPUs running out of work keep polling, after the last request activity,
     /// instead of going idle (0: off). Waking an idle CPU is slow, on VMs especially; polling
     /// spends CPU time, at the lowest priority (SCHED_IDLE), to take that off each request's
-    /// latency. It counts against a container's CPU quota. 200 suits most servers; at most
+    /// latency. It counts against a container's CPU quota. On a KVM guest the kernel's own halt
+    /// polling (haltpoll's guest_halt_poll_ns) does this better where it can be turned on. At most
     /// 1000000 (1 s).
     #[arg(long, env = "KILN_IDLE_POLL_US", default_value_t = 0, value_parser = clap::value_parser!(u64).range(0..=1_000_000))]
     idle_poll_us: u64,
@@ -256,6 +257,14 @@ const BLOCKING_GRACE: Duration = Duration::from_secs(2);
 fn start_idle_poll(window_us: u64) -> std::io::Result<Option<IdlePoll>> {
     if window_us == 0 {
         return Ok(None);
+    }
+    if let Some(ns) = kiln::idle_poll::kernel_halt_poll_ns() {
+        warn!(
+            "the kernel already polls idle CPUs for {} µs before halting them (cpuidle haltpoll, \
+             guest_halt_poll_ns); --idle-poll-us only adds cost on top of that, consider leaving \
+             it off",
+            ns / 1000
+        );
     }
     let threads = std::thread::available_parallelism().map_or(1, |n| n.get());
     info!(
