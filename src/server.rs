@@ -11,6 +11,7 @@ use crate::engine::Engine;
 use crate::proto::inference::grpc_inference_service_server::GrpcInferenceServiceServer;
 use crate::protocol::access::grpc::GrpcAccessLayer;
 use crate::protocol::access::AccessPolicy;
+use crate::protocol::connection::serve_http;
 use crate::protocol::grpc::InferenceService;
 use crate::protocol::http::{self, HttpConfig};
 use crate::protocol::in_flight::ResponsesInFlight;
@@ -19,7 +20,7 @@ use crate::repository::{
 };
 use crate::tls::{TlsError, TlsFiles, TlsListener};
 use axum::serve::ListenerExt;
-use std::future::{Future, IntoFuture};
+use std::future::Future;
 use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::Duration;
@@ -195,44 +196,38 @@ pub async fn run(
         },
     );
     let router = router.layer(responses.clone());
-    let http_serve: std::pin::Pin<Box<dyn Future<Output = std::io::Result<()>> + Send>> =
-        match &config.http_tls {
-            Some(files) => {
-                let listener = TlsListener::new(listeners.http, files.server_config()?)?;
-                info!(
-                    "HTTP uses TLS{}",
-                    if files.mutual {
-                        " with client certificates"
-                    } else {
-                        ""
-                    }
-                );
-                Box::pin(
-                    axum::serve(listener, router)
-                        .with_graceful_shutdown(stop_signal())
-                        .into_future(),
-                )
-            }
-            None => {
-                let listener = listeners.http.tap_io(|stream| {
-                    if let Err(e) = stream.set_nodelay(true) {
-                        warn!("cannot set TCP_NODELAY on an HTTP connection: {e}");
-                    }
-                });
-                Box::pin(
-                    axum::serve(listener, router)
-                        .with_graceful_shutdown(stop_signal())
-                        .into_future(),
-                )
-            }
-        };
+    let http_serve: std::pin::Pin<Box<dyn Future<Output = ()> + Send>> = match &config.http_tls {
+        Some(files) => {
+            let listener = TlsListener::new(listeners.http, files.server_config()?)?;
+            info!(
+                "HTTP uses TLS{}",
+                if files.mutual {
+                    " with client certificates"
+                } else {
+                    ""
+                }
+            );
+            Box::pin(serve_http(listener, router, stop_signal()))
+        }
+        None => {
+            let listener = listeners.http.tap_io(|stream| {
+                if let Err(e) = stream.set_nodelay(true) {
+                    warn!("cannot set TCP_NODELAY on an HTTP connection: {e}");
+                }
+            });
+            Box::pin(serve_http(listener, router, stop_signal()))
+        }
+    };
     info!("Started GRPCInferenceService at {grpc_address}");
     info!("Started HTTPService at {http_address}");
     let lifecycle = tokio::spawn(manage_models(repository, config.poll_interval));
     let servers = async {
         tokio::try_join!(
             async { grpc_serve.await.map_err(ServerError::from) },
-            async { http_serve.await.map_err(ServerError::from) },
+            async {
+                http_serve.await;
+                Ok(())
+            },
         )
         .map(|_| ())
     };

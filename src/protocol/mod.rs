@@ -5,6 +5,7 @@
 
 pub mod access;
 pub mod codec;
+pub mod connection;
 pub mod decoupled;
 pub mod grpc;
 pub mod http;
