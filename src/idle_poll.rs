@@ -14,8 +14,8 @@
 //! poll, which is why polling stops `window` after the last activity and the feature is off by
 //! default. In a container with a CPU quota the polling counts against the quota. Near
 //! saturation the pollers get only short idle gaps, each ended by a preemption instead of a
-//! halt; on the benchmark VM `add_sub` at concurrency 8 measured between 0.90x and 1.18x of its
-//! throughput without polling, inside that host's noise.
+//! halt, and that costs: on the benchmark VM `add_sub` at concurrency 8 ran at 0.91x of its
+//! throughput without polling (4 interleaved pairs).
 //!
 //! Activity is the async runtime's workers waking ([`Activity::mark`], from tokio's
 //! `on_thread_unpark`): a request arriving or an answer coming back.
@@ -23,8 +23,8 @@
 //! The kernel can do this better where it is allowed to: a KVM guest's `haltpoll` cpuidle driver
 //! polls in the idle task for up to `guest_halt_poll_ns` (200 µs by default) before it halts, and
 //! a thread woken on a polling CPU needs neither an interrupt nor a preemption. With that on, the
-//! benchmark VM ran `add_sub` at concurrency 1 at 2-4x the throughput these pollers reach, and
-//! the pollers only added cost (0.54x), so kiln warns when both are on
+//! benchmark VM ran `add_sub` at concurrency 1 at 2-2.5x the throughput these pollers reach,
+//! and the pollers on top only added cost (0.54x), so kiln warns when both are on
 //! ([`kernel_halt_poll_ns`]).
 
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
