@@ -5,7 +5,8 @@
 //! body channel wakes the sender on every hand-over, whether or not the sender waits). tokio
 //! treats a task that wakes itself while running as one that yields: it goes to the back of the
 //! queue and, if a worker sleeps, that worker is woken to steal it, finds nothing, and sleeps
-//! again. On the benchmark VM that was ~1 futex call and a context switch per REST request.
+//! again. On the benchmark VM that was 0.6 futex calls and 1.3 extra context switches per REST
+//! request at concurrency 1 (bench/RESULTS.md, "Tenth session").
 
 use futures_util::task::AtomicWaker;
 use std::future::Future;
