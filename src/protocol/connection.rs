@@ -126,7 +126,6 @@ where
             if let Err(e) = result {
                 tracing::debug!("HTTP connection ended: {e}");
             }
-            drop(closed);
         });
     }
     drop(listener);

@@ -281,36 +281,28 @@ mod tests {
 
     #[test]
     fn booleans_take_tritons_spellings() {
-        let on = read(&[
-            ("enable_mem_arena", "TRUE"),
-            ("enable_mem_pattern", "on"),
-            ("session.use_device_allocator_for_initializers", "1"),
-        ])
-        .unwrap()
-        .session(1, None);
-        assert_eq!(
-            (
-                on.mem_arena,
-                on.mem_pattern,
-                on.device_allocator_for_initializers
-            ),
-            (Some(true), Some(true), Some(true))
-        );
-        let off = read(&[
-            ("enable_mem_arena", "0"),
-            ("enable_mem_pattern", "False"),
-            ("session.use_device_allocator_for_initializers", "off"),
-        ])
-        .unwrap()
-        .session(1, None);
-        assert_eq!(
-            (
-                off.mem_arena,
-                off.mem_pattern,
-                off.device_allocator_for_initializers
-            ),
-            (Some(false), Some(false), Some(false))
-        );
+        for ([arena, pattern, initializers], expected) in
+            [(["TRUE", "on", "1"], true), (["0", "False", "off"], false)]
+        {
+            let tuning = read(&[
+                ("enable_mem_arena", arena),
+                ("enable_mem_pattern", pattern),
+                (
+                    "session.use_device_allocator_for_initializers",
+                    initializers,
+                ),
+            ])
+            .unwrap()
+            .session(1, None);
+            assert_eq!(
+                (
+                    tuning.mem_arena,
+                    tuning.mem_pattern,
+                    tuning.device_allocator_for_initializers
+                ),
+                (Some(expected), Some(expected), Some(expected))
+            );
+        }
         assert_eq!(
             read(&[("enable_mem_pattern", "yes")]).unwrap_err(),
             "parameter 'enable_mem_pattern' of model 'm': expected 1/0, true/false or on/off, \
