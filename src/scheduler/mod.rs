@@ -104,6 +104,9 @@ struct Shared {
     work: Condvar,
     stats: Arc<ModelStats>,
     recent_infer: RecentInfer,
+    /// Requests between `submit` and their answer (queued or running), for `max_in_flight` and
+    /// the batching rules.
+    in_flight: AtomicUsize,
 }
 
 struct Queue {
@@ -166,8 +169,6 @@ pub struct Scheduler {
     instances: usize,
     /// The instance threads, joined by [`Scheduler::stop`].
     threads: Vec<std::thread::JoinHandle<()>>,
-    /// Requests between `submit` and their answer (queued or running), for `max_in_flight`.
-    in_flight: AtomicUsize,
     /// 0: no limit (see [`BatchingConfig::max_in_flight`]).
     max_in_flight: usize,
     /// The backends may run on a caller's thread (see [`Backend::may_run_inline`]).
@@ -198,6 +199,7 @@ impl Scheduler {
             work: Condvar::new(),
             stats,
             recent_infer: RecentInfer(AtomicU64::new(u64::MAX)),
+            in_flight: AtomicUsize::new(0),
         });
         let mut threads = Vec::with_capacity(instances);
         for index in 0..instances {
@@ -214,7 +216,6 @@ impl Scheduler {
             batching,
             instances,
             threads,
-            in_flight: AtomicUsize::new(0),
             max_in_flight,
             may_inline,
         })
@@ -258,7 +259,8 @@ impl Scheduler {
         let recent = &self.shared.recent_infer;
         if self.may_inline
             && (recent.below(ALWAYS_INLINE_MAX_INFER)
-                || (self.in_flight.load(Ordering::Relaxed) == 1 && recent.below(INLINE_MAX_INFER)))
+                || (self.shared.in_flight.load(Ordering::Relaxed) == 1
+                    && recent.below(INLINE_MAX_INFER)))
         {
             if let Some(backend) = self.shared.take_idle_session() {
                 let now = Instant::now();
@@ -304,7 +306,10 @@ impl Scheduler {
             if queue.stopped {
                 return Err(ScheduleError::Stopped);
             }
-            let pushed = queue.state.push(submission, Instant::now());
+            let now = Instant::now();
+            let in_flight = self.shared.in_flight.load(Ordering::Relaxed);
+            queue.state.observe_in_flight(in_flight, now);
+            let pushed = queue.state.push(submission, now);
             self.shared.stats.set_pending(queue.state.len());
             pushed.map_err(|(rejection, _)| ScheduleError::from(rejection))?
         };
@@ -334,8 +339,9 @@ impl Scheduler {
     /// Counts a request in flight for as long as the guard lives, refusing it at once when the
     /// version is at its limit: overload is answered, never queued without bound.
     fn admit(&self) -> Result<InFlight<'_>, ScheduleError> {
-        let count = self.in_flight.fetch_add(1, Ordering::SeqCst) + 1;
-        let guard = InFlight(&self.in_flight);
+        let in_flight = &self.shared.in_flight;
+        let count = in_flight.fetch_add(1, Ordering::SeqCst) + 1;
+        let guard = InFlight(in_flight);
         if self.max_in_flight > 0 && count > self.max_in_flight {
             return Err(ScheduleError::Overloaded(self.max_in_flight));
         }
@@ -343,7 +349,7 @@ impl Scheduler {
     }
 }
 
-/// One request counted in [`Scheduler::in_flight`] until dropped.
+/// One request counted in [`Shared::in_flight`] until dropped.
 struct InFlight<'a>(&'a AtomicUsize);
 
 impl Drop for InFlight<'_> {
@@ -439,6 +445,8 @@ fn next_batch(shared: &Shared) -> Option<(Vec<Job>, Box<dyn Backend>)> {
         }
         // Taking a session leaves another free for whoever comes next.
         let spare_instance = queue.free.len() >= 2;
+        let in_flight = shared.in_flight.load(Ordering::Relaxed);
+        queue.state.observe_in_flight(in_flight, now);
         match queue.state.next_batch(now, spare_instance) {
             Next::Batch(mut jobs) => {
                 jobs.retain(|job| !job.reply.is_closed());

@@ -20,6 +20,11 @@
 //!   and an instance never idles on a timer while the model's others idle too — with clients that
 //!   wait for their answers, the requests a batch would wait for are often the answers of the
 //!   instance that just went idle, and waiting for them starves both;
+//! - a batch does not wait for company that cannot come: when as many of the version's requests
+//!   are in flight (queued, running, or answered and on their way back) as were ever in flight
+//!   at once lately ([`PEAK_WINDOW`]), every client that could send one is already waiting on
+//!   an answer, and nobody is left to join (closed-loop clients at a steady concurrency: the
+//!   wait would only idle the CPU);
 //! - with `adaptive_delay` off (the config parameter `adaptive_batching_delay: "false"`) none of
 //!   these shortcuts applies and a batch that does not fill waits for its full delay, as in
 //!   Triton;
@@ -36,6 +41,11 @@ use std::time::{Duration, Instant};
 /// delay for nothing. Requests that keep arriving closer together than this still extend the
 /// batch, up to the full delay, as Triton's batcher would.
 pub const SETTLE_FRACTION: u32 = 10;
+
+/// The most requests in flight at once is taken over the current window of this length and the
+/// last one before it that saw requests. Long enough to span many batches at any load worth
+/// batching, short enough to follow clients that come and go.
+pub const PEAK_WINDOW: Duration = Duration::from_millis(100);
 
 /// What to do with a request whose queue-policy timeout expires.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
@@ -183,6 +193,39 @@ pub struct State<T> {
     delayed: VecDeque<Entry<T>>,
     /// Whether the last batches that waited for company got some (see the module's rules).
     waiting_pays: bool,
+    in_flight: InFlight,
+}
+
+/// The version's requests in flight, as last told by the scheduler, and the most there were at
+/// once in the current [`PEAK_WINDOW`] and in the last one before it that saw any.
+#[derive(Debug, Default)]
+struct InFlight {
+    count: usize,
+    /// Start of the first window; set by the first observation.
+    origin: Option<Instant>,
+    window: u128,
+    peak: usize,
+    previous_peak: usize,
+}
+
+impl InFlight {
+    fn observe(&mut self, count: usize, now: Instant) {
+        let origin = *self.origin.get_or_insert(now);
+        let window = now.saturating_duration_since(origin).as_nanos() / PEAK_WINDOW.as_nanos();
+        if window != self.window {
+            self.previous_peak = self.peak;
+            self.peak = 0;
+            self.window = window;
+        }
+        self.count = count;
+        self.peak = self.peak.max(count);
+    }
+
+    /// Whether as many requests are in flight now as at any moment lately. Unknown (false) until
+    /// a whole window has seen requests: during the first one every arrival is a new peak.
+    fn at_peak(&self) -> bool {
+        self.previous_peak > 0 && self.count >= self.peak.max(self.previous_peak)
+    }
 }
 
 impl<T> State<T> {
@@ -197,7 +240,15 @@ impl<T> State<T> {
             levels,
             delayed: VecDeque::new(),
             waiting_pays: true,
+            in_flight: InFlight::default(),
         }
+    }
+
+    /// Tells the batcher how many of the version's requests are in flight at `now`: queued,
+    /// running, or answered and not yet returned to their clients (see the module's rules). The
+    /// scheduler calls it as each request arrives and before each [`State::next_batch`].
+    pub fn observe_in_flight(&mut self, count: usize, now: Instant) {
+        self.in_flight.observe(count, now);
     }
 
     pub fn config(&self) -> &BatchingConfig {
@@ -328,7 +379,8 @@ impl<T> State<T> {
 
     /// Forms the next batch for a free instance, or says how long to wait. `spare_instance`:
     /// another instance would still be free after this one takes the batch. Call
-    /// [`State::expire`] first so that no expired request is sent.
+    /// [`State::expire`] first so that no expired request is sent, and
+    /// [`State::observe_in_flight`] so that the batch knows who is left to come.
     pub fn next_batch(&mut self, now: Instant, spare_instance: bool) -> Next<T> {
         let Some(queue) = self
             .levels
@@ -376,9 +428,11 @@ impl<T> State<T> {
         } else {
             oldest + delay
         };
+        // Latecomers would find another instance, or nobody is left to come.
+        let need_not_wait = spare_instance || self.in_flight.at_peak();
         let take = if full || (adaptive && !self.waiting_pays) {
             count
-        } else if now >= due || (adaptive && spare_instance) {
+        } else if now >= due || (adaptive && need_not_wait) {
             // It waited, or need not wait longer: did anyone join?
             self.waiting_pays = count > 1;
             count

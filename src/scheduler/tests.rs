@@ -115,6 +115,40 @@ async fn concurrent_requests_are_batched_and_split_correctly() {
 }
 
 #[tokio::test]
+async fn closed_loop_clients_stop_waiting_for_company_once_their_number_is_known() {
+    // A delay whose settling time (a tenth) no batch of this test should sit out once the
+    // scheduler has seen how many requests the two clients keep in flight.
+    let delay = Duration::from_secs(4);
+    let settle = delay / state::SETTLE_FRACTION;
+    let (scheduler, batches, _) = scheduler(dynamic(8, delay), 1, Duration::ZERO);
+    let clients: Vec<_> = (0..2u8)
+        .map(|client| {
+            let scheduler = Arc::clone(&scheduler);
+            tokio::spawn(async move {
+                let mut queued = Vec::new();
+                for round in 0..4u8 {
+                    let value = client * 10 + round;
+                    let outcome = scheduler.submit(request(value, 1)).await.unwrap();
+                    assert_eq!(&outcome.outputs[0].data[..], &[value + 1]);
+                    queued.push(outcome.queue);
+                }
+                queued
+            })
+        })
+        .collect();
+    for client in clients {
+        let queued = client.await.unwrap();
+        // The first round cannot know: it waits until the batch settles.
+        assert!(queued[0] >= settle, "{queued:?}");
+        assert!(
+            queued[1..].iter().all(|&q| q < settle / 2),
+            "later rounds went once both requests were in: {queued:?}"
+        );
+    }
+    assert_eq!(batches.lock().unwrap().iter().sum::<i64>(), 8);
+}
+
+#[tokio::test]
 async fn without_dynamic_batching_each_request_runs_alone() {
     let config = BatchingConfig {
         max_batch_size: 8,

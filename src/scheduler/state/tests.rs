@@ -190,6 +190,104 @@ fn a_batch_waits_for_company_only_on_the_last_free_instance() {
     );
 }
 
+/// Four closed-loop clients, one instance: a window in which all four were in flight at once.
+fn with_four_clients_seen(state: &mut State<u32>, start: Instant) -> Instant {
+    for count in 1..=4 {
+        state.observe_in_flight(count, start);
+    }
+    start + PEAK_WINDOW
+}
+
+#[test]
+fn a_batch_does_not_wait_for_company_that_cannot_come() {
+    let start = Instant::now();
+    let mut state = State::new(dynamic(8, &[], 1000));
+    let now = with_four_clients_seen(&mut state, start);
+    let us = |n| now + Duration::from_micros(n);
+    // One request running elsewhere (or answered, on its way back), two queued: the fourth
+    // client may still send, so the batch waits.
+    state.observe_in_flight(3, now);
+    state.push(sub(0, 1), now).unwrap();
+    state.push(sub(1, 1), now).unwrap();
+    assert_eq!(state.next_batch(now, false), Next::WaitUntil(us(100)));
+    // The fourth arrives: nobody is left to come, the batch goes without waiting.
+    state.observe_in_flight(4, us(30));
+    state.push(sub(2, 1), us(30)).unwrap();
+    assert_eq!(batch(state.next_batch(us(30), false)), vec![0, 1, 2]);
+    assert!(state.waits_for_company(), "batching still pays");
+    // Even a request alone goes when every other one is out: it waited for nobody, and one that
+    // goes alone stops the waiting as any lone batch does.
+    state.observe_in_flight(4, us(40));
+    state.push(sub(3, 1), us(40)).unwrap();
+    assert_eq!(batch(state.next_batch(us(40), false)), vec![3]);
+    assert!(!state.waits_for_company());
+}
+
+#[test]
+fn the_peak_in_flight_is_unknown_until_a_whole_window_has_seen_requests() {
+    let start = Instant::now();
+    let us = |n| start + Duration::from_micros(n);
+    let mut state = State::new(dynamic(8, &[], 1000));
+    // At the start every arrival is a new peak: the ramp batches by the other rules.
+    for i in 0..3 {
+        state.observe_in_flight(i as usize + 1, us(i));
+        state.push(sub(i as u32, 1), us(i)).unwrap();
+        assert_eq!(state.next_batch(us(i), false), Next::WaitUntil(us(100 + i)));
+    }
+    assert_eq!(batch(state.next_batch(us(102), false)), vec![0, 1, 2]);
+}
+
+#[test]
+fn the_peak_in_flight_follows_clients_that_leave_and_outlives_quiet_spells() {
+    let start = Instant::now();
+    let mut state = State::new(dynamic(8, &[], 1000));
+    let next_window = with_four_clients_seen(&mut state, start);
+    // Two clients left: for up to two windows the peak is still four, and a batch of two waits.
+    state.observe_in_flight(2, next_window);
+    state.push(sub(0, 1), next_window).unwrap();
+    state.push(sub(1, 1), next_window).unwrap();
+    assert!(matches!(
+        state.next_batch(next_window, false),
+        Next::WaitUntil(_)
+    ));
+    let settled = next_window + Duration::from_micros(100);
+    assert_eq!(batch(state.next_batch(settled, false)), vec![0, 1]);
+    // Once a window has passed with two at most, two is everyone.
+    let later = next_window + PEAK_WINDOW;
+    state.observe_in_flight(2, later);
+    state.push(sub(2, 1), later).unwrap();
+    state.push(sub(3, 1), later).unwrap();
+    assert_eq!(batch(state.next_batch(later, false)), vec![2, 3]);
+    // After a quiet spell the same two clients come back (a long delay makes every round such
+    // a spell): the first waits for the second, the second finds everyone here.
+    let after_quiet = later + PEAK_WINDOW * 3;
+    state.observe_in_flight(1, after_quiet);
+    state.push(sub(4, 1), after_quiet).unwrap();
+    assert!(matches!(
+        state.next_batch(after_quiet, false),
+        Next::WaitUntil(_)
+    ));
+    state.observe_in_flight(2, after_quiet);
+    state.push(sub(5, 1), after_quiet).unwrap();
+    assert_eq!(batch(state.next_batch(after_quiet, false)), vec![4, 5]);
+}
+
+#[test]
+fn without_the_adaptive_delay_everyone_in_flight_does_not_shorten_the_wait() {
+    let start = Instant::now();
+    let mut state = State::new(BatchingConfig {
+        adaptive_delay: false,
+        ..dynamic(8, &[], 1000)
+    });
+    let now = with_four_clients_seen(&mut state, start);
+    state.observe_in_flight(4, now);
+    state.push(sub(0, 1), now).unwrap();
+    assert_eq!(
+        state.next_batch(now, false),
+        Next::WaitUntil(now + Duration::from_micros(1000))
+    );
+}
+
 #[test]
 fn without_the_adaptive_delay_a_spare_instance_does_not_shorten_the_wait() {
     let start = Instant::now();
