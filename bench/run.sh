@@ -4,7 +4,7 @@
 #
 # usage: bench/run.sh [peers|scheduler] [compare.py options]
 #   peers      (default) issue 8's table: kiln as configured for each model (target `kiln`;
-#              `kiln-idle-poll`: the same with --idle-poll-us 200) vs
+#              `kiln-dynbatch`: every model batched on 2 instances, as Triton's is) vs
 #              Triton with and without dynamic batching and furnace, on add_sub, mlp and
 #              matmul_stack, gRPC and REST, concurrency 1 and 8, 3 rounds, + in-process ORT
 #   scheduler  issue 4's point: mlp and matmul_stack, gRPC, concurrency 8, dynamic batching
@@ -25,7 +25,8 @@ export PEERS_HOME=${PEERS_HOME:-$HOME/.cache/kiln-peers}
 cargo build --release --manifest-path "$ROOT/Cargo.toml"
 python3 "$ROOT/bench/make_repo.py" "$PEERS_HOME/model_repository" "$PEERS_HOME/kiln/plain"
 python3 "$ROOT/bench/make_repo.py" "$PEERS_HOME/model_repository" "$PEERS_HOME/kiln/best" \
-  --dynamic-batching mlp,matmul_stack --max-queue-delay-us 500 --instances-for matmul_stack=1
+  --dynamic-batching mlp,matmul_stack --max-queue-delay-us 500 --instances-for matmul_stack=1 \
+  --instances-for mlp=1
 python3 "$ROOT/bench/make_repo.py" "$PEERS_HOME/model_repository" "$PEERS_HOME/kiln/dynbatch" \
   --dynamic-batching --max-queue-delay-us 500 --instances-for matmul_stack=1
 
@@ -39,7 +40,7 @@ if [ "$preset" = scheduler ]; then
   [ $# -eq 0 ] && set -- --only kiln-dynbatch,triton-dynbatch,furnace --models mlp,matmul_stack \
     --protocols grpc -c 8 -d 8 -w 2 --rounds 3 --ort-ref
 else
-  [ $# -eq 0 ] && set -- --only kiln,kiln-idle-poll,triton,triton-dynbatch,furnace \
+  [ $# -eq 0 ] && set -- --only kiln,kiln-dynbatch,triton,triton-dynbatch,furnace \
     --models add_sub,mlp,matmul_stack --protocols grpc,http -c 1,8 -d 6 -w 2 --rounds 3 --ort-ref
 fi
 halt_poll=/sys/module/haltpoll/parameters/guest_halt_poll_ns

@@ -104,8 +104,8 @@ struct Shared {
     work: Condvar,
     stats: Arc<ModelStats>,
     recent_infer: RecentInfer,
-    /// Requests between `submit` and their answer (queued or running), for `max_in_flight` and
-    /// the batching rules.
+    /// Requests between `submit` and the return of their answer (queued, running, or answered
+    /// and not yet returned), for `max_in_flight` and the batching rules.
     in_flight: AtomicUsize,
 }
 
