@@ -193,13 +193,13 @@ pub struct State<T> {
     delayed: VecDeque<Entry<T>>,
     /// Whether the last batches that waited for company got some (see the module's rules).
     waiting_pays: bool,
-    in_flight: InFlight,
+    in_flight: InFlightPeak,
 }
 
 /// The version's requests in flight, as last told by the scheduler, and the most there were at
 /// once in the current [`PEAK_WINDOW`] and in the last one before it that saw any.
 #[derive(Debug, Default)]
-struct InFlight {
+struct InFlightPeak {
     count: usize,
     /// Start of the first window; set by the first observation.
     origin: Option<Instant>,
@@ -208,7 +208,7 @@ struct InFlight {
     previous_peak: usize,
 }
 
-impl InFlight {
+impl InFlightPeak {
     fn observe(&mut self, count: usize, now: Instant) {
         let origin = *self.origin.get_or_insert(now);
         let window = now.saturating_duration_since(origin).as_nanos() / PEAK_WINDOW.as_nanos();
@@ -240,7 +240,7 @@ impl<T> State<T> {
             levels,
             delayed: VecDeque::new(),
             waiting_pays: true,
-            in_flight: InFlight::default(),
+            in_flight: InFlightPeak::default(),
         }
     }
 
