@@ -307,8 +307,7 @@ impl Scheduler {
                 return Err(ScheduleError::Stopped);
             }
             let now = Instant::now();
-            let in_flight = self.shared.in_flight.load(Ordering::Relaxed);
-            queue.state.observe_in_flight(in_flight, now);
+            self.shared.observe_in_flight(&mut queue, now);
             let pushed = queue.state.push(submission, now);
             self.shared.stats.set_pending(queue.state.len());
             pushed.map_err(|(rejection, _)| ScheduleError::from(rejection))?
@@ -380,6 +379,12 @@ impl Shared {
         }
     }
 
+    /// Tells the batcher how many requests are in flight (see [`State::observe_in_flight`]).
+    fn observe_in_flight(&self, queue: &mut Queue, now: Instant) {
+        let count = self.in_flight.load(Ordering::Relaxed);
+        queue.state.observe_in_flight(count, now);
+    }
+
     /// Removes a queued request; false if it already left the queue.
     fn cancel(&self, ticket: u64) -> bool {
         let mut queue = self.lock();
@@ -445,8 +450,7 @@ fn next_batch(shared: &Shared) -> Option<(Vec<Job>, Box<dyn Backend>)> {
         }
         // Taking a session leaves another free for whoever comes next.
         let spare_instance = queue.free.len() >= 2;
-        let in_flight = shared.in_flight.load(Ordering::Relaxed);
-        queue.state.observe_in_flight(in_flight, now);
+        shared.observe_in_flight(&mut queue, now);
         match queue.state.next_batch(now, spare_instance) {
             Next::Batch(mut jobs) => {
                 jobs.retain(|job| !job.reply.is_closed());

@@ -201,21 +201,21 @@ pub struct State<T> {
 #[derive(Debug, Default)]
 struct InFlightPeak {
     count: usize,
-    /// Start of the first window; set by the first observation.
-    origin: Option<Instant>,
-    window: u128,
+    /// Start of the current window: the first observation after the last one ended.
+    window_start: Option<Instant>,
     peak: usize,
     previous_peak: usize,
 }
 
 impl InFlightPeak {
     fn observe(&mut self, count: usize, now: Instant) {
-        let origin = *self.origin.get_or_insert(now);
-        let window = now.saturating_duration_since(origin).as_nanos() / PEAK_WINDOW.as_nanos();
-        if window != self.window {
+        if self
+            .window_start
+            .is_none_or(|start| now >= start + PEAK_WINDOW)
+        {
             self.previous_peak = self.peak;
             self.peak = 0;
-            self.window = window;
+            self.window_start = Some(now);
         }
         self.count = count;
         self.peak = self.peak.max(count);
