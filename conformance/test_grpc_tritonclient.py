@@ -70,7 +70,8 @@ def test_server_metadata(client):
     # perf_analyzer asks for the server's statistics only when "statistics" is listed.
     assert "statistics" in ext and "schedule_policy" in ext, ext
     assert "system_shared_memory" in ext, ext
-    for unserved in ("cuda_shared_memory", "trace", "logging"):
+    assert "trace" in ext and "logging" in ext, ext
+    for unserved in ("cuda_shared_memory", "sequence"):
         assert unserved not in ext, ext
     as_json = client.get_server_metadata(as_json=True, client_timeout=T)
     assert as_json["name"] == "kiln"

@@ -2,18 +2,17 @@
 
 use clap::Parser;
 use kiln::idle_poll::IdlePoll;
+use kiln::logging::{self, LogFormat, LogSettings};
 use kiln::protocol::access::{AccessPolicy, Secret, GRPC_HEADER_PREFIX};
 use kiln::protocol::http::DEFAULT_MAX_INPUT_BYTES;
 use kiln::repository::ControlMode;
 use kiln::server::{self, Config, Listeners};
 use kiln::tls::TlsFiles;
-use std::io::IsTerminal;
 use std::net::{IpAddr, SocketAddr};
 use std::path::PathBuf;
 use std::process::ExitCode;
 use std::time::Duration;
 use tracing::{error, info, warn};
-use tracing_subscriber::EnvFilter;
 
 /// Serve ONNX models over NVIDIA Triton's gRPC and REST protocols (KServe v2 / Open Inference
 /// Protocol). Flags follow `tritonserver`.
@@ -135,9 +134,32 @@ struct Args {
     #[arg(long, env = "KILN_HTTP_USE_SSL_MUTUAL", num_args = 0..=1, default_value_t = false, default_missing_value = "true", action = clap::ArgAction::Set)]
     http_use_ssl_mutual: bool,
 
-    /// Verbose logging level (0 = off, 1 or more = debug). RUST_LOG overrides it.
+    /// Verbose logging level: 0 off, 1 kiln's debug messages (and ONNX Runtime's info), 2 kiln's
+    /// trace and other crates' debug messages, 3 everything. RUST_LOG, when set, picks the
+    /// per-target levels instead. Changeable at run time (`/v2/logging`).
     #[arg(long, env = "KILN_LOG_VERBOSE", default_value_t = 0)]
     log_verbose: u32,
+
+    /// Log informational messages. Changeable at run time.
+    #[arg(long, env = "KILN_LOG_INFO", default_value_t = true, action = clap::ArgAction::Set)]
+    log_info: bool,
+
+    /// Log warnings. Changeable at run time.
+    #[arg(long, env = "KILN_LOG_WARNING", default_value_t = true, action = clap::ArgAction::Set)]
+    log_warning: bool,
+
+    /// Log errors. Changeable at run time.
+    #[arg(long, env = "KILN_LOG_ERROR", default_value_t = true, action = clap::ArgAction::Set)]
+    log_error: bool,
+
+    /// Log line layout: `default` (glog's, as Triton: `I1130 12:05:12.123456 <pid> <file>:<line>]`)
+    /// or `ISO8601` (`2026-11-30T12:05:12Z I <pid> <file>:<line>]`). Changeable at run time.
+    #[arg(long, env = "KILN_LOG_FORMAT", default_value = "default", value_parser = parse_log_format)]
+    log_format: LogFormat,
+
+    /// Append the log to this file instead of writing it to standard error.
+    #[arg(long, env = "KILN_LOG_FILE")]
+    log_file: Option<PathBuf>,
 
     /// Use each config.pbtxt as written: do not fill inputs, outputs or max_batch_size from the
     /// ONNX graph.
@@ -187,6 +209,14 @@ struct Args {
     /// 1000000 (1 s).
     #[arg(long, env = "KILN_IDLE_POLL_US", default_value_t = 0, value_parser = clap::value_parser!(u64).range(0..=1_000_000))]
     idle_poll_us: u64,
+
+    /// Request tracing, as `tritonserver`'s flag (repeatable): `level=OFF|TIMESTAMPS|TENSORS`,
+    /// `rate=<one request in N>` (1000), `count=<traces, -1 unlimited>` (-1), `mode=triton`,
+    /// `triton,file=<path>` (the JSON trace file), `triton,log-frequency=<traces per numbered
+    /// file; 0: all in the file, written when settings change and at exit>` (0). Changeable at
+    /// run time (`/v2/trace/setting`).
+    #[arg(long = "trace-config", value_name = "[MODE,]SETTING=VALUE")]
+    trace_config: Vec<String>,
 }
 
 /// `--model-control-mode` values, spelled as `tritonserver` spells them.
@@ -207,18 +237,8 @@ impl From<ModelControlMode> for ControlMode {
     }
 }
 
-fn init_logging(verbose: u32) {
-    let default = if verbose > 0 {
-        "debug,ort=info,h2=info,tower=info,hyper=info"
-    } else {
-        "info,ort=warn"
-    };
-    let filter = EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new(default));
-    tracing_subscriber::fmt()
-        .with_env_filter(filter)
-        .with_writer(std::io::stderr)
-        .with_ansi(std::io::stderr().is_terminal())
-        .init();
+fn parse_log_format(name: &str) -> Result<LogFormat, String> {
+    LogFormat::parse(name).ok_or_else(|| format!("expected `default` or `ISO8601`, got `{name}`"))
 }
 
 async fn bind(address: SocketAddr, what: &str) -> Option<tokio::net::TcpListener> {
@@ -302,7 +322,22 @@ fn raise_open_file_limit() {
 
 fn main() -> ExitCode {
     let args = Args::parse();
-    init_logging(args.log_verbose);
+    let log = LogSettings {
+        file: args
+            .log_file
+            .as_ref()
+            .map(|path| path.display().to_string())
+            .unwrap_or_default(),
+        info: args.log_info,
+        warning: args.log_warning,
+        error: args.log_error,
+        verbose_level: args.log_verbose,
+        format: args.log_format,
+    };
+    if let Err(e) = logging::init(&log) {
+        eprintln!("cannot open the log file {}: {e}", log.file);
+        return ExitCode::FAILURE;
+    }
     raise_open_file_limit();
     let mut builder = tokio::runtime::Builder::new_multi_thread();
     builder.enable_all();
@@ -401,6 +436,13 @@ async fn serve(args: Args) -> ExitCode {
             return ExitCode::FAILURE;
         }
     };
+    let trace = match kiln::trace::settings::from_flags(&args.trace_config) {
+        Ok(trace) => trace,
+        Err(e) => {
+            error!("{e}");
+            return ExitCode::FAILURE;
+        }
+    };
     let config = Config {
         model_repositories: args.model_repositories,
         max_message_bytes: args.grpc_max_message_bytes,
@@ -418,6 +460,7 @@ async fn serve(args: Args) -> ExitCode {
         strict_readiness: args.strict_readiness,
         gpu_fallback_to_cpu: args.gpu_fallback_to_cpu,
         gpu_metrics: args.allow_gpu_metrics,
+        trace,
     };
     match server::run(
         config,

@@ -19,6 +19,7 @@ use crate::repository::{
     store, ControlMode, LoadOptions, ModelRepository, ModelStore, RepositoryOptions,
 };
 use crate::tls::{TlsError, TlsFiles, TlsListener};
+use crate::trace::{TraceSettings, Tracer};
 use axum::serve::ListenerExt;
 use std::future::Future;
 use std::path::PathBuf;
@@ -66,6 +67,8 @@ pub struct Config {
     pub gpu_fallback_to_cpu: bool,
     /// `--allow-gpu-metrics`: per-GPU gauges through NVML, when there is a GPU.
     pub gpu_metrics: bool,
+    /// `--trace-config`: the start-up trace settings.
+    pub trace: TraceSettings,
 }
 
 /// Errors that stop the server.
@@ -123,7 +126,8 @@ pub async fn run(
     let repository = Arc::new(open_repository(&config)?);
     let engine = Arc::new(
         Engine::new(Arc::clone(&repository), config.strict_readiness)
-            .with_max_in_flight(config.max_inflight_requests),
+            .with_max_in_flight(config.max_inflight_requests)
+            .with_tracer(Tracer::new(config.trace.clone())),
     );
 
     let (health, health_service) = tonic_health::server::health_reporter();
@@ -233,7 +237,10 @@ pub async fn run(
     };
     tokio::pin!(servers);
     tokio::select! {
-        result = &mut servers => return result,
+        result = &mut servers => {
+            engine.tracer().flush();
+            return result;
+        }
         () = shutdown => {}
     }
     info!(
@@ -248,7 +255,10 @@ pub async fn run(
         health: &health,
         stop: &stop,
     };
-    shutdown.drain(servers, config.exit_timeout).await
+    let result = shutdown.drain(servers, config.exit_timeout).await;
+    // Traces still held by their settings (all of them, without a log frequency).
+    engine.tracer().flush();
+    result
 }
 
 /// How long closing listeners and idle connections may take once nothing is in flight.

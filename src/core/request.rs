@@ -49,6 +49,8 @@ pub struct InferRequest {
     pub outputs: Vec<RequestedOutput>,
     /// When the client stops waiting (gRPC `grpc-timeout`); queued requests past it never run.
     pub deadline: Option<Instant>,
+    /// The request's trace, when the trace settings sampled it.
+    pub trace: Option<std::sync::Arc<crate::trace::Trace>>,
 }
 
 /// The answer to one [`InferRequest`].

@@ -9,6 +9,7 @@ mod lookup;
 pub mod raw_input;
 mod response;
 pub mod shared_memory;
+mod traces;
 pub mod validate;
 
 use crate::backend::BackendError;
@@ -18,6 +19,7 @@ use crate::metrics::{FailureReason, ModelStats};
 use crate::proto::inference::{ModelConfig, ModelStatistics};
 use crate::repository::{Executor, Model, ModelRepository};
 use crate::scheduler::{self, ScheduleError};
+use crate::trace::{Activity, TraceSettings, Tracer};
 pub use admission::Admission;
 use shared_memory::tensors;
 use shared_memory::SharedMemory;
@@ -30,8 +32,7 @@ pub use crate::repository::{IndexEntry, LoadParameter};
 
 /// Protocol extensions kiln implements, as reported by server metadata, in Triton's order. Clients
 /// act on this list: perf_analyzer, for one, reads the server's statistics only when it names
-/// `statistics`. Not listed because not served: `sequence`, `cuda_shared_memory`, `trace` and
-/// `logging`.
+/// `statistics`. Not listed because not served: `sequence` and `cuda_shared_memory`.
 pub const EXTENSIONS: &[&str] = &[
     "classification",
     "model_repository",
@@ -44,6 +45,10 @@ pub const EXTENSIONS: &[&str] = &[
     "parameters",
     // ModelStatistics and `/v2/models[/{m}[/versions/{v}]]/stats`.
     "statistics",
+    // Request traces (`--trace-config`, TraceSetting and `/v2[/models/{m}]/trace/setting`).
+    "trace",
+    // Log settings at run time (LogSettings and `/v2/logging`).
+    "logging",
 ];
 
 /// Server name and version for `ServerMetadata`.
@@ -90,6 +95,8 @@ pub struct Engine {
     exiting: AtomicBool,
     /// The system shared-memory regions clients registered.
     shared_memory: SharedMemory,
+    /// Request tracing (`--trace-config`, the `trace` extension).
+    tracer: Arc<Tracer>,
 }
 
 impl Engine {
@@ -101,6 +108,7 @@ impl Engine {
             max_in_flight: 0,
             exiting: AtomicBool::new(false),
             shared_memory: SharedMemory::default(),
+            tracer: Arc::new(Tracer::new(TraceSettings::default())),
         }
     }
 
@@ -276,7 +284,12 @@ impl Engine {
         mut request: InferRequest,
     ) -> Result<InferResponse, Error> {
         let arrived = Instant::now();
+        let trace = request.trace.take();
         let (model, serving) = self.resolve(&request.model_name, &request.model_version)?;
+        if let Some(trace) = &trace {
+            trace.describe(&model.name, serving.version, &request.id);
+            trace.record(Activity::RequestStart, arrived);
+        }
         let mut record = Recorder {
             stats: &serving.stats,
             arrived,
@@ -292,6 +305,11 @@ impl Engine {
                 validate::prepare_inputs(&model.name, &serving.io, &mut request)
             })
             .map_err(|e| (e, FailureReason::Other))
+            .inspect(|inputs| {
+                if let Some(trace) = &trace {
+                    traces::record_inputs(trace, inputs);
+                }
+            })
             .map(|inputs| scheduler::Request {
                 rows: validate::rows(&serving.io, &inputs),
                 inputs,
@@ -320,6 +338,14 @@ impl Engine {
             (Err(failure), _) => Err(failure),
         };
         record.finished = true;
+        if let (Some(trace), Ok((_, outcome))) = (&trace, &result) {
+            traces::record_outcome(trace, outcome);
+            trace.tensors(traces::BACKEND_OUTPUT, &outcome.outputs);
+        }
+        let _end = trace.map(|trace| crate::trace::RecordOnDrop {
+            trace,
+            activity: Activity::RequestEnd,
+        });
         match result {
             Ok((rows, outcome)) => {
                 let answer = response::response(&model, &serving, request, outcome.outputs)
@@ -505,11 +531,13 @@ mod tests {
             "schedule_policy",
             "statistics",
             "system_shared_memory",
+            "trace",
+            "logging",
         ] {
             assert!(EXTENSIONS.contains(&extension));
         }
         // Answered UNIMPLEMENTED (gRPC) and 501 (REST): a client must not be told otherwise.
-        for extension in ["cuda_shared_memory", "trace", "logging"] {
+        for extension in ["cuda_shared_memory", "sequence"] {
             assert!(!EXTENSIONS.contains(&extension));
         }
     }

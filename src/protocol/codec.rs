@@ -107,6 +107,7 @@ pub fn request_from_wire(request: ModelInferRequest) -> Result<InferRequest, Err
         inputs,
         outputs,
         deadline: None,
+        trace: None,
     })
 }
 

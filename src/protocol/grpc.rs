@@ -5,6 +5,8 @@ use super::codec::{request_from_wire, response_to_wire};
 use super::decoupled;
 use crate::core::Error;
 use crate::engine::{shared_memory, Engine, LoadParameter};
+use crate::logging::{self, LogFormat, LogUpdate};
+use crate::trace::{Activity, RecordOnDrop, TraceUpdate};
 
 use crate::proto::inference::{
     grpc_inference_service_server::GrpcInferenceService, model_metadata_response::TensorMetadata,
@@ -82,8 +84,39 @@ fn load_parameter(key: &str, value: ModelRepositoryParameter) -> Result<LoadPara
     }
 }
 
-fn not_yet(rpc: &str) -> Status {
-    Status::unimplemented(format!("{rpc} is not implemented by this server yet"))
+/// The update a `LogSettings` request asks for, with Triton's errors for a value of the wrong
+/// kind; `log_file` cannot change at run time.
+fn log_update(request: LogSettingsRequest) -> Result<LogUpdate, Error> {
+    use log_settings_request::setting_value::ParameterChoice;
+    let settings = request.settings;
+    if settings.contains_key("log_file") {
+        return Err(Error::Unsupported(logging::FILE_NOT_UPDATABLE.into()));
+    }
+    let choice = |key: &str| settings.get(key).map(|v| v.parameter_choice.as_ref());
+    let flag = |key: &str| match choice(key) {
+        None => Ok(None),
+        Some(Some(ParameterChoice::BoolParam(v))) => Ok(Some(*v)),
+        Some(_) => Err(crate::invalid_arg!("expect boolean for '{key}'")),
+    };
+    Ok(LogUpdate {
+        info: flag("log_info")?,
+        warning: flag("log_warning")?,
+        error: flag("log_error")?,
+        verbose_level: match choice("log_verbose_level") {
+            None => None,
+            Some(Some(ParameterChoice::Uint32Param(v))) => Some(*v),
+            Some(_) => return Err(crate::invalid_arg!("expect int32 for 'log_verbose_level'")),
+        },
+        format: match choice("log_format") {
+            None => None,
+            Some(Some(ParameterChoice::StringParam(name))) => {
+                Some(LogFormat::parse(name).ok_or_else(|| {
+                    crate::invalid_arg!("invalid argument for log_format, got: {name}")
+                })?)
+            }
+            Some(_) => return Err(crate::invalid_arg!("expect string for 'log_format'")),
+        },
+    })
 }
 
 /// Requests of one stream that may run at the same time.
@@ -96,15 +129,23 @@ async fn stream_answer(
     wire: ModelInferRequest,
     deadline: Option<Instant>,
 ) -> ModelStreamInferResponse {
+    let trace = engine.tracer().sample(&wire.model_name);
+    if let Some(trace) = &trace {
+        trace.record(Activity::GrpcWaitreadEnd, Instant::now());
+    }
     let id = wire.id.clone();
     let (model_name, model_version) = (wire.model_name.clone(), wire.model_version.clone());
     let result = match request_from_wire(wire) {
         Ok(mut request) => {
             request.deadline = deadline;
+            request.trace = trace.clone();
             engine.infer(request).await
         }
         Err(e) => Err(e),
     };
+    if let Some(trace) = trace {
+        trace.record(Activity::GrpcSendStart, Instant::now());
+    }
     match result {
         Ok(response) => ModelStreamInferResponse {
             error_message: String::new(),
@@ -200,6 +241,7 @@ impl GrpcInferenceService for InferenceService {
         &self,
         request: Request<ModelInferRequest>,
     ) -> RpcResult<ModelInferResponse> {
+        let arrived = Instant::now();
         let deadline = grpc_deadline(request.metadata());
         let wire = request.into_inner();
         if self
@@ -210,10 +252,24 @@ impl GrpcInferenceService for InferenceService {
                 "ModelInfer RPC doesn't support models with decoupled transaction policy",
             ));
         }
+        let trace = self.engine.tracer().sample(&wire.model_name);
+        if let Some(trace) = &trace {
+            trace.record(Activity::GrpcWaitreadEnd, arrived);
+        }
         let mut request = request_from_wire(wire).map_err(status)?;
         request.deadline = deadline;
+        request.trace = trace.clone();
         let response = self.engine.infer(request).await.map_err(status)?;
-        Ok(Response::new(response_to_wire(response)))
+        let mut response = Response::new(response_to_wire(response));
+        if let Some(trace) = trace {
+            trace.record(Activity::GrpcSendStart, Instant::now());
+            // Recorded by the connection layer when the response has gone out (`in_flight`).
+            response.extensions_mut().insert(RecordOnDrop {
+                trace,
+                activity: Activity::GrpcSendEnd,
+            });
+        }
+        Ok(response)
     }
 
     /// Runs the requests of a stream concurrently (up to [`STREAM_CONCURRENCY`] at a time) and
@@ -416,15 +472,69 @@ impl GrpcInferenceService for InferenceService {
         Ok(Response::new(CudaSharedMemoryUnregisterResponse {}))
     }
 
+    /// Applies the named settings (an empty value list clears one) and answers all of them.
     async fn trace_setting(
         &self,
-        _: Request<TraceSettingRequest>,
+        request: Request<TraceSettingRequest>,
     ) -> RpcResult<TraceSettingResponse> {
-        Err(not_yet("TraceSetting"))
+        let request = request.into_inner();
+        let update = if request.settings.is_empty() {
+            None
+        } else {
+            let mut update = TraceUpdate::default();
+            // In name order, `trace_file` (refused) first, so that the error does not depend on
+            // the map's order.
+            let mut named: Vec<_> = request.settings.iter().collect();
+            named.sort_by_key(|(key, _)| (key.as_str() != "trace_file", key.as_str()));
+            for (key, value) in named {
+                let values = (!value.value.is_empty()).then_some(value.value.as_slice());
+                update.set(key, values).map_err(status)?;
+            }
+            Some(update)
+        };
+        let settings = self
+            .engine
+            .trace_settings(&request.model_name, update.as_ref())
+            .map_err(status)?
+            .report()
+            .into_iter()
+            .map(|(key, value)| {
+                let value = trace_setting_response::SettingValue { value };
+                (key.to_string(), value)
+            })
+            .collect();
+        Ok(Response::new(TraceSettingResponse { settings }))
     }
 
-    async fn log_settings(&self, _: Request<LogSettingsRequest>) -> RpcResult<LogSettingsResponse> {
-        Err(not_yet("LogSettings"))
+    /// Checks every named setting before applying any, then answers all six.
+    async fn log_settings(
+        &self,
+        request: Request<LogSettingsRequest>,
+    ) -> RpcResult<LogSettingsResponse> {
+        let update = log_update(request.into_inner()).map_err(status)?;
+        let settings = logging::update(&update);
+        let value = |choice| log_settings_response::SettingValue {
+            parameter_choice: Some(choice),
+        };
+        use log_settings_response::setting_value::ParameterChoice as Out;
+        let settings = [
+            ("log_file", value(Out::StringParam(settings.file))),
+            ("log_info", value(Out::BoolParam(settings.info))),
+            ("log_warning", value(Out::BoolParam(settings.warning))),
+            ("log_error", value(Out::BoolParam(settings.error))),
+            (
+                "log_verbose_level",
+                value(Out::Uint32Param(settings.verbose_level)),
+            ),
+            (
+                "log_format",
+                value(Out::StringParam(settings.format.name().into())),
+            ),
+        ]
+        .into_iter()
+        .map(|(key, value)| (key.to_string(), value))
+        .collect();
+        Ok(Response::new(LogSettingsResponse { settings }))
     }
 }
 

@@ -4,6 +4,7 @@
 //! inference or not, unary or stream — is cut off mid-way; idle keep-alive connections, which
 //! carry no response, do not hold the shutdown up.
 
+use crate::trace::RecordOnDrop;
 use axum::http::{Request, Response};
 use http_body::{Body, Frame, SizeHint};
 use std::future::Future;
@@ -75,10 +76,12 @@ where
         let guard = (request.uri().path() != HEALTH_WATCH).then(|| self.count.enter());
         let response = self.inner.call(request);
         Box::pin(async move {
-            let response = response.await?;
+            let mut response = response.await?;
+            let send_end = response.extensions_mut().remove::<RecordOnDrop>();
             Ok(response.map(|inner| Tracked {
                 inner,
                 _guard: guard,
+                _send_end: send_end,
             }))
         })
     }
@@ -87,11 +90,13 @@ where
 /// The one streaming call that is not counted.
 const HEALTH_WATCH: &str = "/grpc.health.v1.Health/Watch";
 
-/// A response body that keeps its response counted until it is dropped.
+/// A response body that keeps its response counted until it is dropped, and records the end of
+/// its sending on the request's trace, if it has one.
 #[derive(Debug)]
 pub struct Tracked<B> {
     inner: B,
     _guard: Option<Guard>,
+    _send_end: Option<RecordOnDrop>,
 }
 
 impl<B: Body + Unpin> Body for Tracked<B> {

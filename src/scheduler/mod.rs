@@ -82,6 +82,8 @@ pub struct Request {
 #[derive(Debug)]
 pub struct Outcome {
     pub outputs: Vec<Tensor>,
+    /// When its batch started (merging inputs, then running the model).
+    pub started: Instant,
     pub queue: Duration,
     pub compute: ComputeTimes,
     /// The GPU (CUDA ordinal) of the instance that ran it; `None`: a CPU instance.
@@ -533,6 +535,7 @@ fn execute(backend: &mut dyn Backend, jobs: Vec<Job>, shared: &Shared) -> Answer
                 let queue = start.saturating_duration_since(job.enqueued);
                 let outcome = Outcome {
                     outputs,
+                    started: start,
                     queue,
                     compute: times,
                     gpu,

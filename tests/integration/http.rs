@@ -178,15 +178,26 @@ async fn routes_methods_and_placeholders() {
             "Unable to find cuda shared memory region: 'r'".to_string()
         )
     );
-    for path in [
-        "/v2/trace/setting",
-        "/v2/models/add_sub/trace/setting",
-        "/v2/logging",
-    ] {
+    // Tracing is off unless asked for; a model's settings are the global ones until it has its
+    // own.
+    for path in ["/v2/trace/setting", "/v2/models/add_sub/trace/setting"] {
         let response = get(http, path).await;
-        assert_eq!(response.status, 501, "{path}: {}", response.text());
-        assert!(!response.error().is_empty());
+        assert_eq!(response.status, 200, "{path}: {}", response.text());
+        assert_eq!(
+            response.json(),
+            json!({"trace_level": ["OFF"], "trace_rate": "1000", "trace_count": "-1",
+                   "log_frequency": "0", "trace_file": "", "trace_mode": "triton"})
+        );
     }
+    let unknown = get(http, "/v2/models/nope/trace/setting").await;
+    assert_eq!(
+        (unknown.status, unknown.error()),
+        (400, "Request for unknown model : nope".to_string())
+    );
+    let log = get(http, "/v2/logging").await;
+    assert_eq!(log.status, 200);
+    assert_eq!(log.json()["log_format"], "default");
+    assert_eq!(log.json()["log_file"], "");
     let load = post(http, "/v2/repository/models/add_sub/load", b"").await;
     assert_eq!(load.status, 503);
     assert!(load

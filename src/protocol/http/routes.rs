@@ -1,11 +1,10 @@
 //! Every REST endpoint of KServe v2 and Triton (WIRE.md §e.1), and the small handlers: health,
 //! metadata, readiness, config, statistics, repository index; system shared memory is in
-//! `shared_memory`. Endpoints of features kiln does not serve (CUDA shared memory, trace,
-//! logging) answer 501 with a JSON error.
+//! `shared_memory`; log and trace settings in `settings`.
 //! `/v2/models/stats` is a static route, so it wins over `/v2/models/{model}`. Unknown paths get
 //! Triton's 404 `{"error":"Not Found"}`, wrong methods 405 `{"error":"Method Not Allowed"}`.
 
-use super::{body, generate, infer, shared_memory, HttpConfig, HttpError};
+use super::{body, generate, infer, settings, shared_memory, HttpConfig, HttpError};
 use crate::core::Error;
 use crate::engine::{Engine, LoadParameter, TensorMetadata};
 use crate::invalid_arg;
@@ -15,7 +14,7 @@ use axum::extract::rejection::PathRejection;
 use axum::extract::{FromRequestParts, Path, State};
 use axum::http::{request::Parts, HeaderMap, StatusCode};
 use axum::response::{IntoResponse, Response};
-use axum::routing::{get, post, MethodRouter};
+use axum::routing::{get, post};
 use axum::{Json, Router};
 use serde_json::{json, Value};
 use std::collections::{BTreeMap, HashMap};
@@ -48,10 +47,13 @@ pub fn router(engine: Arc<Engine>, config: HttpConfig) -> Router {
             "/v2/repository/{repository}/models/{model}/unload",
             post(repository_name),
         )
-        .route("/v2/trace/setting", trace_setting())
+        .route(
+            "/v2/trace/setting",
+            get(settings::get_global_trace).post(settings::post_global_trace),
+        )
         .route(
             "/v2/logging",
-            get(not_yet("log settings")).post(not_yet("log settings")),
+            get(settings::get_log).post(settings::post_log),
         );
     for prefix in [
         "/v2/models/{model}",
@@ -69,7 +71,10 @@ pub fn router(engine: Arc<Engine>, config: HttpConfig) -> Router {
                 post(generate::handle_stream),
             );
     }
-    router = router.route("/v2/models/{model}/trace/setting", trace_setting());
+    router = router.route(
+        "/v2/models/{model}/trace/setting",
+        get(settings::get_model_trace).post(settings::post_model_trace),
+    );
     router = router.merge(shared_memory::routes());
     router
         .method_not_allowed_fallback(|| async {
@@ -81,20 +86,6 @@ pub fn router(engine: Arc<Engine>, config: HttpConfig) -> Router {
             crate::protocol::access::http::enforce,
         ))
         .with_state(Arc::new(AppState { engine, config }))
-}
-
-fn trace_setting() -> MethodRouter<Shared> {
-    get(not_yet("trace settings")).post(not_yet("trace settings"))
-}
-
-/// A handler for a feature this build does not have yet: 501 with a JSON error.
-fn not_yet(feature: &'static str) -> MethodRouter<Shared> {
-    let handler = move || async move {
-        HttpError::from(Error::Unsupported(format!(
-            "this server does not implement {feature} yet"
-        )))
-    };
-    get(handler).post(handler)
 }
 
 /// The model name and version of a `/v2/models/{model}[/versions/{version}]` path. Versions are

@@ -14,12 +14,14 @@ use super::routes::{AppState, ModelPath};
 use super::HttpError;
 use crate::core::Error;
 use crate::invalid_arg;
+use crate::trace::{Activity, RecordOnDrop};
 use axum::body::Body;
 use axum::extract::State;
 use axum::http::{header, HeaderMap, HeaderName, HeaderValue};
 use axum::response::{IntoResponse, Response};
 pub use request::{decode, OutputFormats};
 use std::sync::Arc;
+use std::time::Instant;
 
 /// The header that splits a body into the JSON part and binary tensor data.
 pub const INFERENCE_HEADER_CONTENT_LENGTH: HeaderName =
@@ -44,17 +46,25 @@ async fn infer(
     headers: &HeaderMap,
     body: Body,
 ) -> Result<Response, HttpError> {
+    let arrived = Instant::now();
     // Admitted before the body is read: a refused request (overload, shutdown) costs no memory.
     let admission = state.engine.admit()?;
+    let trace = state.engine.tracer().sample(&model.name);
     if state.engine.is_decoupled(&model.name, &model.version) {
         return Err(HttpError::from(Error::Unsupported(
             "HTTP end point doesn't support models with decoupled transaction policy".into(),
         )));
     }
     let encoding = body::response_encoding(headers.get(header::ACCEPT_ENCODING));
+    if let Some(trace) = &trace {
+        trace.record(Activity::HttpRecvStart, arrived);
+    }
     let body = body::read(body, headers, state.config.max_input_bytes).await?;
+    if let Some(trace) = &trace {
+        trace.record(Activity::HttpRecvEnd, Instant::now());
+    }
     let header_length = header_length(headers, body.len())?;
-    let (request, formats) = match header_length {
+    let (mut request, formats) = match header_length {
         Some(0) => {
             let request = state
                 .engine
@@ -63,6 +73,7 @@ async fn infer(
         }
         _ => request::decode(&model.name, &model.version, body, header_length)?,
     };
+    request.trace = trace.clone();
     let response = state.engine.infer_admitted(admission, request).await?;
     let encoded = response::encode(&response, &formats)?;
     let content_type = if encoded.header_length.is_some() {
@@ -78,6 +89,14 @@ async fn infer(
     }
     if let Some(value) = encoding.header_value() {
         reply_headers.insert(header::CONTENT_ENCODING, value);
+    }
+    if let Some(trace) = trace {
+        trace.record(Activity::HttpSendStart, Instant::now());
+        // Recorded by the connection layer when the body has gone out (`in_flight`).
+        reply.extensions_mut().insert(RecordOnDrop {
+            trace,
+            activity: Activity::HttpSendEnd,
+        });
     }
     Ok(reply)
 }

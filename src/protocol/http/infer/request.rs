@@ -111,6 +111,7 @@ pub fn decode(
         inputs: tensors,
         outputs,
         deadline: None,
+        trace: None,
     };
     Ok((request, formats))
 }
