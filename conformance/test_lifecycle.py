@@ -186,3 +186,52 @@ def test_load_unload_refused_outside_explicit_mode(client):
             call()
         assert_triton_error(e.value, grpc.StatusCode.UNAVAILABLE,
                             "explicit model load / unload is not allowed if polling is enabled")
+
+
+# --------------------------------------------------------------------------- model_warmup
+
+def warmup_config(name: str, *samples) -> str:
+    config = json.loads(add_sub_config(name, instances=2))
+    config["model_warmup"] = list(samples)
+    return json.dumps(config)
+
+
+def warmup_sample(name: str, batch_size: int, input1: dict) -> dict:
+    zeros = {"data_type": "TYPE_FP32", "dims": [16], "zero_data": True}
+    return {"name": name, "batch_size": batch_size, "count": 2,
+            "inputs": {"INPUT0": zeros, "INPUT1": input1}}
+
+
+def test_warmup_runs_before_the_model_serves(http_client, explicit):
+    data = np.arange(16, dtype=np.float32).tobytes()
+    config = warmup_config(
+        "warm",
+        warmup_sample("from_file", 4, {"data_type": "TYPE_FP32", "dims": [16], "input_data_file": "one.bin"}),
+        warmup_sample("random", 1, {"data_type": "TYPE_FP32", "dims": [16], "random_data": True}))
+    http_client.load_model("warm", config=config,
+                           files={"file:1/model.onnx": ADD_SUB_ONNX, "file:warmup/one.bin": data})
+    assert http_client.is_model_ready("warm")
+    log = explicit.log_text()
+    for sample in ("from_file", "random"):
+        assert f"model 'warm': 2 instance(s) warmed up with sample '{sample}'" in log, log
+    # Warmup requests are not the clients': the statistics start at zero.
+    stats = http_client.get_inference_statistics("warm")["model_stats"][0]
+    assert stats["execution_count"] == 0 and stats["inference_count"] == 0
+    http_client.unload_model("warm")
+
+
+@pytest.mark.parametrize("input1,files,message", [
+    ({"data_type": "TYPE_FP32", "dims": [16], "input_data_file": "short.bin"}, {"file:warmup/short.bin": b"\0" * 8},
+     "holds 8 bytes, one batch element takes 64"),
+    ({"data_type": "TYPE_FP32", "dims": [16], "input_data_file": "../1/model.onnx"}, {},
+     "must be relative and stay within the model directory"),
+    ({"data_type": "TYPE_INT32", "dims": [16], "zero_data": True}, {}, "inference input 'INPUT1' data-type is 'INT32'"),
+    ({"data_type": "TYPE_FP32", "dims": [4], "zero_data": True}, {}, "unexpected shape for input 'INPUT1'"),
+])
+def test_a_bad_warmup_sample_fails_the_load(http_client, input1, files, message):
+    config = warmup_config("cold", warmup_sample("bad", 1, input1))
+    with pytest.raises(InferenceServerException) as e:
+        http_client.load_model("cold", config=config, files={"file:1/model.onnx": ADD_SUB_ONNX, **files})
+    text = e.value.message()
+    assert "failed to warm up model 'cold' with sample 'bad': " in text and message in text, text
+    assert not http_client.is_model_ready("cold")

@@ -170,7 +170,8 @@ pub fn datatype_to_config(datatype: DataType) -> ConfigDataType {
 /// directory, both platform and backend, the default model filename and the version policy.
 ///
 /// # Errors
-/// [`ConfigError::Invalid`] when the name differs from the directory or the platform is not ONNX.
+/// [`ConfigError::Invalid`] when the name differs from the directory, the platform is not ONNX
+/// or the config asks for a scheduler kiln does not have (sequence batching, ensembles).
 pub fn normalize_identity(config: &mut ModelConfig, dir_name: &str) -> Result<(), ConfigError> {
     if config.name.is_empty() {
         config.name = dir_name.to_string();
@@ -187,6 +188,18 @@ pub fn normalize_identity(config: &mut ModelConfig, dir_name: &str) -> Result<()
             "unsupported platform '{}' / backend '{}' for model '{}': kiln serves ONNX models \
              (platform \"{ONNX_PLATFORM}\" or backend \"{ONNX_BACKEND}\")",
             config.platform, config.backend, config.name
+        )));
+    }
+    // A stateful model served without its sequence state would answer, wrongly, without a word.
+    let unsupported = match &config.scheduling_choice {
+        Some(SchedulingChoice::SequenceBatching(_)) => Some("sequence_batching (stateful models)"),
+        Some(SchedulingChoice::EnsembleScheduling(_)) => Some("ensemble_scheduling"),
+        _ => None,
+    };
+    if let Some(what) = unsupported {
+        return Err(ConfigError::Invalid(format!(
+            "{what} is not supported: kiln cannot serve model '{}'",
+            config.name
         )));
     }
     config.platform = ONNX_PLATFORM.to_string();

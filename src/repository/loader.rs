@@ -10,6 +10,7 @@ use super::limits::{
 };
 use super::store::{contained, plain_relative};
 use super::tuning::{self, Tuning};
+use super::warmup;
 use super::{
     autocomplete, generation, placement, text, versions, Executor, IoSpec, LoadOptions, Model,
     ServingVersion,
@@ -223,7 +224,7 @@ pub fn build(prepared: Prepared, reuse: Reuse<'_>) -> Result<Model, LoadFailure>
                 runtime: &runtime,
                 text: text.as_ref(),
             };
-            start_version(&name, version, &path, &config, &instances)
+            start_version(&name, version, &dir, &path, &config, &instances)
         });
         match started {
             Ok(serving) => {
@@ -324,9 +325,12 @@ struct Instances<'a> {
     text: Option<&'a TextSpec>,
 }
 
+/// Starts one version: its instances' sessions, their warmup, then its scheduler. `dir` is the
+/// model's directory, `path` the version's model file.
 fn start_version(
     name: &str,
     version: i64,
+    dir: &Path,
     path: &Path,
     config: &ModelConfig,
     instances: &Instances<'_>,
@@ -366,6 +370,7 @@ fn start_version(
         });
     }
     let io = io.ok_or_else(|| format!("model '{name}' has no instances"))?;
+    warmup::run(dir, config, &io, &mut backends)?;
     let mut gpus: Vec<(i32, String)> = Vec::new();
     for device in devices {
         if let Device::Cuda { gpu, options } = device {

@@ -295,6 +295,9 @@ impl Specified {
     }
 }
 
+/// Finished traces a setting without a log frequency holds before it appends them to its file.
+const PENDING_BYTES: usize = 1 << 20;
+
 /// One setting in force, with its sampling state and the traces it has not written yet.
 #[derive(Debug)]
 struct Setting {
@@ -366,7 +369,9 @@ impl Setting {
     }
 
     /// Takes a finished trace; writes a numbered file when the log frequency's worth is pending,
-    /// or when the last trace of a count has finished.
+    /// or when the last trace of a count has finished. Without a log frequency, pending traces
+    /// go to the main file whenever they reach [`PENDING_BYTES`], so that memory stays bounded
+    /// however long tracing runs (Triton keeps them all until it exits).
     fn finish(&self, records: &str) {
         let mut state = self.lock();
         state.written += 1;
@@ -384,6 +389,11 @@ impl Setting {
             state.pending_traces = 0;
             drop(state);
             self.file.save_numbered(&traces);
+        } else if frequency == 0 && state.pending.len() >= PENDING_BYTES {
+            let traces = std::mem::take(&mut state.pending);
+            state.pending_traces = 0;
+            drop(state);
+            self.file.save(&traces);
         }
     }
 

@@ -330,6 +330,23 @@ fn log_frequency_splits_traces_into_numbered_files() {
 }
 
 #[test]
+fn without_a_log_frequency_memory_stays_bounded() {
+    let dir = scratch("bounded");
+    let path = dir.join("t.json");
+    let tracer = Tracer::new(tracing_to(&path));
+    let mut traces = 0;
+    while !path.exists() {
+        let trace = tracer.sample("m").unwrap();
+        trace.describe("m", 1, &"x".repeat(1000));
+        traces += 1;
+        assert!(traces < 2_000, "1 MiB of traces was never written");
+    }
+    // Everything so far is in the file, which is complete JSON, and nothing is pending.
+    assert_eq!(read_json(&path).len(), traces);
+    assert_eq!(tracer.lock().global.lock().pending_traces, 0);
+}
+
+#[test]
 fn monotonic_nanoseconds_follow_instants() {
     let now = Instant::now();
     let later = now + std::time::Duration::from_millis(3);
