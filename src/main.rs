@@ -217,6 +217,12 @@ struct Args {
     /// run time (`/v2/trace/setting`).
     #[arg(long = "trace-config", value_name = "[MODE,]SETTING=VALUE")]
     trace_config: Vec<String>,
+
+    /// The response cache, as `tritonserver`'s flag: `local,size=<bytes>` (0 or absent: none).
+    /// Models whose config has `response_cache { enable: true }` answer a request identical to
+    /// an earlier one (model, version, inputs) from it without running.
+    #[arg(long = "cache-config", value_name = "local,size=BYTES")]
+    cache_config: Vec<String>,
 }
 
 /// `--model-control-mode` values, spelled as `tritonserver` spells them.
@@ -443,6 +449,13 @@ async fn serve(args: Args) -> ExitCode {
             return ExitCode::FAILURE;
         }
     };
+    let response_cache = match kiln::engine::CacheConfig::from_flags(&args.cache_config) {
+        Ok(cache) => cache,
+        Err(e) => {
+            error!("{e}");
+            return ExitCode::FAILURE;
+        }
+    };
     let config = Config {
         model_repositories: args.model_repositories,
         max_message_bytes: args.grpc_max_message_bytes,
@@ -461,6 +474,7 @@ async fn serve(args: Args) -> ExitCode {
         gpu_fallback_to_cpu: args.gpu_fallback_to_cpu,
         gpu_metrics: args.allow_gpu_metrics,
         trace,
+        response_cache,
     };
     match server::run(
         config,

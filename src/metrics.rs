@@ -163,6 +163,8 @@ struct Totals {
     compute_input: Total,
     compute_infer: Total,
     compute_output: Total,
+    cache_hit: Total,
+    cache_miss: Total,
     /// Per executed batch size: (input, infer, output).
     batches: BTreeMap<u64, [Total; 3]>,
 }
@@ -209,6 +211,16 @@ pub struct ModelStats {
     failures: [Counter; 4],
     pending: Gauge,
     load_secs: Gauge,
+    /// The response-cache series, for versions whose responses are cached.
+    cache: Option<CacheHandles>,
+}
+
+/// Triton's per-model response-cache counters (hits and misses, and their µs).
+struct CacheHandles {
+    hits: Counter,
+    hit_us: Counter,
+    misses: Counter,
+    miss_us: Counter,
 }
 
 fn micros(d: Duration) -> u64 {
@@ -248,6 +260,49 @@ impl ModelStats {
             ],
             pending: gauge!("nv_inference_pending_request_count", &labels),
             load_secs: gauge!("nv_model_load_duration_secs", &labels),
+            cache: None,
+        }
+    }
+
+    /// Adds the response-cache series (a version whose responses are cached).
+    pub fn with_response_cache(mut self) -> ModelStats {
+        let labels = [
+            ("model", self.model.clone()),
+            ("version", self.version.clone()),
+        ];
+        self.cache = Some(CacheHandles {
+            hits: counter!("nv_cache_num_hits_per_model", &labels),
+            hit_us: counter!("nv_cache_hit_duration_per_model", &labels),
+            misses: counter!("nv_cache_num_misses_per_model", &labels),
+            miss_us: counter!("nv_cache_miss_duration_per_model", &labels),
+        });
+        self
+    }
+
+    /// A request answered from the response cache: a success that ran nothing (no inference,
+    /// queue or compute time), `lookup` of it spent finding the entry.
+    pub fn record_cache_hit(&self, total: Duration, lookup: Duration) {
+        {
+            let mut totals = self.totals();
+            totals.last_inference_ms = now_ms();
+            totals.success.add(total);
+            totals.cache_hit.add(lookup);
+        }
+        self.cpu.success.increment(1);
+        self.cpu.request_us.increment(micros(total));
+        self.cpu.latency.record(micros(total) as f64);
+        if let Some(cache) = &self.cache {
+            cache.hits.increment(1);
+            cache.hit_us.increment(micros(lookup));
+        }
+    }
+
+    /// A request the response cache did not hold: `spent` looking it up and storing its outputs.
+    pub fn record_cache_miss(&self, spent: Duration) {
+        self.totals().cache_miss.add(spent);
+        if let Some(cache) = &self.cache {
+            cache.misses.increment(1);
+            cache.miss_us.increment(micros(spent));
         }
     }
 
@@ -350,8 +405,8 @@ impl ModelStats {
                 compute_input: totals.compute_input.proto(),
                 compute_infer: totals.compute_infer.proto(),
                 compute_output: totals.compute_output.proto(),
-                cache_hit: Total::default().proto(),
-                cache_miss: Total::default().proto(),
+                cache_hit: totals.cache_hit.proto(),
+                cache_miss: totals.cache_miss.proto(),
             }),
             batch_stats: totals
                 .batches

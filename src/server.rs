@@ -7,7 +7,7 @@
 //! follows every change) turns true when it may. In poll mode the repository is re-scanned every
 //! `poll_interval` after that.
 
-use crate::engine::Engine;
+use crate::engine::{CacheConfig, Engine};
 use crate::proto::inference::grpc_inference_service_server::GrpcInferenceServiceServer;
 use crate::protocol::access::grpc::GrpcAccessLayer;
 use crate::protocol::access::AccessPolicy;
@@ -69,6 +69,8 @@ pub struct Config {
     pub gpu_metrics: bool,
     /// `--trace-config`: the start-up trace settings.
     pub trace: TraceSettings,
+    /// `--cache-config`: the response cache, if any.
+    pub response_cache: Option<CacheConfig>,
 }
 
 /// Errors that stop the server.
@@ -127,7 +129,8 @@ pub async fn run(
     let engine = Arc::new(
         Engine::new(Arc::clone(&repository), config.strict_readiness)
             .with_max_in_flight(config.max_inflight_requests)
-            .with_tracer(Tracer::new(config.trace.clone())),
+            .with_tracer(Tracer::new(config.trace.clone()))
+            .with_response_cache(config.response_cache),
     );
 
     let (health, health_service) = tonic_health::server::health_reporter();
@@ -345,6 +348,7 @@ fn open_repository(config: &Config) -> Result<ModelRepository, ServerError> {
             auto_complete: config.auto_complete,
             cores: std::thread::available_parallelism().map_or(1, |n| n.get()),
             gpu_fallback_to_cpu: config.gpu_fallback_to_cpu,
+            response_cache: config.response_cache.is_some(),
         },
     };
     ModelRepository::new(stores, options).map_err(|e| ServerError::Load(e.to_string()))

@@ -93,6 +93,7 @@ mod tests {
                 auto_complete: false,
                 cores: 1,
                 gpu_fallback_to_cpu: false,
+                response_cache: false,
             },
         };
         let repository = ModelRepository::new(Vec::new(), options).expect("empty repository");

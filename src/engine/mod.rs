@@ -3,6 +3,7 @@
 //! Triton's texts; each protocol maps them to its status codes once.
 
 mod admission;
+mod cache;
 mod classification;
 pub mod generate;
 mod lookup;
@@ -21,6 +22,8 @@ use crate::repository::{Executor, Model, ModelRepository};
 use crate::scheduler::{self, ScheduleError};
 use crate::trace::{Activity, TraceSettings, Tracer};
 pub use admission::Admission;
+pub use cache::CacheConfig;
+use cache::ResponseCache;
 use shared_memory::tensors;
 use shared_memory::SharedMemory;
 use std::collections::BTreeMap;
@@ -97,6 +100,8 @@ pub struct Engine {
     shared_memory: SharedMemory,
     /// Request tracing (`--trace-config`, the `trace` extension).
     tracer: Arc<Tracer>,
+    /// The response cache (`--cache-config`), for the versions that enable it.
+    cache: Option<ResponseCache>,
 }
 
 impl Engine {
@@ -109,7 +114,14 @@ impl Engine {
             exiting: AtomicBool::new(false),
             shared_memory: SharedMemory::default(),
             tracer: Arc::new(Tracer::new(TraceSettings::default())),
+            cache: None,
         }
+    }
+
+    /// Answers requests to models that enable it from a response cache of `config`'s size.
+    pub fn with_response_cache(mut self, config: Option<CacheConfig>) -> Engine {
+        self.cache = config.map(ResponseCache::new);
+        self
     }
 
     /// The system shared-memory regions (register, status, unregister).
@@ -319,23 +331,58 @@ impl Engine {
                     .map(Duration::from_micros),
                 deadline: request.deadline,
             });
-        let result = match (scheduled, &serving.executor) {
-            (Ok(job), Executor::Batched(scheduler)) => {
+        // The response cache, for versions that use it: a hit answers without running.
+        let looked_up = Instant::now();
+        let cached = match (&scheduled, self.cache.as_ref().filter(|_| serving.cache)) {
+            (Ok(job), Some(cache)) => {
+                let key = cache.key(&model.name, serving.version, &job.inputs);
+                Some((cache, key, cache.get(key)))
+            }
+            _ => None,
+        };
+        let result = match (scheduled, cached, &serving.executor) {
+            (Ok(_), Some((_, _, Some(outputs))), _) => {
+                let lookup = looked_up.elapsed();
+                record.finished = true;
+                let answer = response::response(&model, &serving, request, outputs.to_vec())
+                    .and_then(|mut answer| {
+                        tensors::write_outputs(&output_slots, &mut answer)?;
+                        Ok(answer)
+                    });
+                match &answer {
+                    Ok(_) => serving.stats.record_cache_hit(arrived.elapsed(), lookup),
+                    Err(_) => serving
+                        .stats
+                        .record_failure(arrived.elapsed(), FailureReason::Other),
+                }
+                let _end = trace.map(|trace| crate::trace::RecordOnDrop {
+                    trace,
+                    activity: Activity::RequestEnd,
+                });
+                return answer;
+            }
+            (Ok(job), cached, Executor::Batched(scheduler)) => {
+                let lookup = looked_up.elapsed();
                 let rows = job.rows;
-                scheduler
+                let ran = scheduler
                     .submit(job)
                     .await
-                    .map(|outcome| (rows, outcome))
-                    .map_err(|e| schedule_error(e, &prefix, &model.name))
+                    .map_err(|e| schedule_error(e, &prefix, &model.name));
+                if let (Some((cache, key, None)), Ok(outcome)) = (cached, &ran) {
+                    let stored = Instant::now();
+                    cache.insert(key, Arc::from(outcome.outputs.clone()));
+                    serving.stats.record_cache_miss(lookup + stored.elapsed());
+                }
+                ran.map(|outcome| (rows, outcome))
             }
-            (Ok(_), Executor::Generate(_)) => Err((
+            (Ok(_), _, Executor::Generate(_)) => Err((
                 Error::Unsupported(format!(
                     "model '{}' is decoupled: use ModelStreamInfer or the generate endpoints",
                     model.name
                 )),
                 FailureReason::Other,
             )),
-            (Err(failure), _) => Err(failure),
+            (Err(failure), _, _) => Err(failure),
         };
         record.finished = true;
         if let (Some(trace), Ok((_, outcome))) = (&trace, &result) {

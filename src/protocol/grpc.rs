@@ -241,7 +241,6 @@ impl GrpcInferenceService for InferenceService {
         &self,
         request: Request<ModelInferRequest>,
     ) -> RpcResult<ModelInferResponse> {
-        let arrived = Instant::now();
         let deadline = grpc_deadline(request.metadata());
         let wire = request.into_inner();
         if self
@@ -254,7 +253,7 @@ impl GrpcInferenceService for InferenceService {
         }
         let trace = self.engine.tracer().sample(&wire.model_name);
         if let Some(trace) = &trace {
-            trace.record(Activity::GrpcWaitreadEnd, arrived);
+            trace.record(Activity::GrpcWaitreadEnd, Instant::now());
         }
         let mut request = request_from_wire(wire).map_err(status)?;
         request.deadline = deadline;

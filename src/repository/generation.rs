@@ -234,6 +234,7 @@ pub fn start_version(
         io: io_spec(config)?,
         executor: Executor::Generate(generator),
         stats,
+        cache: false,
     })
 }
 

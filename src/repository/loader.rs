@@ -73,6 +73,8 @@ pub struct Prepared {
     fallback: Option<String>,
     /// The tokenizer of a model that takes text.
     text: Option<TextSpec>,
+    /// Whether its responses go to the response cache (the config asks, the server has one).
+    cache_responses: bool,
 }
 
 /// Versions of the model being replaced that may serve on unchanged: only when the config is the
@@ -107,6 +109,19 @@ pub fn prepare(
         tracing::warn!("model '{name}': {why}");
     }
     let generating = generation::is_generation(&config);
+    let wants_cache = config
+        .response_cache
+        .as_ref()
+        .is_some_and(|cache| cache.enable);
+    let cache_responses = wants_cache && options.response_cache && !generating;
+    if wants_cache && !cache_responses {
+        let why = if generating {
+            "generation (decoupled) models are not cached"
+        } else {
+            "the server was started without --cache-config"
+        };
+        tracing::warn!("model '{name}': response_cache is enabled but {why}: every request runs");
+    }
     if generating && placed.devices.iter().any(|d| d.gpu().is_some()) {
         return Err(format!(
             "generation model '{name}' runs on CPU: give it a KIND_CPU instance group"
@@ -170,6 +185,7 @@ pub fn prepare(
         tuning,
         fallback: placed.fallback,
         text,
+        cache_responses,
     })
 }
 
@@ -189,6 +205,7 @@ pub fn build(prepared: Prepared, reuse: Reuse<'_>) -> Result<Model, LoadFailure>
         tuning,
         fallback,
         text,
+        cache_responses,
     } = prepared;
     let runtime = OnnxRuntime::get().map_err(|e| LoadFailure::Model(e.to_string()))?;
     let reusable = |version: i64| -> Option<Arc<ServingVersion>> {
@@ -223,6 +240,7 @@ pub fn build(prepared: Prepared, reuse: Reuse<'_>) -> Result<Model, LoadFailure>
                 tuning: &tuning,
                 runtime: &runtime,
                 text: text.as_ref(),
+                cache_responses,
             };
             start_version(&name, version, &dir, &path, &config, &instances)
         });
@@ -323,6 +341,8 @@ struct Instances<'a> {
     runtime: &'a OnnxRuntime,
     /// A text model's tokenizer, wrapped around each session.
     text: Option<&'a TextSpec>,
+    /// Whether the version's responses go to the response cache.
+    cache_responses: bool,
 }
 
 /// Starts one version: its instances' sessions, their warmup, then its scheduler. `dir` is the
@@ -344,6 +364,7 @@ fn start_version(
         tuning,
         runtime,
         text,
+        cache_responses,
     } = *instances;
     let started = std::time::Instant::now();
     let mut backends: Vec<Box<dyn Backend>> = Vec::with_capacity(devices.len());
@@ -384,7 +405,11 @@ fn start_version(
             }
         }
     }
-    let stats = Arc::new(ModelStats::with_gpus(name, version, &gpus));
+    let mut stats = ModelStats::with_gpus(name, version, &gpus);
+    if cache_responses {
+        stats = stats.with_response_cache();
+    }
+    let stats = Arc::new(stats);
     let scheduler = Scheduler::start(
         &format!("{name}-{version}"),
         config::batching_config(config),
@@ -398,6 +423,7 @@ fn start_version(
         io,
         executor: Executor::Batched(scheduler),
         stats,
+        cache: cache_responses,
     })
 }
 

@@ -59,6 +59,8 @@ pub struct LoadOptions {
     /// `--gpu-fallback-to-cpu`: run `KIND_GPU` groups on CPU when no GPU is usable (and say so)
     /// instead of failing the load.
     pub gpu_fallback_to_cpu: bool,
+    /// `--cache-config`: the server has a response cache for models that enable it.
+    pub response_cache: bool,
 }
 
 /// A version that is loaded and serving. Requests hold it by `Arc` while they run, so a version
@@ -71,6 +73,8 @@ pub struct ServingVersion {
     pub executor: Executor,
     /// Triton's statistics and the Prometheus metrics of this version.
     pub stats: Arc<ModelStats>,
+    /// Whether its responses go to the server's response cache.
+    pub cache: bool,
 }
 
 /// What runs a version's requests: the scheduler and its instances for ordinary models, the

@@ -43,9 +43,7 @@ pub fn run(
         let inputs = sample_inputs(model_dir, &config.name, io, sample).map_err(failed)?;
         for backend in backends.iter_mut() {
             for _ in 0..sample.count.max(1) {
-                backend
-                    .run(&inputs)
-                    .map_err(|e| failed(e.to_string()))?;
+                backend.run(&inputs).map_err(|e| failed(e.to_string()))?;
             }
         }
         tracing::info!(
@@ -98,11 +96,7 @@ fn sample_inputs(
             .inputs
             .push(Tensor::new(spec.name.clone(), datatype, shape, data));
     }
-    if let Some(extra) = sample
-        .inputs
-        .keys()
-        .find(|name| io.input(name).is_none())
-    {
+    if let Some(extra) = sample.inputs.keys().find(|name| io.input(name).is_none()) {
         return Err(format!("'{extra}' is not an input of the model"));
     }
     validate::prepare_inputs(model, io, &mut request).map_err(|e| e.message().to_string())
@@ -122,7 +116,9 @@ fn element_data(
         None => elements.checked_mul(4),
     }
     .filter(|&size| size <= MAX_SAMPLE_BYTES)
-    .ok_or_else(|| format!("input '{name}' is larger than the {MAX_SAMPLE_BYTES} bytes a sample may use"))?;
+    .ok_or_else(|| {
+        format!("input '{name}' is larger than the {MAX_SAMPLE_BYTES} bytes a sample may use")
+    })?;
     match &input.input_data_type {
         Some(InputDataType::ZeroData(_)) | None => Ok(vec![0; size]),
         Some(InputDataType::RandomData(_)) => Ok(random_data(datatype, elements, size)),

@@ -320,6 +320,13 @@ struct Sampling {
     pending_traces: u32,
 }
 
+impl Sampling {
+    fn take_pending(&mut self) -> String {
+        self.pending_traces = 0;
+        std::mem::take(&mut self.pending)
+    }
+}
+
 impl Setting {
     fn new(values: TraceSettings, specified: Specified, file: Arc<TraceFile>) -> Setting {
         let state = Mutex::new(Sampling {
@@ -385,13 +392,11 @@ impl Setting {
         let frequency = self.values.log_frequency;
         let count_done = state.count == 0 && state.written == state.created;
         if count_done || (frequency != 0 && state.pending_traces >= frequency) {
-            let traces = std::mem::take(&mut state.pending);
-            state.pending_traces = 0;
+            let traces = state.take_pending();
             drop(state);
             self.file.save_numbered(&traces);
         } else if frequency == 0 && state.pending.len() >= PENDING_BYTES {
-            let traces = std::mem::take(&mut state.pending);
-            state.pending_traces = 0;
+            let traces = state.take_pending();
             drop(state);
             self.file.save(&traces);
         }
@@ -403,8 +408,7 @@ impl Setting {
         if state.pending_traces == 0 {
             return;
         }
-        let traces = std::mem::take(&mut state.pending);
-        state.pending_traces = 0;
+        let traces = state.take_pending();
         drop(state);
         if self.values.log_frequency != 0 {
             self.file.save_numbered(&traces);

@@ -180,7 +180,10 @@ fn identity_rejects_mismatched_name_and_foreign_platform() {
 #[test]
 fn identity_rejects_schedulers_kiln_does_not_have() {
     for (text, what) in [
-        ("sequence_batching { }", "sequence_batching (stateful models)"),
+        (
+            "sequence_batching { }",
+            "sequence_batching (stateful models)",
+        ),
         (
             "ensemble_scheduling { step [ { model_name: \"a\" model_version: -1 } ] }",
             "ensemble_scheduling",
@@ -188,7 +191,9 @@ fn identity_rejects_schedulers_kiln_does_not_have() {
     ] {
         let mut config = parse_config(&format!("backend: \"onnxruntime\" {text}")).unwrap();
         assert_eq!(
-            normalize_identity(&mut config, "m").unwrap_err().to_string(),
+            normalize_identity(&mut config, "m")
+                .unwrap_err()
+                .to_string(),
             format!("{what} is not supported: kiln cannot serve model 'm'")
         );
     }

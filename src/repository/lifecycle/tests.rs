@@ -46,6 +46,7 @@ fn repository(mode: ControlMode, names: Vec<&'static str>) -> ModelRepository {
             auto_complete: true,
             cores: 1,
             gpu_fallback_to_cpu: false,
+            response_cache: false,
         },
     };
     ModelRepository::new(vec![Box::new(NamesOnly(names))], options).unwrap()
@@ -73,6 +74,7 @@ fn serving_model(name: &str, versions: &[i64]) -> Arc<Model> {
                 io,
                 executor: Executor::Batched(scheduler),
                 stats,
+                cache: false,
             };
             (version, Arc::new(serving))
         })

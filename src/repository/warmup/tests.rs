@@ -44,7 +44,8 @@ fn config(samples: &str) -> ModelConfig {
     parse_config(&format!("name: \"m\" max_batch_size: 4 {samples}")).unwrap()
 }
 
-const BOTH: &str = r#"inputs { key: "T" value { data_type: TYPE_STRING dims: [1] zero_data: true } }"#;
+const BOTH: &str =
+    r#"inputs { key: "T" value { data_type: TYPE_STRING dims: [1] zero_data: true } }"#;
 
 #[test]
 fn every_instance_runs_every_sample_count_times() {
@@ -69,7 +70,10 @@ fn every_instance_runs_every_sample_count_times() {
     assert_eq!(zeros[0].shape, [3, 2]);
     assert_eq!(&zeros[0].data[..], &[0u8; 24]);
     // Three empty strings: three zero lengths.
-    assert_eq!((&zeros[1].shape[..], &zeros[1].data[..]), (&[3i64, 1][..], &[0u8; 12][..]));
+    assert_eq!(
+        (&zeros[1].shape[..], &zeros[1].data[..]),
+        (&[3i64, 1][..], &[0u8; 12][..])
+    );
     let random = &seen[4][0];
     let values: Vec<f32> = random
         .data
@@ -82,9 +86,16 @@ fn every_instance_runs_every_sample_count_times() {
 #[test]
 fn file_data_comes_from_the_warmup_directory() {
     let dir = scratch("files");
-    let values: Vec<u8> = [1.5f32, -2.0].iter().flat_map(|v| v.to_le_bytes()).collect();
+    let values: Vec<u8> = [1.5f32, -2.0]
+        .iter()
+        .flat_map(|v| v.to_le_bytes())
+        .collect();
     std::fs::write(dir.join("warmup/a.bin"), &values).unwrap();
-    std::fs::write(dir.join("warmup/t.bin"), [&2u32.to_le_bytes()[..], b"hi"].concat()).unwrap();
+    std::fs::write(
+        dir.join("warmup/t.bin"),
+        [&2u32.to_le_bytes()[..], b"hi"].concat(),
+    )
+    .unwrap();
     let seen = Arc::new(Mutex::new(Vec::new()));
     let mut backends: Vec<Box<dyn Backend>> = vec![Box::new(Recording(Arc::clone(&seen)))];
     let sample = |a: &str, t: &str| {
@@ -101,7 +112,10 @@ fn file_data_comes_from_the_warmup_directory() {
     drop(seen);
     let mut error = |a: &str, t: &str| run(&dir, &sample(a, t), &io(4), &mut backends).unwrap_err();
     let wrong_size = error("t.bin", "t.bin");
-    assert!(wrong_size.contains("one batch element takes 8"), "{wrong_size}");
+    assert!(
+        wrong_size.contains("one batch element takes 8"),
+        "{wrong_size}"
+    );
     assert!(error("a.bin", "a.bin").contains("input 'T'"));
     assert!(error("../a.bin", "t.bin").contains("must be relative and stay within"));
     assert!(error("missing.bin", "t.bin").contains("cannot read"));
@@ -112,29 +126,52 @@ fn bad_samples_fail_the_load_with_a_reason() {
     let dir = scratch("bad");
     let mut backends: Vec<Box<dyn Backend>> = vec![Box::new(Failing)];
     let a = |dims: &str| {
-        format!(r#"inputs {{ key: "A" value {{ data_type: TYPE_FP32 dims: {dims} zero_data: true }} }}"#)
+        format!(
+            r#"inputs {{ key: "A" value {{ data_type: TYPE_FP32 dims: {dims} zero_data: true }} }}"#
+        )
     };
     let check = |samples: String, io: IoSpec, expected: &str| {
         let mut ok: Vec<Box<dyn Backend>> =
             vec![Box::new(Recording(Arc::new(Mutex::new(Vec::new()))))];
         let error = run(&dir, &config(&samples), &io, &mut ok).unwrap_err();
         assert!(
-            error.starts_with("failed to warm up model 'm' with sample 's': ") && error.contains(expected),
+            error.starts_with("failed to warm up model 'm' with sample 's': ")
+                && error.contains(expected),
             "{error}"
         );
     };
-    let sample = |batch: u32, body: String| format!(r#"model_warmup {{ name: "s" batch_size: {batch} {body} }}"#);
-    check(sample(5, a("[2]") + BOTH), io(4), "batch_size 5 must be between 1 and the model's max_batch_size 4");
+    let sample = |batch: u32, body: String| {
+        format!(r#"model_warmup {{ name: "s" batch_size: {batch} {body} }}"#)
+    };
+    check(
+        sample(5, a("[2]") + BOTH),
+        io(4),
+        "batch_size 5 must be between 1 and the model's max_batch_size 4",
+    );
     check(sample(0, a("[2]") + BOTH), io(4), "batch_size 0");
     check(sample(2, a("[2]") + BOTH), io(0), "does not batch");
     check(sample(1, a("[2]")), io(4), "no data for input 'T'");
     check(sample(1, a("[3]") + BOTH), io(4), "unexpected shape");
     check(sample(1, a("[-1]") + BOTH), io(4), "input 'A'");
-    check(sample(1, a("[1048576, 1048576]") + BOTH), io(4), "larger than the");
+    check(
+        sample(1, a("[1048576, 1048576]") + BOTH),
+        io(4),
+        "larger than the",
+    );
     let extra = r#"inputs { key: "Z" value { data_type: TYPE_FP32 dims: [1] zero_data: true } }"#;
-    check(sample(1, a("[2]") + BOTH + extra), io(4), "'Z' is not an input of the model");
+    check(
+        sample(1, a("[2]") + BOTH + extra),
+        io(4),
+        "'Z' is not an input of the model",
+    );
     // The model itself failing.
-    let error = run(&dir, &config(&sample(1, a("[2]") + BOTH)), &io(4), &mut backends).unwrap_err();
+    let error = run(
+        &dir,
+        &config(&sample(1, a("[2]") + BOTH)),
+        &io(4),
+        &mut backends,
+    )
+    .unwrap_err();
     assert!(error.ends_with("out of memory"), "{error}");
 }
 
@@ -145,5 +182,8 @@ fn random_data_fits_every_type() {
         let data = random_data(datatype, 5, size);
         assert_eq!(data.len(), size, "{datatype:?}");
     }
-    assert_eq!(random_data(DataType::Int64, 3, 24), random_data(DataType::Int64, 3, 24));
+    assert_eq!(
+        random_data(DataType::Int64, 3, 24),
+        random_data(DataType::Int64, 3, 24)
+    );
 }

@@ -46,19 +46,18 @@ async fn infer(
     headers: &HeaderMap,
     body: Body,
 ) -> Result<Response, HttpError> {
-    let arrived = Instant::now();
     // Admitted before the body is read: a refused request (overload, shutdown) costs no memory.
     let admission = state.engine.admit()?;
     let trace = state.engine.tracer().sample(&model.name);
+    if let Some(trace) = &trace {
+        trace.record(Activity::HttpRecvStart, Instant::now());
+    }
     if state.engine.is_decoupled(&model.name, &model.version) {
         return Err(HttpError::from(Error::Unsupported(
             "HTTP end point doesn't support models with decoupled transaction policy".into(),
         )));
     }
     let encoding = body::response_encoding(headers.get(header::ACCEPT_ENCODING));
-    if let Some(trace) = &trace {
-        trace.record(Activity::HttpRecvStart, arrived);
-    }
     let body = body::read(body, headers, state.config.max_input_bytes).await?;
     if let Some(trace) = &trace {
         trace.record(Activity::HttpRecvEnd, Instant::now());
