@@ -49,6 +49,22 @@ impl Error {
     }
 }
 
+impl Error {
+    /// The same kind of error with another message.
+    pub fn with_message(self, message: String) -> Error {
+        match self {
+            Error::InvalidArgument(_) => Error::InvalidArgument(message),
+            Error::NotFound(_) => Error::NotFound(message),
+            Error::AlreadyExists(_) => Error::AlreadyExists(message),
+            Error::Unavailable(_) => Error::Unavailable(message),
+            Error::ResourceExhausted(_) => Error::ResourceExhausted(message),
+            Error::DeadlineExceeded(_) => Error::DeadlineExceeded(message),
+            Error::Unsupported(_) => Error::Unsupported(message),
+            Error::Internal(_) => Error::Internal(message),
+        }
+    }
+}
+
 /// Shorthand for building an [`Error::InvalidArgument`] with `format!` arguments.
 #[macro_export]
 macro_rules! invalid_arg {

@@ -5,6 +5,7 @@
 mod admission;
 mod cache;
 mod classification;
+mod ensemble;
 pub mod generate;
 mod lookup;
 pub mod raw_input;
@@ -163,7 +164,8 @@ impl Engine {
     /// Whether a model (or one version of it) is ready to serve. As in Triton this never fails:
     /// an unknown model, version or version string is simply not ready.
     pub fn model_ready(&self, name: &str, version: &str) -> bool {
-        self.resolve(name, version).is_ok()
+        self.resolve(name, version)
+            .is_ok_and(|(_, serving)| self.serves(&serving, 0))
     }
 
     /// Model metadata for a model, or one version of it.
@@ -262,15 +264,15 @@ impl Engine {
             .map_err(|e| Error::Internal(format!("model load task failed: {e}")))?
     }
 
-    /// Unloads a model (explicit model-control mode). `unload_dependents` is accepted and has
-    /// nothing to act on: kiln has no ensembles.
+    /// Unloads a model (explicit model-control mode); with `unload_dependents`, an ensemble's
+    /// models too.
     ///
     /// # Errors
     /// As [`ModelRepository::unload`].
-    pub async fn unload_model(&self, name: &str) -> Result<(), Error> {
+    pub async fn unload_model(&self, name: &str, unload_dependents: bool) -> Result<(), Error> {
         let repository = Arc::clone(&self.repository);
         let name = name.to_string();
-        tokio::task::spawn_blocking(move || repository.unload(&name))
+        tokio::task::spawn_blocking(move || repository.unload(&name, unload_dependents))
             .await
             .map_err(|e| Error::Internal(format!("model unload task failed: {e}")))?
     }
@@ -293,8 +295,13 @@ impl Engine {
     pub async fn infer_admitted(
         &self,
         _admission: Admission,
-        mut request: InferRequest,
+        request: InferRequest,
     ) -> Result<InferResponse, Error> {
+        self.run(request, 0).await
+    }
+
+    /// Runs one request; `depth` counts the ensembles it is a step of.
+    async fn run(&self, mut request: InferRequest, depth: usize) -> Result<InferResponse, Error> {
         let arrived = Instant::now();
         let trace = request.trace.take();
         let (model, serving) = self.resolve(&request.model_name, &request.model_version)?;
@@ -375,6 +382,23 @@ impl Engine {
                 }
                 ran.map(|outcome| (rows, outcome))
             }
+            (Ok(job), _, Executor::Ensemble(plan)) => {
+                let rows = job.rows;
+                let started = Instant::now();
+                self.run_ensemble(&model.name, plan, &serving.io, job.inputs, &request, depth)
+                    .await
+                    .map(|outputs| {
+                        let outcome = scheduler::Outcome {
+                            outputs,
+                            started,
+                            queue: Duration::ZERO,
+                            compute: Default::default(),
+                            gpu: None,
+                        };
+                        (rows, outcome)
+                    })
+                    .map_err(|e| (e, FailureReason::Other))
+            }
             (Ok(_), _, Executor::Generate(_)) => Err((
                 Error::Unsupported(format!(
                     "model '{}' is decoupled: use ModelStreamInfer or the generate endpoints",
@@ -385,7 +409,8 @@ impl Engine {
             (Err(failure), _, _) => Err(failure),
         };
         record.finished = true;
-        if let (Some(trace), Ok((_, outcome))) = (&trace, &result) {
+        let batched = matches!(serving.executor, Executor::Batched(_));
+        if let (Some(trace), Ok((_, outcome)), true) = (&trace, &result, batched) {
             traces::record_outcome(trace, outcome);
             trace.tensors(traces::BACKEND_OUTPUT, &outcome.outputs);
         }

@@ -387,9 +387,18 @@ impl GrpcInferenceService for InferenceService {
         if !request.repository_name.is_empty() {
             return Err(repository_name_unsupported());
         }
-        // `unload_dependents` (and any other parameter) is accepted: nothing depends on a model.
+        // `unload_dependents` unloads an ensemble's models too; other parameters are ignored.
+        let dependents = request
+            .parameters
+            .get("unload_dependents")
+            .is_some_and(|p| {
+                matches!(
+                    p.parameter_choice,
+                    Some(model_repository_parameter::ParameterChoice::BoolParam(true))
+                )
+            });
         self.engine
-            .unload_model(&request.model_name)
+            .unload_model(&request.model_name, dependents)
             .await
             .map_err(status)?;
         Ok(Response::new(RepositoryModelUnloadResponse {}))

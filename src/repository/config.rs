@@ -171,7 +171,8 @@ pub fn datatype_to_config(datatype: DataType) -> ConfigDataType {
 ///
 /// # Errors
 /// [`ConfigError::Invalid`] when the name differs from the directory, the platform is not ONNX
-/// or the config asks for a scheduler kiln does not have (sequence batching, ensembles).
+/// or the config asks for a scheduler kiln does not have (sequence batching, ensemble scheduling
+/// outside an ensemble).
 pub fn normalize_identity(config: &mut ModelConfig, dir_name: &str) -> Result<(), ConfigError> {
     if config.name.is_empty() {
         config.name = dir_name.to_string();
@@ -181,19 +182,30 @@ pub fn normalize_identity(config: &mut ModelConfig, dir_name: &str) -> Result<()
             config.name
         )));
     }
-    let platform_ok = matches!(config.platform.as_str(), "" | ONNX_PLATFORM);
-    let backend_ok = matches!(config.backend.as_str(), "" | ONNX_BACKEND);
+    let ensemble = super::ensemble::is_ensemble(config);
+    let platform_ok = ensemble || matches!(config.platform.as_str(), "" | ONNX_PLATFORM);
+    let backend_ok = if ensemble {
+        config.backend.is_empty()
+    } else {
+        matches!(config.backend.as_str(), "" | ONNX_BACKEND)
+    };
     if !platform_ok || !backend_ok {
         return Err(ConfigError::Invalid(format!(
             "unsupported platform '{}' / backend '{}' for model '{}': kiln serves ONNX models \
-             (platform \"{ONNX_PLATFORM}\" or backend \"{ONNX_BACKEND}\")",
-            config.platform, config.backend, config.name
+             (platform \"{ONNX_PLATFORM}\" or backend \"{ONNX_BACKEND}\") and ensembles (platform \
+             \"{}\")",
+            config.platform,
+            config.backend,
+            config.name,
+            super::ensemble::PLATFORM
         )));
     }
     // A stateful model served without its sequence state would answer, wrongly, without a word.
     let unsupported = match &config.scheduling_choice {
         Some(SchedulingChoice::SequenceBatching(_)) => Some("sequence_batching (stateful models)"),
-        Some(SchedulingChoice::EnsembleScheduling(_)) => Some("ensemble_scheduling"),
+        Some(SchedulingChoice::EnsembleScheduling(_)) if !ensemble => {
+            Some("ensemble_scheduling outside an ensemble (platform \"ensemble\")")
+        }
         _ => None,
     };
     if let Some(what) = unsupported {
@@ -202,10 +214,12 @@ pub fn normalize_identity(config: &mut ModelConfig, dir_name: &str) -> Result<()
             config.name
         )));
     }
-    config.platform = ONNX_PLATFORM.to_string();
-    config.backend = ONNX_BACKEND.to_string();
-    if config.default_model_filename.is_empty() {
-        config.default_model_filename = DEFAULT_MODEL_FILENAME.to_string();
+    if !ensemble {
+        config.platform = ONNX_PLATFORM.to_string();
+        config.backend = ONNX_BACKEND.to_string();
+        if config.default_model_filename.is_empty() {
+            config.default_model_filename = DEFAULT_MODEL_FILENAME.to_string();
+        }
     }
     if config
         .version_policy

@@ -12,12 +12,11 @@
 //! default: every core kiln gives the model; graph level, memory) are read as for any model, by
 //! `tuning`.
 
-use super::config::{self, datatype_from_config};
+use super::config;
 use super::store::contained;
-use super::{Executor, IoSpec, ServingVersion, TensorSpec};
+use super::{Executor, IoSpec, ServingVersion};
 use crate::backend::decoder::DecoderSession;
 use crate::backend::{OnnxRuntime, SessionOptions};
-use crate::core::DataType;
 use crate::generate::text::TextCodec;
 use crate::generate::{GenerateOptions, Generator};
 use crate::metrics::{GenerationMetrics, ModelStats};
@@ -167,28 +166,6 @@ fn number(config: &ModelConfig, key: &str, default: usize) -> Result<usize, Stri
     }
 }
 
-/// The contract clients see: the config's tensors as declared (no graph behind them).
-fn io_spec(config: &ModelConfig) -> Result<IoSpec, String> {
-    let spec = |name: &str, data_type: i32, dims: &[i64]| -> Result<TensorSpec, String> {
-        let datatype: DataType = datatype_from_config(data_type)
-            .ok_or_else(|| format!("tensor '{name}' has no valid data_type"))?;
-        Ok(TensorSpec::new(name, datatype, dims))
-    };
-    Ok(IoSpec {
-        max_batch_size: config.max_batch_size.max(0) as usize,
-        inputs: config
-            .input
-            .iter()
-            .map(|i| spec(&i.name, i.data_type, &i.dims))
-            .collect::<Result<_, _>>()?,
-        outputs: config
-            .output
-            .iter()
-            .map(|o| spec(&o.name, o.data_type, &o.dims))
-            .collect::<Result<_, _>>()?,
-    })
-}
-
 /// Loads the graph and the tokenizer of one version and starts its generation loop.
 ///
 /// # Errors
@@ -231,7 +208,7 @@ pub fn start_version(
     stats.record_load(started.elapsed());
     Ok(ServingVersion {
         version,
-        io: io_spec(config)?,
+        io: IoSpec::from_config(config)?,
         executor: Executor::Generate(generator),
         stats,
         cache: false,
@@ -261,7 +238,7 @@ mod tests {
         assert!(names.contains(&"max_tokens") && names.contains(&"stop"));
         assert!(config.input.iter().skip(1).all(|i| i.optional));
         assert_eq!(config.output[0].name, TEXT_OUTPUT);
-        assert!(io_spec(&config).is_ok());
+        assert!(IoSpec::from_config(&config).is_ok());
     }
 
     #[test]

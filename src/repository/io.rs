@@ -43,6 +43,32 @@ pub struct IoSpec {
 }
 
 impl IoSpec {
+    /// The contract clients see when there is no graph behind it (generation models,
+    /// ensembles): the config's tensors as declared.
+    ///
+    /// # Errors
+    /// A message naming a tensor without a valid data type.
+    pub fn from_config(config: &ModelConfig) -> Result<IoSpec, String> {
+        let spec = |name: &str, data_type: i32, dims: &[i64]| -> Result<TensorSpec, String> {
+            let datatype: DataType = crate::repository::config::datatype_from_config(data_type)
+                .ok_or_else(|| format!("tensor '{name}' has no valid data_type"))?;
+            Ok(TensorSpec::new(name, datatype, dims))
+        };
+        Ok(IoSpec {
+            max_batch_size: config.max_batch_size.max(0) as usize,
+            inputs: config
+                .input
+                .iter()
+                .map(|i| spec(&i.name, i.data_type, &i.dims))
+                .collect::<Result<_, _>>()?,
+            outputs: config
+                .output
+                .iter()
+                .map(|o| spec(&o.name, o.data_type, &o.dims))
+                .collect::<Result<_, _>>()?,
+        })
+    }
+
     /// Checks the config against the graph and records the shape mapping.
     ///
     /// # Errors

@@ -5,6 +5,7 @@
 //! versions built so far are stopped and the model is reported with each version's reason.
 
 use super::config::{self, DEFAULT_MODEL_FILENAME};
+use super::ensemble::{self, EnsemblePlan};
 use super::limits::{
     check_sessions, read_text, MAX_CONFIG_BYTES, MAX_LABELS, MAX_LABEL_FILE_BYTES,
 };
@@ -75,6 +76,8 @@ pub struct Prepared {
     text: Option<TextSpec>,
     /// Whether its responses go to the response cache (the config asks, the server has one).
     cache_responses: bool,
+    /// An ensemble's checked plan (it has no sessions of its own).
+    ensemble: Option<Arc<EnsemblePlan>>,
 }
 
 /// Versions of the model being replaced that may serve on unchanged: only when the config is the
@@ -102,6 +105,9 @@ pub fn prepare(
         return Err(format!(
             "at least one version must be available under the version policy of model '{name}'"
         ));
+    }
+    if ensemble::is_ensemble(&config) {
+        return prepare_ensemble(name, dir, config, selected);
     }
     let placed = placement::place(&mut config, &cuda::inventory, options.gpu_fallback_to_cpu)?;
     check_sessions(name, selected.len(), placed.devices.len())?;
@@ -186,6 +192,42 @@ pub fn prepare(
         fallback: placed.fallback,
         text,
         cache_responses,
+        ensemble: None,
+    })
+}
+
+/// An ensemble needs no session: its plan, checked, and its declared tensors.
+fn prepare_ensemble(
+    name: &str,
+    dir: &Path,
+    config: ModelConfig,
+    versions: Vec<i64>,
+) -> Result<Prepared, String> {
+    let plan = ensemble::plan(&config)?;
+    config::validate_io(&config).map_err(|e| e.to_string())?;
+    if config
+        .response_cache
+        .as_ref()
+        .is_some_and(|cache| cache.enable)
+    {
+        tracing::warn!(
+            "ensemble '{name}': response_cache is enabled but ensembles are not cached (their \
+             composing models may be)"
+        );
+    }
+    Ok(Prepared {
+        name: name.to_string(),
+        dir: dir.to_path_buf(),
+        labels: read_labels(dir, &config)?,
+        tuning: tuning::tuning(&config)?,
+        config,
+        versions,
+        devices: Vec::new(),
+        intra_op_threads: 1,
+        fallback: None,
+        text: None,
+        cache_responses: false,
+        ensemble: Some(Arc::new(plan)),
     })
 }
 
@@ -206,6 +248,7 @@ pub fn build(prepared: Prepared, reuse: Reuse<'_>) -> Result<Model, LoadFailure>
         fallback,
         text,
         cache_responses,
+        ensemble,
     } = prepared;
     let runtime = OnnxRuntime::get().map_err(|e| LoadFailure::Model(e.to_string()))?;
     let reusable = |version: i64| -> Option<Arc<ServingVersion>> {
@@ -220,6 +263,24 @@ pub fn build(prepared: Prepared, reuse: Reuse<'_>) -> Result<Model, LoadFailure>
     for &version in &versions {
         if let Some(serving) = reusable(version) {
             built.insert(version, serving);
+            continue;
+        }
+        if let Some(plan) = &ensemble {
+            match IoSpec::from_config(&config) {
+                Ok(io) => {
+                    let serving = ServingVersion {
+                        version,
+                        io,
+                        executor: Executor::Ensemble(Arc::clone(plan)),
+                        stats: Arc::new(ModelStats::new(&name, version)),
+                        cache: false,
+                    };
+                    built.insert(version, Arc::new(serving));
+                }
+                Err(reason) => {
+                    failures.insert(version, reason);
+                }
+            }
             continue;
         }
         let started = model_path(&dir, version, &config.default_model_filename).and_then(|path| {

@@ -18,6 +18,7 @@
 
 pub mod autocomplete;
 pub mod config;
+pub mod ensemble;
 pub mod generation;
 mod index;
 mod io;
@@ -82,6 +83,8 @@ pub struct ServingVersion {
 pub enum Executor {
     Batched(Scheduler),
     Generate(Generator),
+    /// An ensemble runs its steps' models; nothing of its own to stop.
+    Ensemble(Arc<ensemble::EnsemblePlan>),
 }
 
 impl Executor {
@@ -90,6 +93,7 @@ impl Executor {
         match self {
             Executor::Batched(scheduler) => scheduler.stop(),
             Executor::Generate(generator) => generator.stop(),
+            Executor::Ensemble(_) => {}
         }
     }
 }

@@ -287,9 +287,12 @@ async fn unload(
     headers: HeaderMap,
     request: Body,
 ) -> Result<StatusCode, HttpError> {
-    // Checked for shape only: `unload_dependents` has nothing to act on (no ensembles).
-    repository_parameters(&state, &headers, request).await?;
-    state.engine.unload_model(&model).await?;
+    let parameters = repository_parameters(&state, &headers, request).await?;
+    let dependents = matches!(
+        parameters.get("unload_dependents"),
+        Some(LoadParameter::Bool(true))
+    );
+    state.engine.unload_model(&model, dependents).await?;
     Ok(StatusCode::OK)
 }
 

@@ -175,6 +175,19 @@ fn identity_rejects_mismatched_name_and_foreign_platform() {
     let mut config = parse_config("platform: \"onnxruntime_onnx\"").unwrap();
     normalize_identity(&mut config, "m").unwrap();
     assert_eq!(config.backend, ONNX_BACKEND);
+    // Ensembles keep their platform and have no backend or model file.
+    let mut config = parse_config("platform: \"ensemble\"").unwrap();
+    normalize_identity(&mut config, "m").unwrap();
+    assert_eq!(
+        (
+            config.platform.as_str(),
+            config.backend.as_str(),
+            config.default_model_filename.as_str()
+        ),
+        ("ensemble", "", "")
+    );
+    let mut config = parse_config("platform: \"ensemble\" backend: \"onnxruntime\"").unwrap();
+    assert!(normalize_identity(&mut config, "m").is_err());
 }
 
 #[test]
@@ -186,7 +199,7 @@ fn identity_rejects_schedulers_kiln_does_not_have() {
         ),
         (
             "ensemble_scheduling { step [ { model_name: \"a\" model_version: -1 } ] }",
-            "ensemble_scheduling",
+            "ensemble_scheduling outside an ensemble (platform \"ensemble\")",
         ),
     ] {
         let mut config = parse_config(&format!("backend: \"onnxruntime\" {text}")).unwrap();

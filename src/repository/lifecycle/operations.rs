@@ -7,12 +7,15 @@ use crate::proto::inference::ModelConfig;
 use crate::repository::loader::{self, LoadFailure};
 use crate::repository::overrides::{self, LoadParameter, OverrideDir};
 use crate::repository::store::{validate_name, Fingerprint};
-use crate::repository::Model;
+use crate::repository::{Executor, Model};
 use std::collections::BTreeMap;
 use std::path::PathBuf;
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use tracing::{info, warn};
+
+/// How deep an ensemble's composing models are loaded with it (nested ensembles).
+const ENSEMBLE_DEPTH: usize = 8;
 
 impl ModelRepository {
     /// Loads what the control mode loads at start-up; blocking. Failures are recorded per model.
@@ -59,33 +62,90 @@ impl ModelRepository {
         validate_name(name).map_err(Error::InvalidArgument)?;
         let overrides = overrides::parse(parameters)?;
         if overrides.files.is_empty() {
-            return self.with_model_lock(name, || self.load_locked(name, overrides.config, false));
+            self.with_model_lock(name, || self.load_locked(name, overrides.config, false))?;
+        } else {
+            let dir = OverrideDir::write(name, &overrides.files)?;
+            self.with_model_lock(name, || {
+                let source = Source {
+                    dir: dir.path().to_path_buf(),
+                    fingerprint: None,
+                    from_override: true,
+                };
+                self.build_and_commit(name, source, overrides.config, false)
+            })?;
         }
-        let dir = OverrideDir::write(name, &overrides.files)?;
-        self.with_model_lock(name, || {
-            let source = Source {
-                dir: dir.path().to_path_buf(),
-                fingerprint: None,
-                from_override: true,
-            };
-            self.build_and_commit(name, source, overrides.config, false)
-        })
+        self.load_composing(name, 0)
+    }
+
+    /// An ensemble's models that are not loaded yet load with it, as in Triton (and theirs, for
+    /// nested ensembles).
+    fn load_composing(&self, name: &str, depth: usize) -> Result<(), Error> {
+        if depth >= ENSEMBLE_DEPTH {
+            return Ok(());
+        }
+        for composing in self.composing(name) {
+            let serving = self
+                .snapshot()
+                .get(&composing)
+                .is_some_and(|slot| slot.serving.is_some());
+            if !serving {
+                self.with_model_lock(&composing, || self.load_locked(&composing, None, false))
+                    .map_err(|e| {
+                        let message = format!(
+                            "ensemble '{name}' needs model '{composing}': {}",
+                            e.message()
+                        );
+                        e.with_message(message)
+                    })?;
+                self.load_composing(&composing, depth + 1)?;
+            }
+        }
+        Ok(())
+    }
+
+    /// The models the latest version of ensemble `name` runs (none for other models).
+    fn composing(&self, name: &str) -> Vec<String> {
+        let snapshot = self.snapshot();
+        let latest = snapshot
+            .get(name)
+            .and_then(|slot| slot.serving.as_ref())
+            .and_then(|model| model.latest().cloned());
+        match latest.as_deref().map(|serving| &serving.executor) {
+            Some(Executor::Ensemble(plan)) => plan.models().into_iter().map(String::from).collect(),
+            _ => Vec::new(),
+        }
     }
 
     /// The unload API: the model stops serving at once; requests already running finish, then
     /// its sessions are freed (the index says UNLOADING until then). Unloading a model that is
-    /// not loaded succeeds, as in Triton. `unload_dependents` is accepted; kiln has no ensembles,
-    /// so there are no dependents.
+    /// not loaded succeeds, as in Triton. With `dependents` (Triton's `unload_dependents`), an
+    /// ensemble's models are unloaded too.
     ///
     /// # Errors
     /// UNAVAILABLE outside explicit mode; INVALID_ARGUMENT for a bad name.
-    pub fn unload(&self, name: &str) -> Result<(), Error> {
+    pub fn unload(&self, name: &str, dependents: bool) -> Result<(), Error> {
         self.require_explicit()?;
         validate_name(name).map_err(Error::InvalidArgument)?;
-        self.with_model_lock(name, || {
-            self.unload_locked(name, false);
-            Ok(())
-        })
+        let mut models = vec![name.to_string()];
+        if dependents {
+            // Every model the ensemble runs, however deep, each once.
+            let mut next = 0;
+            while next < models.len() {
+                for composing in self.composing(&models[next]) {
+                    if !models.contains(&composing) {
+                        models.push(composing);
+                    }
+                }
+                next += 1;
+            }
+        }
+        for model in models {
+            self.with_model_lock(&model, || {
+                self.unload_locked(&model, false);
+                Ok(())
+            })?;
+        }
+        Ok(())
     }
 
     /// One poll: loads new models, reloads changed ones (keeping versions whose files did not

@@ -117,7 +117,7 @@ fn the_api_answers_only_in_explicit_mode() {
         let repository = repository(mode, vec!["a"]);
         let expected = Error::Unavailable(NOT_EXPLICIT.into());
         assert_eq!(repository.load("a", BTreeMap::new()), Err(expected.clone()));
-        assert_eq!(repository.unload("a"), Err(expected));
+        assert_eq!(repository.unload("a", false), Err(expected));
     }
     let repository = repository(ControlMode::Explicit, vec!["a"]);
     assert!(matches!(
@@ -218,7 +218,7 @@ fn unloaded_versions_stop_once_their_last_request_is_done() {
             .unwrap()
             .versions[&1],
     );
-    repository.unload("m").unwrap();
+    repository.unload("m", false).unwrap();
     assert!(repository.snapshot()["m"].serving.is_none());
     std::thread::sleep(Duration::from_millis(50));
     assert_eq!(
