@@ -339,64 +339,55 @@ impl Engine {
                 deadline: request.deadline,
             });
         // The response cache, for versions that use it: a hit answers without running.
-        let looked_up = Instant::now();
-        let cached = match (&scheduled, self.cache.as_ref().filter(|_| serving.cache)) {
+        let lookup = match (&scheduled, self.cache.as_ref().filter(|_| serving.cache)) {
             (Ok(job), Some(cache)) => {
+                let started = Instant::now();
                 let key = cache.key(&model.name, serving.version, &job.inputs);
-                Some((cache, key, cache.get(key)))
+                let hit = cache.get(key);
+                Some((cache, key, hit, started))
             }
             _ => None,
         };
-        let result = match (scheduled, cached, &serving.executor) {
-            (Ok(_), Some((_, _, Some(outputs))), _) => {
-                let lookup = looked_up.elapsed();
-                record.finished = true;
-                let answer = response::response(&model, &serving, request, outputs.to_vec())
-                    .and_then(|mut answer| {
-                        tensors::write_outputs(&output_slots, &mut answer)?;
-                        Ok(answer)
-                    });
-                match &answer {
-                    Ok(_) => serving.stats.record_cache_hit(arrived.elapsed(), lookup),
-                    Err(_) => serving
-                        .stats
-                        .record_failure(arrived.elapsed(), FailureReason::Other),
-                }
-                let _end = trace.map(|trace| crate::trace::RecordOnDrop {
-                    trace,
-                    activity: Activity::RequestEnd,
-                });
-                return answer;
-            }
-            (Ok(job), cached, Executor::Batched(scheduler)) => {
-                let lookup = looked_up.elapsed();
+        let result = match (scheduled, lookup, &serving.executor) {
+            (Ok(_), Some((_, _, Some(outputs), started)), _) => Ok((
+                outputs.to_vec(),
+                Ran::Cached {
+                    lookup: started.elapsed(),
+                },
+            )),
+            (Ok(job), lookup, Executor::Batched(scheduler)) => {
+                let looked = lookup.as_ref().map(|(.., started)| started.elapsed());
                 let rows = job.rows;
                 let ran = scheduler
                     .submit(job)
                     .await
                     .map_err(|e| schedule_error(e, &prefix, &model.name));
-                if let (Some((cache, key, None)), Ok(outcome)) = (cached, &ran) {
+                if let (Some((cache, key, None, _)), Some(looked), Ok(outcome)) =
+                    (lookup, looked, &ran)
+                {
                     let stored = Instant::now();
                     cache.insert(key, Arc::from(outcome.outputs.clone()));
-                    serving.stats.record_cache_miss(lookup + stored.elapsed());
+                    serving.stats.record_cache_miss(looked + stored.elapsed());
                 }
-                ran.map(|outcome| (rows, outcome))
+                if let (Some(trace), Ok(outcome)) = (&trace, &ran) {
+                    traces::record_outcome(trace, outcome);
+                    trace.tensors(traces::BACKEND_OUTPUT, &outcome.outputs);
+                }
+                ran.map(|outcome| {
+                    let ran = Ran::Executed {
+                        rows,
+                        queue: outcome.queue,
+                        compute: outcome.compute,
+                        gpu: outcome.gpu,
+                    };
+                    (outcome.outputs, ran)
+                })
             }
             (Ok(job), _, Executor::Ensemble(plan)) => {
                 let rows = job.rows;
-                let started = Instant::now();
                 self.run_ensemble(&model.name, plan, &serving.io, job.inputs, &request, depth)
                     .await
-                    .map(|outputs| {
-                        let outcome = scheduler::Outcome {
-                            outputs,
-                            started,
-                            queue: Duration::ZERO,
-                            compute: Default::default(),
-                            gpu: None,
-                        };
-                        (rows, outcome)
-                    })
+                    .map(|outputs| (outputs, Ran::Composed { rows }))
                     .map_err(|e| (e, FailureReason::Other))
             }
             (Ok(_), _, Executor::Generate(_)) => Err((
@@ -409,41 +400,28 @@ impl Engine {
             (Err(failure), _, _) => Err(failure),
         };
         record.finished = true;
-        let batched = matches!(serving.executor, Executor::Batched(_));
-        if let (Some(trace), Ok((_, outcome)), true) = (&trace, &result, batched) {
-            traces::record_outcome(trace, outcome);
-            trace.tensors(traces::BACKEND_OUTPUT, &outcome.outputs);
-        }
         let _end = trace.map(|trace| crate::trace::RecordOnDrop {
             trace,
             activity: Activity::RequestEnd,
         });
-        match result {
-            Ok((rows, outcome)) => {
-                let answer = response::response(&model, &serving, request, outcome.outputs)
-                    .and_then(|mut answer| {
-                        tensors::write_outputs(&output_slots, &mut answer)?;
-                        Ok(answer)
-                    });
-                match &answer {
-                    Ok(_) => serving.stats.record_success(
-                        rows,
-                        arrived.elapsed(),
-                        outcome.queue,
-                        outcome.compute,
-                        outcome.gpu,
-                    ),
-                    Err(_) => serving
-                        .stats
-                        .record_failure(arrived.elapsed(), FailureReason::Other),
-                }
-                answer
-            }
+        let (outputs, ran) = match result {
+            Ok(done) => done,
             Err((error, reason)) => {
                 serving.stats.record_failure(arrived.elapsed(), reason);
-                Err(error)
+                return Err(error);
             }
+        };
+        let answer =
+            response::response(&model, &serving, request, outputs).and_then(|mut answer| {
+                tensors::write_outputs(&output_slots, &mut answer)?;
+                Ok(answer)
+            });
+        let total = arrived.elapsed();
+        match &answer {
+            Ok(_) => ran.record_success(&serving.stats, total),
+            Err(_) => serving.stats.record_failure(total, FailureReason::Other),
         }
+        answer
     }
 
     /// Builds the request for Triton's raw binary HTTP request (`Inference-Header-Content-Length:
@@ -468,6 +446,39 @@ impl Engine {
             inputs: vec![input],
             ..Default::default()
         })
+    }
+}
+
+/// How a request got its outputs, for its statistics.
+enum Ran {
+    /// Its model ran it (in a batch, possibly).
+    Executed {
+        rows: usize,
+        queue: Duration,
+        compute: crate::metrics::ComputeTimes,
+        gpu: Option<i32>,
+    },
+    /// The response cache held them; finding them took `lookup`.
+    Cached { lookup: Duration },
+    /// An ensemble's steps made them.
+    Composed { rows: usize },
+}
+
+impl Ran {
+    /// Statistics of a request answered in `total`.
+    fn record_success(&self, stats: &ModelStats, total: Duration) {
+        match self {
+            Ran::Executed {
+                rows,
+                queue,
+                compute,
+                gpu,
+            } => stats.record_success(*rows, total, *queue, *compute, *gpu),
+            Ran::Cached { lookup } => stats.record_cache_hit(total, *lookup),
+            Ran::Composed { rows } => {
+                stats.record_success(*rows, total, Duration::ZERO, Default::default(), None)
+            }
+        }
     }
 }
 
