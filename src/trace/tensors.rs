@@ -1,11 +1,15 @@
 //! A tensor as Triton's TENSORS trace level writes it: `{"id":N,"activity":"...","tensor":
 //! {"name":"...","data":"1,2,3","shape":"1,3","dtype":"FP32"}}`, data and shape as
 //! comma-separated text. FP16 and BF16 data are left empty, as Triton leaves them; BYTES elements
-//! are quoted strings.
+//! are quoted strings. A tensor's text stops after [`MAX_TEXT`] bytes with `...` (Triton writes
+//! it all, which for a large tensor means gigabytes held in memory for one traced request).
 
 use crate::core::tensor::BytesElements;
 use crate::core::{DataType, Tensor};
 use std::fmt::Write as _;
+
+/// Text kept of one tensor's data.
+pub const MAX_TEXT: usize = 1 << 20;
 
 pub fn write(out: &mut String, id: u64, activity: &str, tensor: &Tensor) {
     let mut data = String::new();
@@ -36,6 +40,10 @@ fn format_data(out: &mut String, tensor: &Tensor) {
             if i > 0 {
                 out.push(',');
             }
+            if out.len() >= MAX_TEXT {
+                out.push_str("...");
+                return;
+            }
             let _ = write!(out, "{}", decode(chunk.try_into().expect("chunks of N")));
         }
     }
@@ -58,8 +66,60 @@ fn format_data(out: &mut String, tensor: &Tensor) {
                 if i > 0 {
                     out.push(',');
                 }
-                let _ = write!(out, "\"{}\"", String::from_utf8_lossy(element));
+                if out.len() >= MAX_TEXT {
+                    out.push_str("...");
+                    break;
+                }
+                let shown = &element[..element.len().min(MAX_TEXT)];
+                let _ = write!(out, "\"{}\"", String::from_utf8_lossy(shown));
             }
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use bytes::Bytes;
+
+    fn text(datatype: DataType, data: Vec<u8>) -> String {
+        let elements = data.len() / datatype.element_size().unwrap_or(1);
+        let tensor = Tensor::new("T", datatype, vec![elements as i64], Bytes::from(data));
+        let mut out = String::new();
+        format_data(&mut out, &tensor);
+        out
+    }
+
+    #[test]
+    fn values_print_as_triton_prints_them() {
+        assert_eq!(
+            text(
+                DataType::Int32,
+                [-1i32, 7].iter().flat_map(|v| v.to_le_bytes()).collect()
+            ),
+            "-1,7"
+        );
+        assert_eq!(text(DataType::Bool, vec![0, 3]), "0,1");
+        assert_eq!(text(DataType::Fp16, vec![0; 4]), "");
+        let framed: Vec<u8> = [&2u32.to_le_bytes()[..], b"hi", &0u32.to_le_bytes()].concat();
+        let tensor = Tensor::new("S", DataType::Bytes, vec![2], Bytes::from(framed));
+        let mut out = String::new();
+        format_data(&mut out, &tensor);
+        assert_eq!(out, "\"hi\",\"\"");
+    }
+
+    #[test]
+    fn large_tensors_are_cut_short() {
+        let out = text(DataType::Fp64, vec![0; 8 << 20]);
+        assert!(
+            out.len() < MAX_TEXT + 64 && out.ends_with(",..."),
+            "{}",
+            out.len()
+        );
+        let huge = [&((4u32 << 20).to_le_bytes())[..], &vec![b'x'; 4 << 20]].concat();
+        let tensor = Tensor::new("S", DataType::Bytes, vec![1], Bytes::from(huge));
+        let mut out = String::new();
+        format_data(&mut out, &tensor);
+        assert!(out.len() <= MAX_TEXT + 2);
     }
 }
