@@ -86,6 +86,9 @@ def test_trace_settings_and_files(traced):
     http = httpclient.InferenceServerClient(server.http_url)
     grpc_client = grpcclient.InferenceServerClient(server.grpc_url)
     assert http.get_trace_settings() == default
+    # Byte for byte as Triton writes it: its key order, no spaces.
+    raw = http_request(server.http_url, "GET", "/v2/trace/setting").body
+    assert raw == json.dumps(default, separators=(",", ":")).encode(), raw
     assert http.get_trace_settings(model_name="add_sub") == default
 
     # Model add_sub: every request, two traces.
@@ -207,6 +210,8 @@ def test_log_settings_change_the_log(logged):
     expected = {"log_file": str(log_file), "log_info": True, "log_warning": True, "log_error": True,
                 "log_verbose_level": 0, "log_format": "ISO8601"}
     assert http.get_log_settings() == expected
+    raw = http_request(server.http_url, "GET", "/v2/logging").body
+    assert raw == json.dumps(expected, separators=(",", ":")).encode(), raw
     lines = log_file.read_text().splitlines()
     assert any("Started HTTPService at" in line for line in lines), lines
     assert all(ISO_LINE.match(line) for line in lines), lines

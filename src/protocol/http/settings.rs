@@ -10,16 +10,16 @@ use crate::logging::{self, LogFormat, LogSettings, LogUpdate};
 use crate::trace::TraceUpdate;
 use axum::body::Body;
 use axum::extract::State;
-use axum::http::HeaderMap;
-use axum::Json;
-use serde_json::{json, Map, Value};
+use axum::http::{header, HeaderMap};
+use axum::response::{IntoResponse, Response};
+use serde_json::{Map, Value};
 use std::sync::Arc;
 
 type Shared = Arc<AppState>;
 
 /// `GET /v2/logging`.
-pub async fn get_log() -> Json<Value> {
-    Json(log_json(&logging::settings()))
+pub async fn get_log() -> Response {
+    log_json(&logging::settings())
 }
 
 /// `POST /v2/logging`: every named setting is checked before any is applied. A `null` value
@@ -28,7 +28,7 @@ pub async fn post_log(
     State(state): State<Shared>,
     headers: HeaderMap,
     request: Body,
-) -> Result<Json<Value>, HttpError> {
+) -> Result<Response, HttpError> {
     let doc = json_object(&state, &headers, request).await?;
     let present = |key: &str| doc.get(key).filter(|v| !v.is_null());
     if present("log_file").is_some() {
@@ -61,18 +61,28 @@ pub async fn post_log(
             })
             .transpose()?,
     };
-    Ok(Json(log_json(&logging::update(&update))))
+    Ok(log_json(&logging::update(&update)))
 }
 
-fn log_json(settings: &LogSettings) -> Value {
-    json!({
-        "log_file": settings.file,
-        "log_info": settings.info,
-        "log_warning": settings.warning,
-        "log_error": settings.error,
-        "log_verbose_level": settings.verbose_level,
-        "log_format": settings.format.name(),
-    })
+fn log_json(settings: &LogSettings) -> Response {
+    ordered_json(&[
+        ("log_file", Value::from(settings.file.as_str())),
+        ("log_info", Value::from(settings.info)),
+        ("log_warning", Value::from(settings.warning)),
+        ("log_error", Value::from(settings.error)),
+        ("log_verbose_level", Value::from(settings.verbose_level)),
+        ("log_format", Value::from(settings.format.name())),
+    ])
+}
+
+/// A JSON object with its keys in Triton's order (serde_json's maps sort them).
+fn ordered_json(fields: &[(&str, Value)]) -> Response {
+    let members: Vec<String> = fields
+        .iter()
+        .map(|(key, value)| format!("{}:{value}", Value::from(*key)))
+        .collect();
+    let body = format!("{{{}}}", members.join(","));
+    ([(header::CONTENT_TYPE, "application/json")], body).into_response()
 }
 
 /// A POST body that must be one JSON object (Triton parses the body whatever it is, and an empty
@@ -91,7 +101,7 @@ async fn json_object(
 }
 
 /// `GET /v2/trace/setting`.
-pub async fn get_global_trace(State(state): State<Shared>) -> Result<Json<Value>, HttpError> {
+pub async fn get_global_trace(State(state): State<Shared>) -> Result<Response, HttpError> {
     trace_json(&state, "", None)
 }
 
@@ -99,7 +109,7 @@ pub async fn get_global_trace(State(state): State<Shared>) -> Result<Json<Value>
 pub async fn get_model_trace(
     State(state): State<Shared>,
     PathName(model): PathName,
-) -> Result<Json<Value>, HttpError> {
+) -> Result<Response, HttpError> {
     trace_json(&state, &model, None)
 }
 
@@ -108,7 +118,7 @@ pub async fn post_global_trace(
     State(state): State<Shared>,
     headers: HeaderMap,
     request: Body,
-) -> Result<Json<Value>, HttpError> {
+) -> Result<Response, HttpError> {
     let update = trace_update(&state, &headers, request).await?;
     trace_json(&state, "", Some(&update))
 }
@@ -119,7 +129,7 @@ pub async fn post_model_trace(
     PathName(model): PathName,
     headers: HeaderMap,
     request: Body,
-) -> Result<Json<Value>, HttpError> {
+) -> Result<Response, HttpError> {
     let update = trace_update(&state, &headers, request).await?;
     trace_json(&state, &model, Some(&update))
 }
@@ -163,16 +173,19 @@ fn trace_json(
     state: &AppState,
     model: &str,
     update: Option<&TraceUpdate>,
-) -> Result<Json<Value>, HttpError> {
+) -> Result<Response, HttpError> {
     let settings = state.engine.trace_settings(model, update)?;
-    let mut doc = Map::new();
-    for (key, mut values) in settings.report() {
-        let value = if key == "trace_level" {
-            Value::from(values)
-        } else {
-            Value::from(values.pop().unwrap_or_default())
-        };
-        doc.insert(key.to_string(), value);
-    }
-    Ok(Json(Value::Object(doc)))
+    let fields: Vec<(&str, Value)> = settings
+        .report()
+        .into_iter()
+        .map(|(key, mut values)| {
+            let value = if key == "trace_level" {
+                Value::from(values)
+            } else {
+                Value::from(values.pop().unwrap_or_default())
+            };
+            (key, value)
+        })
+        .collect();
+    Ok(ordered_json(&fields))
 }
