@@ -110,7 +110,8 @@ impl Engine {
     }
 }
 
-/// A step's request: its model's inputs from the ensemble tensors, only its mapped outputs.
+/// A step's request: its model's inputs from the ensemble tensors, only its mapped outputs, and
+/// the ensemble request's sequence parameters.
 fn step_request(
     step: &Step,
     tensors: &HashMap<String, Tensor>,
@@ -139,6 +140,13 @@ fn step_request(
             })
             .collect(),
         deadline: request.deadline,
+        // A stateful composing model follows the ensemble request's sequence.
+        parameters: request
+            .parameters
+            .iter()
+            .filter(|(key, _)| key.starts_with("sequence_"))
+            .map(|(key, value)| (key.clone(), value.clone()))
+            .collect(),
         ..Default::default()
     }
 }

@@ -19,6 +19,7 @@ use crate::core::{Error, InferRequest, InferResponse, ParamValue};
 use crate::invalid_arg;
 use crate::metrics::{FailureReason, ModelStats};
 use crate::proto::inference::{ModelConfig, ModelStatistics};
+use crate::repository::sequence::SequenceFlags;
 use crate::repository::{Executor, Model, ModelRepository};
 use crate::scheduler::{self, ScheduleError};
 use crate::trace::{Activity, TraceSettings, Tracer};
@@ -36,9 +37,12 @@ pub use crate::repository::{IndexEntry, LoadParameter};
 
 /// Protocol extensions kiln implements, as reported by server metadata, in Triton's order. Clients
 /// act on this list: perf_analyzer, for one, reads the server's statistics only when it names
-/// `statistics`. Not listed because not served: `sequence` and `cuda_shared_memory`.
+/// `statistics`. Not listed because not served: `cuda_shared_memory`.
 pub const EXTENSIONS: &[&str] = &[
     "classification",
+    // Stateful models: `sequence_batching`, the `sequence_id` / `sequence_start` /
+    // `sequence_end` request parameters.
+    "sequence",
     "model_repository",
     "model_repository(unload_dependents)",
     // The `priority` and `timeout` request parameters, with the config's queue policies.
@@ -317,7 +321,14 @@ impl Engine {
         let prefix = validate::request_prefix(&request.id);
         let memory = &self.shared_memory;
         let mut output_slots = tensors::OutputSlots::new();
+        // A stateful model's request belongs to a sequence.
+        let flags = serving
+            .sequences
+            .as_ref()
+            .map(|_| SequenceFlags::of(&request, &model.name))
+            .transpose();
         let scheduled = check_parameters(&request)
+            .and_then(|()| flags.clone().map(|_| ()))
             .and_then(|()| tensors::read_inputs(memory, &model.name, &prefix, &mut request))
             .and_then(|()| {
                 output_slots = tensors::output_slots(memory, &request)?;
@@ -355,13 +366,37 @@ impl Engine {
                     lookup: started.elapsed(),
                 },
             )),
-            (Ok(job), lookup, Executor::Batched(scheduler)) => {
+            (Ok(mut job), lookup, Executor::Batched(scheduler)) => {
                 let looked = lookup.as_ref().map(|(.., started)| started.elapsed());
                 let rows = job.rows;
-                let ran = scheduler
+                // A sequence's requests run one at a time, with the states its last one left.
+                let turn = match (&serving.sequences, flags) {
+                    (Some(sequences), Ok(Some(flags))) => {
+                        match sequences.begin(flags, rows, &model.name).await {
+                            Ok(turn) => {
+                                job.inputs.extend(sequences.inputs(&turn));
+                                Some((sequences, turn))
+                            }
+                            Err(e) => {
+                                serving
+                                    .stats
+                                    .record_failure(arrived.elapsed(), FailureReason::Other);
+                                record.finished = true;
+                                return Err(e);
+                            }
+                        }
+                    }
+                    _ => None,
+                };
+                let mut ran = scheduler
                     .submit(job)
                     .await
                     .map_err(|e| schedule_error(e, &prefix, &model.name));
+                if let Some((sequences, turn)) = turn {
+                    if let Ok(outcome) = &mut ran {
+                        sequences.finish(turn, &mut outcome.outputs);
+                    }
+                }
                 if let (Some((cache, key, None, _)), Some(looked), Ok(outcome)) =
                     (lookup, looked, &ran)
                 {
@@ -616,12 +651,11 @@ mod tests {
             "system_shared_memory",
             "trace",
             "logging",
+            "sequence",
         ] {
             assert!(EXTENSIONS.contains(&extension));
         }
         // Answered UNIMPLEMENTED (gRPC) and 501 (REST): a client must not be told otherwise.
-        for extension in ["cuda_shared_memory", "sequence"] {
-            assert!(!EXTENSIONS.contains(&extension));
-        }
+        assert!(!EXTENSIONS.contains(&"cuda_shared_memory"));
     }
 }

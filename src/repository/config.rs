@@ -171,8 +171,8 @@ pub fn datatype_to_config(datatype: DataType) -> ConfigDataType {
 ///
 /// # Errors
 /// [`ConfigError::Invalid`] when the name differs from the directory, the platform is not ONNX
-/// or the config asks for a scheduler kiln does not have (sequence batching, ensemble scheduling
-/// outside an ensemble).
+/// or the config asks for a scheduler kiln does not have (ensemble scheduling outside an
+/// ensemble, sequence batching of an ensemble).
 pub fn normalize_identity(config: &mut ModelConfig, dir_name: &str) -> Result<(), ConfigError> {
     if config.name.is_empty() {
         config.name = dir_name.to_string();
@@ -200,9 +200,10 @@ pub fn normalize_identity(config: &mut ModelConfig, dir_name: &str) -> Result<()
             super::ensemble::PLATFORM
         )));
     }
-    // A stateful model served without its sequence state would answer, wrongly, without a word.
     let unsupported = match &config.scheduling_choice {
-        Some(SchedulingChoice::SequenceBatching(_)) => Some("sequence_batching (stateful models)"),
+        Some(SchedulingChoice::SequenceBatching(_)) if ensemble => {
+            Some("sequence_batching in an ensemble")
+        }
         Some(SchedulingChoice::EnsembleScheduling(_)) if !ensemble => {
             Some("ensemble_scheduling outside an ensemble (platform \"ensemble\")")
         }

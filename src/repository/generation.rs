@@ -212,6 +212,7 @@ pub fn start_version(
         executor: Executor::Generate(generator),
         stats,
         cache: false,
+        sequences: None,
     })
 }
 

@@ -9,6 +9,7 @@ use super::ensemble::{self, EnsemblePlan};
 use super::limits::{
     check_sessions, read_text, MAX_CONFIG_BYTES, MAX_LABELS, MAX_LABEL_FILE_BYTES,
 };
+use super::sequence::{SequenceSpec, Sequences};
 use super::store::{contained, plain_relative};
 use super::tuning::{self, Tuning};
 use super::warmup;
@@ -17,7 +18,7 @@ use super::{
     ServingVersion,
 };
 use crate::backend::tokenize::{TextInput, TextModel, TextSpec};
-use crate::backend::{cuda, Backend, Device, OnnxRuntime, OnnxSession, SessionOptions};
+use crate::backend::{cuda, Backend, Device, OnnxRuntime, OnnxSession, SessionOptions, TensorInfo};
 use crate::metrics::ModelStats;
 use crate::proto::inference::ModelConfig;
 use crate::scheduler::Scheduler;
@@ -78,6 +79,8 @@ pub struct Prepared {
     cache_responses: bool,
     /// An ensemble's checked plan (it has no sessions of its own).
     ensemble: Option<Arc<EnsemblePlan>>,
+    /// A stateful model's sequence batching.
+    sequence: Option<SequenceSpec>,
 }
 
 /// Versions of the model being replaced that may serve on unchanged: only when the config is the
@@ -115,14 +118,23 @@ pub fn prepare(
         tracing::warn!("model '{name}': {why}");
     }
     let generating = generation::is_generation(&config);
+    let sequence = SequenceSpec::from_config(&config)?;
+    if generating && sequence.is_some() {
+        return Err(format!(
+            "generation model '{name}' cannot use sequence_batching: it keeps its own state"
+        ));
+    }
     let wants_cache = config
         .response_cache
         .as_ref()
         .is_some_and(|cache| cache.enable);
-    let cache_responses = wants_cache && options.response_cache && !generating;
+    let cache_responses =
+        wants_cache && options.response_cache && !generating && sequence.is_none();
     if wants_cache && !cache_responses {
         let why = if generating {
             "generation (decoupled) models are not cached"
+        } else if sequence.is_some() {
+            "stateful (sequence batching) models are not cached"
         } else {
             "the server was started without --cache-config"
         };
@@ -193,6 +205,7 @@ pub fn prepare(
         text,
         cache_responses,
         ensemble: None,
+        sequence,
     })
 }
 
@@ -228,6 +241,7 @@ fn prepare_ensemble(
         text: None,
         cache_responses: false,
         ensemble: Some(Arc::new(plan)),
+        sequence: None,
     })
 }
 
@@ -249,6 +263,7 @@ pub fn build(prepared: Prepared, reuse: Reuse<'_>) -> Result<Model, LoadFailure>
         text,
         cache_responses,
         ensemble,
+        sequence,
     } = prepared;
     let runtime = OnnxRuntime::get().map_err(|e| LoadFailure::Model(e.to_string()))?;
     let reusable = |version: i64| -> Option<Arc<ServingVersion>> {
@@ -274,6 +289,7 @@ pub fn build(prepared: Prepared, reuse: Reuse<'_>) -> Result<Model, LoadFailure>
                         executor: Executor::Ensemble(Arc::clone(plan)),
                         stats: Arc::new(ModelStats::new(&name, version)),
                         cache: false,
+                        sequences: None,
                     };
                     built.insert(version, Arc::new(serving));
                 }
@@ -302,6 +318,7 @@ pub fn build(prepared: Prepared, reuse: Reuse<'_>) -> Result<Model, LoadFailure>
                 runtime: &runtime,
                 text: text.as_ref(),
                 cache_responses,
+                sequence: sequence.as_ref(),
             };
             start_version(&name, version, &dir, &path, &config, &instances)
         });
@@ -404,6 +421,8 @@ struct Instances<'a> {
     text: Option<&'a TextSpec>,
     /// Whether the version's responses go to the response cache.
     cache_responses: bool,
+    /// A stateful model's sequence batching.
+    sequence: Option<&'a SequenceSpec>,
 }
 
 /// Starts one version: its instances' sessions, their warmup, then its scheduler. `dir` is the
@@ -426,6 +445,7 @@ fn start_version(
         runtime,
         text,
         cache_responses,
+        sequence,
     } = *instances;
     let started = std::time::Instant::now();
     let mut backends: Vec<Box<dyn Backend>> = Vec::with_capacity(devices.len());
@@ -441,7 +461,7 @@ fn start_version(
         };
         let session = OnnxSession::load(runtime, path, &options).map_err(|e| e.to_string())?;
         if io.is_none() {
-            let (spec, bound) = io_spec(config, &session, text)?;
+            let (spec, bound) = io_spec(config, &session, text, sequence)?;
             io = Some(spec);
             text_input = bound;
         }
@@ -485,6 +505,7 @@ fn start_version(
         executor: Executor::Batched(scheduler),
         stats,
         cache: cache_responses,
+        sequences: sequence.map(|spec| Arc::new(Sequences::new(spec.clone()))),
     })
 }
 
@@ -494,10 +515,24 @@ fn io_spec(
     config: &ModelConfig,
     session: &OnnxSession,
     text: Option<&TextSpec>,
+    sequence: Option<&SequenceSpec>,
 ) -> Result<(IoSpec, Option<Arc<TextInput>>), String> {
+    // The inputs a stateful model's sequence batcher fills are not the clients'.
+    let client_inputs: Vec<TensorInfo> = match sequence {
+        Some(spec) => {
+            spec.check_graph(&config.name, session.inputs(), session.outputs())?;
+            session
+                .inputs()
+                .iter()
+                .filter(|t| !spec.fills(&t.name))
+                .cloned()
+                .collect()
+        }
+        None => session.inputs().to_vec(),
+    };
     let Some(text) = text else {
         return Ok((
-            IoSpec::new(config, session.inputs(), session.outputs())?,
+            IoSpec::new(config, &client_inputs, session.outputs())?,
             None,
         ));
     };

@@ -29,6 +29,7 @@ mod overrides;
 pub mod placement;
 mod retire;
 pub mod s3;
+pub mod sequence;
 pub mod store;
 pub mod text;
 pub mod tuning;
@@ -76,6 +77,8 @@ pub struct ServingVersion {
     pub stats: Arc<ModelStats>,
     /// Whether its responses go to the server's response cache.
     pub cache: bool,
+    /// A stateful model's sequences in progress (`sequence_batching`).
+    pub sequences: Option<Arc<sequence::Sequences>>,
 }
 
 /// What runs a version's requests: the scheduler and its instances for ordinary models, the

@@ -194,15 +194,15 @@ fn identity_rejects_mismatched_name_and_foreign_platform() {
 fn identity_rejects_schedulers_kiln_does_not_have() {
     for (text, what) in [
         (
-            "sequence_batching { }",
-            "sequence_batching (stateful models)",
-        ),
-        (
-            "ensemble_scheduling { step [ { model_name: \"a\" model_version: -1 } ] }",
+            "backend: \"onnxruntime\" ensemble_scheduling { step [ { model_name: \"a\" } ] }",
             "ensemble_scheduling outside an ensemble (platform \"ensemble\")",
         ),
+        (
+            "platform: \"ensemble\" sequence_batching { }",
+            "sequence_batching in an ensemble",
+        ),
     ] {
-        let mut config = parse_config(&format!("backend: \"onnxruntime\" {text}")).unwrap();
+        let mut config = parse_config(text).unwrap();
         assert_eq!(
             normalize_identity(&mut config, "m")
                 .unwrap_err()

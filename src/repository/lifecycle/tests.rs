@@ -75,6 +75,7 @@ fn serving_model(name: &str, versions: &[i64]) -> Arc<Model> {
                 executor: Executor::Batched(scheduler),
                 stats,
                 cache: false,
+                sequences: None,
             };
             (version, Arc::new(serving))
         })

@@ -1,0 +1,502 @@
+//! Triton's sequence batcher for stateful models (`sequence_batching`): requests carry a
+//! correlation ID (`sequence_id`) and the `sequence_start` / `sequence_end` flags; the server feeds
+//! the model its control inputs (START, END, READY, CORRID) and its implicit state: each `state`
+//! entry's output of one request is the same entry's input on the next request of the sequence,
+//! zeros on the first. A sequence's requests run one at a time, in order; a sequence idle longer
+//! than `max_sequence_idle_microseconds` (default 1 s) is dropped.
+
+use crate::backend::TensorInfo;
+use crate::core::{DataType, Error, InferRequest, ParamValue, Tensor};
+use crate::invalid_arg;
+use crate::proto::inference::model_config::SchedulingChoice;
+use crate::proto::inference::model_sequence_batching::{
+    control::Kind, initial_state::StateData, Control,
+};
+use crate::proto::inference::ModelConfig;
+use crate::repository::config::datatype_from_config;
+use bytes::Bytes;
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+/// Triton's default idle time of a sequence.
+const DEFAULT_IDLE: Duration = Duration::from_secs(1);
+
+/// Live sequences a version holds at most; a new one beyond is refused.
+const MAX_SEQUENCES: usize = 65_536;
+
+/// A control input the server fills.
+#[derive(Debug, Clone, PartialEq)]
+struct ControlInput {
+    name: String,
+    kind: ControlKind,
+    datatype: DataType,
+}
+
+#[derive(Debug, Clone, PartialEq)]
+enum ControlKind {
+    /// START, END, READY: the (false, true) values, raw.
+    Flag(Flag, [Bytes; 2]),
+    CorrId,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Flag {
+    Start,
+    End,
+    Ready,
+}
+
+/// One implicit state: `output` of a request becomes `input` of the next.
+#[derive(Debug, Clone, PartialEq)]
+struct State {
+    input: String,
+    output: String,
+    datatype: DataType,
+    dims: Vec<i64>,
+}
+
+/// A model's sequence batching, as its config declares it.
+#[derive(Debug, Clone, PartialEq)]
+pub struct SequenceSpec {
+    idle: Duration,
+    controls: Vec<ControlInput>,
+    states: Vec<State>,
+    /// Whether the model batches (its tensors then have a leading batch dimension of 1).
+    batched: bool,
+}
+
+impl SequenceSpec {
+    /// The config's sequence batching, if it has one.
+    ///
+    /// # Errors
+    /// A message naming what kiln cannot feed: a control without exactly one kind and value pair,
+    /// a CORRID type other than an integer or STRING, a state with a variable dimension or an
+    /// initial state from a file.
+    pub fn from_config(config: &ModelConfig) -> Result<Option<SequenceSpec>, String> {
+        let Some(SchedulingChoice::SequenceBatching(batching)) = &config.scheduling_choice else {
+            return Ok(None);
+        };
+        let model = &config.name;
+        let mut controls = Vec::new();
+        for input in &batching.control_input {
+            let [control] = input.control.as_slice() else {
+                return Err(format!(
+                    "sequence batching of model '{model}': control input '{}' must have exactly one control",
+                    input.name
+                ));
+            };
+            controls.push(control_input(model, &input.name, control)?);
+        }
+        let mut states = Vec::new();
+        for state in &batching.state {
+            let datatype = datatype_from_config(state.data_type).ok_or_else(|| {
+                format!(
+                    "sequence batching of model '{model}': state '{}' has no valid data_type",
+                    state.input_name
+                )
+            })?;
+            if state.dims.iter().any(|&d| d < 1) || datatype == DataType::Bytes {
+                return Err(format!(
+                    "sequence batching of model '{model}': state '{}' must have a fixed shape and a \
+                     fixed-size type",
+                    state.input_name
+                ));
+            }
+            if state
+                .initial_state
+                .iter()
+                .any(|s| !matches!(s.state_data, Some(StateData::ZeroData(true)) | None))
+            {
+                return Err(format!(
+                    "sequence batching of model '{model}': state '{}': only zero_data initial states \
+                     are supported",
+                    state.input_name
+                ));
+            }
+            states.push(State {
+                input: state.input_name.clone(),
+                output: state.output_name.clone(),
+                datatype,
+                dims: state.dims.clone(),
+            });
+        }
+        let idle = match batching.max_sequence_idle_microseconds {
+            0 => DEFAULT_IDLE,
+            us => Duration::from_micros(us),
+        };
+        Ok(Some(SequenceSpec {
+            idle,
+            controls,
+            states,
+            batched: config.max_batch_size > 0,
+        }))
+    }
+
+    /// Whether the server fills this graph input (a control or a state).
+    pub fn fills(&self, input: &str) -> bool {
+        self.controls.iter().any(|c| c.name == input)
+            || self.states.iter().any(|s| s.input == input)
+    }
+
+    /// Checks that the graph has every input the server fills, of the declared type, and every
+    /// state output.
+    ///
+    /// # Errors
+    /// A message naming the first tensor missing or of another type.
+    pub fn check_graph(
+        &self,
+        model: &str,
+        inputs: &[TensorInfo],
+        outputs: &[TensorInfo],
+    ) -> Result<(), String> {
+        let filled = self
+            .controls
+            .iter()
+            .map(|c| (c.name.as_str(), c.datatype))
+            .chain(self.states.iter().map(|s| (s.input.as_str(), s.datatype)));
+        let wanted = self.states.iter().map(|s| (s.output.as_str(), s.datatype));
+        for (kind, list, mut expected) in [
+            ("input", inputs, filled.collect::<Vec<_>>()),
+            ("output", outputs, wanted.collect::<Vec<_>>()),
+        ] {
+            for (name, datatype) in expected.drain(..) {
+                let found = list.iter().find(|t| t.name == name).ok_or_else(|| {
+                    format!(
+                        "sequence batching of model '{model}': the model has no {kind} '{name}'"
+                    )
+                })?;
+                if found.datatype != Some(datatype) {
+                    return Err(format!(
+                        "sequence batching of model '{model}': {kind} '{name}' is declared {datatype} \
+                         but the model's is {}",
+                        found.datatype.map_or("an unsupported type", DataType::as_wire)
+                    ));
+                }
+            }
+        }
+        Ok(())
+    }
+}
+
+fn control_input(model: &str, name: &str, control: &Control) -> Result<ControlInput, String> {
+    let pair = |values: Vec<Bytes>| -> Result<[Bytes; 2], String> {
+        <[Bytes; 2]>::try_from(values).map_err(|_| {
+            format!("sequence batching of model '{model}': control '{name}' needs a false and a true value")
+        })
+    };
+    let flag = match Kind::try_from(control.kind) {
+        Ok(Kind::ControlSequenceStart) => Flag::Start,
+        Ok(Kind::ControlSequenceEnd) => Flag::End,
+        Ok(Kind::ControlSequenceReady) => Flag::Ready,
+        Ok(Kind::ControlSequenceCorrid) => {
+            let datatype = datatype_from_config(control.data_type)
+                .filter(|t| {
+                    matches!(
+                        t,
+                        DataType::Uint64
+                            | DataType::Int64
+                            | DataType::Uint32
+                            | DataType::Int32
+                            | DataType::Bytes
+                    )
+                })
+                .ok_or_else(|| {
+                    format!(
+                        "sequence batching of model '{model}': CORRID control '{name}' must be \
+                         TYPE_UINT64, TYPE_INT64, TYPE_UINT32, TYPE_INT32 or TYPE_STRING"
+                    )
+                })?;
+            return Ok(ControlInput {
+                name: name.to_string(),
+                kind: ControlKind::CorrId,
+                datatype,
+            });
+        }
+        Err(_) => {
+            return Err(format!(
+                "sequence batching of model '{model}': control '{name}' has an unknown kind"
+            ))
+        }
+    };
+    let (datatype, values) = if !control.int32_false_true.is_empty() {
+        let values = control
+            .int32_false_true
+            .iter()
+            .map(|v| Bytes::copy_from_slice(&v.to_le_bytes()));
+        (DataType::Int32, pair(values.collect())?)
+    } else if !control.fp32_false_true.is_empty() {
+        let values = control
+            .fp32_false_true
+            .iter()
+            .map(|v| Bytes::copy_from_slice(&v.to_le_bytes()));
+        (DataType::Fp32, pair(values.collect())?)
+    } else if !control.bool_false_true.is_empty() {
+        let values = control
+            .bool_false_true
+            .iter()
+            .map(|&v| Bytes::copy_from_slice(&[u8::from(v)]));
+        (DataType::Bool, pair(values.collect())?)
+    } else {
+        return Err(format!(
+            "sequence batching of model '{model}': control '{name}' needs int32_false_true, \
+             fp32_false_true or bool_false_true"
+        ));
+    };
+    Ok(ControlInput {
+        name: name.to_string(),
+        kind: ControlKind::Flag(flag, values),
+        datatype,
+    })
+}
+
+/// A sequence's correlation ID, as the request gave it.
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+pub enum CorrId {
+    Number(u64),
+    Text(String),
+}
+
+impl std::fmt::Display for CorrId {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            CorrId::Number(n) => write!(f, "{n}"),
+            CorrId::Text(s) => write!(f, "'{s}'"),
+        }
+    }
+}
+
+/// What a request says about its sequence.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct SequenceFlags {
+    pub id: CorrId,
+    pub start: bool,
+    pub end: bool,
+}
+
+impl SequenceFlags {
+    /// The `sequence_id`, `sequence_start` and `sequence_end` parameters of a request to `model`.
+    ///
+    /// # Errors
+    /// INVALID_ARGUMENT, in Triton's words, without a usable correlation ID.
+    pub fn of(request: &InferRequest, model: &str) -> Result<SequenceFlags, Error> {
+        let flag = |key: &str| matches!(request.parameters.get(key), Some(ParamValue::Bool(true)));
+        let id = match request.parameters.get("sequence_id") {
+            Some(ParamValue::Uint64(n)) if *n != 0 => CorrId::Number(*n),
+            Some(ParamValue::Int64(n)) if *n > 0 => CorrId::Number(*n as u64),
+            Some(ParamValue::String(s)) if !s.is_empty() => CorrId::Text(s.clone()),
+            _ => {
+                return Err(invalid_arg!(
+                    "inference request to model '{model}' must specify a non-zero or non-empty \
+                     correlation ID"
+                ))
+            }
+        };
+        Ok(SequenceFlags {
+            id,
+            start: flag("sequence_start"),
+            end: flag("sequence_end"),
+        })
+    }
+}
+
+/// The sequences of one version in progress.
+#[derive(Debug)]
+pub struct Sequences {
+    spec: SequenceSpec,
+    live: Mutex<HashMap<CorrId, Live>>,
+}
+
+#[derive(Debug)]
+struct Live {
+    states: Arc<tokio::sync::Mutex<Vec<Tensor>>>,
+    last_used: Instant,
+}
+
+/// A request's turn in its sequence: the states it runs with, held until it has stored the next.
+pub struct Turn {
+    flags: SequenceFlags,
+    states: tokio::sync::OwnedMutexGuard<Vec<Tensor>>,
+}
+
+impl Sequences {
+    pub fn new(spec: SequenceSpec) -> Sequences {
+        Sequences {
+            spec,
+            live: Mutex::new(HashMap::new()),
+        }
+    }
+
+    /// Waits for the sequence's previous request, then returns the request's turn. A START
+    /// begins the sequence again from the initial states.
+    ///
+    /// # Errors
+    /// INVALID_ARGUMENT for a sequence that was never started (or was dropped as idle), and for a
+    /// request of more than one row; UNAVAILABLE when too many sequences are live.
+    pub async fn begin(
+        &self,
+        flags: SequenceFlags,
+        rows: usize,
+        model: &str,
+    ) -> Result<Turn, Error> {
+        if self.spec.batched && rows != 1 {
+            return Err(invalid_arg!(
+                "inference request to model '{model}' must have batch size 1 in a sequence, got {rows}"
+            ));
+        }
+        let text_id = matches!(flags.id, CorrId::Text(_));
+        let numeric_corrid = self
+            .spec
+            .controls
+            .iter()
+            .any(|c| c.kind == ControlKind::CorrId && c.datatype != DataType::Bytes);
+        if text_id && numeric_corrid {
+            return Err(invalid_arg!(
+                "inference request to model '{model}' has a string correlation ID {}, but the \
+                 model's CORRID control takes integers",
+                flags.id
+            ));
+        }
+        let now = Instant::now();
+        let states = {
+            let mut live = self.live.lock().unwrap_or_else(|e| e.into_inner());
+            let idle = self.spec.idle;
+            // Sequences idle too long go, unless a request of theirs is running.
+            live.retain(|_, l| {
+                now.duration_since(l.last_used) < idle || l.states.try_lock().is_err()
+            });
+            if flags.start {
+                if !live.contains_key(&flags.id) && live.len() >= MAX_SEQUENCES {
+                    return Err(Error::Unavailable(format!(
+                        "model '{model}' already has {MAX_SEQUENCES} sequences in progress"
+                    )));
+                }
+                let entry = live.entry(flags.id.clone()).or_insert_with(|| Live {
+                    states: Arc::new(tokio::sync::Mutex::new(Vec::new())),
+                    last_used: now,
+                });
+                entry.last_used = now;
+                Arc::clone(&entry.states)
+            } else {
+                let entry = live.get_mut(&flags.id).ok_or_else(|| {
+                    invalid_arg!(
+                        "inference request for sequence {} to model '{model}' must specify the START \
+                         flag on the first request of the sequence",
+                        flags.id
+                    )
+                })?;
+                entry.last_used = now;
+                Arc::clone(&entry.states)
+            }
+        };
+        let mut states = states.lock_owned().await;
+        if flags.start {
+            *states = self.initial_states();
+        }
+        Ok(Turn { flags, states })
+    }
+
+    fn initial_states(&self) -> Vec<Tensor> {
+        self.spec
+            .states
+            .iter()
+            .map(|state| {
+                let shape = self.shape(&state.dims);
+                let count: i64 = shape.iter().product();
+                let size = count as usize * state.datatype.element_size().unwrap_or(1);
+                Tensor::new(
+                    state.input.clone(),
+                    state.datatype,
+                    shape,
+                    Bytes::from(vec![0u8; size]),
+                )
+            })
+            .collect()
+    }
+
+    fn shape(&self, dims: &[i64]) -> Vec<i64> {
+        if self.spec.batched {
+            std::iter::once(1).chain(dims.iter().copied()).collect()
+        } else {
+            dims.to_vec()
+        }
+    }
+
+    /// The inputs the server adds to the request: its control values and its states.
+    pub fn inputs(&self, turn: &Turn) -> Vec<Tensor> {
+        let mut inputs: Vec<Tensor> = self
+            .spec
+            .controls
+            .iter()
+            .map(|control| {
+                let data = match &control.kind {
+                    ControlKind::Flag(flag, values) => {
+                        let on = match flag {
+                            Flag::Start => turn.flags.start,
+                            Flag::End => turn.flags.end,
+                            Flag::Ready => true,
+                        };
+                        values[usize::from(on)].clone()
+                    }
+                    ControlKind::CorrId => corrid_data(&turn.flags.id, control.datatype),
+                };
+                Tensor::new(
+                    control.name.clone(),
+                    control.datatype,
+                    self.shape(&[1]),
+                    data,
+                )
+            })
+            .collect();
+        inputs.extend(turn.states.iter().cloned());
+        inputs
+    }
+
+    /// Keeps the state outputs of the request's run for the next request (taking them out of
+    /// `outputs`), or ends the sequence after its END.
+    pub fn finish(&self, mut turn: Turn, outputs: &mut Vec<Tensor>) {
+        let mut next = Vec::with_capacity(self.spec.states.len());
+        for state in &self.spec.states {
+            if let Some(index) = outputs.iter().position(|o| o.name == state.output) {
+                let mut tensor = outputs.remove(index);
+                tensor.name = state.input.clone();
+                next.push(tensor);
+            }
+        }
+        if next.len() == self.spec.states.len() {
+            *turn.states = next;
+        }
+        if turn.flags.end {
+            let mut live = self.live.lock().unwrap_or_else(|e| e.into_inner());
+            live.remove(&turn.flags.id);
+        }
+    }
+
+    /// Sequences in progress.
+    #[cfg(test)]
+    fn len(&self) -> usize {
+        self.live.lock().unwrap().len()
+    }
+}
+
+/// A correlation ID as a CORRID control tensor's one element.
+fn corrid_data(id: &CorrId, datatype: DataType) -> Bytes {
+    match (id, datatype) {
+        (CorrId::Number(n), DataType::Uint64 | DataType::Int64) => {
+            Bytes::copy_from_slice(&n.to_le_bytes())
+        }
+        (CorrId::Number(n), _) if datatype != DataType::Bytes => {
+            Bytes::copy_from_slice(&(*n as u32).to_le_bytes())
+        }
+        (id, _) => {
+            let text = match id {
+                CorrId::Number(n) => n.to_string(),
+                CorrId::Text(s) => s.clone(),
+            };
+            crate::core::tensor::frame_bytes([text.as_bytes()])
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests;

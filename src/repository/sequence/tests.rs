@@ -1,0 +1,242 @@
+use super::*;
+use crate::core::RequestedOutput;
+use crate::repository::config::parse_config;
+
+fn config(batching: &str) -> ModelConfig {
+    parse_config(&format!(
+        r#"name: "m" max_batch_size: 4 sequence_batching {{ {batching} }}"#
+    ))
+    .unwrap()
+}
+
+const ACCUMULATE: &str = r#"
+    max_sequence_idle_microseconds: 100000
+    control_input [
+      { name: "START" control [ { kind: CONTROL_SEQUENCE_START int32_false_true: [ 0, 1 ] } ] },
+      { name: "END" control [ { kind: CONTROL_SEQUENCE_END bool_false_true: [ false, true ] } ] },
+      { name: "READY" control [ { kind: CONTROL_SEQUENCE_READY fp32_false_true: [ 0, 1 ] } ] },
+      { name: "CORRID" control [ { kind: CONTROL_SEQUENCE_CORRID data_type: TYPE_STRING } ] }
+    ]
+    state [ { input_name: "S_IN" output_name: "S_OUT" data_type: TYPE_FP32 dims: [ 2 ] } ]"#;
+
+fn request(parameters: &[(&str, ParamValue)]) -> InferRequest {
+    let mut request = InferRequest::default();
+    for (key, value) in parameters {
+        request.parameters.insert((*key).into(), value.clone());
+    }
+    request.outputs.push(RequestedOutput::default());
+    request
+}
+
+fn flags(parameters: &[(&str, ParamValue)]) -> Result<SequenceFlags, Error> {
+    SequenceFlags::of(&request(parameters), "m")
+}
+
+fn state_out(value: f32) -> Tensor {
+    let data: Vec<u8> = [value, value]
+        .iter()
+        .flat_map(|v| v.to_le_bytes())
+        .collect();
+    Tensor::new("S_OUT", DataType::Fp32, vec![1, 2], Bytes::from(data))
+}
+
+fn floats(tensor: &Tensor) -> Vec<f32> {
+    tensor
+        .data
+        .chunks(4)
+        .map(|c| f32::from_le_bytes(c.try_into().unwrap()))
+        .collect()
+}
+
+#[test]
+fn configs_without_sequence_batching_have_no_spec() {
+    assert_eq!(
+        SequenceSpec::from_config(&parse_config("name: \"m\"").unwrap()),
+        Ok(None)
+    );
+}
+
+#[test]
+fn unusable_sequence_configs_are_refused() {
+    for (batching, message) in [
+        (r#"control_input [ { name: "S" } ]"#, "exactly one control"),
+        (
+            r#"control_input [ { name: "S" control [ { kind: CONTROL_SEQUENCE_START } ] } ]"#,
+            "needs int32_false_true",
+        ),
+        (
+            r#"control_input [ { name: "S" control [ { kind: CONTROL_SEQUENCE_START int32_false_true: [ 1 ] } ] } ]"#,
+            "a false and a true value",
+        ),
+        (
+            r#"control_input [ { name: "C" control [ { kind: CONTROL_SEQUENCE_CORRID data_type: TYPE_FP32 } ] } ]"#,
+            "must be TYPE_UINT64",
+        ),
+        (
+            r#"state [ { input_name: "I" output_name: "O" data_type: TYPE_FP32 dims: [ -1 ] } ]"#,
+            "fixed shape",
+        ),
+        (
+            r#"state [ { input_name: "I" output_name: "O" data_type: TYPE_FP32 dims: [ 1 ]
+                         initial_state [ { data_type: TYPE_FP32 dims: [ 1 ] data_file: "x" } ] } ]"#,
+            "only zero_data",
+        ),
+    ] {
+        let error = SequenceSpec::from_config(&config(batching)).unwrap_err();
+        assert!(error.contains(message), "{batching}: {error}");
+    }
+}
+
+#[test]
+fn flags_come_from_tritons_parameters() {
+    assert_eq!(
+        flags(&[
+            ("sequence_id", ParamValue::Int64(9)),
+            ("sequence_start", ParamValue::Bool(true)),
+        ]),
+        Ok(SequenceFlags {
+            id: CorrId::Number(9),
+            start: true,
+            end: false
+        })
+    );
+    assert_eq!(
+        flags(&[
+            ("sequence_id", ParamValue::String("a".into())),
+            ("sequence_end", ParamValue::Bool(true)),
+        ])
+        .unwrap()
+        .id,
+        CorrId::Text("a".into())
+    );
+    for id in [
+        ParamValue::Uint64(0),
+        ParamValue::Int64(-3),
+        ParamValue::String(String::new()),
+    ] {
+        assert!(flags(&[("sequence_id", id)])
+            .unwrap_err()
+            .message()
+            .contains("non-zero or non-empty correlation ID"));
+    }
+    assert!(flags(&[]).is_err());
+}
+
+#[tokio::test]
+async fn states_carry_over_within_a_sequence_and_start_again_at_start() {
+    let spec = SequenceSpec::from_config(&config(ACCUMULATE))
+        .unwrap()
+        .unwrap();
+    let sequences = Sequences::new(spec);
+    let begin = |start: bool, end: bool, id: &str| SequenceFlags {
+        id: CorrId::Text(id.into()),
+        start,
+        end,
+    };
+    // Not started: refused.
+    let error = sequences
+        .begin(begin(false, false, "a"), 1, "m")
+        .await
+        .err()
+        .unwrap();
+    assert!(error.message().contains("must specify the START flag"));
+    // Batch size other than 1: refused.
+    assert!(sequences
+        .begin(begin(true, false, "a"), 2, "m")
+        .await
+        .is_err());
+
+    let turn = sequences
+        .begin(begin(true, false, "a"), 1, "m")
+        .await
+        .unwrap();
+    let inputs = sequences.inputs(&turn);
+    let names: Vec<&str> = inputs.iter().map(|t| t.name.as_str()).collect();
+    assert_eq!(names, ["START", "END", "READY", "CORRID", "S_IN"]);
+    assert_eq!(&inputs[0].data[..], &1i32.to_le_bytes());
+    assert_eq!(&inputs[1].data[..], &[0]);
+    assert_eq!(&inputs[2].data[..], &1f32.to_le_bytes());
+    assert_eq!(&inputs[3].data[..], &[1, 0, 0, 0, b'a']);
+    assert_eq!(inputs[4].shape, [1, 2]);
+    assert_eq!(floats(&inputs[4]), [0.0, 0.0]);
+    let mut outputs = vec![
+        state_out(5.0),
+        Tensor::new("Y", DataType::Fp32, vec![1], Bytes::new()),
+    ];
+    sequences.finish(turn, &mut outputs);
+    // The state output is taken out of the answer.
+    assert_eq!(outputs.len(), 1);
+    assert_eq!(outputs[0].name, "Y");
+
+    let turn = sequences
+        .begin(begin(false, true, "a"), 1, "m")
+        .await
+        .unwrap();
+    let inputs = sequences.inputs(&turn);
+    assert_eq!(&inputs[0].data[..], &0i32.to_le_bytes());
+    assert_eq!(&inputs[1].data[..], &[1]);
+    assert_eq!(
+        (inputs[4].name.as_str(), floats(&inputs[4])),
+        ("S_IN", vec![5.0, 5.0])
+    );
+    sequences.finish(turn, &mut vec![state_out(6.0)]);
+    // Ended: gone.
+    assert_eq!(sequences.len(), 0);
+    assert!(sequences
+        .begin(begin(false, false, "a"), 1, "m")
+        .await
+        .is_err());
+}
+
+#[tokio::test]
+async fn idle_sequences_are_dropped() {
+    let spec = SequenceSpec::from_config(&config(ACCUMULATE))
+        .unwrap()
+        .unwrap();
+    let sequences = Sequences::new(spec);
+    let id = |n: u64| CorrId::Number(n);
+    let turn = sequences
+        .begin(
+            SequenceFlags {
+                id: id(1),
+                start: true,
+                end: false,
+            },
+            1,
+            "m",
+        )
+        .await
+        .unwrap();
+    sequences.finish(turn, &mut vec![state_out(1.0)]);
+    assert_eq!(sequences.len(), 1);
+    tokio::time::sleep(Duration::from_millis(150)).await;
+    // Any request sweeps; sequence 1 has been idle longer than its 100 ms.
+    let other = sequences
+        .begin(
+            SequenceFlags {
+                id: id(2),
+                start: true,
+                end: false,
+            },
+            1,
+            "m",
+        )
+        .await
+        .unwrap();
+    drop(other);
+    assert_eq!(sequences.len(), 1);
+    let error = sequences
+        .begin(
+            SequenceFlags {
+                id: id(1),
+                start: false,
+                end: false,
+            },
+            1,
+            "m",
+        )
+        .await
+        .err()
+        .unwrap();
+    assert!(error.message().contains("START"));
+}
