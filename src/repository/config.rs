@@ -362,12 +362,43 @@ pub fn adaptive_batching_delay(config: &ModelConfig) -> Result<bool, ConfigError
 pub fn batching_config(config: &ModelConfig) -> BatchingConfig {
     let max_batch_size = config.max_batch_size.max(0) as usize;
     let max_in_flight = max_inflight_requests(config).unwrap_or(0);
-    let Some(SchedulingChoice::DynamicBatching(dynamic)) = &config.scheduling_choice else {
-        return BatchingConfig {
-            max_batch_size,
-            max_in_flight,
-            ..BatchingConfig::default()
-        };
+    let dynamic = match &config.scheduling_choice {
+        Some(SchedulingChoice::DynamicBatching(dynamic)) => dynamic,
+        // The sequence batcher: one request of a sequence at a time, but requests of different
+        // sequences batch together, by the strategy's delay and preferred sizes.
+        Some(SchedulingChoice::SequenceBatching(sequence)) if max_batch_size > 1 => {
+            use crate::proto::inference::model_sequence_batching::StrategyChoice;
+            let (delay, preferred) = match &sequence.strategy_choice {
+                Some(StrategyChoice::Oldest(oldest)) => (
+                    oldest.max_queue_delay_microseconds,
+                    oldest.preferred_batch_size.clone(),
+                ),
+                Some(StrategyChoice::Direct(direct)) => {
+                    (direct.max_queue_delay_microseconds, Vec::new())
+                }
+                None => (0, Vec::new()),
+            };
+            return BatchingConfig {
+                dynamic: true,
+                max_batch_size,
+                preferred_batch_sizes: preferred
+                    .into_iter()
+                    .filter(|&size| size > 0)
+                    .map(|size| size as usize)
+                    .collect(),
+                max_queue_delay: Duration::from_micros(delay),
+                max_in_flight,
+                adaptive_delay: adaptive_batching_delay(config).unwrap_or(true),
+                ..BatchingConfig::default()
+            };
+        }
+        _ => {
+            return BatchingConfig {
+                max_batch_size,
+                max_in_flight,
+                ..BatchingConfig::default()
+            };
+        }
     };
     let levels = (dynamic.priority_levels as usize).max(1);
     let policy = |p: Option<&ModelQueuePolicy>| {

@@ -292,3 +292,33 @@ fn validate_io_requires_inputs_outputs_and_types() {
     .unwrap();
     assert!(validate_io(&config).is_err());
 }
+
+#[test]
+fn sequence_batching_batches_requests_of_different_sequences() {
+    let config = parse_config(
+        "max_batch_size: 4 sequence_batching { oldest { max_queue_delay_microseconds: 300 \
+         preferred_batch_size: [ 2, 0 ] } }",
+    )
+    .unwrap();
+    let batching = batching_config(&config);
+    assert!(batching.dynamic);
+    assert_eq!(
+        (
+            batching.max_batch_size,
+            batching.max_queue_delay,
+            batching.preferred_batch_sizes
+        ),
+        (4, Duration::from_micros(300), vec![2])
+    );
+    let direct = parse_config(
+        "max_batch_size: 8 sequence_batching { direct { max_queue_delay_microseconds: 5 } }",
+    )
+    .unwrap();
+    assert_eq!(
+        batching_config(&direct).max_queue_delay,
+        Duration::from_micros(5)
+    );
+    // A model that cannot batch runs each request alone.
+    let single = parse_config("max_batch_size: 1 sequence_batching { }").unwrap();
+    assert!(!batching_config(&single).dynamic);
+}
