@@ -304,7 +304,15 @@ impl SequenceFlags {
 #[derive(Debug)]
 pub struct Sequences {
     spec: SequenceSpec,
-    live: Mutex<HashMap<CorrId, Live>>,
+    live: Mutex<Table>,
+}
+
+#[derive(Debug)]
+struct Table {
+    sequences: HashMap<CorrId, Live>,
+    /// When idle sequences were last looked for: at most every tenth of the idle time, so that
+    /// many live sequences do not make every request scan them all.
+    swept: Instant,
 }
 
 #[derive(Debug)]
@@ -323,7 +331,10 @@ impl Sequences {
     pub fn new(spec: SequenceSpec) -> Sequences {
         Sequences {
             spec,
-            live: Mutex::new(HashMap::new()),
+            live: Mutex::new(Table {
+                sequences: HashMap::new(),
+                swept: Instant::now(),
+            }),
         }
     }
 
@@ -359,12 +370,16 @@ impl Sequences {
         }
         let now = Instant::now();
         let states = {
-            let mut live = self.live.lock().unwrap_or_else(|e| e.into_inner());
+            let mut table = self.live.lock().unwrap_or_else(|e| e.into_inner());
             let idle = self.spec.idle;
-            // Sequences idle too long go, unless a request of theirs is running.
-            live.retain(|_, l| {
-                now.duration_since(l.last_used) < idle || l.states.try_lock().is_err()
-            });
+            if now.duration_since(table.swept) >= idle / 10 {
+                // Sequences idle too long go, unless a request of theirs is running.
+                table.swept = now;
+                table.sequences.retain(|_, l| {
+                    now.duration_since(l.last_used) < idle || l.states.try_lock().is_err()
+                });
+            }
+            let live = &mut table.sequences;
             if flags.start {
                 if !live.contains_key(&flags.id) && live.len() >= MAX_SEQUENCES {
                     return Err(Error::Unavailable(format!(
@@ -467,15 +482,15 @@ impl Sequences {
             *turn.states = next;
         }
         if turn.flags.end {
-            let mut live = self.live.lock().unwrap_or_else(|e| e.into_inner());
-            live.remove(&turn.flags.id);
+            let mut table = self.live.lock().unwrap_or_else(|e| e.into_inner());
+            table.sequences.remove(&turn.flags.id);
         }
     }
 
     /// Sequences in progress.
     #[cfg(test)]
     fn len(&self) -> usize {
-        self.live.lock().unwrap().len()
+        self.live.lock().unwrap().sequences.len()
     }
 }
 
