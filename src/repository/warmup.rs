@@ -33,6 +33,16 @@ pub fn run(
     io: &IoSpec,
     backends: &mut [Box<dyn Backend>],
 ) -> Result<(), String> {
+    let stateful = matches!(
+        config.scheduling_choice,
+        Some(crate::proto::inference::model_config::SchedulingChoice::SequenceBatching(_))
+    );
+    if stateful && !config.model_warmup.is_empty() {
+        return Err(format!(
+            "model_warmup is not supported for model '{}': it is stateful (sequence_batching)",
+            config.name
+        ));
+    }
     for sample in &config.model_warmup {
         let failed = |why: String| {
             format!(

@@ -176,6 +176,22 @@ fn bad_samples_fail_the_load_with_a_reason() {
 }
 
 #[test]
+fn stateful_models_are_not_warmed_up() {
+    let mut config = config(&format!(
+        r#"model_warmup {{ name: "s" batch_size: 1
+            inputs {{ key: "A" value {{ data_type: TYPE_FP32 dims: [2] zero_data: true }} }} {BOTH} }}"#
+    ));
+    config.scheduling_choice = Some(
+        crate::proto::inference::model_config::SchedulingChoice::SequenceBatching(
+            Default::default(),
+        ),
+    );
+    let mut backends: Vec<Box<dyn Backend>> = vec![Box::new(Failing)];
+    let error = run(&scratch("stateful"), &config, &io(4), &mut backends).unwrap_err();
+    assert!(error.contains("stateful"), "{error}");
+}
+
+#[test]
 fn random_data_fits_every_type() {
     for datatype in DataType::ALL {
         let size = datatype.element_size().unwrap_or(4) * 5;
