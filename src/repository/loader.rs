@@ -118,7 +118,7 @@ pub fn prepare(
         tracing::warn!("model '{name}': {why}");
     }
     let generating = generation::is_generation(&config);
-    let sequence = SequenceSpec::from_config(&config)?;
+    let sequence = SequenceSpec::from_config(&config, dir)?;
     if generating && sequence.is_some() {
         return Err(format!(
             "generation model '{name}' cannot use sequence_batching: it keeps its own state"

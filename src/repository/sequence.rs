@@ -6,6 +6,7 @@
 //! than `max_sequence_idle_microseconds` (default 1 s) is dropped.
 
 use crate::backend::TensorInfo;
+use crate::core::tensor::element_count;
 use crate::core::{DataType, Error, InferRequest, ParamValue, Tensor};
 use crate::invalid_arg;
 use crate::proto::inference::model_config::SchedulingChoice;
@@ -14,13 +15,18 @@ use crate::proto::inference::model_sequence_batching::{
 };
 use crate::proto::inference::ModelConfig;
 use crate::repository::config::datatype_from_config;
+use crate::repository::store::contained;
 use bytes::Bytes;
 use std::collections::HashMap;
+use std::path::Path;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 /// Triton's default idle time of a sequence.
 const DEFAULT_IDLE: Duration = Duration::from_secs(1);
+
+/// Largest state one sequence keeps (one batch row).
+const MAX_STATE_BYTES: usize = 64 << 20;
 
 /// Live sequences a version holds at most; a new one beyond is refused.
 const MAX_SEQUENCES: usize = 65_536;
@@ -54,6 +60,8 @@ struct State {
     output: String,
     datatype: DataType,
     dims: Vec<i64>,
+    /// One row of the state at a sequence's start: zeros, or an `initial_state` file's data.
+    initial: Bytes,
 }
 
 /// A model's sequence batching, as its config declares it.
@@ -71,9 +79,12 @@ impl SequenceSpec {
     ///
     /// # Errors
     /// A message naming what kiln cannot feed: a control without exactly one kind and value pair,
-    /// a CORRID type other than an integer or STRING, a state with a variable dimension or an
-    /// initial state from a file.
-    pub fn from_config(config: &ModelConfig) -> Result<Option<SequenceSpec>, String> {
+    /// a CORRID type other than an integer or STRING, a state with a variable dimension, larger
+    /// than 64 MiB, or whose initial state file (in `<model>/initial_state/`) does not fit.
+    pub fn from_config(
+        config: &ModelConfig,
+        model_dir: &Path,
+    ) -> Result<Option<SequenceSpec>, String> {
         let Some(SchedulingChoice::SequenceBatching(batching)) = &config.scheduling_choice else {
             return Ok(None);
         };
@@ -103,22 +114,61 @@ impl SequenceSpec {
                     state.input_name
                 ));
             }
-            if state
-                .initial_state
-                .iter()
-                .any(|s| !matches!(s.state_data, Some(StateData::ZeroData(true)) | None))
-            {
-                return Err(format!(
-                    "sequence batching of model '{model}': state '{}': only zero_data initial states \
-                     are supported",
-                    state.input_name
-                ));
-            }
+            let bytes = element_count(&state.dims)
+                .ok()
+                .and_then(|count| count.checked_mul(datatype.element_size().unwrap_or(1)))
+                .filter(|&bytes| bytes <= MAX_STATE_BYTES)
+                .ok_or_else(|| {
+                    format!(
+                        "sequence batching of model '{model}': state '{}' is larger than the \
+                         {MAX_STATE_BYTES} bytes a state may hold",
+                        state.input_name
+                    )
+                })?;
+            let initial = match state.initial_state.as_slice() {
+                [] => None,
+                [initial] => match &initial.state_data {
+                    Some(StateData::ZeroData(_)) | None => None,
+                    Some(StateData::DataFile(file)) => {
+                        let path =
+                            contained(&model_dir.join("initial_state"), file).map_err(|e| {
+                                format!(
+                                "sequence batching of model '{model}': state '{}': data_file {e}",
+                                state.input_name
+                            )
+                            })?;
+                        let data = std::fs::read(&path).map_err(|e| {
+                            format!(
+                                "sequence batching of model '{model}': cannot read {}: {e}",
+                                path.display()
+                            )
+                        })?;
+                        if data.len() != bytes {
+                            return Err(format!(
+                                "sequence batching of model '{model}': {} holds {} bytes, state \
+                                 '{}' takes {bytes}",
+                                path.display(),
+                                data.len(),
+                                state.input_name
+                            ));
+                        }
+                        Some(Bytes::from(data))
+                    }
+                },
+                _ => {
+                    return Err(format!(
+                        "sequence batching of model '{model}': state '{}' has more than one \
+                         initial_state",
+                        state.input_name
+                    ))
+                }
+            };
             states.push(State {
                 input: state.input_name.clone(),
                 output: state.output_name.clone(),
                 datatype,
                 dims: state.dims.clone(),
+                initial: initial.unwrap_or_else(|| Bytes::from(vec![0u8; bytes])),
             });
         }
         let idle = match batching.max_sequence_idle_microseconds {
@@ -417,13 +467,11 @@ impl Sequences {
             .iter()
             .map(|state| {
                 let shape = self.shape(&state.dims);
-                let count: i64 = shape.iter().product();
-                let size = count as usize * state.datatype.element_size().unwrap_or(1);
                 Tensor::new(
                     state.input.clone(),
                     state.datatype,
                     shape,
-                    Bytes::from(vec![0u8; size]),
+                    state.initial.clone(),
                 )
             })
             .collect()

@@ -51,7 +51,10 @@ fn floats(tensor: &Tensor) -> Vec<f32> {
 #[test]
 fn configs_without_sequence_batching_have_no_spec() {
     assert_eq!(
-        SequenceSpec::from_config(&parse_config("name: \"m\"").unwrap()),
+        SequenceSpec::from_config(
+            &parse_config("name: \"m\"").unwrap(),
+            Path::new("/nonexistent")
+        ),
         Ok(None)
     );
 }
@@ -79,10 +82,20 @@ fn unusable_sequence_configs_are_refused() {
         (
             r#"state [ { input_name: "I" output_name: "O" data_type: TYPE_FP32 dims: [ 1 ]
                          initial_state [ { data_type: TYPE_FP32 dims: [ 1 ] data_file: "x" } ] } ]"#,
-            "only zero_data",
+            "cannot read",
+        ),
+        (
+            r#"state [ { input_name: "I" output_name: "O" data_type: TYPE_FP32 dims: [ 1 ]
+                         initial_state [ { data_type: TYPE_FP32 dims: [ 1 ] data_file: "../x" } ] } ]"#,
+            "must be relative and stay within",
+        ),
+        (
+            r#"state [ { input_name: "I" output_name: "O" data_type: TYPE_FP32 dims: [ 1099511627776, 1099511627776 ] } ]"#,
+            "larger than the",
         ),
     ] {
-        let error = SequenceSpec::from_config(&config(batching)).unwrap_err();
+        let error =
+            SequenceSpec::from_config(&config(batching), Path::new("/nonexistent")).unwrap_err();
         assert!(error.contains(message), "{batching}: {error}");
     }
 }
@@ -124,7 +137,7 @@ fn flags_come_from_tritons_parameters() {
 
 #[tokio::test]
 async fn states_carry_over_within_a_sequence_and_start_again_at_start() {
-    let spec = SequenceSpec::from_config(&config(ACCUMULATE))
+    let spec = SequenceSpec::from_config(&config(ACCUMULATE), Path::new("/nonexistent"))
         .unwrap()
         .unwrap();
     let sequences = Sequences::new(spec);
@@ -190,7 +203,7 @@ async fn states_carry_over_within_a_sequence_and_start_again_at_start() {
 
 #[tokio::test]
 async fn idle_sequences_are_dropped() {
-    let spec = SequenceSpec::from_config(&config(ACCUMULATE))
+    let spec = SequenceSpec::from_config(&config(ACCUMULATE), Path::new("/nonexistent"))
         .unwrap()
         .unwrap();
     let sequences = Sequences::new(spec);
@@ -239,4 +252,40 @@ async fn idle_sequences_are_dropped() {
         .err()
         .unwrap();
     assert!(error.message().contains("START"));
+}
+
+#[tokio::test]
+async fn initial_states_can_come_from_a_file() {
+    let dir = std::env::temp_dir().join(format!("kiln-initial-state-{}", std::process::id()));
+    std::fs::create_dir_all(dir.join("initial_state")).unwrap();
+    let data: Vec<u8> = [1.5f32, 2.5].iter().flat_map(|v| v.to_le_bytes()).collect();
+    std::fs::write(dir.join("initial_state/s.bin"), &data).unwrap();
+    std::fs::write(dir.join("initial_state/short.bin"), &data[..4]).unwrap();
+    let with_file = |file: &str| {
+        config(&format!(
+            r#"state [ {{ input_name: "S_IN" output_name: "S_OUT" data_type: TYPE_FP32 dims: [ 2 ]
+                 initial_state [ {{ data_type: TYPE_FP32 dims: [ 2 ] data_file: "{file}" }} ] }} ]"#
+        ))
+    };
+    let error = SequenceSpec::from_config(&with_file("short.bin"), &dir).unwrap_err();
+    assert!(
+        error.contains("holds 4 bytes, state 'S_IN' takes 8"),
+        "{error}"
+    );
+    let spec = SequenceSpec::from_config(&with_file("s.bin"), &dir)
+        .unwrap()
+        .unwrap();
+    let sequences = Sequences::new(spec);
+    let flags = SequenceFlags {
+        id: CorrId::Number(1),
+        start: true,
+        end: false,
+    };
+    let turn = sequences.begin(flags, 1, "m").await.unwrap();
+    let inputs = sequences.inputs(&turn);
+    assert_eq!(
+        (inputs[0].name.as_str(), floats(&inputs[0])),
+        ("S_IN", vec![1.5, 2.5])
+    );
+    let _ = std::fs::remove_dir_all(&dir);
 }
