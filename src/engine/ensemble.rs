@@ -6,9 +6,11 @@ use super::Engine;
 use crate::core::{Error, InferRequest, InferResponse, RequestedOutput, Tensor};
 use crate::repository::ensemble::{EnsemblePlan, Step};
 use crate::repository::{Executor, IoSpec, ServingVersion};
+use crate::trace::Trace;
 use std::collections::HashMap;
 use std::future::Future;
 use std::pin::Pin;
+use std::sync::Arc;
 
 /// How deep ensembles may nest (an ensemble whose step is an ensemble...), which also stops
 /// ensembles that run each other.
@@ -18,7 +20,8 @@ type Answer<'a> = Pin<Box<dyn Future<Output = Result<InferResponse, Error>> + Se
 
 impl Engine {
     /// Runs `plan` for ensemble `name` on its request's validated `inputs` and returns the
-    /// ensemble's outputs, in the order of `io`.
+    /// ensemble's outputs, in the order of `io`. Steps of a traced request are traced as its
+    /// children.
     ///
     /// # Errors
     /// A step's error, its kind kept and its message prefixed with the ensemble and step; an
@@ -29,7 +32,7 @@ impl Engine {
         plan: &EnsemblePlan,
         io: &IoSpec,
         inputs: Vec<Tensor>,
-        request: &InferRequest,
+        (request, trace): (&InferRequest, Option<&Arc<Trace>>),
         depth: usize,
     ) -> Result<Vec<Tensor>, Error> {
         if depth >= MAX_DEPTH {
@@ -41,7 +44,8 @@ impl Engine {
             inputs.into_iter().map(|t| (t.name.clone(), t)).collect();
         for wave in &plan.waves {
             let runs = wave.iter().map(|step| {
-                let step_request = step_request(step, &tensors, request);
+                let mut step_request = step_request(step, &tensors, request);
+                step_request.trace = trace.map(Trace::child);
                 let answer = self.run_request(step_request, depth + 1);
                 async move {
                     answer.await.map_err(|e| {

@@ -420,7 +420,8 @@ impl Engine {
             }
             (Ok(job), _, Executor::Ensemble(plan)) => {
                 let rows = job.rows;
-                self.run_ensemble(&model.name, plan, &serving.io, job.inputs, &request, depth)
+                let caller = (&request, trace.as_ref());
+                self.run_ensemble(&model.name, plan, &serving.io, job.inputs, caller, depth)
                     .await
                     .map(|outputs| (outputs, Ran::Composed { rows }))
                     .map_err(|e| (e, FailureReason::Other))

@@ -93,7 +93,7 @@ pub fn monotonic_ns(at: Instant) -> u64 {
 pub struct Tracer {
     /// Whether any setting can trace; false spares requests the lock.
     active: AtomicBool,
-    next_id: AtomicU64,
+    next_id: Arc<AtomicU64>,
     inner: Mutex<Inner>,
 }
 
@@ -116,7 +116,7 @@ impl Tracer {
         let global = Arc::new(Setting::new(settings.clone(), Specified::default(), file));
         let tracer = Tracer {
             active: AtomicBool::new(false),
-            next_id: AtomicU64::new(1),
+            next_id: Arc::new(AtomicU64::new(1)),
             inner: Mutex::new(Inner {
                 default: settings,
                 global,
@@ -353,7 +353,7 @@ impl Setting {
         }
     }
 
-    fn sample(self: &Arc<Self>, next_id: &AtomicU64) -> Option<Arc<Trace>> {
+    fn sample(self: &Arc<Self>, next_id: &Arc<AtomicU64>) -> Option<Arc<Trace>> {
         let mut state = self.lock();
         if self.values.invalid_reason().is_some() || state.count == 0 {
             return None;
@@ -369,6 +369,8 @@ impl Setting {
         drop(state);
         Some(Arc::new(Trace {
             id: next_id.fetch_add(1, Ordering::Relaxed),
+            ids: Arc::clone(next_id),
+            parent: None,
             level: self.values.level,
             setting: Arc::clone(self),
             records: Mutex::new(String::new()),
@@ -424,10 +426,15 @@ impl Drop for Setting {
     }
 }
 
-/// One traced request. Its records are written when the last holder lets it go.
+/// One traced request. Its records are written when the last holder lets it go; a child's (an
+/// ensemble step's) join its parent's, as Triton groups them.
 #[derive(Debug)]
 pub struct Trace {
     id: u64,
+    /// Where ids come from (the tracer's counter).
+    ids: Arc<AtomicU64>,
+    /// The ensemble request this one is a step of.
+    parent: Option<Arc<Trace>>,
     level: Level,
     setting: Arc<Setting>,
     /// This trace's JSON objects, comma-separated.
@@ -437,6 +444,19 @@ pub struct Trace {
 impl Trace {
     pub fn id(&self) -> u64 {
         self.id
+    }
+
+    /// A trace of its own for a request made on this one's behalf (an ensemble step), written
+    /// with this one and naming it as `parent_id`.
+    pub fn child(self: &Arc<Self>) -> Arc<Trace> {
+        Arc::new(Trace {
+            id: self.ids.fetch_add(1, Ordering::Relaxed),
+            ids: Arc::clone(&self.ids),
+            parent: Some(Arc::clone(self)),
+            level: self.level,
+            setting: Arc::clone(&self.setting),
+            records: Mutex::new(String::new()),
+        })
     }
 
     fn push(&self, record: impl FnOnce(&mut String)) {
@@ -480,6 +500,9 @@ impl Trace {
                     serde_json::Value::from(request_id)
                 );
             }
+            if let Some(parent) = &self.parent {
+                let _ = write!(out, r#","parent_id":{}"#, parent.id);
+            }
             out.push('}');
         });
     }
@@ -499,7 +522,11 @@ impl Trace {
 impl Drop for Trace {
     fn drop(&mut self) {
         let records = std::mem::take(self.records.get_mut().unwrap_or_else(|e| e.into_inner()));
-        self.setting.finish(&records);
+        match &self.parent {
+            Some(parent) if !records.is_empty() => parent.push(|out| out.push_str(&records)),
+            Some(_) => {}
+            None => self.setting.finish(&records),
+        }
     }
 }
 

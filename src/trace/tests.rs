@@ -361,3 +361,35 @@ fn monotonic_nanoseconds_follow_instants() {
     let ours = monotonic_ns(Instant::now());
     assert!(ours.abs_diff(clock) < 50_000_000, "{ours} vs {clock}");
 }
+
+#[test]
+fn an_ensemble_steps_traces_are_written_with_their_parent() {
+    let dir = scratch("children");
+    let path = dir.join("t.json");
+    let tracer = Tracer::new(TraceSettings {
+        count: 1,
+        ..tracing_to(&path)
+    });
+    let parent = tracer.sample("e").unwrap();
+    parent.describe("e", 1, "r");
+    let child = parent.child();
+    child.describe("add_sub", 1, "r");
+    child.record(Activity::RequestStart, Instant::now());
+    drop(parent);
+    // The step is still running: nothing is written yet.
+    assert!(!dir.join("t.json.0").exists());
+    drop(child);
+    let records = read_json(&dir.join("t.json.0"));
+    assert_eq!(
+        records[0],
+        serde_json::json!({"id": 1, "model_name": "e", "model_version": 1, "request_id": "r"})
+    );
+    assert_eq!(
+        records[1],
+        serde_json::json!({"id": 2, "model_name": "add_sub", "model_version": 1,
+                           "request_id": "r", "parent_id": 1})
+    );
+    assert_eq!(records[2]["id"], 2);
+    // The child is part of its parent's trace, not one more of the count.
+    assert_eq!(tracer.settings("").count, 0);
+}
