@@ -132,3 +132,29 @@ def test_broken_ensembles_fail_to_load_with_the_reason(explicit, steps, inputs, 
     with pytest.raises(InferenceServerException) as e:
         client.load_model("broken", config=ensemble_config("broken", steps, inputs), files={"file:1/.keep": b""})
     assert message in e.value.message(), e.value.message()
+
+
+def test_an_ensembles_steps_are_traced_as_its_children(tmp_path):
+    trace_file = tmp_path / "trace.json"
+    srv = start_server([BUNDLED_REPO, FIXTURE_REPO], name="kiln-ensemble-trace",
+                       extra_args=["--trace-config", f"triton,file={trace_file}",
+                                   "--trace-config", "level=TIMESTAMPS", "--trace-config", "rate=1"])
+    try:
+        client = grpcclient.InferenceServerClient(srv.grpc_url)
+        a = np.ones((1, 16), np.float32)
+        inputs = [grpcclient.InferInput("A", [1, 16], "FP32"), grpcclient.InferInput("B", [1, 16], "FP32")]
+        inputs[0].set_data_from_numpy(a)
+        inputs[1].set_data_from_numpy(a)
+        client.infer(ENSEMBLE, inputs, request_id="pipeline")
+    finally:
+        stop_server(srv)
+    records = json.loads(trace_file.read_text())
+    described = [r for r in records if "model_name" in r]
+    assert described[0] == {"id": 1, "model_name": ENSEMBLE, "model_version": 1, "request_id": "pipeline"}
+    assert [(r["model_name"], r.get("parent_id")) for r in described[1:]] == [("add_sub", 1), ("add_sub", 1)]
+    steps = {r["id"] for r in described[1:]}
+    for step in steps:
+        names = [t["name"] for r in records if r["id"] == step for t in r.get("timestamps", [])]
+        assert names[0] == "REQUEST_START" and names[-1] == "REQUEST_END" and "COMPUTE_START" in names
+    parent = [t["name"] for r in records if r["id"] == 1 for t in r.get("timestamps", [])]
+    assert parent[0] == "GRPC_WAITREAD_END" and parent[-1] == "GRPC_SEND_END"

@@ -223,6 +223,10 @@ struct Args {
     /// an earlier one (model, version, inputs) from it without running.
     #[arg(long = "cache-config", value_name = "local,size=BYTES")]
     cache_config: Vec<String>,
+
+    /// Triton's older spelling of `--cache-config local,size=<bytes>`.
+    #[arg(long = "response-cache-byte-size", value_name = "BYTES")]
+    response_cache_byte_size: Option<usize>,
 }
 
 /// `--model-control-mode` values, spelled as `tritonserver` spells them.
@@ -449,7 +453,11 @@ async fn serve(args: Args) -> ExitCode {
             return ExitCode::FAILURE;
         }
     };
-    let response_cache = match kiln::engine::CacheConfig::from_flags(&args.cache_config) {
+    let mut cache_flags = args.cache_config.clone();
+    if let Some(bytes) = args.response_cache_byte_size {
+        cache_flags.push(format!("local,size={bytes}"));
+    }
+    let response_cache = match kiln::engine::CacheConfig::from_flags(&cache_flags) {
         Ok(cache) => cache,
         Err(e) => {
             error!("{e}");
