@@ -529,9 +529,12 @@ impl Sequences {
         if next.len() == self.spec.states.len() {
             *turn.states = next;
         }
+        let mut table = self.live.lock().unwrap_or_else(|e| e.into_inner());
         if turn.flags.end {
-            let mut table = self.live.lock().unwrap_or_else(|e| e.into_inner());
             table.sequences.remove(&turn.flags.id);
+        } else if let Some(live) = table.sequences.get_mut(&turn.flags.id) {
+            // Idle time counts from the end of its last request, however long that one ran.
+            live.last_used = Instant::now();
         }
     }
 

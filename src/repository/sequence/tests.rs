@@ -289,3 +289,23 @@ async fn initial_states_can_come_from_a_file() {
     );
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+#[tokio::test]
+async fn idle_time_counts_from_the_end_of_the_last_request() {
+    let spec = SequenceSpec::from_config(&config(ACCUMULATE), Path::new("/nonexistent"))
+        .unwrap()
+        .unwrap();
+    let sequences = Sequences::new(spec);
+    let flags = |start: bool| SequenceFlags {
+        id: CorrId::Number(5),
+        start,
+        end: false,
+    };
+    // A request that runs longer than the 100 ms idle time...
+    let turn = sequences.begin(flags(true), 1, "m").await.unwrap();
+    tokio::time::sleep(Duration::from_millis(150)).await;
+    sequences.finish(turn, &mut vec![state_out(1.0)]);
+    // ...does not make its sequence idle for the next one.
+    let turn = sequences.begin(flags(false), 1, "m").await.unwrap();
+    assert_eq!(floats(&sequences.inputs(&turn)[4]), [1.0, 1.0]);
+}
