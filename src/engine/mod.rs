@@ -22,7 +22,7 @@ use crate::proto::inference::{ModelConfig, ModelStatistics};
 use crate::repository::sequence::SequenceFlags;
 use crate::repository::{Executor, Model, ModelRepository};
 use crate::scheduler::{self, ScheduleError};
-use crate::trace::{Activity, TraceSettings, Tracer};
+use crate::trace::{Activity, TensorActivity, TraceSettings, Tracer};
 pub use admission::Admission;
 pub use cache::CacheConfig;
 use cache::ResponseCache;
@@ -328,7 +328,7 @@ impl Engine {
             .map(|_| SequenceFlags::of(&request, &model.name))
             .transpose();
         let scheduled = check_parameters(&request)
-            .and_then(|()| flags.clone().map(|_| ()))
+            .and_then(|()| flags.as_ref().map(|_| ()).map_err(Clone::clone))
             .and_then(|()| tensors::read_inputs(memory, &model.name, &prefix, &mut request))
             .and_then(|()| {
                 output_slots = tensors::output_slots(memory, &request)?;
@@ -337,7 +337,7 @@ impl Engine {
             .map_err(|e| (e, FailureReason::Other))
             .inspect(|inputs| {
                 if let Some(trace) = &trace {
-                    traces::record_inputs(trace, inputs);
+                    trace.tensors(TensorActivity::QueueInput, inputs);
                 }
             })
             .map(|inputs| scheduler::Request {
@@ -406,7 +406,7 @@ impl Engine {
                 }
                 if let (Some(trace), Ok(outcome)) = (&trace, &ran) {
                     traces::record_outcome(trace, outcome);
-                    trace.tensors(traces::BACKEND_OUTPUT, &outcome.outputs);
+                    trace.tensors(TensorActivity::BackendOutput, &outcome.outputs);
                 }
                 ran.map(|outcome| {
                     let ran = Ran::Executed {

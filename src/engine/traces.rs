@@ -2,15 +2,11 @@
 //! Triton's model check, and the core timestamps of a traced request.
 
 use super::Engine;
-use crate::core::{Error, Tensor};
+use crate::core::Error;
 use crate::invalid_arg;
 use crate::scheduler::Outcome;
 use crate::trace::{Activity, Trace, TraceSettings, TraceUpdate, Tracer};
 use std::sync::Arc;
-
-/// Triton's activity names for tensors, at trace level TENSORS.
-pub const QUEUE_INPUT: &str = "TENSOR_QUEUE_INPUT";
-pub const BACKEND_OUTPUT: &str = "TENSOR_BACKEND_OUTPUT";
 
 impl Engine {
     /// Traces with these settings (`--trace-config`); tracing is off otherwise.
@@ -57,9 +53,4 @@ pub fn record_outcome(trace: &Trace, outcome: &Outcome) {
     let output_start = input_end + times.infer;
     trace.record(Activity::ComputeOutputStart, output_start);
     trace.record(Activity::ComputeEnd, output_start + times.output);
-}
-
-/// The request's inputs as queued, at level TENSORS.
-pub fn record_inputs(trace: &Trace, inputs: &[Tensor]) {
-    trace.tensors(QUEUE_INPUT, inputs);
 }

@@ -435,6 +435,14 @@ pub fn batching_config(config: &ModelConfig) -> BatchingConfig {
     }
 }
 
+/// Whether the config asks for its responses to be cached (`response_cache { enable: true }`).
+pub fn wants_response_cache(config: &ModelConfig) -> bool {
+    config
+        .response_cache
+        .as_ref()
+        .is_some_and(|cache| cache.enable)
+}
+
 /// Whether the config asks for the dynamic batcher.
 pub fn has_dynamic_batching(config: &ModelConfig) -> bool {
     matches!(

@@ -124,10 +124,7 @@ pub fn prepare(
             "generation model '{name}' cannot use sequence_batching: it keeps its own state"
         ));
     }
-    let wants_cache = config
-        .response_cache
-        .as_ref()
-        .is_some_and(|cache| cache.enable);
+    let wants_cache = config::wants_response_cache(&config);
     let cache_responses =
         wants_cache && options.response_cache && !generating && sequence.is_none();
     if wants_cache && !cache_responses {
@@ -218,11 +215,7 @@ fn prepare_ensemble(
 ) -> Result<Prepared, String> {
     let plan = ensemble::plan(&config)?;
     config::validate_io(&config).map_err(|e| e.to_string())?;
-    if config
-        .response_cache
-        .as_ref()
-        .is_some_and(|cache| cache.enable)
-    {
+    if config::wants_response_cache(&config) {
         tracing::warn!(
             "ensemble '{name}': response_cache is enabled but ensembles are not cached (their \
              composing models may be)"
@@ -540,7 +533,7 @@ fn io_spec(
     text::check_config(config, &bound)?;
     let mut spec = IoSpec::new(
         config,
-        &bound.client_inputs(session.inputs()),
+        &bound.client_inputs(&client_inputs),
         session.outputs(),
     )?;
     for input in spec

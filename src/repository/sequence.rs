@@ -72,6 +72,8 @@ pub struct SequenceSpec {
     states: Vec<State>,
     /// Whether the model batches (its tensors then have a leading batch dimension of 1).
     batched: bool,
+    /// Whether string correlation IDs fit: no CORRID control, or a STRING one.
+    text_ids: bool,
 }
 
 impl SequenceSpec {
@@ -175,7 +177,11 @@ impl SequenceSpec {
             0 => DEFAULT_IDLE,
             us => Duration::from_micros(us),
         };
+        let text_ids = !controls
+            .iter()
+            .any(|c| c.kind == ControlKind::CorrId && c.datatype != DataType::Bytes);
         Ok(Some(SequenceSpec {
+            text_ids,
             idle,
             controls,
             states,
@@ -405,13 +411,7 @@ impl Sequences {
                 "inference request to model '{model}' must have batch size 1 in a sequence, got {rows}"
             ));
         }
-        let text_id = matches!(flags.id, CorrId::Text(_));
-        let numeric_corrid = self
-            .spec
-            .controls
-            .iter()
-            .any(|c| c.kind == ControlKind::CorrId && c.datatype != DataType::Bytes);
-        if text_id && numeric_corrid {
+        if matches!(flags.id, CorrId::Text(_)) && !self.spec.text_ids {
             return Err(invalid_arg!(
                 "inference request to model '{model}' has a string correlation ID {}, but the \
                  model's CORRID control takes integers",

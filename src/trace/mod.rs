@@ -67,6 +67,24 @@ impl Activity {
     }
 }
 
+/// What a TENSORS-level record shows, by Triton's names.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum TensorActivity {
+    /// A request's inputs as queued.
+    QueueInput,
+    /// Its outputs as the model produced them.
+    BackendOutput,
+}
+
+impl TensorActivity {
+    pub fn name(self) -> &'static str {
+        match self {
+            TensorActivity::QueueInput => "TENSOR_QUEUE_INPUT",
+            TensorActivity::BackendOutput => "TENSOR_BACKEND_OUTPUT",
+        }
+    }
+}
+
 /// Nanoseconds of the monotonic clock (CLOCK_MONOTONIC, Triton's steady clock) at `at`.
 pub fn monotonic_ns(at: Instant) -> u64 {
     static ANCHOR: OnceLock<(Instant, u64)> = OnceLock::new();
@@ -507,14 +525,13 @@ impl Trace {
         });
     }
 
-    /// Tensors, at level TENSORS: `TENSOR_QUEUE_INPUT` for a request's inputs as queued,
-    /// `TENSOR_BACKEND_OUTPUT` for its outputs as the model produced them.
-    pub fn tensors(&self, activity: &'static str, tensors: &[Tensor]) {
+    /// Tensors, at level TENSORS.
+    pub fn tensors(&self, activity: TensorActivity, tensors: &[Tensor]) {
         if !self.level.contains(Level::TENSORS) {
             return;
         }
         for tensor in tensors {
-            self.push(|out| tensors::write(out, self.id, activity, tensor));
+            self.push(|out| tensors::write(out, self.id, activity.name(), tensor));
         }
     }
 }

@@ -252,7 +252,7 @@ fn traces_are_written_in_tritons_layout() {
             start + std::time::Duration::from_micros(5),
         );
         trace.tensors(
-            "TENSOR_QUEUE_INPUT",
+            TensorActivity::QueueInput,
             &[Tensor::new(
                 "IN",
                 crate::core::DataType::Fp32,
