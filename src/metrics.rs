@@ -4,47 +4,100 @@
 //!
 //! Metrics (labels `model`, `version`; counters carry no `_total` suffix, as Triton's):
 //! `nv_inference_request_success`, `nv_inference_request_failure` (+ `reason`),
-//! `nv_inference_count`, `nv_inference_exec_count`, `nv_inference_request_duration_us`,
-//! `nv_inference_queue_duration_us`, `nv_inference_compute_{input,infer,output}_duration_us`,
-//! `nv_inference_pending_request_count` (gauge), `nv_model_load_duration_secs` (gauge) and `nv_inference_request_summary_us`, a summary
-//! (quantiles 0.5, 0.9, 0.99 over a sliding window) of end-to-end request latency.
+//! `nv_inference_count`, `nv_inference_exec_count`, `nv_inference_pending_request_count` (gauge),
+//! `nv_model_load_duration_secs` (gauge); the latency counters
+//! `nv_inference_{request,queue}_duration_us` and `nv_inference_compute_{input,infer,output}_duration_us`
+//! and, when [`config`] asks for them, the summaries `nv_inference_{request,queue}_summary_us` and
+//! `nv_inference_compute_{input,infer,output}_summary_us` (quantiles over a sliding window).
 //!
-//! As in Triton, what ran on a GPU instance (success, counts, durations, the latency summary) is
+//! As in Triton, what ran on a GPU instance (success, counts, durations, the summaries) is
 //! counted in series that carry the GPU's `gpu_uuid` label as well; failures, the pending count
-//! and the load time belong to the model version. [`gpu`] adds the per-GPU gauges.
+//! and the load time belong to the model version. [`gpu`] adds the per-GPU gauges, [`cpu`] the
+//! machine's CPU gauges.
 //!
 //! Generation models add (same labels; see [`GenerationMetrics`]): the histograms
 //! `kiln_time_to_first_token_seconds` and `kiln_inter_token_latency_seconds`, the counters
 //! `kiln_generation_tokens_total` (tokens/s is its `rate()`) and `kiln_prompt_tokens_total`,
 //! and the gauge `kiln_active_sequences`.
 
+pub mod config;
+pub mod cpu;
 pub mod gpu;
+
+pub use config::MetricsConfig;
 
 use crate::proto::inference::{
     InferBatchStatistics, InferStatistics, ModelStatistics, StatisticDuration,
 };
-use metrics::{counter, gauge, histogram, Counter, Gauge, Histogram};
+use metrics::{
+    counter, describe_counter, describe_gauge, describe_histogram, gauge, histogram, Counter,
+    Gauge, Histogram,
+};
 use metrics_exporter_prometheus::{PrometheusBuilder, PrometheusHandle};
 use std::collections::BTreeMap;
 use std::sync::{Mutex, OnceLock};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 /// Installs the Prometheus recorder once per process and returns its handle (`None` if another
-/// recorder was installed first).
+/// recorder was installed first). The summaries report the quantiles of [`config::current`].
 pub fn prometheus() -> Option<PrometheusHandle> {
     static HANDLE: OnceLock<Option<PrometheusHandle>> = OnceLock::new();
     HANDLE
         .get_or_init(|| {
             PrometheusBuilder::new()
-                .set_buckets_for_metric(
-                    metrics_exporter_prometheus::Matcher::Prefix("kiln_".into()),
-                    LATENCY_BUCKETS,
-                )
+                .set_quantiles(&config::current().summary_quantiles)
+                .and_then(|builder| {
+                    builder.set_buckets_for_metric(
+                        metrics_exporter_prometheus::Matcher::Prefix("kiln_".into()),
+                        LATENCY_BUCKETS,
+                    )
+                })
                 .and_then(|builder| builder.install_recorder())
                 .map_err(|e| tracing::warn!("Prometheus metrics disabled: {e}"))
                 .ok()
+                .inspect(|_| describe())
         })
         .clone()
+}
+
+/// The help lines of the per-model series, Triton's texts word for word (the compute summaries
+/// share their counters' texts in Triton too).
+fn describe() {
+    for (name, help) in [
+        ("nv_inference_request_success", "Number of successful inference requests, all batch sizes"),
+        ("nv_inference_request_failure", "Number of failed inference requests, all batch sizes"),
+        ("nv_inference_count", "Number of inferences performed (does not include cached requests)"),
+        ("nv_inference_exec_count", "Number of model executions performed (does not include cached requests)"),
+        ("nv_inference_request_duration_us", "Cumulative inference request duration in microseconds (includes cached requests)"),
+        ("nv_inference_queue_duration_us", "Cumulative inference queuing duration in microseconds (includes cached requests)"),
+        ("nv_inference_compute_input_duration_us", "Cumulative compute input duration in microseconds (does not include cached requests)"),
+        ("nv_inference_compute_infer_duration_us", "Cumulative compute inference duration in microseconds (does not include cached requests)"),
+        ("nv_inference_compute_output_duration_us", "Cumulative inference compute output duration in microseconds (does not include cached requests)"),
+        ("nv_cache_num_hits_per_model", "Number of cache hits per model"),
+        ("nv_cache_num_misses_per_model", "Number of cache misses per model"),
+        ("nv_cache_hit_duration_per_model", "Total cache hit duration per model, in microseconds"),
+        ("nv_cache_miss_duration_per_model", "Total cache miss (insert+lookup) duration per model, in microseconds"),
+    ] {
+        describe_counter!(name, help);
+    }
+    for (name, help) in [
+        (
+            "nv_inference_pending_request_count",
+            "Instantaneous number of pending requests awaiting execution per-model.",
+        ),
+        ("nv_model_load_duration_secs", "Model load time in seconds"),
+    ] {
+        describe_gauge!(name, help);
+    }
+    for (name, help) in [
+        ("nv_inference_request_summary_us", "Summary of inference request duration in microseconds (includes cached requests)"),
+        ("nv_inference_queue_summary_us", "Summary of inference queuing duration in microseconds (includes cached requests)"),
+        ("nv_inference_compute_input_summary_us", "Cumulative compute input duration in microseconds (does not include cached requests)"),
+        ("nv_inference_compute_infer_summary_us", "Cumulative compute inference duration in microseconds (does not include cached requests)"),
+        ("nv_inference_compute_output_summary_us", "Cumulative inference compute output duration in microseconds (does not include cached requests)"),
+    ] {
+        describe_histogram!(name, help);
+    }
 }
 
 /// Histogram buckets (seconds) of the generation latencies: 0.5 ms to 10 s.
@@ -170,7 +223,7 @@ struct Totals {
 }
 
 /// Prometheus handles of what one device (the CPU, or one GPU) ran for a model version,
-/// registered once.
+/// registered once. Series the metrics config leaves out are no-op handles, never registered.
 struct Handles {
     success: Counter,
     inference_count: Counter,
@@ -180,21 +233,44 @@ struct Handles {
     compute_input_us: Counter,
     compute_infer_us: Counter,
     compute_output_us: Counter,
-    latency: Histogram,
+    request_summary: Histogram,
+    queue_summary: Histogram,
+    compute_input_summary: Histogram,
+    compute_infer_summary: Histogram,
+    compute_output_summary: Histogram,
 }
 
 impl Handles {
-    fn new(labels: &[(&'static str, String)]) -> Handles {
+    fn new(labels: &[(&'static str, String)], cached: bool) -> Handles {
+        let config = config::current();
+        let latency = |name: &'static str| {
+            if config.counter_latencies {
+                counter!(name, labels)
+            } else {
+                Counter::noop()
+            }
+        };
+        let summary = |name: &'static str| {
+            if config.summary_latencies && !(cached && name == "nv_inference_request_summary_us") {
+                histogram!(name, labels)
+            } else {
+                Histogram::noop()
+            }
+        };
         Handles {
             success: counter!("nv_inference_request_success", labels),
             inference_count: counter!("nv_inference_count", labels),
             exec_count: counter!("nv_inference_exec_count", labels),
-            request_us: counter!("nv_inference_request_duration_us", labels),
-            queue_us: counter!("nv_inference_queue_duration_us", labels),
-            compute_input_us: counter!("nv_inference_compute_input_duration_us", labels),
-            compute_infer_us: counter!("nv_inference_compute_infer_duration_us", labels),
-            compute_output_us: counter!("nv_inference_compute_output_duration_us", labels),
-            latency: histogram!("nv_inference_request_summary_us", labels),
+            request_us: latency("nv_inference_request_duration_us"),
+            queue_us: latency("nv_inference_queue_duration_us"),
+            compute_input_us: latency("nv_inference_compute_input_duration_us"),
+            compute_infer_us: latency("nv_inference_compute_infer_duration_us"),
+            compute_output_us: latency("nv_inference_compute_output_duration_us"),
+            request_summary: summary("nv_inference_request_summary_us"),
+            queue_summary: summary("nv_inference_queue_summary_us"),
+            compute_input_summary: summary("nv_inference_compute_input_summary_us"),
+            compute_infer_summary: summary("nv_inference_compute_infer_summary_us"),
+            compute_output_summary: summary("nv_inference_compute_output_summary_us"),
         }
     }
 }
@@ -223,6 +299,17 @@ struct CacheHandles {
     miss_us: Counter,
 }
 
+impl CacheHandles {
+    fn new(labels: &[(&'static str, String)]) -> CacheHandles {
+        CacheHandles {
+            hits: counter!("nv_cache_num_hits_per_model", labels),
+            hit_us: counter!("nv_cache_hit_duration_per_model", labels),
+            misses: counter!("nv_cache_num_misses_per_model", labels),
+            miss_us: counter!("nv_cache_miss_duration_per_model", labels),
+        }
+    }
+}
+
 fn micros(d: Duration) -> u64 {
     d.as_micros() as u64
 }
@@ -230,11 +317,18 @@ fn micros(d: Duration) -> u64 {
 impl ModelStats {
     /// Statistics of a version whose instances all run on CPU.
     pub fn new(model: &str, version: i64) -> ModelStats {
-        ModelStats::with_gpus(model, version, &[])
+        ModelStats::with_gpus(model, version, &[], false)
     }
 
     /// Statistics of a version with instances on `gpus` (CUDA ordinal and UUID) too.
-    pub fn with_gpus(model: &str, version: i64, gpus: &[(i32, String)]) -> ModelStats {
+    /// `cached`: its responses go to the response cache, which adds the cache series and, as in
+    /// Triton, leaves out the request summary (hits would read as impossibly fast executions).
+    pub fn with_gpus(
+        model: &str,
+        version: i64,
+        gpus: &[(i32, String)],
+        cached: bool,
+    ) -> ModelStats {
         let version = version.to_string();
         let labels = [("model", model.to_string()), ("version", version.clone())];
         let failure = |reason: FailureReason| counter!("nv_inference_request_failure", "model" => model.to_string(), "version" => version.clone(), "reason" => reason.label());
@@ -243,14 +337,14 @@ impl ModelStats {
             .map(|(id, uuid)| {
                 let mut labels = labels.to_vec();
                 labels.push(("gpu_uuid", uuid.clone()));
-                (*id, Handles::new(&labels))
+                (*id, Handles::new(&labels, cached))
             })
             .collect();
         ModelStats {
             model: model.to_string(),
             version: version.clone(),
             totals: Mutex::new(Totals::default()),
-            cpu: Handles::new(&labels),
+            cpu: Handles::new(&labels, cached),
             gpus,
             failures: [
                 failure(FailureReason::Rejected),
@@ -260,23 +354,8 @@ impl ModelStats {
             ],
             pending: gauge!("nv_inference_pending_request_count", &labels),
             load_secs: gauge!("nv_model_load_duration_secs", &labels),
-            cache: None,
+            cache: cached.then(|| CacheHandles::new(&labels)),
         }
-    }
-
-    /// Adds the response-cache series (a version whose responses are cached).
-    pub fn with_response_cache(mut self) -> ModelStats {
-        let labels = [
-            ("model", self.model.clone()),
-            ("version", self.version.clone()),
-        ];
-        self.cache = Some(CacheHandles {
-            hits: counter!("nv_cache_num_hits_per_model", &labels),
-            hit_us: counter!("nv_cache_hit_duration_per_model", &labels),
-            misses: counter!("nv_cache_num_misses_per_model", &labels),
-            miss_us: counter!("nv_cache_miss_duration_per_model", &labels),
-        });
-        self
     }
 
     /// A request answered from the response cache: a success that ran nothing (no inference,
@@ -290,7 +369,7 @@ impl ModelStats {
         }
         self.cpu.success.increment(1);
         self.cpu.request_us.increment(micros(total));
-        self.cpu.latency.record(micros(total) as f64);
+        self.cpu.queue_summary.record(0.0);
         if let Some(cache) = &self.cache {
             cache.hits.increment(1);
             cache.hit_us.increment(micros(lookup));
@@ -369,7 +448,11 @@ impl ModelStats {
         h.compute_input_us.increment(micros(times.input));
         h.compute_infer_us.increment(micros(times.infer));
         h.compute_output_us.increment(micros(times.output));
-        h.latency.record(micros(total) as f64);
+        h.request_summary.record(micros(total) as f64);
+        h.queue_summary.record(micros(queue) as f64);
+        h.compute_input_summary.record(micros(times.input) as f64);
+        h.compute_infer_summary.record(micros(times.infer) as f64);
+        h.compute_output_summary.record(micros(times.output) as f64);
     }
 
     /// One request that failed after its model was found.

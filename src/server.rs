@@ -34,6 +34,8 @@ use tracing::{info, warn};
 /// Everything `run` needs besides its listeners.
 #[derive(Debug, Clone)]
 pub struct Config {
+    /// The server's name in server metadata (`--id`).
+    pub server_id: String,
     /// Model repository roots (directories or `s3://` URLs); a model name must be unique across
     /// them.
     pub model_repositories: Vec<PathBuf>,
@@ -43,6 +45,8 @@ pub struct Config {
     pub http_max_input_bytes: usize,
     /// How long in-flight requests may run after shutdown starts.
     pub exit_timeout: Duration,
+    /// `--exit-on-error`: stop (with an error) when a model fails its start-up load.
+    pub exit_on_error: bool,
     /// Most inference requests in flight at once, server-wide; 0 means no limit.
     pub max_inflight_requests: usize,
     /// What gRPC callers must present, per API group (`--grpc-restricted-protocol`, bearer token).
@@ -53,8 +57,18 @@ pub struct Config {
     pub grpc_tls: Option<TlsFiles>,
     /// Serve REST over TLS (`--http-use-ssl` and its files).
     pub http_tls: Option<TlsFiles>,
+    /// HTTP/2 settings of the gRPC listener.
+    pub grpc_transport: GrpcTransport,
     /// Complete configs from the ONNX graph.
     pub auto_complete: bool,
+    /// What auto-complete gives batchable models (`--backend-config default-max-batch-size`).
+    pub default_max_batch_size: i32,
+    /// `--model-config-name`: read `<model>/configs/<name>.pbtxt` where it exists.
+    pub model_config_name: Option<String>,
+    /// Models loaded at once at start-up and by a poll.
+    pub load_threads: usize,
+    /// Times a failed load is tried again.
+    pub load_retries: u32,
     /// `--model-control-mode`.
     pub control_mode: ControlMode,
     /// `--load-model` names (explicit mode); `*` alone loads every model.
@@ -65,12 +79,40 @@ pub struct Config {
     pub strict_readiness: bool,
     /// `--gpu-fallback-to-cpu`: KIND_GPU groups run on CPU when no GPU is usable.
     pub gpu_fallback_to_cpu: bool,
-    /// `--allow-gpu-metrics`: per-GPU gauges through NVML, when there is a GPU.
-    pub gpu_metrics: bool,
+    /// What the metrics endpoint reports besides the per-model series.
+    pub metrics: MetricsOptions,
     /// `--trace-config`: the start-up trace settings.
     pub trace: TraceSettings,
     /// `--cache-config`: the response cache, if any.
     pub response_cache: Option<CacheConfig>,
+}
+
+/// The gRPC listener's connection settings (Triton's `--grpc-*` flags).
+#[derive(Debug, Clone)]
+pub struct GrpcTransport {
+    /// Interval of HTTP/2 keepalive pings.
+    pub keepalive_time: Duration,
+    /// How long a ping may go unanswered before the connection is closed.
+    pub keepalive_timeout: Duration,
+    /// Connections older than this are asked to go away.
+    pub max_connection_age: Option<Duration>,
+    /// How long an aged connection may finish its calls.
+    pub max_connection_age_grace: Option<Duration>,
+    /// Compress responses (gzip or deflate) for clients that accept it.
+    pub compress_responses: bool,
+}
+
+/// What the metrics endpoint reports besides the per-model series.
+#[derive(Debug, Clone)]
+pub struct MetricsOptions {
+    /// `--allow-gpu-metrics`: per-GPU gauges through NVML, when there is a GPU.
+    pub gpu: bool,
+    /// `--allow-cpu-metrics`: the machine's CPU gauges.
+    pub cpu: bool,
+    /// `--metrics-interval-ms`: how often those gauges are read.
+    pub interval: Duration,
+    /// `--metrics-config`: which latency series are published.
+    pub config: crate::metrics::MetricsConfig,
 }
 
 /// Errors that stop the server.
@@ -98,10 +140,10 @@ const HEALTH_SERVICES: &[&str] = &["", "inference.GRPCInferenceService"];
 /// The sockets `run` serves on, bound by the caller (so tests can bind port 0).
 #[derive(Debug)]
 pub struct Listeners {
-    /// `inference.GRPCInferenceService`, health and reflection.
-    pub grpc: TcpListener,
-    /// The KServe v2 / Triton REST API.
-    pub http: TcpListener,
+    /// `inference.GRPCInferenceService`, health and reflection; `None` with `--allow-grpc=false`.
+    pub grpc: Option<TcpListener>,
+    /// The KServe v2 / Triton REST API; `None` with `--allow-http=false`.
+    pub http: Option<TcpListener>,
     /// Prometheus metrics; `None` when metrics are disabled.
     pub metrics: Option<TcpListener>,
 }
@@ -116,7 +158,8 @@ pub async fn run(
     listeners: Listeners,
     shutdown: impl Future<Output = ()>,
 ) -> Result<(), ServerError> {
-    // The recorder must exist before models register their metrics.
+    // The metrics config, then the recorder, must exist before models register their series.
+    crate::metrics::config::configure(config.metrics.config.clone());
     let metrics = listeners
         .metrics
         .map(|listener| {
@@ -128,6 +171,7 @@ pub async fn run(
     let repository = Arc::new(open_repository(&config)?);
     let engine = Arc::new(
         Engine::new(Arc::clone(&repository), config.strict_readiness)
+            .with_server_id(config.server_id.clone())
             .with_max_in_flight(config.max_inflight_requests)
             .with_tracer(Tracer::new(config.trace.clone()))
             .with_response_cache(config.response_cache),
@@ -150,18 +194,26 @@ pub async fn run(
         .max_encoding_message_size(config.max_message_bytes)
         .accept_compressed(CompressionEncoding::Gzip)
         .accept_compressed(CompressionEncoding::Deflate);
-    // Responses stay uncompressed, as Triton's: gRPC clients advertise gzip by default, and
-    // compressing every response would cost CPU that inference needs.
+    // Responses stay uncompressed unless asked (Triton's default too): gRPC clients advertise
+    // gzip by default, and compressing every response costs CPU that inference needs. When
+    // asked, tonic picks gzip or deflate by the client's preference, at one level.
+    let inference = if config.grpc_transport.compress_responses {
+        inference
+            .send_compressed(CompressionEncoding::Gzip)
+            .send_compressed(CompressionEncoding::Deflate)
+    } else {
+        inference
+    };
 
     if let Some((listener, handle)) = metrics {
         serve_metrics(listener, handle)?;
-        if config.gpu_metrics {
-            crate::metrics::gpu::start();
+        if config.metrics.gpu {
+            crate::metrics::gpu::start(config.metrics.interval);
+        }
+        if config.metrics.cpu {
+            crate::metrics::cpu::start(config.metrics.interval);
         }
     }
-    let grpc_address = listeners.grpc.local_addr()?;
-    let http_address = listeners.http.local_addr()?;
-    let incoming = TcpIncoming::from(listeners.grpc).with_nodelay(Some(true));
     let (stop, stopped) = tokio::sync::watch::channel(false);
     let stop_signal = move || {
         let mut stopped = stopped.clone();
@@ -175,76 +227,122 @@ pub async fn run(
         }
     }
     let responses = ResponsesInFlight::default();
-    let mut grpc_builder = tonic::transport::Server::builder();
-    if let Some(files) = &config.grpc_tls {
-        grpc_builder = grpc_builder.tls_config(files.grpc_config()?)?;
-        info!(
-            "gRPC uses TLS{}",
-            if files.mutual {
-                " with client certificates"
-            } else {
-                ""
+    type Serving = std::pin::Pin<Box<dyn Future<Output = Result<(), ServerError>> + Send>>;
+    // An endpoint turned off finishes when the others are told to stop.
+    let absent = || -> Serving {
+        let stopped = stop_signal();
+        Box::pin(async move {
+            stopped.await;
+            Ok(())
+        })
+    };
+    let grpc_serve: Serving = match listeners.grpc {
+        Some(listener) => {
+            let address = listener.local_addr()?;
+            let incoming = TcpIncoming::from(listener).with_nodelay(Some(true));
+            let transport = &config.grpc_transport;
+            let mut builder = tonic::transport::Server::builder()
+                .http2_keepalive_interval(Some(transport.keepalive_time))
+                .http2_keepalive_timeout(Some(transport.keepalive_timeout));
+            if let Some(age) = transport.max_connection_age {
+                builder = builder.max_connection_age(age);
             }
-        );
-    }
-    let grpc_serve = grpc_builder
-        .layer(responses.clone())
-        .layer(GrpcAccessLayer::new(Arc::new(config.grpc_access.clone())))
-        .add_service(inference)
-        .add_service(health_service)
-        .add_service(reflection().build_v1()?)
-        .add_service(reflection().build_v1alpha()?)
-        .serve_with_incoming_shutdown(incoming, stop_signal());
-    let router = http::router(
-        Arc::clone(&engine),
-        HttpConfig {
-            max_input_bytes: config.http_max_input_bytes,
-            access: Arc::new(config.http_access.clone()),
-        },
-    );
-    let router = router.layer(responses.clone());
-    let http_serve: std::pin::Pin<Box<dyn Future<Output = ()> + Send>> = match &config.http_tls {
-        Some(files) => {
-            let listener = TlsListener::new(listeners.http, files.server_config()?)?;
-            info!(
-                "HTTP uses TLS{}",
-                if files.mutual {
-                    " with client certificates"
-                } else {
-                    ""
-                }
-            );
-            Box::pin(serve_http(listener, router, stop_signal()))
+            if let Some(grace) = transport.max_connection_age_grace {
+                builder = builder.max_connection_age_grace(grace);
+            }
+            if let Some(files) = &config.grpc_tls {
+                builder = builder.tls_config(files.grpc_config()?)?;
+                info!(
+                    "gRPC uses TLS{}",
+                    if files.mutual {
+                        " with client certificates"
+                    } else {
+                        ""
+                    }
+                );
+            }
+            let serving = builder
+                .layer(responses.clone())
+                .layer(GrpcAccessLayer::new(Arc::new(config.grpc_access.clone())))
+                .add_service(inference)
+                .add_service(health_service)
+                .add_service(reflection().build_v1()?)
+                .add_service(reflection().build_v1alpha()?)
+                .serve_with_incoming_shutdown(incoming, stop_signal());
+            info!("Started GRPCInferenceService at {address}");
+            Box::pin(async move { serving.await.map_err(ServerError::from) })
         }
         None => {
-            let listener = listeners.http.tap_io(|stream| {
-                if let Err(e) = stream.set_nodelay(true) {
-                    warn!("cannot set TCP_NODELAY on an HTTP connection: {e}");
-                }
-            });
-            Box::pin(serve_http(listener, router, stop_signal()))
+            info!("gRPC is off (--allow-grpc=false)");
+            absent()
         }
     };
-    info!("Started GRPCInferenceService at {grpc_address}");
-    info!("Started HTTPService at {http_address}");
-    let lifecycle = tokio::spawn(manage_models(repository, config.poll_interval));
-    let servers = async {
-        tokio::try_join!(
-            async { grpc_serve.await.map_err(ServerError::from) },
-            async {
-                http_serve.await;
+    let http_serve: Serving = match listeners.http {
+        Some(listener) => {
+            let address = listener.local_addr()?;
+            let router = http::router(
+                Arc::clone(&engine),
+                HttpConfig {
+                    max_input_bytes: config.http_max_input_bytes,
+                    access: Arc::new(config.http_access.clone()),
+                },
+            );
+            let router = router.layer(responses.clone());
+            let serving: std::pin::Pin<Box<dyn Future<Output = ()> + Send>> = match &config.http_tls
+            {
+                Some(files) => {
+                    let listener = TlsListener::new(listener, files.server_config()?)?;
+                    info!(
+                        "HTTP uses TLS{}",
+                        if files.mutual {
+                            " with client certificates"
+                        } else {
+                            ""
+                        }
+                    );
+                    Box::pin(serve_http(listener, router, stop_signal()))
+                }
+                None => {
+                    let listener = listener.tap_io(|stream| {
+                        if let Err(e) = stream.set_nodelay(true) {
+                            warn!("cannot set TCP_NODELAY on an HTTP connection: {e}");
+                        }
+                    });
+                    Box::pin(serve_http(listener, router, stop_signal()))
+                }
+            };
+            info!("Started HTTPService at {address}");
+            Box::pin(async move {
+                serving.await;
                 Ok(())
-            },
-        )
-        .map(|_| ())
+            })
+        }
+        None => {
+            info!("HTTP is off (--allow-http=false)");
+            absent()
+        }
     };
+    let (startup_failed, mut failed) = tokio::sync::oneshot::channel();
+    let lifecycle = tokio::spawn(manage_models(
+        repository,
+        config.poll_interval,
+        config.exit_on_error.then_some(startup_failed),
+    ));
+    let servers = async { tokio::try_join!(grpc_serve, http_serve).map(|_| ()) };
     tokio::pin!(servers);
+    let mut outcome = Ok(());
     tokio::select! {
         result = &mut servers => {
             engine.tracer().flush();
             return result;
         }
         () = shutdown => {}
+        Ok(failures) = &mut failed => {
+            outcome = Err(ServerError::Load(format!(
+                "failed to load all models (--exit-on-error): {}",
+                failures.join("; ")
+            )));
+        }
     }
     info!(
         "shutting down: waiting up to {:?} for in-flight requests",
@@ -261,7 +359,7 @@ pub async fn run(
     let result = shutdown.drain(servers, config.exit_timeout).await;
     // Traces still held by their settings (all of them, without a log frequency).
     engine.tracer().flush();
-    result
+    outcome.and(result)
 }
 
 /// How long closing listeners and idle connections may take once nothing is in flight.
@@ -349,17 +447,35 @@ fn open_repository(config: &Config) -> Result<ModelRepository, ServerError> {
             cores: std::thread::available_parallelism().map_or(1, |n| n.get()),
             gpu_fallback_to_cpu: config.gpu_fallback_to_cpu,
             response_cache: config.response_cache.is_some(),
+            default_max_batch_size: config.default_max_batch_size,
+            config_name: config.model_config_name.clone(),
         },
+        load_threads: config.load_threads,
+        load_retries: config.load_retries,
     };
     ModelRepository::new(stores, options).map_err(|e| ServerError::Load(e.to_string()))
 }
 
 /// Runs the start-up load, then (poll mode) a poll every `interval`, each on a blocking thread.
-async fn manage_models(repository: Arc<ModelRepository>, interval: Duration) {
+/// With `exit_on_error`, the start-up load's failures (if any) are sent there instead.
+async fn manage_models(
+    repository: Arc<ModelRepository>,
+    interval: Duration,
+    exit_on_error: Option<tokio::sync::oneshot::Sender<Vec<String>>>,
+) {
     let startup = Arc::clone(&repository);
-    if let Err(e) = tokio::task::spawn_blocking(move || startup.load_startup()).await {
-        warn!("start-up model loading stopped: {e}");
-        return;
+    let failures = match tokio::task::spawn_blocking(move || startup.load_startup()).await {
+        Ok(failures) => failures,
+        Err(e) => {
+            warn!("start-up model loading stopped: {e}");
+            return;
+        }
+    };
+    if let Some(exit) = exit_on_error {
+        if !failures.is_empty() {
+            let _ = exit.send(failures);
+            return;
+        }
     }
     if repository.mode() != ControlMode::Poll {
         return;

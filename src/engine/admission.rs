@@ -94,7 +94,11 @@ mod tests {
                 cores: 1,
                 gpu_fallback_to_cpu: false,
                 response_cache: false,
+                default_max_batch_size: 4,
+                config_name: None,
             },
+            load_threads: 1,
+            load_retries: 0,
         };
         let repository = ModelRepository::new(Vec::new(), options).expect("empty repository");
         repository.load_startup();

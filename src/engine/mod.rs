@@ -107,6 +107,8 @@ pub struct Engine {
     tracer: Arc<Tracer>,
     /// The response cache (`--cache-config`), for the versions that enable it.
     cache: Option<ResponseCache>,
+    /// The server's name in server metadata (`--id`).
+    server_id: String,
 }
 
 impl Engine {
@@ -120,7 +122,14 @@ impl Engine {
             shared_memory: SharedMemory::default(),
             tracer: Arc::new(Tracer::new(TraceSettings::default())),
             cache: None,
+            server_id: "kiln".to_string(),
         }
+    }
+
+    /// Names the server `id` in server metadata (Triton's `--id`).
+    pub fn with_server_id(mut self, id: String) -> Engine {
+        self.server_id = id;
+        self
     }
 
     /// Answers requests to models that enable it from a response cache of `config`'s size.
@@ -159,7 +168,7 @@ impl Engine {
 
     pub fn server_metadata(&self) -> ServerMetadata {
         ServerMetadata {
-            name: "kiln".to_string(),
+            name: self.server_id.clone(),
             version: env!("CARGO_PKG_VERSION").to_string(),
             extensions: EXTENSIONS.iter().map(|e| e.to_string()).collect(),
         }

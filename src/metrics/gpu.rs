@@ -5,7 +5,7 @@
 //! - `nv_gpu_memory_total_bytes` — GPU total memory, in bytes
 //! - `nv_gpu_memory_used_bytes` — GPU used memory, in bytes
 //!
-//! each labelled `gpu_uuid`, refreshed every [`INTERVAL`] (Triton's default metrics interval) by a
+//! each labelled `gpu_uuid`, refreshed every metrics interval (`--metrics-interval-ms`) by a
 //! thread of their own. Only the GPUs CUDA shows are reported: with `CUDA_VISIBLE_DEVICES` set,
 //! those it names (by index or UUID). Without NVML — no NVIDIA driver, as on CPU-only machines —
 //! there are no GPU metrics, and no error.
@@ -15,17 +15,14 @@ use metrics::{describe_gauge, gauge, Gauge};
 use std::ffi::{c_char, c_int, c_uint, c_void, CStr};
 use std::time::Duration;
 
-/// How often the gauges are refreshed.
-pub const INTERVAL: Duration = Duration::from_secs(2);
-
-/// Starts refreshing the GPU gauges, if NVML is there and shows a GPU (once per process; later
-/// calls change nothing); returns how many GPUs are reported.
-pub fn start() -> usize {
+/// Starts refreshing the GPU gauges every `interval`, if NVML is there and shows a GPU (once per
+/// process; later calls change nothing); returns how many GPUs are reported.
+pub fn start(interval: Duration) -> usize {
     static STARTED: std::sync::OnceLock<usize> = std::sync::OnceLock::new();
-    *STARTED.get_or_init(start_once)
+    *STARTED.get_or_init(|| start_once(interval))
 }
 
-fn start_once() -> usize {
+fn start_once(interval: Duration) -> usize {
     let nvml = match Nvml::open() {
         Ok(nvml) => nvml,
         Err(reason) => {
@@ -54,7 +51,7 @@ fn start_once() -> usize {
             for device in &devices {
                 device.refresh(&nvml);
             }
-            std::thread::sleep(INTERVAL);
+            std::thread::sleep(interval);
         });
     match spawned {
         Ok(_) => {
@@ -271,7 +268,7 @@ mod tests {
     fn without_nvml_there_are_no_gpu_metrics_and_no_error() {
         // SAFETY: as in `Nvml::open`.
         if unsafe { Library::new("libnvidia-ml.so.1") }.is_err() {
-            assert_eq!(start(), 0);
+            assert_eq!(start(Duration::from_secs(2)), 0);
         }
     }
 }

@@ -1,7 +1,8 @@
 //! Config auto-complete from the ONNX graph, following Triton's ONNX Runtime backend: nothing is
 //! touched when the config already lists both inputs and outputs; otherwise missing tensors are
 //! read from the model, and a model whose every input and output has a dynamic first dimension
-//! gets `max_batch_size` 4 and an empty `dynamic_batching {}` when the config left it at 0.
+//! gets `max_batch_size` 4 (`--backend-config default-max-batch-size`) and an empty
+//! `dynamic_batching {}` when the config left it at 0.
 
 use super::config::datatype_to_config;
 use crate::backend::TensorInfo;
@@ -13,7 +14,8 @@ use crate::proto::inference::{
 /// Triton's `default-max-batch-size` backend setting.
 pub const DEFAULT_MAX_BATCH_SIZE: i32 = 4;
 
-/// Fills `config` from the model's declared inputs and outputs.
+/// Fills `config` from the model's declared inputs and outputs; a batchable model whose config
+/// left `max_batch_size` at 0 gets `default_max_batch_size`.
 ///
 /// # Errors
 /// A message in Triton's words when the config asks for batching the model cannot do, or the model
@@ -22,6 +24,7 @@ pub fn autocomplete(
     config: &mut ModelConfig,
     inputs: &[TensorInfo],
     outputs: &[TensorInfo],
+    default_max_batch_size: i32,
 ) -> Result<(), String> {
     if !config.input.is_empty() && !config.output.is_empty() {
         return Ok(());
@@ -32,7 +35,7 @@ pub fn autocomplete(
         .all(|t| t.shape.first() == Some(&-1));
     if batchable {
         if config.max_batch_size == 0 {
-            config.max_batch_size = DEFAULT_MAX_BATCH_SIZE;
+            config.max_batch_size = default_max_batch_size;
             if config.max_batch_size > 1 && config.scheduling_choice.is_none() {
                 config.scheduling_choice = Some(SchedulingChoice::DynamicBatching(
                     ModelDynamicBatching::default(),
@@ -118,7 +121,7 @@ mod tests {
             info("s", DataType::Bytes, &[-1, -1]),
         ];
         let outputs = [info("y", DataType::Fp32, &[-1, 16])];
-        autocomplete(&mut config, &inputs, &outputs).unwrap();
+        autocomplete(&mut config, &inputs, &outputs, DEFAULT_MAX_BATCH_SIZE).unwrap();
         assert_eq!(config.max_batch_size, 4);
         assert!(has_dynamic_batching(&config));
         assert_eq!(config.input[0].dims, vec![16]);
@@ -131,11 +134,25 @@ mod tests {
     }
 
     #[test]
+    fn the_default_batch_size_comes_from_the_backend_setting() {
+        let inputs = [info("x", DataType::Fp32, &[-1, 3])];
+        let mut config = parse_config("name: \"m\"").unwrap();
+        autocomplete(&mut config, &inputs, &inputs, 1).unwrap();
+        assert_eq!(config.max_batch_size, 1);
+        // Batch 1 leaves nothing to batch dynamically.
+        assert!(config.scheduling_choice.is_none());
+        let mut config = parse_config("name: \"m\"").unwrap();
+        autocomplete(&mut config, &inputs, &inputs, 0).unwrap();
+        assert_eq!(config.max_batch_size, 0);
+        assert_eq!(config.input[0].dims, [-1, 3]);
+    }
+
+    #[test]
     fn fixed_first_dim_means_no_batching() {
         let mut config = parse_config("name: \"m\"").unwrap();
         let inputs = [info("x", DataType::Fp32, &[3, -1])];
         let outputs = [info("y", DataType::Fp32, &[3, -1])];
-        autocomplete(&mut config, &inputs, &outputs).unwrap();
+        autocomplete(&mut config, &inputs, &outputs, DEFAULT_MAX_BATCH_SIZE).unwrap();
         assert_eq!(config.max_batch_size, 0);
         assert!(!has_dynamic_batching(&config));
         assert_eq!(config.input[0].dims, vec![3, -1]);
@@ -145,7 +162,7 @@ mod tests {
     fn batch_size_on_unbatchable_model_is_an_error() {
         let mut config = parse_config("name: \"m\" max_batch_size: 8").unwrap();
         let inputs = [info("x", DataType::Fp32, &[3])];
-        let err = autocomplete(&mut config, &inputs, &inputs).unwrap_err();
+        let err = autocomplete(&mut config, &inputs, &inputs, DEFAULT_MAX_BATCH_SIZE).unwrap_err();
         assert!(err.contains("model does not support batching while non-zero max_batch_size"));
     }
 
@@ -153,7 +170,7 @@ mod tests {
     fn explicit_batch_size_is_kept_and_batch_dim_dropped() {
         let mut config = parse_config("name: \"m\" max_batch_size: 16").unwrap();
         let inputs = [info("x", DataType::Int64, &[-1, 2, 3])];
-        autocomplete(&mut config, &inputs, &inputs).unwrap();
+        autocomplete(&mut config, &inputs, &inputs, DEFAULT_MAX_BATCH_SIZE).unwrap();
         assert_eq!(config.max_batch_size, 16);
         assert!(!has_dynamic_batching(&config));
         assert_eq!(config.input[0].dims, vec![2, 3]);
@@ -163,7 +180,7 @@ mod tests {
     fn scalars_become_dims_one_with_empty_reshape() {
         let mut config = parse_config("name: \"m\"").unwrap();
         let inputs = [info("x", DataType::Fp32, &[])];
-        autocomplete(&mut config, &inputs, &inputs).unwrap();
+        autocomplete(&mut config, &inputs, &inputs, DEFAULT_MAX_BATCH_SIZE).unwrap();
         assert_eq!(config.max_batch_size, 0);
         assert_eq!(config.input[0].dims, vec![1]);
         assert_eq!(
@@ -179,7 +196,7 @@ mod tests {
         let mut config = parse_config(text).unwrap();
         let before = config.clone();
         let inputs = [info("a", DataType::Fp32, &[-1, 2])];
-        autocomplete(&mut config, &inputs, &inputs).unwrap();
+        autocomplete(&mut config, &inputs, &inputs, DEFAULT_MAX_BATCH_SIZE).unwrap();
         assert_eq!(config, before);
     }
 
@@ -190,7 +207,7 @@ mod tests {
         let mut config = parse_config(text).unwrap();
         let inputs = [info("a", DataType::Fp32, &[-1, 2])];
         let outputs = [info("b", DataType::Fp16, &[-1, 5])];
-        autocomplete(&mut config, &inputs, &outputs).unwrap();
+        autocomplete(&mut config, &inputs, &outputs, DEFAULT_MAX_BATCH_SIZE).unwrap();
         assert_eq!(config.input[0].dims, vec![7]);
         assert_eq!(config.output[0].dims, vec![5]);
     }

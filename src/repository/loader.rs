@@ -100,7 +100,7 @@ pub fn prepare(
 ) -> Result<Prepared, String> {
     let mut config = match config_override {
         Some(config) => config,
-        None => read_config(dir)?,
+        None => read_config(dir, options.config_name.as_deref())?,
     };
     config::normalize_identity(&mut config, name).map_err(|e| e.to_string())?;
     let selected = versions::select(dir, &config)?;
@@ -183,7 +183,12 @@ pub fn prepare(
                 .client_inputs(probe.inputs()),
             None => probe.inputs().to_vec(),
         };
-        autocomplete::autocomplete(&mut config, &inputs, probe.outputs())?;
+        autocomplete::autocomplete(
+            &mut config,
+            &inputs,
+            probe.outputs(),
+            options.default_max_batch_size,
+        )?;
     }
     config::validate_io(&config).map_err(|e| e.to_string())?;
     config::max_inflight_requests(&config).map_err(|e| e.to_string())?;
@@ -376,8 +381,17 @@ fn read_labels(dir: &Path, config: &ModelConfig) -> Result<BTreeMap<String, Vec<
     Ok(labels)
 }
 
-fn read_config(dir: &Path) -> Result<ModelConfig, String> {
-    let path = contained(dir, "config.pbtxt")?;
+/// `configs/<config_name>.pbtxt` where the model has it, else `config.pbtxt`; a model without
+/// either gets an empty config, for auto-complete to fill.
+fn read_config(dir: &Path, config_name: Option<&str>) -> Result<ModelConfig, String> {
+    let custom = config_name
+        .map(|name| contained(dir, &format!("configs/{name}.pbtxt")))
+        .transpose()?
+        .filter(|path| path.is_file());
+    let path = match custom {
+        Some(path) => path,
+        None => contained(dir, "config.pbtxt")?,
+    };
     match read_text(&path, MAX_CONFIG_BYTES) {
         Ok(text) => config::parse_config(&text).map_err(|e| e.to_string()),
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(ModelConfig::default()),
@@ -479,11 +493,7 @@ fn start_version(
             }
         }
     }
-    let mut stats = ModelStats::with_gpus(name, version, &gpus);
-    if cache_responses {
-        stats = stats.with_response_cache();
-    }
-    let stats = Arc::new(stats);
+    let stats = Arc::new(ModelStats::with_gpus(name, version, &gpus, cache_responses));
     let scheduler = Scheduler::start(
         &format!("{name}-{version}"),
         config::batching_config(config),

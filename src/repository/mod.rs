@@ -39,6 +39,7 @@ mod warmup;
 pub use index::IndexEntry;
 pub use io::{IoSpec, TensorSpec};
 pub use lifecycle::{ControlMode, ModelRepository, RepositoryOptions, Slot, Snapshot, Status};
+pub use limits::MAX_BATCH_SIZE;
 pub use loader::LoadFailure;
 pub use overrides::LoadParameter;
 pub use s3::S3Store;
@@ -63,6 +64,11 @@ pub struct LoadOptions {
     pub gpu_fallback_to_cpu: bool,
     /// `--cache-config`: the server has a response cache for models that enable it.
     pub response_cache: bool,
+    /// What auto-complete gives batchable models (`--backend-config default-max-batch-size`).
+    pub default_max_batch_size: i32,
+    /// `--model-config-name`: read `<model>/configs/<name>.pbtxt` instead of `config.pbtxt`
+    /// where it exists.
+    pub config_name: Option<String>,
 }
 
 /// A version that is loaded and serving. Requests hold it by `Arc` while they run, so a version

@@ -41,6 +41,10 @@ pub struct RepositoryOptions {
     /// `--load-model` names for explicit mode; `["*"]` loads every model.
     pub startup_models: Vec<String>,
     pub load: LoadOptions,
+    /// Models loaded at once at start-up and by a poll (`--model-load-thread-count`).
+    pub load_threads: usize,
+    /// Times a failed load from the store is tried again (`--model-load-retry-count`).
+    pub load_retries: u32,
 }
 
 /// The lifecycle state of a model that is not simply serving.

@@ -10,16 +10,17 @@ use crate::repository::store::{validate_name, Fingerprint};
 use crate::repository::{Executor, Model};
 use std::collections::BTreeMap;
 use std::path::PathBuf;
-use std::sync::atomic::Ordering;
-use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
 use tracing::{info, warn};
 
 /// How deep an ensemble's composing models are loaded with it (nested ensembles).
 const ENSEMBLE_DEPTH: usize = 8;
 
 impl ModelRepository {
-    /// Loads what the control mode loads at start-up; blocking. Failures are recorded per model.
-    pub fn load_startup(&self) {
+    /// Loads what the control mode loads at start-up, `load_threads` models at a time; blocking.
+    /// Failures are recorded per model, and returned as Triton's load messages.
+    pub fn load_startup(&self) -> Vec<String> {
         let names: Vec<String> = match self.options.mode {
             ControlMode::Explicit if self.options.startup_models != ["*"] => {
                 self.options.startup_models.clone()
@@ -31,20 +32,45 @@ impl ModelRepository {
                 slots.insert(name.clone(), Slot::new(true));
             }
         });
-        for name in &names {
-            let _ = self.load_from_store(name, false);
-        }
+        let failures = self.load_each(&names, false);
         self.started.store(true, Ordering::SeqCst);
         self.notify();
-        let snapshot = self.snapshot();
-        let ready = names
-            .iter()
-            .filter(|n| snapshot.get(*n).is_some_and(|s| s.serving.is_some()))
-            .count();
         info!(
-            "start-up model loading finished: {ready} of {} models ready",
+            "start-up model loading finished: {} of {} models ready",
+            names.len() - failures.len(),
             names.len()
         );
+        failures
+    }
+
+    /// Loads `names` from the store, up to `load_threads` at once; returns the failures' messages
+    /// in `names` order.
+    fn load_each(&self, names: &[String], keep_unchanged: bool) -> Vec<String> {
+        let next = AtomicUsize::new(0);
+        let failures = Mutex::new(Vec::new());
+        let worker = || {
+            while let Some(name) = names.get(next.fetch_add(1, Ordering::Relaxed)) {
+                if let Err(e) = self.load_from_store(name, keep_unchanged) {
+                    failures
+                        .lock()
+                        .unwrap_or_else(|p| p.into_inner())
+                        .push((name, e.message().to_string()));
+                }
+            }
+        };
+        let threads = self.options.load_threads.clamp(1, names.len().max(1));
+        if threads == 1 {
+            worker();
+        } else {
+            std::thread::scope(|scope| {
+                for _ in 0..threads {
+                    scope.spawn(worker);
+                }
+            });
+        }
+        let mut failures = failures.into_inner().unwrap_or_else(|p| p.into_inner());
+        failures.sort_by_key(|(name, _)| names.iter().position(|n| n == *name));
+        failures.into_iter().map(|(_, message)| message).collect()
     }
 
     /// The load API: loads, or reloads, `name` with optional `config` / `file:` overrides.
@@ -62,7 +88,11 @@ impl ModelRepository {
         validate_name(name).map_err(Error::InvalidArgument)?;
         let overrides = overrides::parse(parameters)?;
         if overrides.files.is_empty() {
-            self.with_model_lock(name, || self.load_locked(name, overrides.config, false))?;
+            self.retrying(name, || {
+                self.with_model_lock(name, || {
+                    self.load_locked(name, overrides.config.clone(), false)
+                })
+            })?;
         } else {
             let dir = OverrideDir::write(name, &overrides.files)?;
             self.with_model_lock(name, || {
@@ -152,10 +182,11 @@ impl ModelRepository {
     /// change), unloads models whose directory is gone. Blocking.
     pub fn poll(&self) {
         let listed = self.list();
+        let mut changed = Vec::new();
         for (name, store) in &listed {
             let fingerprint = self.stores[*store].fingerprint(name).ok();
             let snapshot = self.snapshot();
-            let changed = match snapshot.get(name) {
+            let differs = match snapshot.get(name) {
                 None => {
                     info!(model = %name, "new model in the repository");
                     self.update(name, |_| Some(Slot::new(true)));
@@ -165,10 +196,11 @@ impl ModelRepository {
                 // they change again.
                 Some(slot) => slot.seen != fingerprint,
             };
-            if changed {
-                let _ = self.load_from_store(name, true);
+            if differs {
+                changed.push(name.clone());
             }
         }
+        self.load_each(&changed, true);
         for (name, slot) in self.snapshot().iter() {
             if !listed.contains_key(name) && !slot.from_override {
                 info!(model = %name, "model directory removed from the repository");
@@ -178,8 +210,25 @@ impl ModelRepository {
     }
 
     fn load_from_store(&self, name: &str, keep_unchanged: bool) -> Result<(), Error> {
-        self.with_model_lock(name, || self.load_locked(name, None, keep_unchanged))
-            .inspect_err(|e| warn!(model = %name, "{}", e.message()))
+        self.retrying(name, || {
+            self.with_model_lock(name, || self.load_locked(name, None, keep_unchanged))
+        })
+        .inspect_err(|e| warn!(model = %name, "{}", e.message()))
+    }
+
+    /// Runs `load` again after a failure, up to `load_retries` more times
+    /// (`--model-load-retry-count`: a store that fails now and then).
+    fn retrying(&self, name: &str, load: impl Fn() -> Result<(), Error>) -> Result<(), Error> {
+        let mut attempt = 0;
+        loop {
+            match load() {
+                Err(e) if attempt < self.options.load_retries => {
+                    attempt += 1;
+                    warn!(model = %name, "{}; trying again ({attempt} of {})", e.message(), self.options.load_retries);
+                }
+                result => return result,
+            }
+        }
     }
 
     /// Loads `name` from the first store holding it. The caller holds the model's lock.

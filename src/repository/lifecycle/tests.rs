@@ -47,7 +47,11 @@ fn repository(mode: ControlMode, names: Vec<&'static str>) -> ModelRepository {
             cores: 1,
             gpu_fallback_to_cpu: false,
             response_cache: false,
+            default_max_batch_size: 4,
+            config_name: None,
         },
+        load_threads: 1,
+        load_retries: 0,
     };
     ModelRepository::new(vec![Box::new(NamesOnly(names))], options).unwrap()
 }
