@@ -124,6 +124,8 @@ class KilnServer:
         """Live may come before loading ends: wait until ServerReady, or until every
         model in RepositoryIndex is READY or UNAVAILABLE (a failed load). Gives up
         silently at the deadline: the tests then report what is wrong."""
+        if self.grpc_off:
+            return
         deadline = time.monotonic() + STARTUP_TIMEOUT
         while time.monotonic() < deadline and self.proc.poll() is None:
             try:
@@ -139,7 +141,29 @@ class KilnServer:
                 pass
             time.sleep(0.2)
 
+    @property
+    def grpc_off(self) -> bool:
+        return "--allow-grpc=false" in self.extra_args
+
+    def _wait_http(self) -> None:
+        """A kiln started without gRPC: wait for REST to say live, then ready (or give up at
+        the deadline, as `_wait_models_settled` does)."""
+        deadline = time.monotonic() + STARTUP_TIMEOUT
+        for path in ("/v2/health/live", "/v2/health/ready"):
+            while time.monotonic() < deadline and self.proc.poll() is None:
+                try:
+                    if http_request(self.http_url, "GET", path).status == 200:
+                        break
+                except OSError:
+                    pass
+                time.sleep(0.2)
+        if self.proc.poll() is not None:
+            pytest.fail(f"kiln exited with code {self.proc.returncode} during startup\n"
+                        f"{self.log_tail()}", pytrace=False)
+
     def _wait_live(self) -> None:
+        if self.grpc_off:
+            return self._wait_http()
         deadline = time.monotonic() + STARTUP_TIMEOUT
         last_err = None
         while time.monotonic() < deadline:

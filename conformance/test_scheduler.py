@@ -166,4 +166,5 @@ def test_prometheus_text_uses_triton_names(fresh):
     assert 'nv_inference_request_failure{model="add_sub",version="1",reason="REJECTED"}' in samples
     for name in ("queue", "compute_input", "compute_infer", "compute_output"):
         assert f"nv_inference_{name}_duration_us{labels}" in samples
-    assert "# TYPE nv_inference_request_summary_us summary" in text
+    # Latency summaries are off unless --metrics-config asks for them, as in Triton.
+    assert "nv_inference_request_summary_us" not in text

@@ -46,7 +46,7 @@ fn parse_log_format(name: &str) -> Result<LogFormat, String> {
 /// Serve ONNX models over NVIDIA Triton's gRPC and REST protocols (KServe v2 / Open Inference
 /// Protocol). Flags follow `tritonserver`.
 #[derive(Debug, Parser)]
-#[command(name = "kiln", version, about)]
+#[command(name = "kiln", version, about, args_override_self = true)]
 pub struct Args {
     /// Model repository (Triton layout: <model>/config.pbtxt, <model>/<version>/model.onnx): a
     /// directory, or s3://bucket/prefix for an S3-compatible store configured from the AWS_*

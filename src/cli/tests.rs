@@ -174,3 +174,23 @@ fn trace_config_wins_over_the_older_trace_flags() {
     .unwrap();
     assert_eq!(launched.config.trace.rate, 7);
 }
+
+#[test]
+fn a_flag_given_twice_keeps_its_last_value_and_repeatable_ones_add_up() {
+    let launched = launch(&[
+        "--model-repository=/a",
+        "--model-repository=/b",
+        "--grpc-port=1",
+        "--grpc-port=2",
+        "--metrics-config=summary_latencies=true",
+        "--metrics-config=counter_latencies=false",
+    ])
+    .unwrap();
+    assert_eq!(
+        launched.config.model_repositories,
+        [PathBuf::from("/a"), PathBuf::from("/b")]
+    );
+    assert_eq!(launched.grpc.unwrap().address.port(), 2);
+    let metrics = &launched.config.metrics.config;
+    assert!(metrics.summary_latencies && !metrics.counter_latencies);
+}

@@ -84,7 +84,7 @@ fn quantiles(text: &str) -> Result<Vec<f64>, &'static str> {
         let (quantile, error) = pair.split_once(':').ok_or(FORM)?;
         let quantile: f64 = quantile.trim().parse().map_err(|_| FORM)?;
         let error: f64 = error.trim().parse().map_err(|_| FORM)?;
-        if !(0.0..=1.0).contains(&quantile) || !(error > 0.0 && error < 1.0) {
+        if !((0.0..=1.0).contains(&quantile) && error > 0.0 && error < 1.0) {
             return Err(FORM);
         }
         quantiles.push(quantile);

@@ -298,7 +298,8 @@ async fn statistics_cover_all_models_and_metrics_use_triton_names() {
     ] {
         assert!(text.contains(&format!("# TYPE {name} counter")), "{name}");
     }
-    assert!(text.contains("# TYPE nv_inference_request_summary_us summary"));
+    // Latency summaries are off unless --metrics-config asks for them, as in Triton.
+    assert!(!text.contains("nv_inference_request_summary_us"));
     assert!(text.contains("# TYPE nv_model_load_duration_secs gauge"));
     assert!(text.contains("nv_model_load_duration_secs{model=\"add_sub\",version=\"1\"}"));
 }

@@ -239,3 +239,64 @@ fn unloaded_versions_stop_once_their_last_request_is_done() {
     assert!(changes.has_changed().unwrap());
     assert!(!repository.snapshot()["m"].expected);
 }
+
+/// Counts fetches, and fails them all.
+struct Flaky {
+    names: Vec<&'static str>,
+    fetches: std::sync::Arc<std::sync::atomic::AtomicUsize>,
+}
+
+impl ModelStore for Flaky {
+    fn location(&self) -> String {
+        "flaky".into()
+    }
+    fn list(&self) -> std::io::Result<Vec<String>> {
+        Ok(self.names.iter().map(|s| s.to_string()).collect())
+    }
+    fn contains(&self, name: &str) -> bool {
+        self.names.contains(&name)
+    }
+    fn fetch(&self, _: &str) -> Result<std::path::PathBuf, String> {
+        self.fetches
+            .fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+        Err("store unavailable".into())
+    }
+    fn fingerprint(&self, _: &str) -> Result<Fingerprint, String> {
+        Ok(Fingerprint::default())
+    }
+}
+
+#[test]
+fn start_up_loads_run_in_parallel_retry_failures_and_return_them_in_order() {
+    let fetches = std::sync::Arc::new(std::sync::atomic::AtomicUsize::new(0));
+    let store = Flaky {
+        names: vec!["c", "a", "b", "d", "e"],
+        fetches: std::sync::Arc::clone(&fetches),
+    };
+    let options = RepositoryOptions {
+        mode: ControlMode::None,
+        startup_models: Vec::new(),
+        load: LoadOptions {
+            auto_complete: true,
+            cores: 1,
+            gpu_fallback_to_cpu: false,
+            response_cache: false,
+            default_max_batch_size: 4,
+            config_name: None,
+        },
+        load_threads: 3,
+        load_retries: 2,
+    };
+    let repository = ModelRepository::new(vec![Box::new(store)], options).unwrap();
+    let failures = repository.load_startup();
+    // Each model is tried three times (once, then two retries), and reported once.
+    assert_eq!(fetches.load(std::sync::atomic::Ordering::SeqCst), 15);
+    assert_eq!(failures.len(), 5);
+    for (failure, name) in failures.iter().zip(["a", "b", "c", "d", "e"]) {
+        assert!(
+            failure.contains(&format!("'{name}'")) && failure.contains("store unavailable"),
+            "{failure}"
+        );
+    }
+    assert!(repository.started() && !repository.all_expected_ready());
+}
