@@ -432,6 +432,7 @@ pub fn batching_config(config: &ModelConfig) -> BatchingConfig {
             .collect(),
         max_in_flight,
         adaptive_delay: adaptive_batching_delay(config).unwrap_or(true),
+        layout: Default::default(),
     }
 }
 

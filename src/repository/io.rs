@@ -80,6 +80,12 @@ impl IoSpec {
     ) -> Result<IoSpec, String> {
         let model = &config.name;
         let batched = config.max_batch_size > 0;
+        let layout = super::ragged::layout(config)?;
+        // Ragged inputs and scattered outputs are one dimension in the graph.
+        let flat = |name: &str| {
+            layout.ragged.iter().any(|r| r == name)
+                || layout.scatter.iter().any(|s| s.output == name)
+        };
         let spec = |kind: &str,
                     name: &str,
                     data_type: i32,
@@ -110,13 +116,17 @@ impl IoSpec {
                 None if info.shape.is_empty() && dims == [1] && !batched => Some(Vec::new()),
                 None => None,
             };
-            compare_dims(
-                model,
-                name,
-                &info.shape,
-                model_dims.as_deref().unwrap_or(dims),
-                batched,
-            )?;
+            if flat(name) {
+                super::ragged::check_flat(model, kind, name, &info.shape)?;
+            } else {
+                compare_dims(
+                    model,
+                    name,
+                    &info.shape,
+                    model_dims.as_deref().unwrap_or(dims),
+                    batched,
+                )?;
+            }
             Ok(TensorSpec {
                 name: name.to_string(),
                 datatype,
@@ -139,9 +149,11 @@ impl IoSpec {
                 )
             })
             .collect::<Result<Vec<_>, _>>()?;
+        super::ragged::check_batch_inputs(model, &layout, graph_inputs)?;
+        let server_made = |name: &str| layout.batch_inputs.iter().any(|b| b.target == name);
         if let Some(missing) = graph_inputs
             .iter()
-            .find(|g| !inputs.iter().any(|i| i.name == g.name))
+            .find(|g| !inputs.iter().any(|i| i.name == g.name) && !server_made(&g.name))
         {
             return Err(format!(
                 "unable to load model '{model}': model input '{}' is missing from the configuration",

@@ -479,7 +479,8 @@ fn start_version(
         });
     }
     let io = io.ok_or_else(|| format!("model '{name}' has no instances"))?;
-    warmup::run(dir, config, &io, &mut backends)?;
+    let layout = Arc::new(super::ragged::layout(config)?);
+    warmup::run(dir, config, &io, &layout, &mut backends)?;
     let mut gpus: Vec<(i32, String)> = Vec::new();
     for device in devices {
         if let Device::Cuda { gpu, options } = device {
@@ -494,9 +495,11 @@ fn start_version(
         }
     }
     let stats = Arc::new(ModelStats::with_gpus(name, version, &gpus, cache_responses));
+    let mut batching = config::batching_config(config);
+    batching.layout = layout;
     let scheduler = Scheduler::start(
         &format!("{name}-{version}"),
-        config::batching_config(config),
+        batching,
         backends,
         Arc::clone(&stats),
     )

@@ -27,6 +27,7 @@ mod limits;
 mod loader;
 mod overrides;
 pub mod placement;
+mod ragged;
 mod retire;
 pub mod s3;
 pub mod sequence;

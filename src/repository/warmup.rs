@@ -17,6 +17,7 @@ use crate::engine::validate;
 use crate::proto::inference::model_warmup::input::InputDataType;
 use crate::proto::inference::{ModelConfig, ModelWarmup};
 use crate::repository::config::datatype_from_config;
+use crate::scheduler::layout::BatchLayout;
 use bytes::Bytes;
 use std::path::Path;
 
@@ -31,6 +32,7 @@ pub fn run(
     model_dir: &Path,
     config: &ModelConfig,
     io: &IoSpec,
+    layout: &BatchLayout,
     backends: &mut [Box<dyn Backend>],
 ) -> Result<(), String> {
     let stateful = matches!(
@@ -51,6 +53,8 @@ pub fn run(
             )
         };
         let inputs = sample_inputs(model_dir, &config.name, io, sample).map_err(failed)?;
+        // Laid out as a batch of one request (ragged inputs flat, batch inputs added).
+        let inputs = layout.assemble(&[&inputs]);
         for backend in backends.iter_mut() {
             for _ in 0..sample.count.max(1) {
                 backend.run(&inputs).map_err(|e| failed(e.to_string()))?;

@@ -67,27 +67,59 @@ pub fn split(outputs: Vec<Tensor>, rows: &[usize]) -> Result<Vec<Vec<Tensor>>, S
     if rows.len() == 1 {
         return Ok(vec![outputs]);
     }
-    let total: usize = rows.iter().sum();
     let mut per_request: Vec<Vec<Tensor>> = rows
         .iter()
         .map(|_| Vec::with_capacity(outputs.len()))
         .collect();
     for output in outputs {
-        let batch = output.shape.first().copied().unwrap_or(-1);
-        if batch < 0 || batch as usize != total {
-            return Err(format!(
-                "output '{}' has first dimension {batch}, but the batch holds {total} rows",
-                output.name
-            ));
+        for (request, piece) in per_request.iter_mut().zip(split_rows(&output, rows)?) {
+            request.push(piece);
         }
-        let row_elements: usize = output.shape[1..]
-            .iter()
-            .map(|&d| d.max(0) as usize)
-            .product();
-        let offsets = row_offsets(&output, rows, row_elements)?;
-        for (request, (range, &n)) in per_request.iter_mut().zip(offsets.windows(2).zip(rows)) {
-            let mut shape = output.shape.clone();
-            shape[0] = n as i64;
+    }
+    Ok(per_request)
+}
+
+/// Splits one output along its first dimension into `rows` pieces (zero-copy slices).
+///
+/// # Errors
+/// As [`split`].
+pub fn split_rows(output: &Tensor, rows: &[usize]) -> Result<Vec<Tensor>, String> {
+    let total: usize = rows.iter().sum();
+    let batch = output.shape.first().copied().unwrap_or(-1);
+    if batch < 0 || batch as usize != total {
+        return Err(format!(
+            "output '{}' has first dimension {batch}, but the batch holds {total} rows",
+            output.name
+        ));
+    }
+    let row_elements: usize = output.shape[1..]
+        .iter()
+        .map(|&d| d.max(0) as usize)
+        .product();
+    let shapes = rows.iter().map(|&n| {
+        let mut shape = output.shape.clone();
+        shape[0] = n as i64;
+        shape
+    });
+    let counts: Vec<usize> = rows.iter().map(|&n| n * row_elements).collect();
+    pieces(output, &counts, shapes)
+}
+
+/// Cuts `output` into consecutive pieces of `counts` elements, shaped `shapes`; every element
+/// must be used.
+///
+/// # Errors
+/// A message when the output holds more or fewer elements, or a BYTES buffer is malformed.
+pub fn pieces(
+    output: &Tensor,
+    counts: &[usize],
+    shapes: impl Iterator<Item = Vec<i64>>,
+) -> Result<Vec<Tensor>, String> {
+    let offsets = element_offsets(output, counts)?;
+    Ok(offsets
+        .windows(2)
+        .zip(shapes)
+        .map(|(range, shape)| {
             let mut piece = Tensor::new(
                 output.name.clone(),
                 output.datatype,
@@ -95,22 +127,20 @@ pub fn split(outputs: Vec<Tensor>, rows: &[usize]) -> Result<Vec<Vec<Tensor>>, S
                 output.data.slice(range[0]..range[1]),
             );
             piece.parameters = output.parameters.clone();
-            request.push(piece);
-        }
-    }
-    Ok(per_request)
+            piece
+        })
+        .collect())
 }
 
-/// Byte offsets where each request's rows start, plus the end.
-fn row_offsets(output: &Tensor, rows: &[usize], row_elements: usize) -> Result<Vec<usize>, String> {
-    let mut offsets = Vec::with_capacity(rows.len() + 1);
+/// Byte offsets where each piece of `counts` elements starts, plus the end.
+fn element_offsets(output: &Tensor, counts: &[usize]) -> Result<Vec<usize>, String> {
+    let mut offsets = Vec::with_capacity(counts.len() + 1);
     offsets.push(0);
     match output.datatype.element_size() {
         Some(size) => {
-            let row_bytes = row_elements * size;
             let mut at = 0;
-            for &n in rows {
-                at += n * row_bytes;
+            for &n in counts {
+                at += n * size;
                 offsets.push(at);
             }
             if at != output.data.len() {
@@ -124,8 +154,8 @@ fn row_offsets(output: &Tensor, rows: &[usize], row_elements: usize) -> Result<V
         None => {
             let mut elements = BytesElements::new(&output.data);
             let mut at = 0;
-            for &n in rows {
-                for _ in 0..n * row_elements {
+            for &n in counts {
+                for _ in 0..n {
                     let element = elements
                         .next()
                         .ok_or_else(|| format!("output '{}' has too few elements", output.name))?
@@ -133,6 +163,9 @@ fn row_offsets(output: &Tensor, rows: &[usize], row_elements: usize) -> Result<V
                     at += 4 + element.len();
                 }
                 offsets.push(at);
+            }
+            if at != output.data.len() {
+                return Err(format!("output '{}' has too many elements", output.name));
             }
         }
     }

@@ -19,6 +19,7 @@
 //! out of the queue when they pass; instances also drop anything expired they come across.
 
 pub mod batch;
+pub mod layout;
 pub mod state;
 
 use crate::backend::{Backend, BackendError};
@@ -109,6 +110,8 @@ struct Shared {
     /// Requests between `submit` and the return of their answer (queued, running, or answered
     /// and not yet returned), for `max_in_flight` and the batching rules.
     in_flight: AtomicUsize,
+    /// How batches are laid out (ragged inputs, batch inputs, scatter outputs).
+    layout: Arc<layout::BatchLayout>,
 }
 
 struct Queue {
@@ -192,6 +195,7 @@ impl Scheduler {
         let may_inline = backends.iter().all(|backend| backend.may_run_inline());
         let max_in_flight = config.max_in_flight;
         let instances = backends.len();
+        let layout = Arc::clone(&config.layout);
         let shared = Arc::new(Shared {
             queue: Mutex::new(Queue {
                 state: State::new(config),
@@ -202,6 +206,7 @@ impl Scheduler {
             stats,
             recent_infer: RecentInfer(AtomicU64::new(u64::MAX)),
             in_flight: AtomicUsize::new(0),
+            layout,
         });
         let mut threads = Vec::with_capacity(instances);
         for index in 0..instances {
@@ -285,7 +290,7 @@ impl Scheduler {
             }
         }
         let signature = if self.batching {
-            batch::signature(&request.inputs)
+            self.shared.layout.signature(&request.inputs)
         } else {
             0
         };
@@ -502,7 +507,7 @@ fn execute(backend: &mut dyn Backend, jobs: Vec<Job>, shared: &Shared) -> Answer
     let start = Instant::now();
     let rows: Vec<usize> = jobs.iter().map(|job| job.rows).collect();
     let inputs: Vec<&[Tensor]> = jobs.iter().map(|job| job.inputs.as_slice()).collect();
-    let merged = batch::concat(&inputs);
+    let merged = shared.layout.assemble(&inputs);
     let ran = Instant::now();
     let result = catch_unwind(AssertUnwindSafe(|| backend.run(&merged)))
         .unwrap_or_else(|_| Err(BackendError::Run("model instance panicked".into())));
@@ -518,7 +523,10 @@ fn execute(backend: &mut dyn Backend, jobs: Vec<Job>, shared: &Shared) -> Answer
     let inferred = Instant::now();
     shared.recent_infer.record(inferred - ran);
     let split = result.map_err(ScheduleError::from).and_then(|outputs| {
-        batch::split(outputs, &rows).map_err(|e| ScheduleError::Backend(BackendError::Run(e)))
+        shared
+            .layout
+            .split(outputs, &rows, &inputs)
+            .map_err(|e| ScheduleError::Backend(BackendError::Run(e)))
     });
     let times = ComputeTimes {
         input: ran - start,

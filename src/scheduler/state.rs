@@ -91,6 +91,8 @@ pub struct BatchingConfig {
     /// config parameter `adaptive_batching_delay`). Off: every batch that does not fill waits for
     /// its full delay, as in Triton.
     pub adaptive_delay: bool,
+    /// How batches are laid out: ragged inputs, batch inputs, scatter outputs.
+    pub layout: std::sync::Arc<super::layout::BatchLayout>,
 }
 
 impl Default for BatchingConfig {
@@ -105,6 +107,7 @@ impl Default for BatchingConfig {
             policies: vec![QueuePolicy::default()],
             max_in_flight: 0,
             adaptive_delay: true,
+            layout: Default::default(),
         }
     }
 }

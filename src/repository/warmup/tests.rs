@@ -63,7 +63,7 @@ fn every_instance_runs_every_sample_count_times() {
              inputs {{ key: "A" value {{ data_type: TYPE_FP32 dims: [2] random_data: true }} }} {BOTH} }}
         ]"#
     ));
-    run(&dir, &config, &io(4), &mut backends).unwrap();
+    run(&dir, &config, &io(4), &Default::default(), &mut backends).unwrap();
     let seen = seen.lock().unwrap();
     assert_eq!(seen.len(), 2 * 2 + 2);
     let zeros = &seen[0];
@@ -105,12 +105,28 @@ fn file_data_comes_from_the_warmup_directory() {
                 inputs {{ key: "T" value {{ data_type: TYPE_STRING dims: [1] input_data_file: "{t}" }} }} }}"#
         ))
     };
-    run(&dir, &sample("a.bin", "t.bin"), &io(4), &mut backends).unwrap();
+    run(
+        &dir,
+        &sample("a.bin", "t.bin"),
+        &io(4),
+        &Default::default(),
+        &mut backends,
+    )
+    .unwrap();
     let seen = seen.lock().unwrap();
     assert_eq!(&seen[0][0].data[..], &[values.clone(), values].concat()[..]);
     assert_eq!(seen[0][1].data.len(), 2 * 6);
     drop(seen);
-    let mut error = |a: &str, t: &str| run(&dir, &sample(a, t), &io(4), &mut backends).unwrap_err();
+    let mut error = |a: &str, t: &str| {
+        run(
+            &dir,
+            &sample(a, t),
+            &io(4),
+            &Default::default(),
+            &mut backends,
+        )
+        .unwrap_err()
+    };
     let wrong_size = error("t.bin", "t.bin");
     assert!(
         wrong_size.contains("one batch element takes 8"),
@@ -133,7 +149,7 @@ fn bad_samples_fail_the_load_with_a_reason() {
     let check = |samples: String, io: IoSpec, expected: &str| {
         let mut ok: Vec<Box<dyn Backend>> =
             vec![Box::new(Recording(Arc::new(Mutex::new(Vec::new()))))];
-        let error = run(&dir, &config(&samples), &io, &mut ok).unwrap_err();
+        let error = run(&dir, &config(&samples), &io, &Default::default(), &mut ok).unwrap_err();
         assert!(
             error.starts_with("failed to warm up model 'm' with sample 's': ")
                 && error.contains(expected),
@@ -169,6 +185,7 @@ fn bad_samples_fail_the_load_with_a_reason() {
         &dir,
         &config(&sample(1, a("[2]") + BOTH)),
         &io(4),
+        &Default::default(),
         &mut backends,
     )
     .unwrap_err();
@@ -187,7 +204,14 @@ fn stateful_models_are_not_warmed_up() {
         ),
     );
     let mut backends: Vec<Box<dyn Backend>> = vec![Box::new(Failing)];
-    let error = run(&scratch("stateful"), &config, &io(4), &mut backends).unwrap_err();
+    let error = run(
+        &scratch("stateful"),
+        &config,
+        &io(4),
+        &Default::default(),
+        &mut backends,
+    )
+    .unwrap_err();
     assert!(error.contains("stateful"), "{error}");
 }
 
