@@ -23,6 +23,9 @@ Outputs (Triton repository layout: <model>/config.pbtxt, <model>/<version>/model
     int_div/          A, B INT32 [-1] -> C = A+B INT32 [-1]; max_batch_size 0 (integer model, variable dim)
     slow_batcher/     Y = X+1 behind a batcher waiting 2 s for a preferred batch of 4, queue of at most 4
     bounded_batcher/  Y = X+1 behind a batcher waiting 2 s for a batch of 8, max_inflight_requests 4
+    ragged_sum/       ragged INPUT FP32 [-1] (flat in the graph) with batch inputs INDEX (accumulated counts
+                      with zero, INT32) and COUNTS (element counts, FP32) -> SUM and LENGTH per request, DOUBLED
+                      = 2*INPUT scattered back by INPUT's shape; batches of 3 form as soon as 3 requests wait
   tests/fixtures/drain_repository/          every model loads (the server is ready): shutdown tests
     slow_compute/     Y = X+1 plus a 1024x1024 MatMul per run (tens of ms), one instance, no batching
 
@@ -503,6 +506,65 @@ def bounded_batcher(w, repo):
     w.checks.append((path, check))
 
 
+def ragged_sum(w, repo):
+    """Triton's ragged batching: requests with INPUT of any length share a batch; the model gets
+    their elements as one 1-D tensor plus INDEX = [0, end_1, ..., end_n] and COUNTS = [len_1, ...],
+    and answers each request's SUM and LENGTH ([batch, 1]) and DOUBLED (1-D, scattered back by
+    INPUT's shape)."""
+    d = os.path.join(repo, "ragged_sum")
+    nodes = [
+        helper.make_node("CumSum", ["INPUT", "axis0"], ["running"]),
+        helper.make_node("Concat", ["zero", "running"], ["running0"], axis=0),   # [n + 1]
+        helper.make_node("Slice", ["INDEX", "one_i", "big_i"], ["ends"]),
+        helper.make_node("Slice", ["INDEX", "zero_i", "minus_one_i"], ["starts"]),
+        helper.make_node("Gather", ["running0", "ends"], ["at_end"]),
+        helper.make_node("Gather", ["running0", "starts"], ["at_start"]),
+        helper.make_node("Sub", ["at_end", "at_start"], ["sums"]),
+        helper.make_node("Unsqueeze", ["sums", "axis1"], ["SUM"]),
+        helper.make_node("Unsqueeze", ["COUNTS", "axis1"], ["LENGTH"]),
+        helper.make_node("Mul", ["INPUT", "two"], ["DOUBLED"]),
+    ]
+    m = make_model(
+        "ragged_sum", nodes,
+        [vi("INPUT", TensorProto.FLOAT, ["elements"]), vi("INDEX", TensorProto.INT32, ["requests_plus_one"]),
+         vi("COUNTS", TensorProto.FLOAT, ["requests"])],
+        [vi("SUM", TensorProto.FLOAT, ["requests", 1]), vi("LENGTH", TensorProto.FLOAT, ["requests", 1]),
+         vi("DOUBLED", TensorProto.FLOAT, ["elements"])],
+        [const("axis0", 0, np.int64), const("axis1", [1], np.int64), const("zero", [0.0]),
+         const("two", 2.0), const("zero_i", [0], np.int64), const("one_i", [1], np.int64),
+         const("minus_one_i", [-1], np.int64), const("big_i", [2**31 - 1], np.int64)])
+    path = w.model(d, 1, m)
+    w.text(os.path.join(d, "config.pbtxt"), HEADER + """name: "ragged_sum"
+backend: "onnxruntime"
+max_batch_size: 8
+input [ { name: "INPUT" data_type: TYPE_FP32 dims: [ -1 ] allow_ragged_batch: true } ]
+output [
+  { name: "SUM" data_type: TYPE_FP32 dims: [ 1 ] },
+  { name: "LENGTH" data_type: TYPE_FP32 dims: [ 1 ] },
+  { name: "DOUBLED" data_type: TYPE_FP32 dims: [ -1 ] }
+]
+batch_input [
+  { kind: BATCH_ACCUMULATED_ELEMENT_COUNT_WITH_ZERO target_name: "INDEX" data_type: TYPE_INT32 source_input: "INPUT" },
+  { kind: BATCH_ELEMENT_COUNT target_name: "COUNTS" data_type: TYPE_FP32 source_input: "INPUT" }
+]
+batch_output [ { kind: BATCH_SCATTER_WITH_INPUT_SHAPE target_name: "DOUBLED" source_input: "INPUT" } ]
+dynamic_batching { preferred_batch_size: [ 3 ] max_queue_delay_microseconds: 2000000 }
+instance_group [ { count: 1 kind: KIND_CPU } ]
+parameters { key: "adaptive_batching_delay" value: { string_value: "false" } }
+""")
+
+    def check(ort):
+        x = np.arange(12, dtype=np.float32)
+        index = np.array([0, 3, 7, 12], dtype=np.int32)
+        counts = np.array([3, 4, 5], dtype=np.float32)
+        s, length, doubled = run(ort, path, {"INPUT": x, "INDEX": index, "COUNTS": counts})
+        assert_equal(s, np.array([[3.0], [18.0], [45.0]], dtype=np.float32))
+        assert_equal(length, counts.reshape(3, 1))
+        assert_equal(doubled, 2 * x)
+        return "3 requests of 3, 4, 5 elements: SUM, LENGTH, DOUBLED"
+    w.checks.append((path, check))
+
+
 SLOW_N = 1024
 
 
@@ -572,9 +634,15 @@ def check_config_against_model(cfg, model_dir):
             tt = vinfo.type.tensor_type
             onnx_io[vinfo.name] = (tt.elem_type, [d.dim_value if d.HasField("dim_value") else -1 for d in tt.shape.dim])
         mbs = cfg.max_batch_size
+        # Ragged inputs and scattered outputs are 1-D in the graph, whatever their dims.
+        flat = {i.name for i in cfg.input if i.allow_ragged_batch}
+        flat |= {t for b in cfg.batch_output for t in b.target_name}
         for kind, ios in (("input", cfg.input), ("output", cfg.output)):
             for io in ios:
                 elem, shape = onnx_io[io.name]
+                if io.name in flat:
+                    assert len(shape) == 1, (io.name, shape)
+                    continue
                 dtype = io.DESCRIPTOR.fields_by_name["data_type"].enum_type.values_by_number[io.data_type].name
                 assert ONNX_TO_TRITON[elem] == dtype, (io.name, ONNX_TO_TRITON[elem], dtype)
                 dims = list(io.reshape.shape) if io.HasField("reshape") else list(io.dims)
@@ -654,6 +722,7 @@ def generate():
     int_div(w, FIXTURES)
     slow_batcher(w, FIXTURES)
     bounded_batcher(w, FIXTURES)
+    ragged_sum(w, FIXTURES)
     slow_compute(w, DRAIN)
     return w
 
