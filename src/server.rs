@@ -79,6 +79,8 @@ pub struct Config {
     pub strict_readiness: bool,
     /// `--gpu-fallback-to-cpu`: KIND_GPU groups run on CPU when no GPU is usable.
     pub gpu_fallback_to_cpu: bool,
+    /// `--rate-limit=execution_count` with the `--rate-limit-resource` copies; `None`: off.
+    pub rate_limit: Option<crate::scheduler::rate_limit::ResourceFlags>,
     /// What the metrics endpoint reports besides the per-model series.
     pub metrics: MetricsOptions,
     /// `--trace-config`: the start-up trace settings.
@@ -449,6 +451,10 @@ fn open_repository(config: &Config) -> Result<ModelRepository, ServerError> {
             response_cache: config.response_cache.is_some(),
             default_max_batch_size: config.default_max_batch_size,
             config_name: config.model_config_name.clone(),
+            rate_limiter: config
+                .rate_limit
+                .clone()
+                .map(|flags| Arc::new(crate::scheduler::rate_limit::RateLimiter::new(flags))),
         },
         load_threads: config.load_threads,
         load_retries: config.load_retries,

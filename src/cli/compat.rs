@@ -213,12 +213,6 @@ pub struct TritonOnlyFlags {
     /// Only `false`: kiln has no Vertex AI endpoint.
     #[arg(long, value_name = "BOOL", value_parser = super::bool_value)]
     pub allow_vertex_ai: Option<bool>,
-    /// Only `off`: kiln has no rate limiter (instances run whatever is queued when free).
-    #[arg(long, value_name = "MODE")]
-    pub rate_limit: Option<String>,
-    /// No effect without a rate limiter.
-    #[arg(long, value_name = "NAME:COUNT[:DEVICE]")]
-    pub rate_limit_resource: Vec<String>,
 }
 
 impl TritonOnlyFlags {
@@ -249,14 +243,6 @@ impl TritonOnlyFlags {
             self.allow_vertex_ai == Some(true),
             "kiln serves the KServe v2 REST and gRPC APIs only",
         )?;
-        match self.rate_limit.as_deref() {
-            None | Some("off") => {}
-            Some(mode) => {
-                return Err(format!(
-                    "--rate-limit={mode} is not supported: kiln has no rate limiter (only 'off')"
-                ))
-            }
-        }
         let mut notes = Vec::new();
         let mut note = |flag: &str, given: bool, why: &str| {
             if given {
@@ -360,11 +346,6 @@ impl TritonOnlyFlags {
             "enable-peer-access",
             self.enable_peer_access.is_some(),
             "ONNX Runtime's CUDA provider manages peer access",
-        );
-        note(
-            "rate-limit-resource",
-            !self.rate_limit_resource.is_empty(),
-            "kiln has no rate limiter",
         );
         Ok(notes)
     }
@@ -490,7 +471,6 @@ mod tests {
             http_thread_count: Some(8),
             pinned_memory_pool_byte_size: Some(1),
             model_namespacing: Some(false),
-            rate_limit: Some("off".into()),
             ..TritonOnlyFlags::default()
         };
         let notes = inert.check().unwrap();
@@ -507,10 +487,6 @@ mod tests {
             },
             TritonOnlyFlags {
                 allow_vertex_ai: Some(true),
-                ..TritonOnlyFlags::default()
-            },
-            TritonOnlyFlags {
-                rate_limit: Some("execution_count".into()),
                 ..TritonOnlyFlags::default()
             },
         ] {

@@ -19,6 +19,7 @@ use crate::metrics::MetricsConfig;
 use crate::protocol::access::{AccessPolicy, Secret, GRPC_HEADER_PREFIX};
 use crate::protocol::http::DEFAULT_MAX_INPUT_BYTES;
 use crate::repository::ControlMode;
+use crate::scheduler::rate_limit::ResourceFlags;
 use crate::server::{Config, GrpcTransport, MetricsOptions};
 use crate::tls::TlsFiles;
 use clap::Parser;
@@ -314,6 +315,18 @@ pub struct Args {
     #[arg(long, env = "KILN_GPU_FALLBACK_TO_CPU", num_args = 0..=1, default_value_t = false, default_missing_value = "true", value_parser = bool_value, action = clap::ArgAction::Set)]
     pub gpu_fallback_to_cpu: bool,
 
+    /// `execution_count` turns on the rate limiter: instances whose instance group lists
+    /// `rate_limiter` resources run only while they hold them, across all models; `off` (the
+    /// default) ignores those settings.
+    #[arg(long, env = "KILN_RATE_LIMIT", value_enum, default_value = "off")]
+    pub rate_limit: RateLimitMode,
+
+    /// Copies of a rate-limiter resource (repeatable): `<name>:<count>` on every device, or
+    /// `<name>:<count>:<device>` on one (CPU instances count as device 0). By default a resource
+    /// has as many copies as the most any loaded instance asks for.
+    #[arg(long = "rate-limit-resource", value_name = "NAME:COUNT[:DEVICE]")]
+    pub rate_limit_resource: Vec<String>,
+
     /// Backend settings, as Triton's flag (repeatable): `[onnxruntime,]default-max-batch-size=N`
     /// is the max_batch_size that auto-complete gives batchable models (4); other settings are
     /// logged and left alone.
@@ -373,6 +386,14 @@ impl From<ModelControlMode> for ControlMode {
             ModelControlMode::Explicit => ControlMode::Explicit,
         }
     }
+}
+
+/// `--rate-limit` values, spelled as `tritonserver` spells them.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum RateLimitMode {
+    Off,
+    #[value(name = "execution_count")]
+    ExecutionCount,
 }
 
 /// A listener to open.
@@ -484,6 +505,19 @@ impl Args {
         let metrics_config = MetricsConfig::from_flags(&self.metrics_config)?;
         let mut notes = notes;
         notes.extend(backend.notes.iter().cloned());
+        let resources = ResourceFlags::parse(&self.rate_limit_resource)?;
+        let rate_limit = match self.rate_limit {
+            RateLimitMode::ExecutionCount => Some(resources),
+            RateLimitMode::Off => {
+                if !self.rate_limit_resource.is_empty() {
+                    notes.push(
+                        "--rate-limit-resource has no effect without --rate-limit=execution_count"
+                            .into(),
+                    );
+                }
+                None
+            }
+        };
         let millis = Duration::from_millis;
         let log = self.log_settings();
         let config = Config {
@@ -517,6 +551,7 @@ impl Args {
             poll_interval: Duration::from_secs(self.repository_poll_secs),
             strict_readiness: self.strict_readiness,
             gpu_fallback_to_cpu: self.gpu_fallback_to_cpu,
+            rate_limit,
             metrics: MetricsOptions {
                 gpu: self.allow_gpu_metrics,
                 cpu: self.allow_cpu_metrics,

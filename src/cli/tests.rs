@@ -194,3 +194,27 @@ fn a_flag_given_twice_keeps_its_last_value_and_repeatable_ones_add_up() {
     let metrics = &launched.config.metrics.config;
     assert!(metrics.summary_latencies && !metrics.counter_latencies);
 }
+
+#[test]
+fn the_rate_limiter_is_off_unless_asked_for() {
+    let off = launch(&["--model-repository=/m", "--rate-limit-resource=R:2"]).unwrap();
+    assert!(off.config.rate_limit.is_none());
+    assert!(
+        off.notes[0].contains("without --rate-limit=execution_count"),
+        "{:?}",
+        off.notes
+    );
+    let on = launch(&[
+        "--model-repository=/m",
+        "--rate-limit=execution_count",
+        "--rate-limit-resource=R:2:0",
+    ])
+    .unwrap();
+    assert!(on.config.rate_limit.is_some() && on.notes.is_empty());
+    let error = launch(&["--model-repository=/m", "--rate-limit-resource=R"]).unwrap_err();
+    assert!(
+        error.contains("--rate-limit-resource R: expected"),
+        "{error}"
+    );
+    assert!(launch(&["--model-repository=/m", "--rate-limit=fair"]).is_err());
+}

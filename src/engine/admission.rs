@@ -96,6 +96,7 @@ mod tests {
                 response_cache: false,
                 default_max_batch_size: 4,
                 config_name: None,
+                rate_limiter: None,
             },
             load_threads: 1,
             load_retries: 0,

@@ -21,6 +21,7 @@ use crate::backend::tokenize::{TextInput, TextModel, TextSpec};
 use crate::backend::{cuda, Backend, Device, OnnxRuntime, OnnxSession, SessionOptions, TensorInfo};
 use crate::metrics::ModelStats;
 use crate::proto::inference::ModelConfig;
+use crate::scheduler::rate_limit::{InstanceLimit, RateLimited, RateLimiter};
 use crate::scheduler::Scheduler;
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
@@ -66,6 +67,9 @@ pub struct Prepared {
     labels: BTreeMap<String, Vec<String>>,
     /// Where each instance runs, one entry per instance.
     devices: Vec<Device>,
+    /// What each instance needs from the rate limiter, when the server has one.
+    limits: Vec<Option<InstanceLimit>>,
+    rate_limiter: Option<Arc<RateLimiter>>,
     /// Intra-op threads per session: the config's count, or the cores shared between the
     /// instances.
     intra_op_threads: usize,
@@ -117,6 +121,11 @@ pub fn prepare(
     if let Some(why) = &placed.fallback {
         tracing::warn!("model '{name}': {why}");
     }
+    // Without --rate-limit, rate_limiter settings are left alone, as Triton leaves them.
+    let limits = match options.rate_limiter {
+        Some(_) => placement::instance_limits(&config, &placed)?,
+        None => Vec::new(),
+    };
     let generating = generation::is_generation(&config);
     let sequence = SequenceSpec::from_config(&config, dir)?;
     if generating && sequence.is_some() {
@@ -200,6 +209,8 @@ pub fn prepare(
         config,
         versions: selected,
         labels,
+        limits,
+        rate_limiter: options.rate_limiter.clone(),
         devices: placed.devices,
         intra_op_threads,
         tuning,
@@ -234,6 +245,8 @@ fn prepare_ensemble(
         config,
         versions,
         devices: Vec::new(),
+        limits: Vec::new(),
+        rate_limiter: None,
         intra_op_threads: 1,
         fallback: None,
         text: None,
@@ -255,6 +268,8 @@ pub fn build(prepared: Prepared, reuse: Reuse<'_>) -> Result<Model, LoadFailure>
         versions,
         labels,
         devices,
+        limits,
+        rate_limiter,
         intra_op_threads,
         tuning,
         fallback,
@@ -311,6 +326,8 @@ pub fn build(prepared: Prepared, reuse: Reuse<'_>) -> Result<Model, LoadFailure>
             }
             let instances = Instances {
                 devices: &devices,
+                limits: &limits,
+                rate_limiter: rate_limiter.as_ref(),
                 intra_op_threads,
                 tuning: &tuning,
                 runtime: &runtime,
@@ -421,6 +438,9 @@ fn model_path(dir: &Path, version: i64, file: &str) -> Result<PathBuf, String> {
 struct Instances<'a> {
     /// Where each instance runs.
     devices: &'a [Device],
+    /// What each instance needs from `rate_limiter`.
+    limits: &'a [Option<InstanceLimit>],
+    rate_limiter: Option<&'a Arc<RateLimiter>>,
     intra_op_threads: usize,
     tuning: &'a Tuning,
     runtime: &'a OnnxRuntime,
@@ -447,6 +467,8 @@ fn start_version(
     }
     let Instances {
         devices,
+        limits,
+        rate_limiter,
         intra_op_threads,
         tuning,
         runtime,
@@ -473,10 +495,18 @@ fn start_version(
             text_input = bound;
         }
         let backend = session.into_backend().map_err(|e| e.to_string())?;
-        backends.push(match &text_input {
+        let backend: Box<dyn Backend> = match &text_input {
             Some(text) => Box::new(TextModel::new(Arc::clone(text), backend)),
             None => backend,
-        });
+        };
+        backends.push(
+            match (rate_limiter, limits.get(index).and_then(Option::as_ref)) {
+                (Some(limiter), Some(limit)) => {
+                    Box::new(RateLimited::new(backend, limiter, limit)?)
+                }
+                _ => backend,
+            },
+        );
     }
     let io = io.ok_or_else(|| format!("model '{name}' has no instances"))?;
     let layout = Arc::new(super::ragged::layout(config)?);

@@ -70,6 +70,9 @@ pub struct LoadOptions {
     /// `--model-config-name`: read `<model>/configs/<name>.pbtxt` instead of `config.pbtxt`
     /// where it exists.
     pub config_name: Option<String>,
+    /// `--rate-limit=execution_count`: the server's rate limiter, which instances with
+    /// `rate_limiter` resources wait for.
+    pub rate_limiter: Option<Arc<crate::scheduler::rate_limit::RateLimiter>>,
 }
 
 /// A version that is loaded and serving. Requests hold it by `Arc` while they run, so a version

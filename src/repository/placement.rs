@@ -16,6 +16,7 @@
 
 use crate::backend::{CudaOptions, Device, GpuInventory};
 use crate::proto::inference::{model_instance_group::Kind, ModelConfig, ModelInstanceGroup};
+use crate::scheduler::rate_limit::{InstanceLimit, ResourceKey};
 
 /// Instances per CPU group when the config gives no count (Triton's ONNX Runtime default).
 const DEFAULT_CPU_INSTANCE_COUNT: i32 = 2;
@@ -34,6 +35,8 @@ const CUDA_PARAMETERS: &[&str] = &[
 pub struct Placement {
     /// One entry per instance, in group order.
     pub devices: Vec<Device>,
+    /// The index of each instance's group in the config's `instance_group`.
+    pub groups: Vec<usize>,
     /// Why `KIND_GPU` groups run on CPU (only with `--gpu-fallback-to-cpu`).
     pub fallback: Option<String>,
 }
@@ -55,7 +58,8 @@ pub fn place(
     let model = config.name.clone();
     let mut known: Option<GpuInventory> = None;
     let mut usable = || known.get_or_insert_with(inventory).clone();
-    let mut placed: Vec<(usize, Option<i32>)> = Vec::new(); // (count, GPU) per placement unit
+    // (group, count, GPU) per placement unit
+    let mut placed: Vec<(usize, usize, Option<i32>)> = Vec::new();
     let mut fallback = None;
     for (index, group) in config.instance_group.iter_mut().enumerate() {
         if group.name.is_empty() {
@@ -80,7 +84,7 @@ pub fn place(
         };
         if !wants_gpu {
             to_cpu(group);
-            placed.push((group.count as usize, None));
+            placed.push((index, group.count as usize, None));
             continue;
         }
         match usable() {
@@ -106,7 +110,7 @@ pub fn place(
                     group.count = DEFAULT_GPU_INSTANCE_COUNT;
                 }
                 for &id in &group.gpus {
-                    placed.push((group.count as usize, Some(id)));
+                    placed.push((index, group.count as usize, Some(id)));
                 }
             }
             GpuInventory::Unusable(reason) => {
@@ -120,11 +124,11 @@ pub fn place(
                 fallback = Some(format!("running on CPU (--gpu-fallback-to-cpu): {why}"));
                 group.gpus.clear();
                 to_cpu(group);
-                placed.push((group.count as usize, None));
+                placed.push((index, group.count as usize, None));
             }
         }
     }
-    let options = if placed.iter().any(|(_, gpu)| gpu.is_some()) {
+    let options = if placed.iter().any(|(_, _, gpu)| gpu.is_some()) {
         cuda_options(config)?
     } else {
         CudaOptions::default()
@@ -134,7 +138,8 @@ pub fn place(
         _ => Vec::new(),
     };
     let mut devices = Vec::new();
-    for (count, gpu) in placed {
+    let mut groups = Vec::new();
+    for (group, count, gpu) in placed {
         let device = match gpu.and_then(|id| gpus.iter().find(|g| g.id == id)) {
             Some(gpu) => Device::Cuda {
                 gpu: gpu.clone(),
@@ -143,8 +148,55 @@ pub fn place(
             None => Device::Cpu,
         };
         devices.extend(std::iter::repeat_n(device, count));
+        groups.extend(std::iter::repeat_n(group, count));
     }
-    Ok(Placement { devices, fallback })
+    Ok(Placement {
+        devices,
+        groups,
+        fallback,
+    })
+}
+
+/// Each instance's `rate_limiter` needs (`None`: its group lists no resources), its resources
+/// on the instance's GPU, or device 0 for CPU instances (Triton's numbering), unless `global`.
+///
+/// # Errors
+/// A resource without a name.
+pub fn instance_limits(
+    config: &ModelConfig,
+    placement: &Placement,
+) -> Result<Vec<Option<InstanceLimit>>, String> {
+    placement
+        .devices
+        .iter()
+        .zip(&placement.groups)
+        .map(|(device, &group)| {
+            let group = &config.instance_group[group];
+            let Some(limiter) = group.rate_limiter.as_ref() else {
+                return Ok(None);
+            };
+            let mut resources = Vec::new();
+            for resource in &limiter.resources {
+                if resource.name.is_empty() {
+                    return Err(format!(
+                        "instance group '{}' of model '{}' lists a rate_limiter resource without a \
+                         name",
+                        group.name, config.name
+                    ));
+                }
+                let device = (!resource.global).then(|| device.gpu().map_or(0, |gpu| gpu.id));
+                let key = ResourceKey {
+                    name: resource.name.clone(),
+                    device,
+                };
+                resources.push((key, resource.count));
+            }
+            Ok((!resources.is_empty()).then_some(InstanceLimit {
+                resources,
+                priority: limiter.priority,
+            }))
+        })
+        .collect()
 }
 
 fn to_cpu(group: &mut ModelInstanceGroup) {
@@ -229,6 +281,42 @@ mod tests {
             .iter()
             .map(|d| d.gpu().map_or("cpu".into(), |g| g.id.to_string()))
             .collect()
+    }
+
+    #[test]
+    fn rate_limits_follow_each_instance_to_its_device() {
+        let mut grouped = config(
+            r#"instance_group [
+                 { kind: KIND_GPU count: 1 gpus: [ 0, 1 ]
+                   rate_limiter { resources [ { name: "mem" count: 2 }, { name: "g" global: true count: 1 } ] priority: 3 } },
+                 { kind: KIND_CPU count: 1 rate_limiter { resources [ { name: "mem" count: 1 } ] } },
+                 { kind: KIND_CPU count: 1 } ]"#,
+        );
+        let placement = place(&mut grouped, &|| gpus(&[0, 1]), false).unwrap();
+        assert_eq!(placement.groups, [0, 0, 1, 2]);
+        let limits = instance_limits(&grouped, &placement).unwrap();
+        let key = |name: &str, device| ResourceKey {
+            name: name.into(),
+            device,
+        };
+        let gpu1 = limits[1].as_ref().unwrap();
+        assert_eq!(
+            gpu1.resources,
+            [(key("mem", Some(1)), 2), (key("g", None), 1)]
+        );
+        assert_eq!(gpu1.priority, 3);
+        // CPU instances count as device 0, as in Triton.
+        assert_eq!(
+            limits[2].as_ref().unwrap().resources,
+            [(key("mem", Some(0)), 1)]
+        );
+        assert!(limits[3].is_none());
+        let mut unnamed =
+            config("instance_group [ { rate_limiter { resources [ { count: 1 } ] } } ]");
+        let placement = place(&mut unnamed, &no_gpu, false).unwrap();
+        assert!(instance_limits(&unnamed, &placement)
+            .unwrap_err()
+            .contains("without a name"));
     }
 
     #[test]

@@ -20,6 +20,7 @@
 
 pub mod batch;
 pub mod layout;
+pub mod rate_limit;
 pub mod state;
 
 use crate::backend::{Backend, BackendError};
@@ -424,7 +425,10 @@ impl Drop for CancelOnDrop<'_> {
 
 fn instance_loop(shared: &Shared) {
     while let Some((jobs, mut backend)) = next_batch(shared) {
+        // Waiting for the rate limiter counts as queue time, as in Triton.
+        let permit = backend.admit();
         let answers = execute(backend.as_mut(), jobs, shared);
+        drop(permit);
         shared.give_back(backend);
         send_answers(answers);
     }
