@@ -23,6 +23,8 @@ Outputs (Triton repository layout: <model>/config.pbtxt, <model>/<version>/model
     int_div/          A, B INT32 [-1] -> C = A+B INT32 [-1]; max_batch_size 0 (integer model, variable dim)
     slow_batcher/     Y = X+1 behind a batcher waiting 2 s for a preferred batch of 4, queue of at most 4
     bounded_batcher/  Y = X+1 behind a batcher waiting 2 s for a batch of 8, max_inflight_requests 4
+    optional_bias/    X FP32 [2] + BIAS -> Y; BIAS is an initializer ([10, 20]) the graph also lists as an input,
+                      so requests may leave it out (config `optional: true`); max_batch_size 0
     ragged_sum/       ragged INPUT FP32 [-1] (flat in the graph) with batch inputs INDEX (accumulated counts
                       with zero, INT32) and COUNTS (element counts, FP32) -> SUM and LENGTH per request, DOUBLED
                       = 2*INPUT scattered back by INPUT's shape; batches of 3 form as soon as 3 requests wait
@@ -506,6 +508,36 @@ def bounded_batcher(w, repo):
     w.checks.append((path, check))
 
 
+def optional_bias(w, repo):
+    """An optional input: BIAS is an initializer that is also a graph input (an ONNX Runtime
+    overridable initializer), so a run may leave it out and get the default [10, 20]."""
+    d = os.path.join(repo, "optional_bias")
+    m = make_model("optional_bias", [helper.make_node("Add", ["X", "BIAS"], ["Y"])],
+                   [vi("X", TensorProto.FLOAT, [2]), vi("BIAS", TensorProto.FLOAT, [2])],
+                   [vi("Y", TensorProto.FLOAT, [2])],
+                   [const("BIAS", [10.0, 20.0])])
+    path = w.model(d, 1, m)
+    w.text(os.path.join(d, "config.pbtxt"), HEADER + """name: "optional_bias"
+backend: "onnxruntime"
+max_batch_size: 0
+input [
+  { name: "X" data_type: TYPE_FP32 dims: [ 2 ] },
+  { name: "BIAS" data_type: TYPE_FP32 dims: [ 2 ] optional: true }
+]
+output [ { name: "Y" data_type: TYPE_FP32 dims: [ 2 ] } ]
+instance_group [ { count: 1 kind: KIND_CPU } ]
+""")
+
+    def check(ort):
+        x = np.array([1.0, 2.0], np.float32)
+        (y,) = run(ort, path, {"X": x})
+        assert_equal(y, x + np.array([10.0, 20.0], np.float32))
+        (y,) = run(ort, path, {"X": x, "BIAS": np.ones(2, np.float32)})
+        assert_equal(y, x + 1)
+        return "Y == X+[10,20] without BIAS, X+BIAS with it"
+    w.checks.append((path, check))
+
+
 def ragged_sum(w, repo):
     """Triton's ragged batching: requests with INPUT of any length share a batch; the model gets
     their elements as one 1-D tensor plus INDEX = [0, end_1, ..., end_n] and COUNTS = [len_1, ...],
@@ -722,6 +754,7 @@ def generate():
     int_div(w, FIXTURES)
     slow_batcher(w, FIXTURES)
     bounded_batcher(w, FIXTURES)
+    optional_bias(w, FIXTURES)
     ragged_sum(w, FIXTURES)
     slow_compute(w, DRAIN)
     return w

@@ -95,6 +95,8 @@ impl From<GraphLevel> for GraphOptimizationLevel {
 pub struct OnnxSession {
     pub(super) session: Session,
     pub(super) inputs: Vec<TensorInfo>,
+    /// Inputs with a default value (overridable initializers), which a run may leave out.
+    pub(super) defaults: Vec<TensorInfo>,
     pub(super) outputs: Vec<TensorInfo>,
     /// The CUDA ordinal of the GPU the session runs on.
     pub(super) gpu: Option<i32>,
@@ -127,9 +129,15 @@ impl OnnxSession {
             .iter()
             .map(|o| tensor_info(o.name(), o.dtype()))
             .collect();
+        let defaults = session
+            .overridable_initializers()
+            .iter()
+            .map(|o| tensor_info(o.name(), o.dtype()))
+            .collect();
         Ok(OnnxSession {
             session,
             inputs,
+            defaults,
             outputs,
             gpu: options.device.gpu().map(|g| g.id),
             run_options,
@@ -160,6 +168,11 @@ impl OnnxSession {
     /// The model's inputs, in graph order.
     pub fn inputs(&self) -> &[TensorInfo] {
         &self.inputs
+    }
+
+    /// The model's inputs that have a default value (overridable initializers), in graph order.
+    pub fn defaults(&self) -> &[TensorInfo] {
+        &self.defaults
     }
 
     /// The model's outputs, in graph order.

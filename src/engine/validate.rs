@@ -30,20 +30,32 @@ pub fn prepare_inputs(
     request: &mut InferRequest,
 ) -> Result<Vec<Tensor>, Error> {
     let prefix = request_prefix(&request.id);
-    if request.inputs.len() != io.inputs.len() {
+    let required = io.inputs.iter().filter(|spec| !spec.optional).count();
+    let count_error = |request: &InferRequest| {
         let missing = io
             .inputs
             .iter()
-            .filter(|spec| !request.inputs.iter().any(|i| i.name == spec.name))
+            .filter(|spec| !spec.optional && !request.inputs.iter().any(|i| i.name == spec.name))
             .map(|spec| spec.name.as_str());
-        return Err(invalid_arg!(
-            "{prefix}expected {} inputs but got {} inputs for model '{model}'. Got input(s) {}, but missing \
+        // Triton's words: an exact count unless the model has optional inputs.
+        let expected = if required == io.inputs.len() {
+            format!("expected {required} inputs")
+        } else {
+            format!(
+                "expected number of inputs between {required} and {}",
+                io.inputs.len()
+            )
+        };
+        invalid_arg!(
+            "{prefix}{expected} but got {} inputs for model '{model}'. Got input(s) {}, but missing \
              required input(s) {}. Please provide all required input(s).",
-            io.inputs.len(),
             request.inputs.len(),
             quoted_list(request.inputs.iter().map(|i| i.name.as_str())),
             quoted_list(missing)
-        ));
+        )
+    };
+    if request.inputs.len() > io.inputs.len() || request.inputs.len() < required {
+        return Err(count_error(request));
     }
     for (index, input) in request.inputs.iter().enumerate() {
         if io.input(&input.name).is_none() {
@@ -61,6 +73,14 @@ pub fn prepare_inputs(
                 input.name
             ));
         }
+    }
+    // With optional inputs the count can be right and a required input still missing.
+    if io
+        .inputs
+        .iter()
+        .any(|spec| !spec.optional && !request.inputs.iter().any(|i| i.name == spec.name))
+    {
+        return Err(count_error(request));
     }
     for output in &request.outputs {
         if io.output(&output.name).is_none() {
@@ -328,6 +348,24 @@ mod tests {
             ..add_sub()
         };
         assert_eq!(rows(&unbatched, &inputs), 1);
+    }
+
+    #[test]
+    fn optional_inputs_may_be_left_out() {
+        let mut io = add_sub();
+        io.inputs[1].optional = true;
+        let mut req = request(vec![fp32("INPUT0", &[1, 16])]);
+        let inputs = prepare_inputs("add_sub", &io, &mut req).unwrap();
+        assert_eq!(inputs.len(), 1);
+        assert_eq!(
+            err(&io, request(vec![fp32("INPUT1", &[1, 16])])),
+            "[request id: <id_unknown>] expected number of inputs between 1 and 2 but got 1 inputs \
+             for model 'add_sub'. Got input(s) ['INPUT1'], but missing required input(s) \
+             ['INPUT0']. Please provide all required input(s)."
+        );
+        assert!(err(&io, request(vec![])).starts_with(
+            "[request id: <id_unknown>] expected number of inputs between 1 and 2 but got 0"
+        ));
     }
 
     #[test]

@@ -18,6 +18,8 @@ pub struct TensorSpec {
     /// The text input of a text model: every element must be UTF-8, checked before the request
     /// joins a batch (so that one bad text fails its own request only).
     pub text: bool,
+    /// An input requests may leave out (`optional: true`): the model has a default for it.
+    pub optional: bool,
 }
 
 impl TensorSpec {
@@ -29,6 +31,7 @@ impl TensorSpec {
             dims: dims.to_vec(),
             model_dims: None,
             text: false,
+            optional: false,
         }
     }
 }
@@ -78,7 +81,33 @@ impl IoSpec {
         graph_inputs: &[TensorInfo],
         graph_outputs: &[TensorInfo],
     ) -> Result<IoSpec, String> {
+        IoSpec::with_defaults(config, graph_inputs, &[], graph_outputs)
+    }
+
+    /// As [`IoSpec::new`], for a graph with inputs that have a default value (ONNX Runtime's
+    /// overridable initializers): a config input may name one of them, and only such an input
+    /// may be `optional`.
+    ///
+    /// # Errors
+    /// As [`IoSpec::new`], and an optional config input the model requires.
+    pub fn with_defaults(
+        config: &ModelConfig,
+        graph_inputs: &[TensorInfo],
+        defaults: &[TensorInfo],
+        graph_outputs: &[TensorInfo],
+    ) -> Result<IoSpec, String> {
         let model = &config.name;
+        let with_defaults: Vec<TensorInfo> = graph_inputs.iter().chain(defaults).cloned().collect();
+        for input in config.input.iter().filter(|input| input.optional) {
+            if graph_inputs.iter().any(|g| g.name == input.name) {
+                return Err(format!(
+                    "unable to load model '{model}': input '{}' is optional in the configuration, \
+                     but the model requires it (only an input the model gives a default value, an \
+                     initializer, can be left out)",
+                    input.name
+                ));
+            }
+        }
         let batched = config.max_batch_size > 0;
         let layout = super::ragged::layout(config)?;
         // Ragged inputs and scattered outputs are one dimension in the graph.
@@ -133,6 +162,7 @@ impl IoSpec {
                 dims: dims.to_vec(),
                 model_dims,
                 text: false,
+                optional: false,
             })
         };
         let inputs = config
@@ -145,8 +175,12 @@ impl IoSpec {
                     i.data_type,
                     &i.dims,
                     i.reshape.as_ref().map(|r| &r.shape),
-                    graph_inputs,
+                    &with_defaults,
                 )
+                .map(|spec| TensorSpec {
+                    optional: i.optional,
+                    ..spec
+                })
             })
             .collect::<Result<Vec<_>, _>>()?;
         super::ragged::check_batch_inputs(model, &layout, graph_inputs)?;
@@ -394,5 +428,37 @@ mod tests {
         assert!(IoSpec::new(&config, &extra, &y)
             .unwrap_err()
             .contains("missing from the configuration"));
+    }
+
+    #[test]
+    fn only_inputs_with_a_default_may_be_optional() {
+        let config = parse_config(
+            r#"name: "m"
+               input [ { name: "x" data_type: TYPE_FP32 dims: [ 2 ] },
+                       { name: "bias" data_type: TYPE_FP32 dims: [ 2 ] optional: true } ]
+               output [ { name: "y" data_type: TYPE_FP32 dims: [ 2 ] } ]"#,
+        )
+        .unwrap();
+        let x = [info("x", DataType::Fp32, &[2])];
+        let bias = [info("bias", DataType::Fp32, &[2])];
+        let y = [info("y", DataType::Fp32, &[2])];
+        let io = IoSpec::with_defaults(&config, &x, &bias, &y).unwrap();
+        assert!(!io.inputs[0].optional && io.inputs[1].optional);
+        // Without the default the model requires 'bias'.
+        let both = [x[0].clone(), bias[0].clone()];
+        let error = IoSpec::with_defaults(&config, &both, &[], &y).unwrap_err();
+        assert!(
+            error.contains(
+                "input 'bias' is optional in the configuration, but the model requires it"
+            ),
+            "{error}"
+        );
+        // An initializer the config does not list stays the model's own.
+        let required = parse_config(
+            r#"name: "m" input [ { name: "x" data_type: TYPE_FP32 dims: [ 2 ] } ]
+               output [ { name: "y" data_type: TYPE_FP32 dims: [ 2 ] } ]"#,
+        )
+        .unwrap();
+        assert!(IoSpec::with_defaults(&required, &x, &bias, &y).is_ok());
     }
 }

@@ -568,15 +568,21 @@ fn io_spec(
     };
     let Some(text) = text else {
         return Ok((
-            IoSpec::new(config, &client_inputs, session.outputs())?,
+            IoSpec::with_defaults(
+                config,
+                &client_inputs,
+                session.defaults(),
+                session.outputs(),
+            )?,
             None,
         ));
     };
     let bound = text.bind(session.inputs()).map_err(|e| e.to_string())?;
     text::check_config(config, &bound)?;
-    let mut spec = IoSpec::new(
+    let mut spec = IoSpec::with_defaults(
         config,
         &bound.client_inputs(&client_inputs),
+        session.defaults(),
         session.outputs(),
     )?;
     for input in spec
