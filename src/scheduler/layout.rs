@@ -215,7 +215,8 @@ fn batch_input(spec: &BatchInput, requests: &[&[Tensor]]) -> Tensor {
     for value in values {
         match spec.datatype {
             DataType::Fp32 => data.put_f32_le(value as f32),
-            _ => data.put_i32_le(value as i32),
+            // A dimension past i32 (possible beside a zero one) saturates rather than wraps.
+            _ => data.put_i32_le(value.clamp(i64::from(i32::MIN), i64::from(i32::MAX)) as i32),
         }
     }
     Tensor::new(spec.target.clone(), spec.datatype, shape, Bytes::from(data))
