@@ -19,7 +19,7 @@ use crate::repository::{
     store, ControlMode, LoadOptions, ModelRepository, ModelStore, RepositoryOptions,
 };
 use crate::tls::{TlsError, TlsFiles, TlsListener};
-use crate::trace::{TraceSettings, Tracer};
+use crate::trace::{TraceConfig, Tracer};
 use axum::serve::ListenerExt;
 use std::future::Future;
 use std::path::PathBuf;
@@ -83,8 +83,8 @@ pub struct Config {
     pub rate_limit: Option<crate::scheduler::rate_limit::ResourceFlags>,
     /// What the metrics endpoint reports besides the per-model series.
     pub metrics: MetricsOptions,
-    /// `--trace-config`: the start-up trace settings.
-    pub trace: TraceSettings,
+    /// `--trace-config`: the start-up trace settings, and the collector in OpenTelemetry mode.
+    pub trace: TraceConfig,
     /// `--cache-config`: the response cache, if any.
     pub response_cache: Option<CacheConfig>,
 }
@@ -175,7 +175,7 @@ pub async fn run(
         Engine::new(Arc::clone(&repository), config.strict_readiness)
             .with_server_id(config.server_id.clone())
             .with_max_in_flight(config.max_inflight_requests)
-            .with_tracer(Tracer::new(config.trace.clone()))
+            .with_tracer(tracer(&config.trace)?)
             .with_response_cache(config.response_cache),
     );
 
@@ -417,6 +417,16 @@ impl Shutdown<'_> {
             .await
             .unwrap_or(Ok(()))
     }
+}
+
+/// Traces to files, or (OpenTelemetry mode) to a collector through a started exporter.
+fn tracer(config: &TraceConfig) -> Result<Tracer, ServerError> {
+    let exporter = config
+        .otel
+        .clone()
+        .map(crate::trace::otel::Exporter::start)
+        .transpose()?;
+    Ok(Tracer::with_exporter(config.settings.clone(), exporter))
 }
 
 /// The repository over the configured roots, checked against the control mode's rules.

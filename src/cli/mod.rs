@@ -343,10 +343,13 @@ pub struct Args {
     pub idle_poll_us: u64,
 
     /// Request tracing, as `tritonserver`'s flag (repeatable): `level=OFF|TIMESTAMPS|TENSORS`,
-    /// `rate=<one request in N>` (1000), `count=<traces, -1 unlimited>` (-1), `mode=triton`,
-    /// `triton,file=<path>` (the JSON trace file), `triton,log-frequency=<traces per numbered
-    /// file; 0: all in the file, written when settings change and at exit>` (0). Changeable at
-    /// run time (`/v2/trace/setting`).
+    /// `rate=<one request in N>` (1000), `count=<traces, -1 unlimited>` (-1),
+    /// `mode=triton|opentelemetry`, `triton,file=<path>` (the JSON trace file),
+    /// `triton,log-frequency=<traces per numbered file; 0: all in the file, written when
+    /// settings change and at exit>` (0), `opentelemetry,url=<OTLP/HTTP traces endpoint>`,
+    /// `opentelemetry,resource=<key>=<value>`, `opentelemetry,bsp_max_queue_size|
+    /// bsp_schedule_delay|bsp_max_export_batch_size=<n>`. Level, rate and count are changeable
+    /// at run time (`/v2/trace/setting`).
     #[arg(long = "trace-config", value_name = "[MODE,]SETTING=VALUE")]
     pub trace_config: Vec<String>,
 

@@ -46,8 +46,8 @@ fn a_triton_deployments_command_line_starts_kiln() {
     );
     assert_eq!(config.server_id, "inference-7");
     assert_eq!(config.load_threads, 2);
-    assert_eq!(config.trace.file, "/tmp/trace.json");
-    assert_eq!(config.trace.rate, 1);
+    assert_eq!(config.trace.settings.file, "/tmp/trace.json");
+    assert_eq!(config.trace.settings.rate, 1);
     assert_eq!(launched.log.verbose_level, 1);
     // Five flags name Triton internals kiln does not have; the log says so.
     assert_eq!(launched.notes.len(), 5, "{:?}", launched.notes);
@@ -172,7 +172,7 @@ fn trace_config_wins_over_the_older_trace_flags() {
         "--trace-config=rate=7",
     ])
     .unwrap();
-    assert_eq!(launched.config.trace.rate, 7);
+    assert_eq!(launched.config.trace.settings.rate, 7);
 }
 
 #[test]

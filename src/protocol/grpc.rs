@@ -119,6 +119,14 @@ fn log_update(request: LogSettingsRequest) -> Result<LogUpdate, Error> {
     })
 }
 
+/// The caller's W3C trace context (`traceparent` metadata), for OpenTelemetry traces.
+fn traceparent(metadata: &tonic::metadata::MetadataMap) -> Option<String> {
+    metadata
+        .get("traceparent")
+        .and_then(|value| value.to_str().ok())
+        .map(str::to_string)
+}
+
 /// Requests of one stream that may run at the same time.
 const STREAM_CONCURRENCY: usize = 64;
 
@@ -128,8 +136,11 @@ async fn stream_answer(
     engine: Arc<Engine>,
     wire: ModelInferRequest,
     deadline: Option<Instant>,
+    traceparent: Option<Arc<str>>,
 ) -> ModelStreamInferResponse {
-    let trace = engine.tracer().sample(&wire.model_name);
+    let trace = engine
+        .tracer()
+        .sample_with(&wire.model_name, traceparent.as_deref());
     if let Some(trace) = &trace {
         trace.record(Activity::GrpcWaitreadEnd, Instant::now());
     }
@@ -242,6 +253,7 @@ impl GrpcInferenceService for InferenceService {
         request: Request<ModelInferRequest>,
     ) -> RpcResult<ModelInferResponse> {
         let deadline = grpc_deadline(request.metadata());
+        let traceparent = traceparent(request.metadata());
         let wire = request.into_inner();
         if self
             .engine
@@ -251,7 +263,10 @@ impl GrpcInferenceService for InferenceService {
                 "ModelInfer RPC doesn't support models with decoupled transaction policy",
             ));
         }
-        let trace = self.engine.tracer().sample(&wire.model_name);
+        let trace = self
+            .engine
+            .tracer()
+            .sample_with(&wire.model_name, traceparent.as_deref());
         if let Some(trace) = &trace {
             trace.record(Activity::GrpcWaitreadEnd, Instant::now());
         }
@@ -281,6 +296,7 @@ impl GrpcInferenceService for InferenceService {
         request: Request<Streaming<ModelInferRequest>>,
     ) -> RpcResult<BoxStream<ModelStreamInferResponse>> {
         let deadline = grpc_deadline(request.metadata());
+        let traceparent: Option<Arc<str>> = traceparent(request.metadata()).map(Arc::from);
         let mut inbound = request.into_inner();
         let engine = Arc::clone(&self.engine);
         let (sender, receiver) = tokio::sync::mpsc::channel(STREAM_CONCURRENCY);
@@ -293,7 +309,7 @@ impl GrpcInferenceService for InferenceService {
                         Some(Ok(wire)) if engine.is_decoupled(&wire.model_name, &wire.model_version) => {
                             tokio::spawn(decoupled::answer(Arc::clone(&engine), wire, sender.clone()));
                         }
-                        Some(Ok(wire)) => running.push_back(stream_answer(Arc::clone(&engine), wire, deadline)),
+                        Some(Ok(wire)) => running.push_back(stream_answer(Arc::clone(&engine), wire, deadline, traceparent.clone())),
                         _ => reading = false,
                     },
                     Some(reply) = running.next(), if !running.is_empty() => {

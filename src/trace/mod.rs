@@ -8,16 +8,21 @@
 //! setting that sampled them, and a replaced setting writes what it still holds when the last of
 //! them ends.
 //!
+//! In Triton's `opentelemetry` mode the same traces become OpenTelemetry spans sent to a
+//! collector instead (see [`otel`]).
+//!
 //! Off (the default) costs one relaxed atomic load per request.
 
 mod file;
+pub mod otel;
 pub mod settings;
 mod tensors;
 
 use crate::core::{Error, Tensor};
 use crate::invalid_arg;
 use file::TraceFile;
-pub use settings::{Change, Level, TraceSettings, TraceUpdate};
+use otel::{Exporter, OtelTrace, SpanContext};
+pub use settings::{Change, Level, TraceConfig, TraceMode, TraceSettings, TraceUpdate};
 use std::collections::{BTreeSet, HashMap};
 use std::fmt::Write as _;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
@@ -47,6 +52,39 @@ pub enum Activity {
 }
 
 impl Activity {
+    /// Recorded by the protocol (the root span's events in OpenTelemetry mode).
+    pub fn is_protocol(self) -> bool {
+        matches!(
+            self,
+            Activity::HttpRecvStart
+                | Activity::HttpRecvEnd
+                | Activity::HttpSendStart
+                | Activity::HttpSendEnd
+                | Activity::GrpcWaitreadEnd
+                | Activity::GrpcSendStart
+                | Activity::GrpcSendEnd
+        )
+    }
+
+    /// The model request's own moments (its span's events).
+    pub fn is_request(self) -> bool {
+        matches!(
+            self,
+            Activity::RequestStart | Activity::QueueStart | Activity::RequestEnd
+        )
+    }
+
+    /// The execution's moments (the compute span's events).
+    pub fn is_compute(self) -> bool {
+        matches!(
+            self,
+            Activity::ComputeStart
+                | Activity::ComputeInputEnd
+                | Activity::ComputeOutputStart
+                | Activity::ComputeEnd
+        )
+    }
+
     pub fn name(self) -> &'static str {
         match self {
             Activity::HttpRecvStart => "HTTP_RECV_START",
@@ -125,13 +163,26 @@ struct Inner {
     mirroring: BTreeSet<String>,
     /// One writer per path, shared by the settings that write there.
     files: HashMap<String, Weak<TraceFile>>,
+    /// Where spans go in OpenTelemetry mode.
+    exporter: Option<Arc<Exporter>>,
 }
 
 impl Tracer {
+    /// Traces written to Triton's JSON files.
     pub fn new(settings: TraceSettings) -> Tracer {
+        Tracer::with_exporter(settings, None)
+    }
+
+    /// Traces sent as OpenTelemetry spans by `exporter` (`None`: to files).
+    pub fn with_exporter(settings: TraceSettings, exporter: Option<Arc<Exporter>>) -> Tracer {
         let file = Arc::new(TraceFile::new(settings.file.clone()));
         let files = HashMap::from([(settings.file.clone(), Arc::downgrade(&file))]);
-        let global = Arc::new(Setting::new(settings.clone(), Specified::default(), file));
+        let global = Arc::new(Setting::new(
+            settings.clone(),
+            Specified::default(),
+            file,
+            exporter.clone(),
+        ));
         let tracer = Tracer {
             active: AtomicBool::new(false),
             next_id: Arc::new(AtomicU64::new(1)),
@@ -141,6 +192,7 @@ impl Tracer {
                 models: HashMap::new(),
                 mirroring: BTreeSet::new(),
                 files,
+                exporter,
             }),
         };
         tracer.refresh_active(&tracer.lock());
@@ -153,6 +205,12 @@ impl Tracer {
 
     /// A trace for this request of `model`, if its setting samples it.
     pub fn sample(&self, model: &str) -> Option<Arc<Trace>> {
+        self.sample_with(model, None)
+    }
+
+    /// As [`Tracer::sample`], for a request that may carry the caller's W3C `traceparent`: in
+    /// OpenTelemetry mode such a request is always traced, and joins the caller's trace.
+    pub fn sample_with(&self, model: &str, traceparent: Option<&str>) -> Option<Arc<Trace>> {
         if !self.active.load(Ordering::Relaxed) {
             return None;
         }
@@ -160,7 +218,10 @@ impl Tracer {
             let inner = self.lock();
             Arc::clone(inner.models.get(model).unwrap_or(&inner.global))
         };
-        setting.sample(&self.next_id)
+        let remote = traceparent
+            .filter(|_| setting.exporter.is_some())
+            .and_then(SpanContext::parse);
+        setting.sample(&self.next_id, remote)
     }
 
     /// The settings in force for `model` (the global ones for an empty name).
@@ -187,12 +248,16 @@ impl Tracer {
         Ok(inner.models.get(model).unwrap_or(&inner.global).current())
     }
 
-    /// Writes every trace still held, as when settings are replaced; for shutdown.
+    /// Writes every trace still held, as when settings are replaced, and sends the spans
+    /// waiting for export; for shutdown.
     pub fn flush(&self) {
         let inner = self.lock();
         inner.global.flush();
         for setting in inner.models.values() {
             setting.flush();
+        }
+        if let Some(exporter) = &inner.exporter {
+            exporter.flush(EXPORT_FLUSH_TIMEOUT);
         }
     }
 
@@ -265,6 +330,7 @@ impl Inner {
             count,
             log_frequency,
             file: fallback.file,
+            mode: fallback.mode,
         };
         if let Some(reason) = values.invalid_reason() {
             if !level.is_off() {
@@ -274,7 +340,7 @@ impl Inner {
             }
         }
         let file = self.file(&values.file);
-        let setting = Arc::new(Setting::new(values, specified, file));
+        let setting = Arc::new(Setting::new(values, specified, file, self.exporter.clone()));
         if model.is_empty() {
             self.global = setting;
         } else {
@@ -316,12 +382,17 @@ impl Specified {
 /// Finished traces a setting without a log frequency holds before it appends them to its file.
 const PENDING_BYTES: usize = 1 << 20;
 
+/// How long shutdown waits for the last spans to reach the collector.
+const EXPORT_FLUSH_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(5);
+
 /// One setting in force, with its sampling state and the traces it has not written yet.
 #[derive(Debug)]
 struct Setting {
     values: TraceSettings,
     specified: Specified,
     file: Arc<TraceFile>,
+    /// In OpenTelemetry mode, where finished traces go instead of `file`.
+    exporter: Option<Arc<Exporter>>,
     state: Mutex<Sampling>,
 }
 
@@ -346,7 +417,12 @@ impl Sampling {
 }
 
 impl Setting {
-    fn new(values: TraceSettings, specified: Specified, file: Arc<TraceFile>) -> Setting {
+    fn new(
+        values: TraceSettings,
+        specified: Specified,
+        file: Arc<TraceFile>,
+        exporter: Option<Arc<Exporter>>,
+    ) -> Setting {
         let state = Mutex::new(Sampling {
             count: values.count,
             ..Sampling::default()
@@ -355,6 +431,7 @@ impl Setting {
             values,
             specified,
             file,
+            exporter,
             state,
         }
     }
@@ -371,27 +448,46 @@ impl Setting {
         }
     }
 
-    fn sample(self: &Arc<Self>, next_id: &Arc<AtomicU64>) -> Option<Arc<Trace>> {
+    /// A trace when this request is sampled; a request with the caller's trace context
+    /// (`remote`) always is, whatever the rate and count.
+    fn sample(
+        self: &Arc<Self>,
+        next_id: &Arc<AtomicU64>,
+        remote: Option<SpanContext>,
+    ) -> Option<Arc<Trace>> {
         let mut state = self.lock();
-        if self.values.invalid_reason().is_some() || state.count == 0 {
+        if self.values.invalid_reason().is_some() {
             return None;
         }
-        state.seen += 1;
-        if state.seen % u64::from(self.values.rate) != 0 {
-            return None;
-        }
-        if state.count > 0 {
-            state.count -= 1;
+        if remote.is_none() {
+            if state.count == 0 || self.values.rate == 0 {
+                return None;
+            }
+            state.seen += 1;
+            if state.seen % u64::from(self.values.rate) != 0 {
+                return None;
+            }
+            if state.count > 0 {
+                state.count -= 1;
+            }
         }
         state.created += 1;
         drop(state);
+        let id = next_id.fetch_add(1, Ordering::Relaxed);
         Some(Arc::new(Trace {
-            id: next_id.fetch_add(1, Ordering::Relaxed),
+            id,
             ids: Arc::clone(next_id),
             parent: None,
             level: self.values.level,
             setting: Arc::clone(self),
             records: Mutex::new(String::new()),
+            otel: self.exporter.as_ref().map(|_| {
+                Mutex::new(OtelTrace {
+                    id,
+                    ..OtelTrace::default()
+                })
+            }),
+            remote,
         }))
     }
 
@@ -457,6 +553,10 @@ pub struct Trace {
     setting: Arc<Setting>,
     /// This trace's JSON objects, comma-separated.
     records: Mutex<String>,
+    /// In OpenTelemetry mode, what it collects instead.
+    otel: Option<Mutex<OtelTrace>>,
+    /// The caller's trace context, when it sent one (OpenTelemetry mode).
+    remote: Option<SpanContext>,
 }
 
 impl Trace {
@@ -467,14 +567,29 @@ impl Trace {
     /// A trace of its own for a request made on this one's behalf (an ensemble step), written
     /// with this one and naming it as `parent_id`.
     pub fn child(self: &Arc<Self>) -> Arc<Trace> {
+        let id = self.ids.fetch_add(1, Ordering::Relaxed);
         Arc::new(Trace {
-            id: self.ids.fetch_add(1, Ordering::Relaxed),
+            id,
             ids: Arc::clone(&self.ids),
             parent: Some(Arc::clone(self)),
             level: self.level,
             setting: Arc::clone(&self.setting),
             records: Mutex::new(String::new()),
+            otel: self.otel.as_ref().map(|_| {
+                Mutex::new(OtelTrace {
+                    id,
+                    parent_id: Some(self.id),
+                    ..OtelTrace::default()
+                })
+            }),
+            remote: None,
         })
+    }
+
+    fn otel(&self) -> Option<MutexGuard<'_, OtelTrace>> {
+        self.otel
+            .as_ref()
+            .map(|otel| otel.lock().unwrap_or_else(|e| e.into_inner()))
     }
 
     fn push(&self, record: impl FnOnce(&mut String)) {
@@ -488,6 +603,10 @@ impl Trace {
     /// A timestamp, at level TIMESTAMPS.
     pub fn record(&self, activity: Activity, at: Instant) {
         if !self.level.contains(Level::TIMESTAMPS) {
+            return;
+        }
+        if let Some(mut otel) = self.otel() {
+            otel.events.push((activity, otel::unix_ns(at)));
             return;
         }
         let ns = monotonic_ns(at);
@@ -504,6 +623,12 @@ impl Trace {
     /// The model, version and request id the trace is about (written once the request has found
     /// its model version).
     pub fn describe(&self, model: &str, version: i64, request_id: &str) {
+        if let Some(mut otel) = self.otel() {
+            otel.model = model.to_string();
+            otel.version = version;
+            otel.request_id = request_id.to_string();
+            return;
+        }
         self.push(|out| {
             let _ = write!(
                 out,
@@ -525,9 +650,9 @@ impl Trace {
         });
     }
 
-    /// Tensors, at level TENSORS.
+    /// Tensors, at level TENSORS (not sent in OpenTelemetry mode).
     pub fn tensors(&self, activity: TensorActivity, tensors: &[Tensor]) {
-        if !self.level.contains(Level::TENSORS) {
+        if !self.level.contains(Level::TENSORS) || self.otel.is_some() {
             return;
         }
         for tensor in tensors {
@@ -538,6 +663,19 @@ impl Trace {
 
 impl Drop for Trace {
     fn drop(&mut self) {
+        if let Some(otel) = self.otel.take() {
+            let otel = otel.into_inner().unwrap_or_else(|e| e.into_inner());
+            match (&self.parent, &self.setting.exporter) {
+                (Some(parent), _) => {
+                    if let Some(mut parent) = parent.otel() {
+                        parent.children.push(otel);
+                    }
+                }
+                (None, Some(exporter)) => exporter.push(otel.spans(self.remote)),
+                (None, None) => {}
+            }
+            return;
+        }
         let records = std::mem::take(self.records.get_mut().unwrap_or_else(|e| e.into_inner()));
         match &self.parent {
             Some(parent) if !records.is_empty() => parent.push(|out| out.push_str(&records)),

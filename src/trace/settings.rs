@@ -63,6 +63,25 @@ impl Level {
     }
 }
 
+/// Where traces go: Triton's JSON file, or OpenTelemetry spans to a collector. Server-wide, set
+/// at start-up.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum TraceMode {
+    #[default]
+    Triton,
+    OpenTelemetry,
+}
+
+impl TraceMode {
+    /// Triton's names.
+    pub fn name(self) -> &'static str {
+        match self {
+            TraceMode::Triton => "triton",
+            TraceMode::OpenTelemetry => "opentelemetry",
+        }
+    }
+}
+
 /// One complete set of trace settings, as reported.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct TraceSettings {
@@ -75,6 +94,7 @@ pub struct TraceSettings {
     /// change or the server stops.
     pub log_frequency: u32,
     pub file: String,
+    pub mode: TraceMode,
 }
 
 impl Default for TraceSettings {
@@ -86,6 +106,7 @@ impl Default for TraceSettings {
             count: -1,
             log_frequency: 0,
             file: String::new(),
+            mode: TraceMode::Triton,
         }
     }
 }
@@ -93,11 +114,13 @@ impl Default for TraceSettings {
 impl TraceSettings {
     /// Why these settings cannot trace, if they cannot (Triton's reasons).
     pub fn invalid_reason(&self) -> Option<&'static str> {
+        let triton = self.mode == TraceMode::Triton;
         if self.level.is_off() {
             Some("tracing is disabled")
-        } else if self.rate == 0 {
+        } else if self.rate == 0 && triton {
+            // In OpenTelemetry mode rate 0 traces only requests that carry a trace context.
             Some("sample rate must be non-zero")
-        } else if self.file.is_empty() {
+        } else if self.file.is_empty() && triton {
             Some("trace file name is not given")
         } else {
             None
@@ -115,13 +138,17 @@ impl TraceSettings {
             ("trace_count", vec![self.count.to_string()]),
             ("log_frequency", vec![self.log_frequency.to_string()]),
             ("trace_file", vec![self.file.clone()]),
-            ("trace_mode", vec![MODE.to_string()]),
+            ("trace_mode", vec![self.mode.name().to_string()]),
         ]
     }
 }
 
-/// The one trace mode kiln writes: Triton's own JSON file.
-pub const MODE: &str = "triton";
+/// What `--trace-config` sets: the start-up settings and, in OpenTelemetry mode, where spans go.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct TraceConfig {
+    pub settings: TraceSettings,
+    pub otel: Option<super::otel::OtelConfig>,
+}
 
 /// What an update does to one setting.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
@@ -227,17 +254,18 @@ fn parse_count(value: &str) -> Result<i32, Error> {
 ///
 /// # Errors
 /// A message naming the value that does not parse.
-pub fn from_flags(values: &[String]) -> Result<TraceSettings, String> {
+pub fn from_flags(values: &[String]) -> Result<TraceConfig, String> {
     let mut settings = TraceSettings::default();
+    let mut otel = super::otel::OtelConfig::default();
     let mut levels: Vec<String> = Vec::new();
     for value in values {
         let (mode, setting) = match value.split_once(',') {
             Some((mode, setting)) => (Some(mode), setting),
             None => (None, value.as_str()),
         };
-        if mode.is_some_and(|mode| mode != MODE) {
+        if mode.is_some_and(|mode| mode != "triton" && mode != "opentelemetry") {
             return Err(format!(
-                "--trace-config {value}: only the 'triton' trace mode is supported"
+                "--trace-config {value}: the trace modes are 'triton' and 'opentelemetry'"
             ));
         }
         let (key, text) = setting
@@ -248,16 +276,25 @@ pub fn from_flags(values: &[String]) -> Result<TraceSettings, String> {
             (None, "level") => levels.push(text.to_string()),
             (None, "rate") => settings.rate = parse_u32("rate", text).map_err(bad)?,
             (None, "count") => settings.count = parse_count(text).map_err(bad)?,
-            (None, "mode") if text == MODE => {}
             (None, "mode") => {
-                return Err(format!(
-                    "--trace-config {value}: only the 'triton' trace mode is supported"
-                ))
+                settings.mode = match text {
+                    "triton" => TraceMode::Triton,
+                    "opentelemetry" => TraceMode::OpenTelemetry,
+                    _ => {
+                        return Err(format!(
+                            "--trace-config {value}: the trace modes are 'triton' and \
+                             'opentelemetry'"
+                        ))
+                    }
+                }
             }
-            (Some(_), "file") => settings.file = text.to_string(),
-            (Some(_), "log-frequency") => {
+            (Some("triton"), "file") => settings.file = text.to_string(),
+            (Some("triton"), "log-frequency") => {
                 settings.log_frequency = parse_u32("log-frequency", text).map_err(bad)?
             }
+            (Some("opentelemetry"), _) => otel
+                .set(key, text)
+                .map_err(|e| format!("--trace-config {value}: {e}"))?,
             _ => return Err(format!("--trace-config {value}: unknown setting '{key}'")),
         }
     }
@@ -269,8 +306,14 @@ pub fn from_flags(values: &[String]) -> Result<TraceSettings, String> {
             Level::parse(&levels).map_err(|e| format!("--trace-config: {}", e.message()))?
         };
     }
-    if !settings.level.is_off() && settings.file.is_empty() {
+    let triton = settings.mode == TraceMode::Triton;
+    if !settings.level.is_off() && triton && settings.file.is_empty() {
         return Err("--trace-config: tracing needs a file (triton,file=<path>)".into());
     }
-    Ok(settings)
+    Ok(TraceConfig {
+        settings,
+        otel: (!triton).then(|| {
+            otel.with_environment(std::env::var("OTEL_RESOURCE_ATTRIBUTES").ok().as_deref())
+        }),
+    })
 }

@@ -100,7 +100,7 @@ fn updates_parse_tritons_strings_and_errors() {
 fn flags_read_like_tritonservers() {
     let flags =
         |values: &[&str]| from_flags(&values.iter().map(|s| s.to_string()).collect::<Vec<_>>());
-    assert_eq!(flags(&[]).unwrap(), TraceSettings::default());
+    assert_eq!(flags(&[]).unwrap().settings, TraceSettings::default());
     let settings = flags(&[
         "level=TIMESTAMPS",
         "level=TENSORS",
@@ -110,7 +110,8 @@ fn flags_read_like_tritonservers() {
         "triton,file=/tmp/t.json",
         "triton,log-frequency=50",
     ])
-    .unwrap();
+    .unwrap()
+    .settings;
     assert_eq!(
         settings,
         TraceSettings {
@@ -119,13 +120,13 @@ fn flags_read_like_tritonservers() {
             count: 10,
             log_frequency: 50,
             file: "/tmp/t.json".into(),
+            mode: crate::trace::TraceMode::Triton,
         }
     );
     for bad in [
         &["level=TIMESTAMPS"][..],
         &["rate=x"],
-        &["opentelemetry,url=localhost"],
-        &["mode=opentelemetry"],
+        &["mode=zipkin"],
         &["color=blue"],
         &["rate"],
     ] {

@@ -48,7 +48,8 @@ async fn infer(
 ) -> Result<Response, HttpError> {
     // Admitted before the body is read: a refused request (overload, shutdown) costs no memory.
     let admission = state.engine.admit()?;
-    let trace = state.engine.tracer().sample(&model.name);
+    let traceparent = headers.get("traceparent").and_then(|v| v.to_str().ok());
+    let trace = state.engine.tracer().sample_with(&model.name, traceparent);
     if let Some(trace) = &trace {
         trace.record(Activity::HttpRecvStart, Instant::now());
     }

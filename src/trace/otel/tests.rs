@@ -1,0 +1,196 @@
+use super::*;
+use crate::trace::settings::{from_flags, TraceMode};
+
+fn flags(values: &[&str]) -> Result<crate::trace::TraceConfig, String> {
+    from_flags(&values.iter().map(|s| s.to_string()).collect::<Vec<_>>())
+}
+
+#[test]
+fn traceparent_headers_are_read_as_w3c_writes_them() {
+    let context =
+        SpanContext::parse("00-0af7651916cd43dd8448eb211c12666c-b7ad6b7169242424-01").unwrap();
+    assert_eq!(context.trace_id[..2], [0x0a, 0xf7]);
+    assert_eq!(context.span_id[7], 0x24);
+    for bad in [
+        "",
+        "00-0af7651916cd43dd8448eb211c12666c-b7ad6b7169242424",
+        "00-0af7651916cd43dd8448eb211c12666c-b7ad6b71692424-01",
+        "00-00000000000000000000000000000000-b7ad6b7169242424-01",
+        "00-0af7651916cd43dd8448eb211c12666c-0000000000000000-01",
+        "ff-0af7651916cd43dd8448eb211c12666c-b7ad6b7169242424-01",
+        "00-0AF7651916CD43DD8448EB211C12666C-b7ad6b7169242424-01",
+        "00-0af7651916cd43dd8448eb211c12666c-b7ad6b7169242424-01-extra",
+        "00-0af7651916cd43dd8448eb211c12666g-b7ad6b7169242424-01",
+    ] {
+        assert_eq!(SpanContext::parse(bad), None, "{bad:?}");
+    }
+}
+
+#[test]
+fn opentelemetry_flags_need_no_file_and_allow_rate_zero() {
+    let config = flags(&[
+        "mode=opentelemetry",
+        "level=TIMESTAMPS",
+        "rate=0",
+        "opentelemetry,url=collector:4318/v1/traces",
+        "opentelemetry,resource=service.name=triton",
+        "opentelemetry,resource=test.key=test.value",
+        "opentelemetry,bsp_schedule_delay=100",
+    ])
+    .unwrap();
+    assert_eq!(config.settings.mode, TraceMode::OpenTelemetry);
+    assert_eq!(config.settings.invalid_reason(), None);
+    let otel = config.otel.unwrap();
+    assert_eq!(otel.url, "http://collector:4318/v1/traces");
+    assert_eq!(
+        otel.resource,
+        [
+            ("service.name".to_string(), "triton".to_string()),
+            ("test.key".to_string(), "test.value".to_string())
+        ]
+    );
+    assert_eq!(otel.schedule_delay_ms, 100);
+    let report = config.settings.report();
+    assert_eq!(report.last().unwrap().1, ["opentelemetry"]);
+    // Triton mode still needs its file and a rate.
+    assert!(flags(&["level=TIMESTAMPS"]).is_err());
+    assert!(flags(&["mode=triton"]).unwrap().otel.is_none());
+    for (bad, needle) in [
+        ("mode=jaeger", "the trace modes are"),
+        ("opentelemetry,port=1", "unknown opentelemetry setting"),
+        ("opentelemetry,bsp_max_queue_size=0", "positive integer"),
+        (
+            "opentelemetry,bsp_max_export_batch_size=4096",
+            "must not exceed",
+        ),
+        ("opentelemetry,resource=novalue", "resource must be"),
+    ] {
+        let error = flags(&["mode=opentelemetry", bad]).unwrap_err();
+        assert!(error.contains(needle), "{bad}: {error}");
+    }
+}
+
+#[test]
+fn environment_resource_attributes_fill_in_what_flags_leave() {
+    let config = OtelConfig::default()
+        .with_environment(Some("service.name=env,deployment.environment=prod,broken"));
+    assert_eq!(
+        config.resource,
+        [
+            ("service.name".to_string(), "kiln".to_string()),
+            ("deployment.environment".to_string(), "prod".to_string())
+        ]
+    );
+}
+
+fn request(id: u64, model: &str, base: u64) -> OtelTrace {
+    OtelTrace {
+        id,
+        parent_id: None,
+        model: model.into(),
+        version: 1,
+        request_id: "r1".into(),
+        events: vec![
+            (Activity::HttpRecvStart, base),
+            (Activity::RequestStart, base + 10),
+            (Activity::QueueStart, base + 20),
+            (Activity::ComputeStart, base + 30),
+            (Activity::ComputeInputEnd, base + 40),
+            (Activity::ComputeOutputStart, base + 50),
+            (Activity::ComputeEnd, base + 60),
+            (Activity::RequestEnd, base + 70),
+            (Activity::HttpSendEnd, base + 80),
+        ],
+        children: Vec::new(),
+    }
+}
+
+fn names(span: &wire::Span) -> Vec<&str> {
+    span.events.iter().map(|e| e.name.as_str()).collect()
+}
+
+#[test]
+fn a_request_becomes_tritons_three_spans() {
+    let spans = request(7, "add_sub", 1000).spans(None);
+    assert_eq!(spans.len(), 3);
+    let (root, model, compute) = (&spans[0], &spans[1], &spans[2]);
+    assert_eq!(root.name, "InferRequest");
+    assert!(root.parent_span_id.is_empty());
+    assert_eq!(names(root), ["HTTP_RECV_START", "HTTP_SEND_END"]);
+    assert_eq!(
+        (root.start_time_unix_nano, root.end_time_unix_nano),
+        (1000, 1080)
+    );
+    assert_eq!(model.name, "add_sub");
+    assert_eq!(model.parent_span_id, root.span_id);
+    assert_eq!(
+        names(model),
+        ["REQUEST_START", "QUEUE_START", "REQUEST_END"]
+    );
+    assert!(model
+        .attributes
+        .contains(&wire::KeyValue::string("model_name", "add_sub")));
+    assert!(model
+        .attributes
+        .contains(&wire::KeyValue::int("model_version", 1)));
+    assert!(model
+        .attributes
+        .contains(&wire::KeyValue::string("request_id", "r1")));
+    assert_eq!(compute.name, "compute");
+    assert_eq!(compute.parent_span_id, model.span_id);
+    assert_eq!(
+        names(compute),
+        [
+            "COMPUTE_START",
+            "COMPUTE_INPUT_END",
+            "COMPUTE_OUTPUT_START",
+            "COMPUTE_END"
+        ]
+    );
+    assert_eq!(
+        (compute.start_time_unix_nano, compute.end_time_unix_nano),
+        (1030, 1060)
+    );
+    assert!(spans
+        .iter()
+        .all(|s| s.trace_id == root.trace_id && s.trace_id.len() == 16));
+    assert!(spans.iter().all(|s| s.span_id.len() == 8));
+}
+
+#[test]
+fn ensemble_steps_nest_under_the_ensemble_and_a_caller_context_is_joined() {
+    let mut ensemble = OtelTrace {
+        id: 1,
+        model: "ensemble".into(),
+        version: 1,
+        events: vec![
+            (Activity::GrpcWaitreadEnd, 0),
+            (Activity::RequestStart, 5),
+            (Activity::RequestEnd, 500),
+            (Activity::GrpcSendEnd, 510),
+        ],
+        ..OtelTrace::default()
+    };
+    for (id, model) in [(2, "add"), (3, "sub")] {
+        let mut step = request(id, model, 100);
+        step.events.retain(|(a, _)| !a.is_protocol());
+        step.parent_id = Some(1);
+        ensemble.children.push(step);
+    }
+    let remote =
+        SpanContext::parse("00-0af7651916cd43dd8448eb211c12666c-b7ad6b7169242424-01").unwrap();
+    let spans = ensemble.spans(Some(remote));
+    let by_name = |name: &str| spans.iter().find(|s| s.name == name).unwrap();
+    assert_eq!(spans.len(), 6); // root, ensemble, 2 × (model, compute)
+    let root = by_name("InferRequest");
+    assert_eq!(root.trace_id, remote.trace_id);
+    assert_eq!(root.parent_span_id, remote.span_id);
+    assert_eq!(by_name("ensemble").parent_span_id, root.span_id);
+    assert_eq!(by_name("add").parent_span_id, by_name("ensemble").span_id);
+    assert!(by_name("sub")
+        .attributes
+        .contains(&wire::KeyValue::int("parent_id", 1)));
+    // The ensemble itself computes nothing: no compute span of its own.
+    let computes = spans.iter().filter(|s| s.name == "compute").count();
+    assert_eq!(computes, 2);
+}
