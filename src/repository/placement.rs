@@ -65,6 +65,30 @@ pub fn place(
         if group.name.is_empty() {
             group.name = format!("{model}_{index}");
         }
+        // Settings that would change which instances serve, or where, are refused rather than
+        // ignored; a host policy only pins threads, and is left alone with a warning.
+        if group.passive {
+            return Err(format!(
+                "instance group '{}' of model '{model}' is passive: kiln schedules every \
+                 instance it loads (remove `passive`)",
+                group.name
+            ));
+        }
+        if !group.secondary_devices.is_empty() {
+            return Err(format!(
+                "instance group '{}' of model '{model}' lists secondary_devices, which kiln's \
+                 ONNX Runtime instances do not use",
+                group.name
+            ));
+        }
+        if !group.host_policy.is_empty() {
+            tracing::warn!(
+                "instance group '{}' of model '{model}': host_policy '{}' is ignored (instances \
+                 are not pinned to NUMA nodes or cores)",
+                group.name,
+                group.host_policy
+            );
+        }
         let kind = Kind::try_from(group.kind).unwrap_or(Kind::Auto);
         let wants_gpu = match kind {
             Kind::Gpu => true,
@@ -281,6 +305,20 @@ mod tests {
             .iter()
             .map(|d| d.gpu().map_or("cpu".into(), |g| g.id.to_string()))
             .collect()
+    }
+
+    #[test]
+    fn passive_groups_and_secondary_devices_are_refused() {
+        let mut passive = config("instance_group [ { kind: KIND_CPU passive: true } ]");
+        let error = place(&mut passive, &no_gpu, false).unwrap_err();
+        assert!(error.contains("'m_0' of model 'm' is passive"), "{error}");
+        let mut secondary = config(
+            "instance_group [ { kind: KIND_CPU secondary_devices [ { kind: KIND_NVDLA device_id: 0 } ] } ]",
+        );
+        let error = place(&mut secondary, &no_gpu, false).unwrap_err();
+        assert!(error.contains("secondary_devices"), "{error}");
+        let mut pinned = config(r#"instance_group [ { kind: KIND_CPU host_policy: "numa0" } ]"#);
+        assert!(place(&mut pinned, &no_gpu, false).is_ok());
     }
 
     #[test]
