@@ -153,11 +153,13 @@ async fn serve(launch: Launch) -> ExitCode {
         grpc: None,
         http: None,
         metrics: None,
+        sagemaker: None,
     };
     for (bind_to, slot, what) in [
         (launch.grpc, &mut listeners.grpc, "gRPC"),
         (launch.http, &mut listeners.http, "HTTP"),
         (launch.metrics, &mut listeners.metrics, "metrics"),
+        (launch.sagemaker, &mut listeners.sagemaker, "SageMaker"),
     ] {
         if let Some(bind_to) = bind_to {
             match bind(bind_to, what) {

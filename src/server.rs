@@ -79,6 +79,8 @@ pub struct Config {
     pub strict_readiness: bool,
     /// `--gpu-fallback-to-cpu`: KIND_GPU groups run on CPU when no GPU is usable.
     pub gpu_fallback_to_cpu: bool,
+    /// `--allow-sagemaker`: what SageMaker's `/invocations` runs.
+    pub sagemaker: Option<http::sagemaker::SageMakerConfig>,
     /// `--rate-limit=execution_count` with the `--rate-limit-resource` copies; `None`: off.
     pub rate_limit: Option<crate::scheduler::rate_limit::ResourceFlags>,
     /// What the metrics endpoint reports besides the per-model series.
@@ -148,6 +150,8 @@ pub struct Listeners {
     pub http: Option<TcpListener>,
     /// Prometheus metrics; `None` when metrics are disabled.
     pub metrics: Option<TcpListener>,
+    /// SageMaker's `/ping` and `/invocations` (`--allow-sagemaker`); `None` when off.
+    pub sagemaker: Option<TcpListener>,
 }
 
 /// Serves on `listeners` until `shutdown` resolves, loading models in the background.
@@ -324,13 +328,34 @@ pub async fn run(
             absent()
         }
     };
+    let sagemaker_serve: Serving = match (listeners.sagemaker, &config.sagemaker) {
+        (Some(listener), Some(sagemaker)) => {
+            let address = listener.local_addr()?;
+            let router = http::sagemaker::router(
+                Arc::clone(&engine),
+                HttpConfig {
+                    max_input_bytes: config.http_max_input_bytes,
+                    access: Arc::new(config.http_access.clone()),
+                },
+                sagemaker.clone(),
+            )
+            .layer(responses.clone());
+            info!("Started Sagemaker HTTPService at {address}");
+            let serving = serve_http(listener, router, stop_signal());
+            Box::pin(async move {
+                serving.await;
+                Ok(())
+            })
+        }
+        _ => absent(),
+    };
     let (startup_failed, mut failed) = tokio::sync::oneshot::channel();
     let lifecycle = tokio::spawn(manage_models(
         repository,
         config.poll_interval,
         config.exit_on_error.then_some(startup_failed),
     ));
-    let servers = async { tokio::try_join!(grpc_serve, http_serve).map(|_| ()) };
+    let servers = async { tokio::try_join!(grpc_serve, http_serve, sagemaker_serve).map(|_| ()) };
     tokio::pin!(servers);
     let mut outcome = Ok(());
     tokio::select! {

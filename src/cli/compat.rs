@@ -207,9 +207,12 @@ pub struct TritonOnlyFlags {
     /// Only `false`: model names are unique across repositories.
     #[arg(long, value_name = "BOOL", value_parser = super::bool_value)]
     pub model_namespacing: Option<bool>,
-    /// Only `false`: kiln has no SageMaker endpoint.
-    #[arg(long, value_name = "BOOL", value_parser = super::bool_value)]
-    pub allow_sagemaker: Option<bool>,
+    /// No effect: the SageMaker service serves on `--sagemaker-port` alone.
+    #[arg(long, value_name = "LOW-HIGH")]
+    pub sagemaker_safe_port_range: Option<String>,
+    /// No effect (as --http-thread-count).
+    #[arg(long, value_name = "N")]
+    pub sagemaker_thread_count: Option<u32>,
     /// Only `false`: kiln has no Vertex AI endpoint.
     #[arg(long, value_name = "BOOL", value_parser = super::bool_value)]
     pub allow_vertex_ai: Option<bool>,
@@ -234,11 +237,6 @@ impl TritonOnlyFlags {
             "model names must be unique across repositories",
         )?;
         refuse(
-            "allow-sagemaker",
-            self.allow_sagemaker == Some(true),
-            "kiln serves the KServe v2 REST and gRPC APIs only",
-        )?;
-        refuse(
             "allow-vertex-ai",
             self.allow_vertex_ai == Some(true),
             "kiln serves the KServe v2 REST and gRPC APIs only",
@@ -254,6 +252,16 @@ impl TritonOnlyFlags {
             "http-thread-count",
             self.http_thread_count.is_some(),
             threads,
+        );
+        note(
+            "sagemaker-thread-count",
+            self.sagemaker_thread_count.is_some(),
+            threads,
+        );
+        note(
+            "sagemaker-safe-port-range",
+            self.sagemaker_safe_port_range.is_some(),
+            "the other listeners bind the ports their own flags give",
         );
         let forward = "ONNX models read no request parameters, so headers are not forwarded";
         note(
@@ -479,10 +487,6 @@ mod tests {
         for refused in [
             TritonOnlyFlags {
                 model_namespacing: Some(true),
-                ..TritonOnlyFlags::default()
-            },
-            TritonOnlyFlags {
-                allow_sagemaker: Some(true),
                 ..TritonOnlyFlags::default()
             },
             TritonOnlyFlags {

@@ -17,6 +17,7 @@ use crate::engine::CacheConfig;
 use crate::logging::{LogFormat, LogSettings};
 use crate::metrics::MetricsConfig;
 use crate::protocol::access::{AccessPolicy, Secret, GRPC_HEADER_PREFIX};
+use crate::protocol::http::sagemaker::SageMakerConfig;
 use crate::protocol::http::DEFAULT_MAX_INPUT_BYTES;
 use crate::repository::ControlMode;
 use crate::scheduler::rate_limit::ResourceFlags;
@@ -101,6 +102,15 @@ pub struct Args {
     /// (Triton's default: 64 MiB).
     #[arg(long, env = "KILN_HTTP_MAX_INPUT_SIZE", default_value_t = DEFAULT_MAX_INPUT_BYTES)]
     pub http_max_input_size: usize,
+
+    /// Serve Amazon SageMaker's `/ping` and `/invocations` on --sagemaker-port (the model from
+    /// SAGEMAKER_TRITON_DEFAULT_MODEL_NAME, or the only one served).
+    #[arg(long, env = "KILN_ALLOW_SAGEMAKER", default_value_t = false, value_parser = bool_value, action = clap::ArgAction::Set)]
+    pub allow_sagemaker: bool,
+
+    /// Port of the SageMaker service (on --http-address; 0 picks a free port).
+    #[arg(long, env = "KILN_SAGEMAKER_PORT", default_value_t = 8080)]
+    pub sagemaker_port: u16,
 
     /// Port of the Prometheus metrics endpoint (`/metrics`; 0 picks a free port).
     #[arg(long, env = "KILN_METRICS_PORT", default_value_t = 8002)]
@@ -415,6 +425,7 @@ pub struct Launch {
     pub grpc: Option<Bind>,
     pub http: Option<Bind>,
     pub metrics: Option<Bind>,
+    pub sagemaker: Option<Bind>,
     pub idle_poll_us: u64,
     /// Flags accepted without effect, each with the reason, for the log.
     pub notes: Vec<String>,
@@ -443,11 +454,15 @@ impl Args {
     /// A message naming the flag that cannot be honoured.
     pub fn launch(self) -> Result<Launch, String> {
         let notes = self.triton.check()?;
-        if !self.allow_grpc && !self.allow_http {
+        if !self.allow_grpc && !self.allow_http && !self.allow_sagemaker {
             return Err(
                 "--allow-grpc=false and --allow-http=false leave no inference endpoint".into(),
             );
         }
+        let sagemaker = self
+            .allow_sagemaker
+            .then(|| SageMakerConfig::from_env(|name| std::env::var(name).ok()))
+            .transpose()?;
         if !(self.metrics_interval_ms.is_finite() && self.metrics_interval_ms >= 1.0) {
             return Err(format!(
                 "--metrics-interval-ms must be at least 1, got {}",
@@ -555,6 +570,7 @@ impl Args {
             strict_readiness: self.strict_readiness,
             gpu_fallback_to_cpu: self.gpu_fallback_to_cpu,
             rate_limit,
+            sagemaker,
             metrics: MetricsOptions {
                 gpu: self.allow_gpu_metrics,
                 cpu: self.allow_cpu_metrics,
@@ -577,6 +593,10 @@ impl Args {
             }),
             metrics: self.allow_metrics.then_some(Bind {
                 address: SocketAddr::new(self.metrics_address, self.metrics_port),
+                reuse_port: false,
+            }),
+            sagemaker: self.allow_sagemaker.then_some(Bind {
+                address: SocketAddr::new(self.http_address, self.sagemaker_port),
                 reuse_port: false,
             }),
             idle_poll_us: self.idle_poll_us,

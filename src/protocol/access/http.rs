@@ -23,6 +23,9 @@ pub fn group_of(path: &str) -> Option<ApiGroup> {
         ["", "v2", "logging", ..] => Some(ApiGroup::Logging),
         ["", "v2", "models", "stats"] => Some(ApiGroup::Statistics),
         ["", "v2", "models", _model, rest @ ..] => Some(model_group(rest)),
+        // SageMaker's service (`--allow-sagemaker`).
+        ["", "ping"] => Some(ApiGroup::Health),
+        ["", "invocations"] => Some(ApiGroup::Inference),
         _ => None,
     }
 }

@@ -13,6 +13,7 @@ pub mod generate;
 pub mod infer;
 pub mod json;
 mod routes;
+pub mod sagemaker;
 mod settings;
 mod shared_memory;
 pub mod tensor_json;
