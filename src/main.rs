@@ -154,12 +154,14 @@ async fn serve(launch: Launch) -> ExitCode {
         http: None,
         metrics: None,
         sagemaker: None,
+        vertex: None,
     };
     for (bind_to, slot, what) in [
         (launch.grpc, &mut listeners.grpc, "gRPC"),
         (launch.http, &mut listeners.http, "HTTP"),
         (launch.metrics, &mut listeners.metrics, "metrics"),
         (launch.sagemaker, &mut listeners.sagemaker, "SageMaker"),
+        (launch.vertex, &mut listeners.vertex, "Vertex AI"),
     ] {
         if let Some(bind_to) = bind_to {
             match bind(bind_to, what) {

@@ -81,6 +81,8 @@ pub struct Config {
     pub gpu_fallback_to_cpu: bool,
     /// `--allow-sagemaker`: what SageMaker's `/invocations` runs.
     pub sagemaker: Option<http::sagemaker::SageMakerConfig>,
+    /// `--allow-vertex-ai`: Vertex AI's routes and default model.
+    pub vertex: Option<http::vertex::VertexConfig>,
     /// `--rate-limit=execution_count` with the `--rate-limit-resource` copies; `None`: off.
     pub rate_limit: Option<crate::scheduler::rate_limit::ResourceFlags>,
     /// What the metrics endpoint reports besides the per-model series.
@@ -152,6 +154,8 @@ pub struct Listeners {
     pub metrics: Option<TcpListener>,
     /// SageMaker's `/ping` and `/invocations` (`--allow-sagemaker`); `None` when off.
     pub sagemaker: Option<TcpListener>,
+    /// Vertex AI's health and predict routes (`--allow-vertex-ai`); `None` when off.
+    pub vertex: Option<TcpListener>,
 }
 
 /// Serves on `listeners` until `shutdown` resolves, loading models in the background.
@@ -349,13 +353,35 @@ pub async fn run(
         }
         _ => absent(),
     };
+    let vertex_serve: Serving = match (listeners.vertex, &config.vertex) {
+        (Some(listener), Some(vertex)) => {
+            let address = listener.local_addr()?;
+            let http_config = || HttpConfig {
+                max_input_bytes: config.http_max_input_bytes,
+                access: Arc::new(config.http_access.clone()),
+            };
+            let rest = http::router(Arc::clone(&engine), http_config());
+            let router =
+                http::vertex::router(Arc::clone(&engine), http_config(), rest, vertex.clone())
+                    .layer(responses.clone());
+            info!("Started Vertex AI HTTPService at {address}");
+            let serving = serve_http(listener, router, stop_signal());
+            Box::pin(async move {
+                serving.await;
+                Ok(())
+            })
+        }
+        _ => absent(),
+    };
     let (startup_failed, mut failed) = tokio::sync::oneshot::channel();
     let lifecycle = tokio::spawn(manage_models(
         repository,
         config.poll_interval,
         config.exit_on_error.then_some(startup_failed),
     ));
-    let servers = async { tokio::try_join!(grpc_serve, http_serve, sagemaker_serve).map(|_| ()) };
+    let servers = async {
+        tokio::try_join!(grpc_serve, http_serve, sagemaker_serve, vertex_serve).map(|_| ())
+    };
     tokio::pin!(servers);
     let mut outcome = Ok(());
     tokio::select! {

@@ -213,9 +213,9 @@ pub struct TritonOnlyFlags {
     /// No effect (as --http-thread-count).
     #[arg(long, value_name = "N")]
     pub sagemaker_thread_count: Option<u32>,
-    /// Only `false`: kiln has no Vertex AI endpoint.
-    #[arg(long, value_name = "BOOL", value_parser = super::bool_value)]
-    pub allow_vertex_ai: Option<bool>,
+    /// No effect (as --http-thread-count).
+    #[arg(long, value_name = "N")]
+    pub vertex_ai_thread_count: Option<u32>,
 }
 
 impl TritonOnlyFlags {
@@ -236,11 +236,6 @@ impl TritonOnlyFlags {
             self.model_namespacing == Some(true),
             "model names must be unique across repositories",
         )?;
-        refuse(
-            "allow-vertex-ai",
-            self.allow_vertex_ai == Some(true),
-            "kiln serves the KServe v2 REST and gRPC APIs only",
-        )?;
         let mut notes = Vec::new();
         let mut note = |flag: &str, given: bool, why: &str| {
             if given {
@@ -256,6 +251,11 @@ impl TritonOnlyFlags {
         note(
             "sagemaker-thread-count",
             self.sagemaker_thread_count.is_some(),
+            threads,
+        );
+        note(
+            "vertex-ai-thread-count",
+            self.vertex_ai_thread_count.is_some(),
             threads,
         );
         note(
@@ -484,17 +484,13 @@ mod tests {
         let notes = inert.check().unwrap();
         assert_eq!(notes.len(), 2, "{notes:?}");
         assert!(notes[0].starts_with("--http-thread-count has no effect: "));
-        for refused in [
-            TritonOnlyFlags {
-                model_namespacing: Some(true),
-                ..TritonOnlyFlags::default()
-            },
-            TritonOnlyFlags {
-                allow_vertex_ai: Some(true),
-                ..TritonOnlyFlags::default()
-            },
-        ] {
-            assert!(refused.check().unwrap_err().contains("is not supported"));
-        }
+        let namespacing = TritonOnlyFlags {
+            model_namespacing: Some(true),
+            ..TritonOnlyFlags::default()
+        };
+        assert!(namespacing
+            .check()
+            .unwrap_err()
+            .contains("is not supported"));
     }
 }

@@ -18,6 +18,7 @@ use crate::logging::{LogFormat, LogSettings};
 use crate::metrics::MetricsConfig;
 use crate::protocol::access::{AccessPolicy, Secret, GRPC_HEADER_PREFIX};
 use crate::protocol::http::sagemaker::SageMakerConfig;
+use crate::protocol::http::vertex::VertexConfig;
 use crate::protocol::http::DEFAULT_MAX_INPUT_BYTES;
 use crate::repository::ControlMode;
 use crate::scheduler::rate_limit::ResourceFlags;
@@ -111,6 +112,19 @@ pub struct Args {
     /// Port of the SageMaker service (on --http-address; 0 picks a free port).
     #[arg(long, env = "KILN_SAGEMAKER_PORT", default_value_t = 8080)]
     pub sagemaker_port: u16,
+
+    /// Serve Google Vertex AI's health and predict routes (AIP_HEALTH_ROUTE, AIP_PREDICT_ROUTE)
+    /// on --vertex-ai-port. Default: true when AIP_MODE=PREDICTION, as in Triton.
+    #[arg(long, env = "KILN_ALLOW_VERTEX_AI", value_parser = bool_value, action = clap::ArgAction::Set)]
+    pub allow_vertex_ai: Option<bool>,
+
+    /// Port of the Vertex AI service (on --http-address). Default: AIP_HTTP_PORT, else 8080.
+    #[arg(long, env = "KILN_VERTEX_AI_PORT")]
+    pub vertex_ai_port: Option<u16>,
+
+    /// The model Vertex AI's predict route runs (default: the one model served).
+    #[arg(long, env = "KILN_VERTEX_AI_DEFAULT_MODEL")]
+    pub vertex_ai_default_model: Option<String>,
 
     /// Port of the Prometheus metrics endpoint (`/metrics`; 0 picks a free port).
     #[arg(long, env = "KILN_METRICS_PORT", default_value_t = 8002)]
@@ -426,6 +440,7 @@ pub struct Launch {
     pub http: Option<Bind>,
     pub metrics: Option<Bind>,
     pub sagemaker: Option<Bind>,
+    pub vertex: Option<Bind>,
     pub idle_poll_us: u64,
     /// Flags accepted without effect, each with the reason, for the log.
     pub notes: Vec<String>,
@@ -454,7 +469,11 @@ impl Args {
     /// A message naming the flag that cannot be honoured.
     pub fn launch(self) -> Result<Launch, String> {
         let notes = self.triton.check()?;
-        if !self.allow_grpc && !self.allow_http && !self.allow_sagemaker {
+        if !self.allow_grpc
+            && !self.allow_http
+            && !self.allow_sagemaker
+            && self.allow_vertex_ai != Some(true)
+        {
             return Err(
                 "--allow-grpc=false and --allow-http=false leave no inference endpoint".into(),
             );
@@ -463,6 +482,20 @@ impl Args {
             .allow_sagemaker
             .then(|| SageMakerConfig::from_env(|name| std::env::var(name).ok()))
             .transpose()?;
+        let env = |name: &str| std::env::var(name).ok();
+        let allow_vertex = self
+            .allow_vertex_ai
+            .unwrap_or_else(|| env("AIP_MODE").as_deref() == Some("PREDICTION"));
+        let vertex = allow_vertex
+            .then(|| VertexConfig::from_env(env, self.vertex_ai_default_model.clone()))
+            .transpose()?;
+        let vertex_port = match (self.vertex_ai_port, env("AIP_HTTP_PORT")) {
+            (Some(port), _) => port,
+            (None, Some(port)) => port
+                .parse()
+                .map_err(|_| format!("AIP_HTTP_PORT must be a port number, got '{port}'"))?,
+            (None, None) => 8080,
+        };
         if !(self.metrics_interval_ms.is_finite() && self.metrics_interval_ms >= 1.0) {
             return Err(format!(
                 "--metrics-interval-ms must be at least 1, got {}",
@@ -571,6 +604,7 @@ impl Args {
             gpu_fallback_to_cpu: self.gpu_fallback_to_cpu,
             rate_limit,
             sagemaker,
+            vertex,
             metrics: MetricsOptions {
                 gpu: self.allow_gpu_metrics,
                 cpu: self.allow_cpu_metrics,
@@ -597,6 +631,10 @@ impl Args {
             }),
             sagemaker: self.allow_sagemaker.then_some(Bind {
                 address: SocketAddr::new(self.http_address, self.sagemaker_port),
+                reuse_port: false,
+            }),
+            vertex: allow_vertex.then_some(Bind {
+                address: SocketAddr::new(self.http_address, vertex_port),
                 reuse_port: false,
             }),
             idle_poll_us: self.idle_poll_us,

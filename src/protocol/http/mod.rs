@@ -17,6 +17,7 @@ pub mod sagemaker;
 mod settings;
 mod shared_memory;
 pub mod tensor_json;
+pub mod vertex;
 
 pub use routes::router;
 

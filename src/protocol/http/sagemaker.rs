@@ -135,7 +135,7 @@ async fn invocations(
         Ok(model) => model,
         Err(error) => return error.into_response(),
     };
-    if let Err(error) = binary_header(&mut headers) {
+    if let Err(error) = binary_header(&mut headers, BINARY_MIME) {
         return error.into_response();
     }
     let app = State(Arc::clone(&state.app));
@@ -147,17 +147,40 @@ async fn invocations(
     sagemaker_response(response)
 }
 
+/// The answer as SageMaker's: binary outputs under its content type, and errors as 400.
+fn sagemaker_response(response: Response) -> Response {
+    let mut response = binary_response(response, BINARY_MIME);
+    let status = response.status();
+    if (status.is_client_error() || status.is_server_error())
+        && status != StatusCode::TOO_MANY_REQUESTS
+    {
+        *response.status_mut() = StatusCode::BAD_REQUEST;
+    }
+    response
+}
+
 /// The model `/invocations` runs: the configured one, or the only one served.
 fn model(state: &SageMakerState) -> Result<ModelPath, HttpError> {
-    if let Some(name) = &state.config.model {
+    default_model(
+        &state.app.engine,
+        state.config.model.as_deref(),
+        "SAGEMAKER_TRITON_DEFAULT_MODEL_NAME",
+    )
+}
+
+/// `configured`, or the one model served; `setting` names what configures it, for the error.
+pub(super) fn default_model(
+    engine: &Engine,
+    configured: Option<&str>,
+    setting: &str,
+) -> Result<ModelPath, HttpError> {
+    if let Some(name) = configured {
         return Ok(ModelPath {
-            name: name.clone(),
+            name: name.to_string(),
             version: String::new(),
         });
     }
-    let served: BTreeSet<String> = state
-        .app
-        .engine
+    let served: BTreeSet<String> = engine
         .repository_index(true)
         .into_iter()
         .map(|entry| entry.name)
@@ -169,33 +192,30 @@ fn model(state: &SageMakerState) -> Result<ModelPath, HttpError> {
         }),
         n => Err(HttpError::new(
             StatusCode::BAD_REQUEST,
-            format!(
-                "SAGEMAKER_TRITON_DEFAULT_MODEL_NAME is not set and {n} models are served: set \
-                 it to the model /invocations should run"
-            ),
+            format!("{setting} is not set and {n} models are served: set it to the model to run"),
         )),
     }
 }
 
-/// Moves the JSON length of a SageMaker binary content type to the header the infer endpoint
-/// reads.
-fn binary_header(headers: &mut HeaderMap) -> Result<(), HttpError> {
+/// Moves the JSON length of a cloud binary content type (`<mime><length>`) to the header the
+/// infer endpoint reads.
+pub(super) fn binary_header(headers: &mut HeaderMap, mime: &str) -> Result<(), HttpError> {
     let Some(content_type) = headers
         .get(header::CONTENT_TYPE)
         .and_then(|value| value.to_str().ok())
     else {
         return Ok(());
     };
-    let Some(position) = content_type.find(BINARY_MIME) else {
+    let Some(position) = content_type.find(mime) else {
         return Ok(());
     };
     let bad = |why: String| HttpError::new(StatusCode::BAD_REQUEST, why);
     if position != 0 {
         return Err(bad(format!(
-            "expect MIME type for binary data starts with '{BINARY_MIME}', got: {content_type}"
+            "expect MIME type for binary data starts with '{mime}', got: {content_type}"
         )));
     }
-    let length = &content_type[BINARY_MIME.len()..];
+    let length = &content_type[mime.len()..];
     let value = length
         .trim()
         .parse::<u64>()
@@ -211,18 +231,12 @@ fn binary_header(headers: &mut HeaderMap) -> Result<(), HttpError> {
     Ok(())
 }
 
-/// The infer endpoint's answer as SageMaker's: the binary content type, and errors as 400.
-fn sagemaker_response(mut response: Response) -> Response {
-    let status = response.status();
-    if (status.is_client_error() || status.is_server_error())
-        && status != StatusCode::TOO_MANY_REQUESTS
-    {
-        *response.status_mut() = StatusCode::BAD_REQUEST;
-    }
+/// The infer endpoint's binary answer under a cloud content type (`<mime><JSON length>`).
+pub(super) fn binary_response(mut response: Response, mime: &str) -> Response {
     let headers = response.headers_mut();
     if let Some(length) = headers.remove(INFERENCE_HEADER_CONTENT_LENGTH) {
         let length = length.to_str().unwrap_or_default().to_string();
-        if let Ok(value) = HeaderValue::from_str(&format!("{BINARY_MIME}{length}")) {
+        if let Ok(value) = HeaderValue::from_str(&format!("{mime}{length}")) {
             headers.insert(header::CONTENT_TYPE, value);
         }
     }
@@ -275,7 +289,7 @@ mod tests {
                 "application/vnd.sagemaker-triton.binary+json;json-header-size=42",
             ),
         );
-        binary_header(&mut headers).unwrap();
+        binary_header(&mut headers, BINARY_MIME).unwrap();
         assert_eq!(headers[INFERENCE_HEADER_CONTENT_LENGTH], "42");
         assert!(headers.get(header::CONTENT_TYPE).is_none());
         let mut json = HeaderMap::new();
@@ -283,7 +297,7 @@ mod tests {
             header::CONTENT_TYPE,
             HeaderValue::from_static("application/json"),
         );
-        binary_header(&mut json).unwrap();
+        binary_header(&mut json, BINARY_MIME).unwrap();
         assert!(json.get(INFERENCE_HEADER_CONTENT_LENGTH).is_none());
         for bad in [
             "text/plain;application/vnd.sagemaker-triton.binary+json;json-header-size=4",
@@ -291,7 +305,7 @@ mod tests {
         ] {
             let mut headers = HeaderMap::new();
             headers.insert(header::CONTENT_TYPE, HeaderValue::from_static(bad));
-            assert!(binary_header(&mut headers).is_err(), "{bad}");
+            assert!(binary_header(&mut headers, BINARY_MIME).is_err(), "{bad}");
         }
     }
 
