@@ -506,3 +506,17 @@ def http_request(url: str, method: str, path: str, body: bytes = b"", headers=No
         return HttpReply(r.status, {k.lower(): v for k, v in r.getheaders()}, r.read())
     finally:
         conn.close()
+
+
+def add_sub_request_body(binary: bool):
+    """An add_sub request as `tritonclient.http` builds it (INPUT0 = 0..15, INPUT1 = ones, both
+    outputs asked for, JSON or binary data): (body, JSON length, INPUT0)."""
+    import tritonclient.http as httpclient
+
+    a = np.arange(16, dtype=np.float32).reshape(1, 16)
+    tensors = [httpclient.InferInput(n, [1, 16], "FP32") for n in ("INPUT0", "INPUT1")]
+    tensors[0].set_data_from_numpy(a, binary_data=binary)
+    tensors[1].set_data_from_numpy(np.ones((1, 16), np.float32), binary_data=binary)
+    outputs = [httpclient.InferRequestedOutput(n, binary_data=binary) for n in ("OUTPUT0", "OUTPUT1")]
+    body, json_size = httpclient.InferenceServerClient.generate_request_body(tensors, outputs=outputs)
+    return body, json_size, a

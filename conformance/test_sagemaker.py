@@ -11,18 +11,10 @@ import shutil
 import numpy as np
 import tritonclient.http as httpclient
 
-from conftest import BUNDLED_REPO, find_free_port, http_request, start_server, stop_server
+from conftest import (BUNDLED_REPO, add_sub_request_body, find_free_port, http_request, start_server,
+                      stop_server)
 
 BINARY = "application/vnd.sagemaker-triton.binary+json;json-header-size="
-
-
-def inputs(binary: bool):
-    a = np.arange(16, dtype=np.float32).reshape(1, 16)
-    tensors = [httpclient.InferInput(n, [1, 16], "FP32") for n in ("INPUT0", "INPUT1")]
-    tensors[0].set_data_from_numpy(a, binary_data=binary)
-    tensors[1].set_data_from_numpy(np.ones((1, 16), np.float32), binary_data=binary)
-    outputs = [httpclient.InferRequestedOutput(n, binary_data=binary) for n in ("OUTPUT0", "OUTPUT1")]
-    return tensors, outputs, a
 
 
 def sagemaker_server(repo, name, env=None):
@@ -41,8 +33,7 @@ def test_ping_and_invocations_serve_the_one_model(tmp_path):
         ping = http_request(url, "GET", "/ping")
         assert ping.status == 200 and ping.body == b""
         # JSON in, JSON out: the only model served answers.
-        tensors, outputs, a = inputs(binary=False)
-        body, _ = httpclient.InferenceServerClient.generate_request_body(tensors, outputs=outputs)
+        body, _, a = add_sub_request_body(binary=False)
         reply = http_request(url, "POST", "/invocations", body, {"Content-Type": "application/json"})
         assert reply.status == 200, reply.body
         assert reply.headers["content-type"] == "application/json"
@@ -50,8 +41,7 @@ def test_ping_and_invocations_serve_the_one_model(tmp_path):
         assert result["model_name"] == "add_sub"
         assert result["outputs"][0]["data"] == (a + 1).ravel().tolist()
         # Binary tensors, the JSON's length in SageMaker's content type, both ways.
-        tensors, outputs, a = inputs(binary=True)
-        body, json_size = httpclient.InferenceServerClient.generate_request_body(tensors, outputs=outputs)
+        body, json_size, a = add_sub_request_body(binary=True)
         reply = http_request(url, "POST", "/invocations", body, {"Content-Type": f"{BINARY}{json_size}"})
         assert reply.status == 200, reply.body
         content_type = reply.headers["content-type"]
@@ -74,8 +64,7 @@ def test_the_model_comes_from_the_environment_when_several_are_served():
                                    env={"SAGEMAKER_TRITON_DEFAULT_MODEL_NAME": "add_sub"})
     unset, unset_url = sagemaker_server(BUNDLED_REPO, "sagemaker-unset")
     try:
-        tensors, outputs, a = inputs(binary=False)
-        body, _ = httpclient.InferenceServerClient.generate_request_body(tensors, outputs=outputs)
+        body, _, _ = add_sub_request_body(binary=False)
         reply = http_request(url, "POST", "/invocations", body)
         assert reply.status == 200 and json.loads(reply.body)["model_name"] == "add_sub"
         refused = http_request(unset_url, "POST", "/invocations", body)

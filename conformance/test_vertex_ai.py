@@ -12,22 +12,12 @@ import subprocess
 import numpy as np
 import tritonclient.http as httpclient
 
-from conftest import (BUNDLED_REPO, STARTUP_TIMEOUT, find_free_port, http_request, kiln_bin,
-                      start_server, stop_server)
+from conftest import (BUNDLED_REPO, STARTUP_TIMEOUT, add_sub_request_body, find_free_port, http_request,
+                      kiln_bin, start_server, stop_server)
 
 BINARY = "application/vnd.vertex-ai-triton.binary+json;json-header-size="
 ROUTES = {"AIP_MODE": "PREDICTION", "AIP_PREDICT_ROUTE": "/v1/endpoints/e/deployedModels/m:predict",
           "AIP_HEALTH_ROUTE": "/v1/endpoints/e/deployedModels/m"}
-
-
-def add_sub_body(binary: bool):
-    a = np.arange(16, dtype=np.float32).reshape(1, 16)
-    tensors = [httpclient.InferInput(n, [1, 16], "FP32") for n in ("INPUT0", "INPUT1")]
-    tensors[0].set_data_from_numpy(a, binary_data=binary)
-    tensors[1].set_data_from_numpy(np.ones((1, 16), np.float32), binary_data=binary)
-    outputs = [httpclient.InferRequestedOutput(n, binary_data=binary) for n in ("OUTPUT0", "OUTPUT1")]
-    body, json_size = httpclient.InferenceServerClient.generate_request_body(tensors, outputs=outputs)
-    return body, json_size, a
 
 
 def test_health_predict_and_redirects():
@@ -40,11 +30,11 @@ def test_health_predict_and_redirects():
         health = http_request(url, "GET", ROUTES["AIP_HEALTH_ROUTE"])
         assert health.status == 200 and json.loads(health.body) == {"ready": True}
         predict = ROUTES["AIP_PREDICT_ROUTE"]
-        body, _, a = add_sub_body(binary=False)
+        body, _, a = add_sub_request_body(binary=False)
         reply = http_request(url, "POST", predict, body, {"Content-Type": "application/json"})
         assert reply.status == 200, reply.body
         assert json.loads(reply.body)["outputs"][0]["data"] == (a + 1).ravel().tolist()
-        body, json_size, a = add_sub_body(binary=True)
+        body, json_size, a = add_sub_request_body(binary=True)
         reply = http_request(url, "POST", predict, body, {"Content-Type": f"{BINARY}{json_size}"})
         assert reply.status == 200, reply.body
         content_type = reply.headers["content-type"]
@@ -56,7 +46,7 @@ def test_health_predict_and_redirects():
         config = http_request(url, "POST", predict, b"",
                               {"X-Vertex-Ai-Triton-Redirect": "v2/models/mlp_classifier/config"})
         assert config.status == 200 and json.loads(config.body)["name"] == "mlp_classifier"
-        body, _, a = add_sub_body(binary=False)
+        body, _, a = add_sub_request_body(binary=False)
         redirected = http_request(url, "POST", predict, body,
                                   {"X-Vertex-Ai-Triton-Redirect": "v2/models/add_sub/versions/1/infer"})
         assert redirected.status == 200 and json.loads(redirected.body)["model_version"] == "1"

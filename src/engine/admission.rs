@@ -81,25 +81,17 @@ impl Engine {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::repository::{ControlMode, LoadOptions, ModelRepository, RepositoryOptions};
+    use crate::repository::{LoadOptions, ModelRepository, RepositoryOptions};
     use std::sync::Arc;
 
     /// An engine over an empty repository whose start-up load has run: ready, with no models.
     fn engine(max_in_flight: usize) -> Engine {
         let options = RepositoryOptions {
-            mode: ControlMode::None,
-            startup_models: Vec::new(),
             load: LoadOptions {
                 auto_complete: false,
-                cores: 1,
-                gpu_fallback_to_cpu: false,
-                response_cache: false,
-                default_max_batch_size: 4,
-                config_name: None,
-                rate_limiter: None,
+                ..LoadOptions::default()
             },
-            load_threads: 1,
-            load_retries: 0,
+            ..RepositoryOptions::default()
         };
         let repository = ModelRepository::new(Vec::new(), options).expect("empty repository");
         repository.load_startup();

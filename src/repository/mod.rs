@@ -75,6 +75,22 @@ pub struct LoadOptions {
     pub rate_limiter: Option<Arc<crate::scheduler::rate_limit::RateLimiter>>,
 }
 
+impl Default for LoadOptions {
+    /// Triton's defaults (auto-complete on, a default batch size of 4), one core, no cache, no
+    /// rate limiter.
+    fn default() -> LoadOptions {
+        LoadOptions {
+            auto_complete: true,
+            cores: 1,
+            gpu_fallback_to_cpu: false,
+            response_cache: false,
+            default_max_batch_size: autocomplete::DEFAULT_MAX_BATCH_SIZE,
+            config_name: None,
+            rate_limiter: None,
+        }
+    }
+}
+
 /// A version that is loaded and serving. Requests hold it by `Arc` while they run, so a version
 /// replaced or unloaded meanwhile finishes them before it stops.
 pub struct ServingVersion {

@@ -47,6 +47,19 @@ pub struct RepositoryOptions {
     pub load_retries: u32,
 }
 
+impl Default for RepositoryOptions {
+    /// Control mode `none`, Triton's four loading threads and no retries.
+    fn default() -> RepositoryOptions {
+        RepositoryOptions {
+            mode: ControlMode::None,
+            startup_models: Vec::new(),
+            load: LoadOptions::default(),
+            load_threads: 4,
+            load_retries: 0,
+        }
+    }
+}
+
 /// The lifecycle state of a model that is not simply serving.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Status {

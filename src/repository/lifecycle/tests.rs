@@ -41,18 +41,8 @@ impl Backend for Echo {
 fn repository(mode: ControlMode, names: Vec<&'static str>) -> ModelRepository {
     let options = RepositoryOptions {
         mode,
-        startup_models: Vec::new(),
-        load: LoadOptions {
-            auto_complete: true,
-            cores: 1,
-            gpu_fallback_to_cpu: false,
-            response_cache: false,
-            default_max_batch_size: 4,
-            config_name: None,
-            rate_limiter: None,
-        },
         load_threads: 1,
-        load_retries: 0,
+        ..RepositoryOptions::default()
     };
     ModelRepository::new(vec![Box::new(NamesOnly(names))], options).unwrap()
 }
@@ -275,19 +265,9 @@ fn start_up_loads_run_in_parallel_retry_failures_and_return_them_in_order() {
         fetches: std::sync::Arc::clone(&fetches),
     };
     let options = RepositoryOptions {
-        mode: ControlMode::None,
-        startup_models: Vec::new(),
-        load: LoadOptions {
-            auto_complete: true,
-            cores: 1,
-            gpu_fallback_to_cpu: false,
-            response_cache: false,
-            default_max_batch_size: 4,
-            config_name: None,
-            rate_limiter: None,
-        },
         load_threads: 3,
         load_retries: 2,
+        ..RepositoryOptions::default()
     };
     let repository = ModelRepository::new(vec![Box::new(store)], options).unwrap();
     let failures = repository.load_startup();
