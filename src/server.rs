@@ -332,47 +332,37 @@ pub async fn run(
             absent()
         }
     };
-    let sagemaker_serve: Serving = match (listeners.sagemaker, &config.sagemaker) {
-        (Some(listener), Some(sagemaker)) => {
-            let address = listener.local_addr()?;
-            let router = http::sagemaker::router(
-                Arc::clone(&engine),
-                HttpConfig {
-                    max_input_bytes: config.http_max_input_bytes,
-                    access: Arc::new(config.http_access.clone()),
-                },
-                sagemaker.clone(),
-            )
-            .layer(responses.clone());
-            info!("Started Sagemaker HTTPService at {address}");
-            let serving = serve_http(listener, router, stop_signal());
-            Box::pin(async move {
-                serving.await;
-                Ok(())
-            })
-        }
-        _ => absent(),
+    // The cloud services: plain HTTP listeners of their own, over the same engine.
+    let http_config = || HttpConfig {
+        max_input_bytes: config.http_max_input_bytes,
+        access: Arc::new(config.http_access.clone()),
     };
-    let vertex_serve: Serving = match (listeners.vertex, &config.vertex) {
-        (Some(listener), Some(vertex)) => {
-            let address = listener.local_addr()?;
-            let http_config = || HttpConfig {
-                max_input_bytes: config.http_max_input_bytes,
-                access: Arc::new(config.http_access.clone()),
-            };
+    let cloud = |listener: Option<TcpListener>, router: Option<axum::Router>, what: &str| {
+        let (Some(listener), Some(router)) = (listener, router) else {
+            return Ok(absent());
+        };
+        info!("Started {what} HTTPService at {}", listener.local_addr()?);
+        let serving = serve_http(listener, router.layer(responses.clone()), stop_signal());
+        Ok::<Serving, ServerError>(Box::pin(async move {
+            serving.await;
+            Ok(())
+        }))
+    };
+    let sagemaker_serve = cloud(
+        listeners.sagemaker,
+        config.sagemaker.clone().map(|sagemaker| {
+            http::sagemaker::router(Arc::clone(&engine), http_config(), sagemaker)
+        }),
+        "Sagemaker",
+    )?;
+    let vertex_serve = cloud(
+        listeners.vertex,
+        config.vertex.clone().map(|vertex| {
             let rest = http::router(Arc::clone(&engine), http_config());
-            let router =
-                http::vertex::router(Arc::clone(&engine), http_config(), rest, vertex.clone())
-                    .layer(responses.clone());
-            info!("Started Vertex AI HTTPService at {address}");
-            let serving = serve_http(listener, router, stop_signal());
-            Box::pin(async move {
-                serving.await;
-                Ok(())
-            })
-        }
-        _ => absent(),
-    };
+            http::vertex::router(Arc::clone(&engine), http_config(), rest, vertex)
+        }),
+        "Vertex AI",
+    )?;
     let (startup_failed, mut failed) = tokio::sync::oneshot::channel();
     let lifecycle = tokio::spawn(manage_models(
         repository,
