@@ -4,6 +4,9 @@
 //! - `nv_gpu_utilization` — GPU utilization rate [0.0 - 1.0)
 //! - `nv_gpu_memory_total_bytes` — GPU total memory, in bytes
 //! - `nv_gpu_memory_used_bytes` — GPU used memory, in bytes
+//! - `nv_gpu_power_usage` — GPU power usage in watts
+//! - `nv_gpu_power_limit` — GPU power management limit in watts
+//! - `nv_energy_consumption` — GPU energy consumption in joules since the server started
 //!
 //! each labelled `gpu_uuid`, refreshed every metrics interval (`--metrics-interval-ms`) by a
 //! thread of their own. Only the GPUs CUDA shows are reported: with `CUDA_VISIBLE_DEVICES` set,
@@ -11,7 +14,7 @@
 //! there are no GPU metrics, and no error.
 
 use libloading::Library;
-use metrics::{describe_gauge, gauge, Gauge};
+use metrics::{counter, describe_counter, describe_gauge, gauge, Counter, Gauge};
 use std::ffi::{c_char, c_int, c_uint, c_void, CStr};
 use std::time::Duration;
 
@@ -36,7 +39,7 @@ fn start_once(interval: Duration) -> usize {
         .into_iter()
         .enumerate()
         .filter(|(index, (_, uuid))| is_visible(*index, uuid, visible.as_deref()))
-        .map(|(_, (handle, uuid))| Device::new(handle, uuid))
+        .map(|(_, (handle, uuid))| Device::new(handle, uuid, &nvml))
         .collect();
     if devices.is_empty() {
         return 0;
@@ -44,6 +47,12 @@ fn start_once(interval: Duration) -> usize {
     describe_gauge!("nv_gpu_utilization", "GPU utilization rate [0.0 - 1.0)");
     describe_gauge!("nv_gpu_memory_total_bytes", "GPU total memory, in bytes");
     describe_gauge!("nv_gpu_memory_used_bytes", "GPU used memory, in bytes");
+    describe_gauge!("nv_gpu_power_usage", "GPU power usage in watts");
+    describe_gauge!("nv_gpu_power_limit", "GPU power management limit in watts");
+    describe_counter!(
+        "nv_energy_consumption",
+        "GPU energy consumption in joules since the Triton Server started"
+    );
     let count = devices.len();
     let spawned = std::thread::Builder::new()
         .name("gpu-metrics".into())
@@ -92,16 +101,25 @@ struct Device {
     utilization: Gauge,
     memory_total: Gauge,
     memory_used: Gauge,
+    power_usage: Gauge,
+    power_limit: Gauge,
+    energy: Counter,
+    /// The energy counter's reading when the server started, in millijoules.
+    energy_start: Option<u64>,
 }
 
 impl Device {
-    fn new(handle: DeviceHandle, uuid: String) -> Device {
+    fn new(handle: DeviceHandle, uuid: String, nvml: &Nvml) -> Device {
         let labels = [("gpu_uuid", uuid)];
         Device {
             handle,
             utilization: gauge!("nv_gpu_utilization", &labels),
             memory_total: gauge!("nv_gpu_memory_total_bytes", &labels),
             memory_used: gauge!("nv_gpu_memory_used_bytes", &labels),
+            power_usage: gauge!("nv_gpu_power_usage", &labels),
+            power_limit: gauge!("nv_gpu_power_limit", &labels),
+            energy: counter!("nv_energy_consumption", &labels),
+            energy_start: nvml.energy(handle),
         }
     }
 
@@ -114,6 +132,16 @@ impl Device {
         if let Some((total, used)) = nvml.memory(self.handle) {
             self.memory_total.set(total as f64);
             self.memory_used.set(used as f64);
+        }
+        // Power is in milliwatts and energy in millijoules; GPUs without them report nothing.
+        if let Some(milliwatts) = nvml.power(self.handle) {
+            self.power_usage.set(f64::from(milliwatts) / 1000.0);
+        }
+        if let Some(milliwatts) = nvml.power_limit(self.handle) {
+            self.power_limit.set(f64::from(milliwatts) / 1000.0);
+        }
+        if let (Some(start), Some(now)) = (self.energy_start, nvml.energy(self.handle)) {
+            self.energy.absolute(now.saturating_sub(start) / 1000);
         }
     }
 }
@@ -164,6 +192,10 @@ struct Nvml {
     device_uuid: unsafe extern "C" fn(*mut c_void, *mut c_char, c_uint) -> Status,
     utilization_rates: unsafe extern "C" fn(*mut c_void, *mut Utilization) -> Status,
     memory_info: unsafe extern "C" fn(*mut c_void, *mut Memory) -> Status,
+    /// Not every driver has these: their gauges are then absent.
+    power_usage: Option<unsafe extern "C" fn(*mut c_void, *mut c_uint) -> Status>,
+    power_limit: Option<unsafe extern "C" fn(*mut c_void, *mut c_uint) -> Status>,
+    total_energy: Option<unsafe extern "C" fn(*mut c_void, *mut u64) -> Status>,
 }
 
 // SAFETY: NVML is thread-safe (NVIDIA documents every entry point as such).
@@ -192,6 +224,9 @@ impl Nvml {
                 device_uuid: symbol(&library, b"nvmlDeviceGetUUID\0")?,
                 utilization_rates: symbol(&library, b"nvmlDeviceGetUtilizationRates\0")?,
                 memory_info: symbol(&library, b"nvmlDeviceGetMemoryInfo\0")?,
+                power_usage: symbol(&library, b"nvmlDeviceGetPowerUsage\0").ok(),
+                power_limit: symbol(&library, b"nvmlDeviceGetEnforcedPowerLimit\0").ok(),
+                total_energy: symbol(&library, b"nvmlDeviceGetTotalEnergyConsumption\0").ok(),
                 _library: library,
             })
         }
@@ -244,6 +279,30 @@ impl Nvml {
         // SAFETY: a handle from `devices` and a live local.
         let status = unsafe { (self.memory_info)(device.0, &mut memory) };
         (status == 0).then_some((memory.total, memory.used))
+    }
+
+    /// Power drawn now, in milliwatts.
+    fn power(&self, device: DeviceHandle) -> Option<u32> {
+        let read = self.power_usage?;
+        let mut milliwatts: c_uint = 0;
+        // SAFETY: a handle from `devices` and a live local.
+        (unsafe { read(device.0, &mut milliwatts) } == 0).then_some(milliwatts)
+    }
+
+    /// The enforced power limit, in milliwatts.
+    fn power_limit(&self, device: DeviceHandle) -> Option<u32> {
+        let read = self.power_limit?;
+        let mut milliwatts: c_uint = 0;
+        // SAFETY: a handle from `devices` and a live local.
+        (unsafe { read(device.0, &mut milliwatts) } == 0).then_some(milliwatts)
+    }
+
+    /// Energy used since the driver loaded, in millijoules.
+    fn energy(&self, device: DeviceHandle) -> Option<u64> {
+        let read = self.total_energy?;
+        let mut millijoules: u64 = 0;
+        // SAFETY: a handle from `devices` and a live local.
+        (unsafe { read(device.0, &mut millijoules) } == 0).then_some(millijoules)
     }
 }
 
