@@ -327,6 +327,11 @@ def main():
         lines.append(f"- nv_gpu_utilization / nv_gpu_memory_*_bytes for: {', '.join(uuids) or 'NONE'}")
         if not uuids:
             gpu_failure("no nv_gpu_utilization gauge (NVML)")
+        # Power and energy: reported where the driver has them (datacenter GPUs do); recorded,
+        # not required.
+        for family in ("nv_gpu_power_usage", "nv_gpu_power_limit", "nv_energy_consumption"):
+            values = re.findall(rf'^{family}\{{gpu_uuid="[^"]+"\}} (\S+)$', metrics, re.M)
+            lines.append(f"- {family}: {', '.join(values) or 'absent'}")
         for name in sorted(models):
             counted = 0
             for line in metrics.splitlines():
