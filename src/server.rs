@@ -194,26 +194,6 @@ pub async fn run(
             .await;
     }
     let health_watch = tokio::spawn(follow_readiness(Arc::clone(&engine), health.clone()));
-    let reflection = || {
-        tonic_reflection::server::Builder::configure()
-            .register_encoded_file_descriptor_set(crate::proto::FILE_DESCRIPTOR_SET)
-            .register_encoded_file_descriptor_set(tonic_health::pb::FILE_DESCRIPTOR_SET)
-    };
-    let inference = GrpcInferenceServiceServer::new(InferenceService::new(Arc::clone(&engine)))
-        .max_decoding_message_size(config.max_message_bytes)
-        .max_encoding_message_size(config.max_message_bytes)
-        .accept_compressed(CompressionEncoding::Gzip)
-        .accept_compressed(CompressionEncoding::Deflate);
-    // Responses stay uncompressed unless asked (Triton's default too): gRPC clients advertise
-    // gzip by default, and compressing every response costs CPU that inference needs. When
-    // asked, tonic picks gzip or deflate by the client's preference, at one level.
-    let inference = if config.grpc_transport.compress_responses {
-        inference
-            .send_compressed(CompressionEncoding::Gzip)
-            .send_compressed(CompressionEncoding::Deflate)
-    } else {
-        inference
-    };
 
     if let Some((listener, handle)) = metrics {
         serve_metrics(listener, handle)?;
@@ -225,124 +205,50 @@ pub async fn run(
         }
     }
     let (stop, stopped) = tokio::sync::watch::channel(false);
-    let stop_signal = move || {
-        let mut stopped = stopped.clone();
-        async move {
-            let _ = stopped.wait_for(|s| *s).await;
-        }
-    };
     for (protocol, policy) in [("gRPC", &config.grpc_access), ("HTTP", &config.http_access)] {
         for line in policy.describe() {
             info!("{protocol} access: {line}");
         }
     }
     let responses = ResponsesInFlight::default();
-    type Serving = std::pin::Pin<Box<dyn Future<Output = Result<(), ServerError>> + Send>>;
-    // An endpoint turned off finishes when the others are told to stop.
-    let absent = || -> Serving {
-        let stopped = stop_signal();
-        Box::pin(async move {
-            stopped.await;
-            Ok(())
-        })
-    };
-    let grpc_serve: Serving = match listeners.grpc {
+    let grpc_serve = match listeners.grpc {
         Some(listener) => {
-            let address = listener.local_addr()?;
-            let incoming = TcpIncoming::from(listener).with_nodelay(Some(true));
-            let transport = &config.grpc_transport;
-            let mut builder = tonic::transport::Server::builder()
-                .http2_keepalive_interval(Some(transport.keepalive_time))
-                .http2_keepalive_timeout(Some(transport.keepalive_timeout));
-            if let Some(age) = transport.max_connection_age {
-                builder = builder.max_connection_age(age);
-            }
-            if let Some(grace) = transport.max_connection_age_grace {
-                builder = builder.max_connection_age_grace(grace);
-            }
-            if let Some(files) = &config.grpc_tls {
-                builder = builder.tls_config(files.grpc_config()?)?;
-                info!(
-                    "gRPC uses TLS{}",
-                    if files.mutual {
-                        " with client certificates"
-                    } else {
-                        ""
-                    }
-                );
-            }
-            let serving = builder
-                .layer(responses.clone())
-                .layer(GrpcAccessLayer::new(Arc::new(config.grpc_access.clone())))
-                .add_service(inference)
-                .add_service(health_service)
-                .add_service(reflection().build_v1()?)
-                .add_service(reflection().build_v1alpha()?)
-                .serve_with_incoming_shutdown(incoming, stop_signal());
-            info!("Started GRPCInferenceService at {address}");
-            Box::pin(async move { serving.await.map_err(ServerError::from) })
+            let services = GrpcServices {
+                inference: inference_service(&engine, &config),
+                health: health_service,
+            };
+            serve_grpc(listener, &config, services, &responses, &stopped)?
         }
         None => {
             info!("gRPC is off (--allow-grpc=false)");
-            absent()
+            when_stopped(&stopped)
         }
     };
-    let http_serve: Serving = match listeners.http {
-        Some(listener) => {
-            let address = listener.local_addr()?;
-            let router = http::router(
-                Arc::clone(&engine),
-                HttpConfig {
-                    max_input_bytes: config.http_max_input_bytes,
-                    access: Arc::new(config.http_access.clone()),
-                },
-            );
-            let router = router.layer(responses.clone());
-            let serving: std::pin::Pin<Box<dyn Future<Output = ()> + Send>> = match &config.http_tls
-            {
-                Some(files) => {
-                    let listener = TlsListener::new(listener, files.server_config()?)?;
-                    info!(
-                        "HTTP uses TLS{}",
-                        if files.mutual {
-                            " with client certificates"
-                        } else {
-                            ""
-                        }
-                    );
-                    Box::pin(serve_http(listener, router, stop_signal()))
-                }
-                None => {
-                    let listener = listener.tap_io(|stream| {
-                        if let Err(e) = stream.set_nodelay(true) {
-                            warn!("cannot set TCP_NODELAY on an HTTP connection: {e}");
-                        }
-                    });
-                    Box::pin(serve_http(listener, router, stop_signal()))
-                }
-            };
-            info!("Started HTTPService at {address}");
-            Box::pin(async move {
-                serving.await;
-                Ok(())
-            })
-        }
-        None => {
-            info!("HTTP is off (--allow-http=false)");
-            absent()
-        }
-    };
-    // The cloud services: plain HTTP listeners of their own, over the same engine.
     let http_config = || HttpConfig {
         max_input_bytes: config.http_max_input_bytes,
         access: Arc::new(config.http_access.clone()),
     };
+    let http_serve = match listeners.http {
+        Some(listener) => {
+            let router = http::router(Arc::clone(&engine), http_config()).layer(responses.clone());
+            serve_rest(listener, router, config.http_tls.as_ref(), &stopped)?
+        }
+        None => {
+            info!("HTTP is off (--allow-http=false)");
+            when_stopped(&stopped)
+        }
+    };
+    // The cloud services: plain HTTP listeners of their own, over the same engine.
     let cloud = |listener: Option<TcpListener>, router: Option<axum::Router>, what: &str| {
         let (Some(listener), Some(router)) = (listener, router) else {
-            return Ok(absent());
+            return Ok(when_stopped(&stopped));
         };
         info!("Started {what} HTTPService at {}", listener.local_addr()?);
-        let serving = serve_http(listener, router.layer(responses.clone()), stop_signal());
+        let serving = serve_http(
+            listener,
+            router.layer(responses.clone()),
+            stopped_signal(&stopped),
+        );
         Ok::<Serving, ServerError>(Box::pin(async move {
             serving.await;
             Ok(())
@@ -403,6 +309,136 @@ pub async fn run(
     // Traces still held by their settings (all of them, without a log frequency).
     engine.tracer().flush();
     outcome.and(result)
+}
+
+/// One listener's serving future.
+type Serving = std::pin::Pin<Box<dyn Future<Output = Result<(), ServerError>> + Send>>;
+
+/// Resolves once shutdown tells the listeners to close.
+fn stopped_signal(stopped: &tokio::sync::watch::Receiver<bool>) -> impl Future<Output = ()> {
+    let mut stopped = stopped.clone();
+    async move {
+        let _ = stopped.wait_for(|s| *s).await;
+    }
+}
+
+/// The stand-in for a listener that is turned off: it finishes when the others are told to stop.
+fn when_stopped(stopped: &tokio::sync::watch::Receiver<bool>) -> Serving {
+    let stopped = stopped_signal(stopped);
+    Box::pin(async move {
+        stopped.await;
+        Ok(())
+    })
+}
+
+/// The inference service with its message limits and compression.
+fn inference_service(
+    engine: &Arc<Engine>,
+    config: &Config,
+) -> GrpcInferenceServiceServer<InferenceService> {
+    let inference = GrpcInferenceServiceServer::new(InferenceService::new(Arc::clone(engine)))
+        .max_decoding_message_size(config.max_message_bytes)
+        .max_encoding_message_size(config.max_message_bytes)
+        .accept_compressed(CompressionEncoding::Gzip)
+        .accept_compressed(CompressionEncoding::Deflate);
+    // Responses stay uncompressed unless asked (Triton's default too): gRPC clients advertise
+    // gzip by default, and compressing every response costs CPU that inference needs. When
+    // asked, tonic picks gzip or deflate by the client's preference, at one level.
+    if config.grpc_transport.compress_responses {
+        inference
+            .send_compressed(CompressionEncoding::Gzip)
+            .send_compressed(CompressionEncoding::Deflate)
+    } else {
+        inference
+    }
+}
+
+/// What the gRPC listener serves besides reflection.
+struct GrpcServices<H> {
+    inference: GrpcInferenceServiceServer<InferenceService>,
+    health: tonic_health::pb::health_server::HealthServer<H>,
+}
+
+/// Serves the inference, health and reflection services on `listener`, with the configured
+/// transport settings, TLS and access policy.
+fn serve_grpc<H: tonic_health::pb::health_server::Health>(
+    listener: TcpListener,
+    config: &Config,
+    services: GrpcServices<H>,
+    responses: &ResponsesInFlight,
+    stopped: &tokio::sync::watch::Receiver<bool>,
+) -> Result<Serving, ServerError> {
+    let address = listener.local_addr()?;
+    let incoming = TcpIncoming::from(listener).with_nodelay(Some(true));
+    let transport = &config.grpc_transport;
+    let mut builder = tonic::transport::Server::builder()
+        .http2_keepalive_interval(Some(transport.keepalive_time))
+        .http2_keepalive_timeout(Some(transport.keepalive_timeout));
+    if let Some(age) = transport.max_connection_age {
+        builder = builder.max_connection_age(age);
+    }
+    if let Some(grace) = transport.max_connection_age_grace {
+        builder = builder.max_connection_age_grace(grace);
+    }
+    if let Some(files) = &config.grpc_tls {
+        builder = builder.tls_config(files.grpc_config()?)?;
+        info!("gRPC uses TLS{}", client_certificates(files));
+    }
+    let reflection = || {
+        tonic_reflection::server::Builder::configure()
+            .register_encoded_file_descriptor_set(crate::proto::FILE_DESCRIPTOR_SET)
+            .register_encoded_file_descriptor_set(tonic_health::pb::FILE_DESCRIPTOR_SET)
+    };
+    let serving = builder
+        .layer(responses.clone())
+        .layer(GrpcAccessLayer::new(Arc::new(config.grpc_access.clone())))
+        .add_service(services.inference)
+        .add_service(services.health)
+        .add_service(reflection().build_v1()?)
+        .add_service(reflection().build_v1alpha()?)
+        .serve_with_incoming_shutdown(incoming, stopped_signal(stopped));
+    info!("Started GRPCInferenceService at {address}");
+    Ok(Box::pin(
+        async move { serving.await.map_err(ServerError::from) },
+    ))
+}
+
+/// Serves the REST router on `listener`, over TLS when configured.
+fn serve_rest(
+    listener: TcpListener,
+    router: axum::Router,
+    tls: Option<&TlsFiles>,
+    stopped: &tokio::sync::watch::Receiver<bool>,
+) -> Result<Serving, ServerError> {
+    let address = listener.local_addr()?;
+    let serving: std::pin::Pin<Box<dyn Future<Output = ()> + Send>> = match tls {
+        Some(files) => {
+            let listener = TlsListener::new(listener, files.server_config()?)?;
+            info!("HTTP uses TLS{}", client_certificates(files));
+            Box::pin(serve_http(listener, router, stopped_signal(stopped)))
+        }
+        None => {
+            let listener = listener.tap_io(|stream| {
+                if let Err(e) = stream.set_nodelay(true) {
+                    warn!("cannot set TCP_NODELAY on an HTTP connection: {e}");
+                }
+            });
+            Box::pin(serve_http(listener, router, stopped_signal(stopped)))
+        }
+    };
+    info!("Started HTTPService at {address}");
+    Ok(Box::pin(async move {
+        serving.await;
+        Ok(())
+    }))
+}
+
+fn client_certificates(files: &TlsFiles) -> &'static str {
+    if files.mutual {
+        " with client certificates"
+    } else {
+        ""
+    }
 }
 
 /// How long closing listeners and idle connections may take once nothing is in flight.
@@ -466,7 +502,10 @@ fn tracer(config: &TraceConfig) -> Result<Tracer, ServerError> {
         .otel
         .clone()
         .map(crate::trace::otel::Exporter::start)
-        .transpose()?;
+        .transpose()
+        .map_err(|e| {
+            ServerError::Config(format!("cannot start the OpenTelemetry exporter: {e}"))
+        })?;
     Ok(Tracer::with_exporter(config.settings.clone(), exporter))
 }
 
