@@ -111,8 +111,10 @@ def test_trace_settings_and_files(traced):
     assert {"id": 1, "model_name": "add_sub", "model_version": 1, "request_id": "h1"} in http_trace
     assert {"id": 2, "model_name": "add_sub", "model_version": 1, "request_id": "g1"} in grpc_trace
     assert_in_order(timestamps(http_trace),
-                    ["HTTP_RECV_START", "HTTP_RECV_END", *CORE, "HTTP_SEND_START", "HTTP_SEND_END"])
-    assert_in_order(timestamps(grpc_trace), ["GRPC_WAITREAD_END", *CORE, "GRPC_SEND_START", "GRPC_SEND_END"])
+                    ["HTTP_RECV_START", "HTTP_RECV_END", *CORE, "INFER_RESPONSE_COMPLETE", "HTTP_SEND_START",
+                     "HTTP_SEND_END"])
+    assert_in_order(timestamps(grpc_trace), ["GRPC_WAITREAD_END", *CORE, "INFER_RESPONSE_COMPLETE",
+                                             "GRPC_SEND_START", "GRPC_SEND_END"])
 
     # Global: every request, two traces per numbered file. add_sub keeps its own level, rate and
     # count, and mirrors the new log frequency.

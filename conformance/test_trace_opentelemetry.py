@@ -110,7 +110,7 @@ def test_a_caller_context_is_traced_at_rate_zero_and_joined(traced):
     root, model, compute = by_name["InferRequest"], by_name["add_sub"], by_name["compute"]
     assert root.trace_id.hex() == "0af7651916cd43dd8448eb211c12666c"
     assert root.parent_span_id.hex() == "b7ad6b7169242424"
-    assert events(root) == ["GRPC_WAITREAD_END", "GRPC_SEND_START", "GRPC_SEND_END"]
+    assert events(root) == ["GRPC_WAITREAD_END", "INFER_RESPONSE_COMPLETE", "GRPC_SEND_START", "GRPC_SEND_END"]
     assert model.parent_span_id == root.span_id and compute.parent_span_id == model.span_id
     assert events(model) == ["REQUEST_START", "QUEUE_START", "REQUEST_END"]
     assert events(compute) == ["COMPUTE_START", "COMPUTE_INPUT_END", "COMPUTE_OUTPUT_START", "COMPUTE_END"]
@@ -141,7 +141,8 @@ def test_sampled_requests_and_ensembles_follow_tritons_layout(traced):
     by_id = {s.span_id: s for s in spans}
     root = next(s for s in spans if s.name == "InferRequest")
     assert root.parent_span_id == b""
-    assert events(root) == ["HTTP_RECV_START", "HTTP_RECV_END", "HTTP_SEND_START", "HTTP_SEND_END"]
+    assert events(root) == ["HTTP_RECV_START", "HTTP_RECV_END", "INFER_RESPONSE_COMPLETE", "HTTP_SEND_START",
+                            "HTTP_SEND_END"]
     children = {}
     for span in spans:
         if span.parent_span_id in by_id:

@@ -154,6 +154,9 @@ async fn stream_answer(
         }
         Err(e) => Err(e),
     };
+    if let (Some(trace), Ok(_)) = (&trace, &result) {
+        trace.record(Activity::InferResponseComplete, Instant::now());
+    }
     if let Some(trace) = trace {
         trace.record(Activity::GrpcSendStart, Instant::now());
     }
@@ -274,6 +277,9 @@ impl GrpcInferenceService for InferenceService {
         request.deadline = deadline;
         request.trace = trace.clone();
         let response = self.engine.infer(request).await.map_err(status)?;
+        if let Some(trace) = &trace {
+            trace.record(Activity::InferResponseComplete, Instant::now());
+        }
         let mut response = Response::new(response_to_wire(response));
         if let Some(trace) = trace {
             trace.record(Activity::GrpcSendStart, Instant::now());

@@ -49,6 +49,8 @@ pub enum Activity {
     ComputeOutputStart,
     ComputeEnd,
     RequestEnd,
+    /// The protocol has the model's response (before encoding and sending it).
+    InferResponseComplete,
 }
 
 impl Activity {
@@ -63,6 +65,7 @@ impl Activity {
                 | Activity::GrpcWaitreadEnd
                 | Activity::GrpcSendStart
                 | Activity::GrpcSendEnd
+                | Activity::InferResponseComplete
         )
     }
 
@@ -101,6 +104,7 @@ impl Activity {
             Activity::ComputeOutputStart => "COMPUTE_OUTPUT_START",
             Activity::ComputeEnd => "COMPUTE_END",
             Activity::RequestEnd => "REQUEST_END",
+            Activity::InferResponseComplete => "INFER_RESPONSE_COMPLETE",
         }
     }
 }

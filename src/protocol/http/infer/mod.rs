@@ -75,6 +75,9 @@ async fn infer(
     };
     request.trace = trace.clone();
     let response = state.engine.infer_admitted(admission, request).await?;
+    if let Some(trace) = &trace {
+        trace.record(Activity::InferResponseComplete, Instant::now());
+    }
     let encoded = response::encode(&response, &formats)?;
     let content_type = if encoded.header_length.is_some() {
         "application/octet-stream"
