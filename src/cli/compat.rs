@@ -242,7 +242,7 @@ impl TritonOnlyFlags {
                 notes.push(format!("--{flag} has no effect: {why}"));
             }
         };
-        let threads = "REST and gRPC share the async runtime's worker threads, one per core";
+        let threads = "every listener shares the async runtime's worker threads, one per core";
         note(
             "http-thread-count",
             self.http_thread_count.is_some(),
