@@ -446,7 +446,48 @@ pub struct Launch {
     pub notes: Vec<String>,
 }
 
+/// The cloud services the flags and the environment ask for.
+struct CloudServices {
+    sagemaker: Option<SageMakerConfig>,
+    sagemaker_bind: Option<Bind>,
+    vertex: Option<VertexConfig>,
+    vertex_bind: Option<Bind>,
+}
+
 impl Args {
+    /// SageMaker (`--allow-sagemaker`) and Vertex AI (`--allow-vertex-ai`, by default on with
+    /// `AIP_MODE=PREDICTION`), with the environment variables each reads, as Triton.
+    fn cloud_services(&self) -> Result<CloudServices, String> {
+        let env = |name: &str| std::env::var(name).ok();
+        let sagemaker = self
+            .allow_sagemaker
+            .then(|| SageMakerConfig::from_env(env))
+            .transpose()?;
+        let allow_vertex = self
+            .allow_vertex_ai
+            .unwrap_or_else(|| env("AIP_MODE").as_deref() == Some("PREDICTION"));
+        let vertex = allow_vertex
+            .then(|| VertexConfig::from_env(env, self.vertex_ai_default_model.clone()))
+            .transpose()?;
+        let vertex_port = match (self.vertex_ai_port, env("AIP_HTTP_PORT")) {
+            (Some(port), _) => port,
+            (None, Some(port)) => port
+                .parse()
+                .map_err(|_| format!("AIP_HTTP_PORT must be a port number, got '{port}'"))?,
+            (None, None) => 8080,
+        };
+        let bind = |port| Bind {
+            address: SocketAddr::new(self.http_address, port),
+            reuse_port: false,
+        };
+        Ok(CloudServices {
+            sagemaker_bind: sagemaker.is_some().then(|| bind(self.sagemaker_port)),
+            sagemaker,
+            vertex_bind: vertex.is_some().then(|| bind(vertex_port)),
+            vertex,
+        })
+    }
+
     /// The log settings alone, so that logging can start before anything else is checked.
     pub fn log_settings(&self) -> LogSettings {
         LogSettings {
@@ -469,33 +510,16 @@ impl Args {
     /// A message naming the flag that cannot be honoured.
     pub fn launch(self) -> Result<Launch, String> {
         let notes = self.triton.check()?;
+        let cloud = self.cloud_services()?;
         if !self.allow_grpc
             && !self.allow_http
-            && !self.allow_sagemaker
-            && self.allow_vertex_ai != Some(true)
+            && cloud.sagemaker.is_none()
+            && cloud.vertex.is_none()
         {
             return Err(
                 "--allow-grpc=false and --allow-http=false leave no inference endpoint".into(),
             );
         }
-        let sagemaker = self
-            .allow_sagemaker
-            .then(|| SageMakerConfig::from_env(|name| std::env::var(name).ok()))
-            .transpose()?;
-        let env = |name: &str| std::env::var(name).ok();
-        let allow_vertex = self
-            .allow_vertex_ai
-            .unwrap_or_else(|| env("AIP_MODE").as_deref() == Some("PREDICTION"));
-        let vertex = allow_vertex
-            .then(|| VertexConfig::from_env(env, self.vertex_ai_default_model.clone()))
-            .transpose()?;
-        let vertex_port = match (self.vertex_ai_port, env("AIP_HTTP_PORT")) {
-            (Some(port), _) => port,
-            (None, Some(port)) => port
-                .parse()
-                .map_err(|_| format!("AIP_HTTP_PORT must be a port number, got '{port}'"))?,
-            (None, None) => 8080,
-        };
         if !(self.metrics_interval_ms.is_finite() && self.metrics_interval_ms >= 1.0) {
             return Err(format!(
                 "--metrics-interval-ms must be at least 1, got {}",
@@ -603,8 +627,8 @@ impl Args {
             strict_readiness: self.strict_readiness,
             gpu_fallback_to_cpu: self.gpu_fallback_to_cpu,
             rate_limit,
-            sagemaker,
-            vertex,
+            sagemaker: cloud.sagemaker,
+            vertex: cloud.vertex,
             metrics: MetricsOptions {
                 gpu: self.allow_gpu_metrics,
                 cpu: self.allow_cpu_metrics,
@@ -629,14 +653,8 @@ impl Args {
                 address: SocketAddr::new(self.metrics_address, self.metrics_port),
                 reuse_port: false,
             }),
-            sagemaker: self.allow_sagemaker.then_some(Bind {
-                address: SocketAddr::new(self.http_address, self.sagemaker_port),
-                reuse_port: false,
-            }),
-            vertex: allow_vertex.then_some(Bind {
-                address: SocketAddr::new(self.http_address, vertex_port),
-                reuse_port: false,
-            }),
+            sagemaker: cloud.sagemaker_bind,
+            vertex: cloud.vertex_bind,
             idle_poll_us: self.idle_poll_us,
             notes,
         })
