@@ -272,6 +272,29 @@ pub fn validate_io(config: &ModelConfig) -> Result<(), ConfigError> {
             )));
         }
     }
+    // TensorRT's tensor kinds: an ONNX Runtime model has none, so a config asking for one is
+    // refused rather than served as if it did not.
+    let tensorrt_only = config
+        .input
+        .iter()
+        .map(|i| (&i.name, i.is_shape_tensor, i.is_non_linear_format_io))
+        .chain(
+            config
+                .output
+                .iter()
+                .map(|o| (&o.name, o.is_shape_tensor, o.is_non_linear_format_io)),
+        )
+        .find(|(_, shape, non_linear)| *shape || *non_linear);
+    if let Some((tensor, shape, _)) = tensorrt_only {
+        let what = if shape {
+            "is_shape_tensor"
+        } else {
+            "is_non_linear_format_io"
+        };
+        return Err(ConfigError::Invalid(format!(
+            "tensor '{tensor}' of model '{name}' sets {what}, which only TensorRT models use"
+        )));
+    }
     let tensors = config
         .input
         .iter()

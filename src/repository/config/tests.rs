@@ -294,6 +294,29 @@ fn validate_io_requires_inputs_outputs_and_types() {
 }
 
 #[test]
+fn tensorrt_tensor_kinds_are_refused() {
+    for (tensor, flag) in [
+        ("input", "is_shape_tensor"),
+        ("input", "is_non_linear_format_io"),
+        ("output", "is_shape_tensor"),
+    ] {
+        let (input, output) = if tensor == "input" {
+            (format!("{flag}: true"), String::new())
+        } else {
+            (String::new(), format!("{flag}: true"))
+        };
+        let config = parse_config(&format!(
+            "name: \"m\" input [{{name: \"a\" data_type: TYPE_FP32 dims: [1] {input}}}] \
+             output [{{name: \"b\" data_type: TYPE_FP32 dims: [1] {output}}}]"
+        ))
+        .unwrap();
+        let error = validate_io(&config).unwrap_err().to_string();
+        let named = if tensor == "input" { "'a'" } else { "'b'" };
+        assert!(error.contains(named) && error.contains(flag), "{error}");
+    }
+}
+
+#[test]
 fn sequence_batching_batches_requests_of_different_sequences() {
     let config = parse_config(
         "max_batch_size: 4 sequence_batching { oldest { max_queue_delay_microseconds: 300 \
