@@ -177,16 +177,24 @@ pub struct OtelTrace {
     pub children: Vec<OtelTrace>,
 }
 
-/// Random bytes from the kernel.
+/// Random, non-zero bytes (trace and span ids): from the kernel, or, where `getrandom` is not
+/// allowed, from std's randomly keyed hasher over a counter.
 fn random<const N: usize>() -> [u8; N] {
     let mut bytes = [0u8; N];
-    loop {
-        // SAFETY: getrandom writes at most `N` bytes into the buffer it is given.
-        let written = unsafe { libc::getrandom(bytes.as_mut_ptr().cast(), N, 0) };
-        if written == N as isize && bytes != [0; N] {
-            return bytes;
-        }
+    // SAFETY: getrandom writes at most `N` bytes into the buffer it is given.
+    let written = unsafe { libc::getrandom(bytes.as_mut_ptr().cast(), N, 0) };
+    if written == N as isize && bytes != [0; N] {
+        return bytes;
     }
+    use std::hash::{BuildHasher, Hasher};
+    static COUNTER: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(1);
+    for chunk in bytes.chunks_mut(8) {
+        let mut hasher = std::collections::hash_map::RandomState::new().build_hasher();
+        hasher.write_u64(COUNTER.fetch_add(1, std::sync::atomic::Ordering::Relaxed));
+        let value = hasher.finish() | 1;
+        chunk.copy_from_slice(&value.to_le_bytes()[..chunk.len()]);
+    }
+    bytes
 }
 
 impl OtelTrace {
