@@ -406,3 +406,34 @@ async fn sigterm_stops_cleanly() {
     let status = server.terminate();
     assert!(status.success(), "exit status {status:?}");
 }
+
+/// `--grpc-infer-response-compression-level`: responses are compressed for a client that accepts
+/// gzip, and only when the flag asks.
+#[tokio::test]
+async fn responses_are_compressed_only_when_asked() {
+    use tonic::codec::CompressionEncoding;
+    for (level, compressed) in [("none", false), ("high", true)] {
+        let flag = format!("--grpc-infer-response-compression-level={level}");
+        let server = Server::start_with(&["model_repository"], &[&flag]);
+        let mut client = server
+            .client()
+            .await
+            .accept_compressed(CompressionEncoding::Gzip);
+        let response = client
+            .model_infer(add_sub_request(1))
+            .await
+            .expect("infers");
+        let encoding = response
+            .metadata()
+            .get("grpc-encoding")
+            .map(|v| v.to_str().unwrap_or_default().to_string());
+        assert_eq!(
+            encoding.as_deref() == Some("gzip"),
+            compressed,
+            "{level}: {encoding:?}"
+        );
+        let outputs = &response.get_ref().raw_output_contents;
+        let sums = fp32_values(&outputs[0]);
+        assert_eq!(sums[..3], [0.5, 1.5, 2.5], "{level}");
+    }
+}
