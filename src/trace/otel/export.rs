@@ -91,6 +91,16 @@ impl Exporter {
         }
     }
 
+    /// Spans waiting for export.
+    pub fn queued(&self) -> usize {
+        self.lock().spans.len()
+    }
+
+    /// Spans dropped because the queue was full.
+    pub fn dropped(&self) -> u64 {
+        self.dropped.load(Ordering::Relaxed)
+    }
+
     /// Sends every queued span now and waits (at most `timeout`) until they are out: at
     /// shutdown.
     pub fn flush(&self, timeout: Duration) {

@@ -194,3 +194,23 @@ fn ensemble_steps_nest_under_the_ensemble_and_a_caller_context_is_joined() {
     let computes = spans.iter().filter(|s| s.name == "compute").count();
     assert_eq!(computes, 2);
 }
+
+#[test]
+fn a_collector_that_is_down_loses_spans_but_never_blocks() {
+    // Port 9 (discard) on loopback: nothing listens, so every POST fails at once.
+    let config = OtelConfig {
+        url: "http://127.0.0.1:9/v1/traces".into(),
+        schedule_delay_ms: 10,
+        max_queue_size: 4,
+        max_export_batch_size: 2,
+        ..OtelConfig::default()
+    };
+    let exporter = Exporter::start(config).unwrap();
+    for id in 0..3 {
+        // 3 spans each: the second push finds the queue full (4) and is dropped.
+        exporter.push(request(id, "m", 1000).spans(None));
+    }
+    exporter.flush(std::time::Duration::from_secs(30));
+    assert_eq!(exporter.queued(), 0);
+    assert!(exporter.dropped() >= 3, "{}", exporter.dropped());
+}
