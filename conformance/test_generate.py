@@ -28,7 +28,7 @@ import requests
 import tritonclient.grpc as grpcclient
 from tritonclient.utils import InferenceServerException
 
-from conftest import BUNDLED_REPO, RPC_TIMEOUT
+from conftest import BUNDLED_REPO, RPC_TIMEOUT, start_server, stop_server
 
 MODEL = "tiny_decoder"
 MODEL_DIR = BUNDLED_REPO / MODEL
@@ -356,3 +356,42 @@ def test_plain_inference_on_a_decoupled_model_is_refused_as_triton_does(server, 
     not_generating = requests.post(f"http://{server.http_url}/v2/models/add_sub/generate",
                                    json={"text_input": "x"}, timeout=RPC_TIMEOUT)
     assert not_generating.status_code == 501 and "does not generate text" in not_generating.json()["error"]
+
+
+def test_generation_requests_are_traced(tmp_path):
+    """REST generate and a gRPC decoupled stream are traced as Triton traces decoupled requests:
+    the protocol's stamps, REQUEST_START, QUEUE_START, one INFER_RESPONSE_COMPLETE per response,
+    REQUEST_END."""
+    trace_file = tmp_path / "generate.json"
+    traced = start_server([BUNDLED_REPO], name="kiln-generate-trace", extra_args=[
+        "--trace-config", f"triton,file={trace_file}", "--trace-config", "level=TIMESTAMPS",
+        "--trace-config", "rate=1"])
+    try:
+        assert generate(traced, "The potter", max_tokens=4).status_code == 200
+        stream = Stream(traced)
+        try:
+            stream.send("The potter", request_id="s1", max_tokens=("INT32", 3))
+            responses = len(stream.until_final())
+        finally:
+            stream.close()
+    finally:
+        stop_server(traced)
+    names: dict[int, list[str]] = {}
+    times: dict[int, list[int]] = {}
+    for record in json.loads(trace_file.read_text()):
+        if "model_name" in record:
+            assert record["model_name"] == MODEL
+        for stamp in record.get("timestamps", []):
+            names.setdefault(record["id"], []).append(stamp["name"])
+            times.setdefault(record["id"], []).append(stamp["ns"])
+    assert len(names) == 2, names
+    rest = next(n for n in names.values() if n[0] == "HTTP_RECV_START")
+    grpc_trace = next(n for n in names.values() if n[0] == "GRPC_WAITREAD_END")
+    tokens = rest.count("INFER_RESPONSE_COMPLETE")
+    assert 1 <= tokens <= 4
+    assert rest == ["HTTP_RECV_START", "HTTP_RECV_END", "REQUEST_START", "QUEUE_START",
+                    *["INFER_RESPONSE_COMPLETE"] * tokens, "REQUEST_END", "HTTP_SEND_START", "HTTP_SEND_END"]
+    assert grpc_trace == ["GRPC_WAITREAD_END", "REQUEST_START", "QUEUE_START",
+                          *["INFER_RESPONSE_COMPLETE"] * responses, "REQUEST_END"]
+    for stamps in times.values():
+        assert stamps == sorted(stamps)

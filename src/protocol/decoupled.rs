@@ -16,7 +16,9 @@ use crate::proto::inference::{
     infer_parameter::ParameterChoice, model_infer_response::InferOutputTensor, InferParameter,
     ModelInferRequest, ModelInferResponse, ModelStreamInferResponse,
 };
+use crate::trace::Activity;
 use std::sync::Arc;
+use std::time::Instant;
 use tokio::sync::mpsc;
 use tonic::Status;
 
@@ -28,7 +30,13 @@ pub const FINAL_RESPONSE: &str = "triton_final_response";
 
 /// Runs one request on a decoupled model and sends its responses, until the last one or until
 /// the client goes away (then the generation is dropped, which cancels it).
-pub async fn answer(engine: Arc<Engine>, wire: ModelInferRequest, responses: Responses) {
+/// `traceparent` is the stream's W3C trace context, for OpenTelemetry traces.
+pub async fn answer(
+    engine: Arc<Engine>,
+    wire: ModelInferRequest,
+    responses: Responses,
+    traceparent: Option<Arc<str>>,
+) {
     let header = ModelInferResponse {
         model_name: wire.model_name.clone(),
         model_version: wire.model_version.clone(),
@@ -37,7 +45,15 @@ pub async fn answer(engine: Arc<Engine>, wire: ModelInferRequest, responses: Res
     };
     let started = match engine.admit() {
         Ok(admission) => match request_from_wire(wire) {
-            Ok(request) => engine.generate(admission, request).await,
+            Ok(mut request) => {
+                request.trace = engine
+                    .tracer()
+                    .sample_with(&request.model_name, traceparent.as_deref());
+                if let Some(trace) = &request.trace {
+                    trace.record(Activity::GrpcWaitreadEnd, Instant::now());
+                }
+                engine.generate(admission, request).await
+            }
             Err(e) => Err(e),
         },
         Err(e) => Err(e),

@@ -313,7 +313,7 @@ impl GrpcInferenceService for InferenceService {
                 tokio::select! {
                     message = inbound.next(), if reading && running.len() < STREAM_CONCURRENCY => match message {
                         Some(Ok(wire)) if engine.is_decoupled(&wire.model_name, &wire.model_version) => {
-                            tokio::spawn(decoupled::answer(Arc::clone(&engine), wire, sender.clone()));
+                            tokio::spawn(decoupled::answer(Arc::clone(&engine), wire, sender.clone(), traceparent.clone()));
                         }
                         Some(Ok(wire)) => running.push_back(stream_answer(Arc::clone(&engine), wire, deadline, traceparent.clone())),
                         _ => reading = false,

@@ -12,8 +12,10 @@ use crate::core::InferRequest;
 use crate::generate::{Event, GenerateError};
 use crate::invalid_arg;
 use crate::repository::{Executor, ServingVersion};
+use crate::trace::{Activity, Trace};
 pub use params::Parsed;
 use std::sync::Arc;
+use std::time::Instant;
 use tokio::sync::mpsc;
 
 /// One piece of generated text.
@@ -38,6 +40,18 @@ pub struct Generation {
     _serving: Arc<ServingVersion>,
     /// Counts the request in flight until the last chunk is read or the client goes away.
     _admission: Admission,
+    /// The request's trace: INFER_RESPONSE_COMPLETE per chunk, REQUEST_END at the last one (or
+    /// when the client goes away).
+    trace: Option<Arc<Trace>>,
+}
+
+impl Drop for Generation {
+    /// A generation dropped before its last chunk (the client went away) ends its trace here.
+    fn drop(&mut self) {
+        if let Some(trace) = self.trace.take() {
+            trace.record(Activity::RequestEnd, Instant::now());
+        }
+    }
 }
 
 impl Generation {
@@ -50,7 +64,10 @@ impl Generation {
             return None;
         }
         let event = self.events.recv().await;
-        Some(match event {
+        if let (Some(trace), Some(Event::Token { .. })) = (&self.trace, &event) {
+            trace.record(Activity::InferResponseComplete, Instant::now());
+        }
+        let chunk = match event {
             Some(Event::Token { text, finish }) => {
                 self.finished = finish.is_some();
                 Ok(Chunk {
@@ -66,7 +83,13 @@ impl Generation {
                 self.finished = true;
                 Err(Error::Unavailable(GenerateError::Stopped.to_string()))
             }
-        })
+        };
+        if self.finished {
+            if let Some(trace) = self.trace.take() {
+                trace.record(Activity::RequestEnd, Instant::now());
+            }
+        }
+        Some(chunk)
     }
 
     /// Reads every chunk and returns the whole text, after the prompt unless the request set
@@ -103,8 +126,10 @@ impl Engine {
     pub async fn generate(
         &self,
         admission: Admission,
-        request: InferRequest,
+        mut request: InferRequest,
     ) -> Result<Generation, Error> {
+        let arrived = Instant::now();
+        let trace = request.trace.take();
         let (model, serving) = self.resolve(&request.model_name, &request.model_version)?;
         if !matches!(serving.executor, Executor::Generate(_)) {
             return Err(Error::Unsupported(format!(
@@ -116,6 +141,11 @@ impl Engine {
         check_parameters(&request)?;
         let parsed = params::parse(&model.name, &serving.io, &request)?;
         let prefix = super::validate::request_prefix(&request.id);
+        if let Some(trace) = &trace {
+            trace.describe(&model.name, serving.version, &request.id);
+            trace.record(Activity::RequestStart, arrived);
+            trace.record(Activity::QueueStart, Instant::now());
+        }
         let submitting = Arc::clone(&serving);
         let (prompt, settings) = (parsed.prompt.clone(), parsed.params.clone());
         let events = tokio::task::spawn_blocking(move || match &submitting.executor {
@@ -140,6 +170,7 @@ impl Engine {
             finished: false,
             _serving: serving,
             _admission: admission,
+            trace,
         })
     }
 }

@@ -14,12 +14,14 @@ use crate::core::tensor::frame_bytes;
 use crate::core::{DataType, Error, InferRequest, ParamValue, Tensor};
 use crate::engine::generate::Generation;
 use crate::invalid_arg;
+use crate::trace::{Activity, RecordOnDrop, Trace};
 use axum::body::{Body, Bytes};
 use axum::extract::State;
 use axum::http::{header, HeaderMap};
 use axum::response::{IntoResponse, Response};
 use serde_json::{json, Value};
 use std::sync::Arc;
+use std::time::Instant;
 
 /// `.../generate`: the whole text in one JSON answer.
 pub async fn handle(
@@ -29,11 +31,25 @@ pub async fn handle(
     body: Body,
 ) -> Response {
     let result = async {
-        let mut generation = start(&state, model, &headers, body).await?;
+        let (mut generation, trace) = start(&state, model, &headers, body).await?;
         let text = generation.text().await?;
-        Ok::<_, HttpError>(axum::Json(event(&generation, &text)).into_response())
+        let response = axum::Json(event(&generation, &text)).into_response();
+        Ok::<_, HttpError>(sending(response, trace))
     };
     result.await.unwrap_or_else(IntoResponse::into_response)
+}
+
+/// Records the send timestamps of a traced request: its start now, its end when the connection
+/// has sent the whole body (`in_flight`).
+fn sending(mut response: Response, trace: Option<Arc<Trace>>) -> Response {
+    if let Some(trace) = trace {
+        trace.record(Activity::HttpSendStart, Instant::now());
+        response.extensions_mut().insert(RecordOnDrop {
+            trace,
+            activity: Activity::HttpSendEnd,
+        });
+    }
+    response
 }
 
 /// `.../generate_stream`: server-sent events.
@@ -43,8 +59,8 @@ pub async fn handle_stream(
     headers: HeaderMap,
     body: Body,
 ) -> Response {
-    let generation = match start(&state, model, &headers, body).await {
-        Ok(generation) => generation,
+    let (generation, trace) = match start(&state, model, &headers, body).await {
+        Ok(started) => started,
         Err(error) => return error.into_response(),
     };
     let events = futures_util::stream::unfold(Some(generation), |state| async move {
@@ -66,14 +82,15 @@ pub async fn handle_stream(
             more.then_some(generation),
         ))
     });
-    (
+    let response = (
         [
             (header::CONTENT_TYPE, "text/event-stream; charset=utf-8"),
             (header::CACHE_CONTROL, "no-cache"),
         ],
         Body::from_stream(events),
     )
-        .into_response()
+        .into_response();
+    sending(response, trace)
 }
 
 /// One response object.
@@ -85,17 +102,26 @@ fn event(generation: &Generation, text: &str) -> Value {
     })
 }
 
-/// Admits the request, reads it and starts generating.
+/// Admits the request, reads it and starts generating; with its trace when it is sampled.
 async fn start(
     state: &AppState,
     model: ModelPath,
     headers: &HeaderMap,
     body: Body,
-) -> Result<Generation, HttpError> {
+) -> Result<(Generation, Option<Arc<Trace>>), HttpError> {
     let admission = state.engine.admit()?;
+    let traceparent = headers.get("traceparent").and_then(|v| v.to_str().ok());
+    let trace = state.engine.tracer().sample_with(&model.name, traceparent);
+    if let Some(trace) = &trace {
+        trace.record(Activity::HttpRecvStart, Instant::now());
+    }
     let body = body::read(body, headers, state.config.max_input_bytes).await?;
-    let request = decode(&model.name, &model.version, &body)?;
-    Ok(state.engine.generate(admission, request).await?)
+    if let Some(trace) = &trace {
+        trace.record(Activity::HttpRecvEnd, Instant::now());
+    }
+    let mut request = decode(&model.name, &model.version, &body)?;
+    request.trace = trace.clone();
+    Ok((state.engine.generate(admission, request).await?, trace))
 }
 
 /// A generate request as the engine takes it: `text_input` a BYTES tensor, `parameters` request
