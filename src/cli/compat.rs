@@ -361,7 +361,6 @@ impl TritonOnlyFlags {
 
 #[cfg(test)]
 mod tests {
-    use super::super::parse_bool;
     use super::*;
 
     fn backend(values: &[&str]) -> Result<BackendSettings, String> {
@@ -378,10 +377,10 @@ mod tests {
             ("off", false),
             ("0", false),
         ] {
-            assert_eq!(parse_bool(text), Some(value), "{text}");
+            assert_eq!(crate::core::parse_bool(text), Some(value), "{text}");
         }
-        assert_eq!(parse_bool("yes"), None);
-        assert_eq!(parse_bool(""), None);
+        assert_eq!(crate::core::parse_bool("yes"), None);
+        assert_eq!(crate::core::parse_bool(""), None);
     }
 
     #[test]

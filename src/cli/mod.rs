@@ -29,17 +29,9 @@ use std::net::{IpAddr, SocketAddr};
 use std::path::PathBuf;
 use std::time::Duration;
 
-/// Triton's boolean values: `true`/`on`/`1` and `false`/`off`/`0`, in any case.
-pub fn parse_bool(text: &str) -> Option<bool> {
-    match text.trim().to_ascii_lowercase().as_str() {
-        "true" | "on" | "1" => Some(true),
-        "false" | "off" | "0" => Some(false),
-        _ => None,
-    }
-}
-
 fn bool_value(text: &str) -> Result<bool, String> {
-    parse_bool(text).ok_or_else(|| format!("expected true or false (or on/off, 1/0), got '{text}'"))
+    crate::core::parse_bool(text.trim())
+        .ok_or_else(|| format!("expected true or false (or on/off, 1/0), got '{text}'"))
 }
 
 fn parse_log_format(name: &str) -> Result<LogFormat, String> {
@@ -509,7 +501,7 @@ impl Args {
     /// # Errors
     /// A message naming the flag that cannot be honoured.
     pub fn launch(self) -> Result<Launch, String> {
-        let notes = self.triton.check()?;
+        let mut notes = self.triton.check()?;
         let cloud = self.cloud_services()?;
         if !self.allow_grpc
             && !self.allow_http
@@ -578,7 +570,6 @@ impl Args {
         let response_cache = CacheConfig::from_flags(&cache_flags)?;
         let backend = BackendSettings::from_flags(&self.backend_config)?;
         let metrics_config = MetricsConfig::from_flags(&self.metrics_config)?;
-        let mut notes = notes;
         notes.extend(backend.notes.iter().cloned());
         let resources = ResourceFlags::parse(&self.rate_limit_resource)?;
         let rate_limit = match self.rate_limit {

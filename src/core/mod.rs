@@ -8,3 +8,13 @@ pub mod tensor;
 pub use error::Error;
 pub use request::{InferRequest, InferResponse, ParamValue, Parameters, RequestedOutput};
 pub use tensor::{DataType, Tensor};
+
+/// Triton's boolean spellings, in any case: `true`/`on`/`1` and `false`/`off`/`0` (command-line
+/// flags and config parameters alike).
+pub fn parse_bool(text: &str) -> Option<bool> {
+    match text.to_ascii_lowercase().as_str() {
+        "true" | "on" | "1" => Some(true),
+        "false" | "off" | "0" => Some(false),
+        _ => None,
+    }
+}

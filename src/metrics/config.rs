@@ -72,7 +72,7 @@ impl MetricsConfig {
 }
 
 fn parse_bool(text: &str) -> Result<bool, &'static str> {
-    crate::cli::parse_bool(text).ok_or("expected true or false")
+    crate::core::parse_bool(text.trim()).ok_or("expected true or false")
 }
 
 /// `<quantile>:<error>,...`, each quantile in [0, 1] and each error in (0, 1).

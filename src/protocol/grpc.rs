@@ -120,11 +120,11 @@ fn log_update(request: LogSettingsRequest) -> Result<LogUpdate, Error> {
 }
 
 /// The caller's W3C trace context (`traceparent` metadata), for OpenTelemetry traces.
-fn traceparent(metadata: &tonic::metadata::MetadataMap) -> Option<String> {
+fn traceparent(metadata: &tonic::metadata::MetadataMap) -> Option<Arc<str>> {
     metadata
         .get("traceparent")
         .and_then(|value| value.to_str().ok())
-        .map(str::to_string)
+        .map(Arc::from)
 }
 
 /// Requests of one stream that may run at the same time.
@@ -256,7 +256,13 @@ impl GrpcInferenceService for InferenceService {
         request: Request<ModelInferRequest>,
     ) -> RpcResult<ModelInferResponse> {
         let deadline = grpc_deadline(request.metadata());
-        let traceparent = traceparent(request.metadata());
+        // Not copied while tracing is off: this is every unary request's path.
+        let traceparent = self
+            .engine
+            .tracer()
+            .is_active()
+            .then(|| traceparent(request.metadata()))
+            .flatten();
         let wire = request.into_inner();
         if self
             .engine
@@ -302,7 +308,7 @@ impl GrpcInferenceService for InferenceService {
         request: Request<Streaming<ModelInferRequest>>,
     ) -> RpcResult<BoxStream<ModelStreamInferResponse>> {
         let deadline = grpc_deadline(request.metadata());
-        let traceparent: Option<Arc<str>> = traceparent(request.metadata()).map(Arc::from);
+        let traceparent = traceparent(request.metadata());
         let mut inbound = request.into_inner();
         let engine = Arc::clone(&self.engine);
         let (sender, receiver) = tokio::sync::mpsc::channel(STREAM_CONCURRENCY);

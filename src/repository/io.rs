@@ -5,6 +5,7 @@ use super::config::datatype_from_config;
 use crate::backend::TensorInfo;
 use crate::core::DataType;
 use crate::proto::inference::ModelConfig;
+use crate::scheduler::layout::BatchLayout;
 
 /// One input or output as clients see it.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -81,17 +82,19 @@ impl IoSpec {
         graph_inputs: &[TensorInfo],
         graph_outputs: &[TensorInfo],
     ) -> Result<IoSpec, String> {
-        IoSpec::with_defaults(config, graph_inputs, &[], graph_outputs)
+        let layout = super::ragged::layout(config)?;
+        IoSpec::with_defaults(config, &layout, graph_inputs, &[], graph_outputs)
     }
 
-    /// As [`IoSpec::new`], for a graph with inputs that have a default value (ONNX Runtime's
-    /// overridable initializers): a config input may name one of them, and only such an input
-    /// may be `optional`.
+    /// As [`IoSpec::new`], with the config's checked batch `layout`, for a graph with inputs that
+    /// have a default value (ONNX Runtime's overridable initializers): a config input may name
+    /// one of them, and only such an input may be `optional`.
     ///
     /// # Errors
     /// As [`IoSpec::new`], and an optional config input the model requires.
     pub fn with_defaults(
         config: &ModelConfig,
+        layout: &BatchLayout,
         graph_inputs: &[TensorInfo],
         defaults: &[TensorInfo],
         graph_outputs: &[TensorInfo],
@@ -109,7 +112,6 @@ impl IoSpec {
             }
         }
         let batched = config.max_batch_size > 0;
-        let layout = super::ragged::layout(config)?;
         // Ragged inputs and scattered outputs are one dimension in the graph.
         let flat = |name: &str| {
             layout.ragged.iter().any(|r| r == name)
@@ -183,7 +185,7 @@ impl IoSpec {
                 })
             })
             .collect::<Result<Vec<_>, _>>()?;
-        super::ragged::check_batch_inputs(model, &layout, graph_inputs)?;
+        super::ragged::check_batch_inputs(model, layout, graph_inputs)?;
         let server_made = |name: &str| layout.batch_inputs.iter().any(|b| b.target == name);
         if let Some(missing) = graph_inputs
             .iter()
@@ -442,11 +444,12 @@ mod tests {
         let x = [info("x", DataType::Fp32, &[2])];
         let bias = [info("bias", DataType::Fp32, &[2])];
         let y = [info("y", DataType::Fp32, &[2])];
-        let io = IoSpec::with_defaults(&config, &x, &bias, &y).unwrap();
+        let io = IoSpec::with_defaults(&config, &BatchLayout::default(), &x, &bias, &y).unwrap();
         assert!(!io.inputs[0].optional && io.inputs[1].optional);
         // Without the default the model requires 'bias'.
         let both = [x[0].clone(), bias[0].clone()];
-        let error = IoSpec::with_defaults(&config, &both, &[], &y).unwrap_err();
+        let error =
+            IoSpec::with_defaults(&config, &BatchLayout::default(), &both, &[], &y).unwrap_err();
         assert!(
             error.contains(
                 "input 'bias' is optional in the configuration, but the model requires it"
@@ -459,6 +462,6 @@ mod tests {
                output [ { name: "y" data_type: TYPE_FP32 dims: [ 2 ] } ]"#,
         )
         .unwrap();
-        assert!(IoSpec::with_defaults(&required, &x, &bias, &y).is_ok());
+        assert!(IoSpec::with_defaults(&required, &BatchLayout::default(), &x, &bias, &y).is_ok());
     }
 }

@@ -21,6 +21,7 @@ use crate::backend::tokenize::{TextInput, TextModel, TextSpec};
 use crate::backend::{cuda, Backend, Device, OnnxRuntime, OnnxSession, SessionOptions, TensorInfo};
 use crate::metrics::ModelStats;
 use crate::proto::inference::ModelConfig;
+use crate::scheduler::layout::BatchLayout;
 use crate::scheduler::rate_limit::{InstanceLimit, RateLimited, RateLimiter};
 use crate::scheduler::Scheduler;
 use std::collections::BTreeMap;
@@ -477,6 +478,8 @@ fn start_version(
         sequence,
     } = *instances;
     let started = std::time::Instant::now();
+    // Checked against the graph with the first session, then the scheduler's and warmup's.
+    let layout = Arc::new(super::ragged::layout(config)?);
     let mut backends: Vec<Box<dyn Backend>> = Vec::with_capacity(devices.len());
     let mut io = None;
     let mut text_input = None;
@@ -490,7 +493,7 @@ fn start_version(
         };
         let session = OnnxSession::load(runtime, path, &options).map_err(|e| e.to_string())?;
         if io.is_none() {
-            let (spec, bound) = io_spec(config, &session, text, sequence)?;
+            let (spec, bound) = io_spec(config, &layout, &session, text, sequence)?;
             io = Some(spec);
             text_input = bound;
         }
@@ -509,7 +512,6 @@ fn start_version(
         );
     }
     let io = io.ok_or_else(|| format!("model '{name}' has no instances"))?;
-    let layout = Arc::new(super::ragged::layout(config)?);
     warmup::run(dir, config, &io, &layout, &mut backends)?;
     let mut gpus: Vec<(i32, String)> = Vec::new();
     for device in devices {
@@ -549,6 +551,7 @@ fn start_version(
 /// graph's token inputs, and its spec replaces them.
 fn io_spec(
     config: &ModelConfig,
+    layout: &BatchLayout,
     session: &OnnxSession,
     text: Option<&TextSpec>,
     sequence: Option<&SequenceSpec>,
@@ -566,33 +569,35 @@ fn io_spec(
         }
         None => session.inputs().to_vec(),
     };
-    let Some(text) = text else {
-        return Ok((
-            IoSpec::with_defaults(
-                config,
-                &client_inputs,
-                session.defaults(),
-                session.outputs(),
-            )?,
-            None,
-        ));
+    // A text model shows clients its text input in place of the token inputs.
+    let bound = text
+        .map(|text| {
+            let bound = text.bind(session.inputs()).map_err(|e| e.to_string())?;
+            text::check_config(config, &bound)?;
+            Ok::<_, String>(bound)
+        })
+        .transpose()?;
+    let inputs = match &bound {
+        Some(bound) => bound.client_inputs(&client_inputs),
+        None => client_inputs,
     };
-    let bound = text.bind(session.inputs()).map_err(|e| e.to_string())?;
-    text::check_config(config, &bound)?;
     let mut spec = IoSpec::with_defaults(
         config,
-        &bound.client_inputs(&client_inputs),
+        layout,
+        &inputs,
         session.defaults(),
         session.outputs(),
     )?;
-    for input in spec
-        .inputs
-        .iter_mut()
-        .filter(|i| i.name == bound.text_input())
-    {
-        input.text = true;
+    if let Some(bound) = &bound {
+        for input in spec
+            .inputs
+            .iter_mut()
+            .filter(|i| i.name == bound.text_input())
+        {
+            input.text = true;
+        }
     }
-    Ok((spec, Some(Arc::new(bound))))
+    Ok((spec, bound.map(Arc::new)))
 }
 
 #[cfg(test)]

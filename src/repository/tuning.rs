@@ -99,7 +99,8 @@ pub fn tuning(config: &ModelConfig) -> Result<Tuning, String> {
     let boolean = |key: &str| -> Result<Option<bool>, String> {
         parameter(key)
             .map(|value| {
-                parse_bool(value).ok_or_else(|| fail(key, value, "1/0, true/false or on/off"))
+                crate::core::parse_bool(value)
+                    .ok_or_else(|| fail(key, value, "1/0, true/false or on/off"))
             })
             .transpose()
     };
@@ -149,15 +150,6 @@ fn graph_level(config: &ModelConfig) -> GraphLevel {
         Some(1) => GraphLevel::Extended,
         Some(2) => GraphLevel::Disabled,
         _ => GraphLevel::All,
-    }
-}
-
-/// Triton's boolean spellings, in any case.
-fn parse_bool(value: &str) -> Option<bool> {
-    match value.to_ascii_lowercase().as_str() {
-        "1" | "true" | "on" => Some(true),
-        "0" | "false" | "off" => Some(false),
-        _ => None,
     }
 }
 

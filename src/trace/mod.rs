@@ -207,6 +207,11 @@ impl Tracer {
         self.inner.lock().unwrap_or_else(|e| e.into_inner())
     }
 
+    /// Whether any setting can trace (a relaxed load: off costs nothing more).
+    pub fn is_active(&self) -> bool {
+        self.active.load(Ordering::Relaxed)
+    }
+
     /// A trace for this request of `model`, if its setting samples it.
     pub fn sample(&self, model: &str) -> Option<Arc<Trace>> {
         self.sample_with(model, None)
@@ -215,7 +220,7 @@ impl Tracer {
     /// As [`Tracer::sample`], for a request that may carry the caller's W3C `traceparent`: in
     /// OpenTelemetry mode such a request is always traced, and joins the caller's trace.
     pub fn sample_with(&self, model: &str, traceparent: Option<&str>) -> Option<Arc<Trace>> {
-        if !self.active.load(Ordering::Relaxed) {
+        if !self.is_active() {
             return None;
         }
         let setting = {

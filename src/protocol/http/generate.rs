@@ -8,13 +8,14 @@
 //! closes the connection cancels its generation.
 
 use super::body;
+use super::infer::sending;
 use super::routes::{AppState, ModelPath};
 use super::HttpError;
 use crate::core::tensor::frame_bytes;
 use crate::core::{DataType, Error, InferRequest, ParamValue, Tensor};
 use crate::engine::generate::Generation;
 use crate::invalid_arg;
-use crate::trace::{Activity, RecordOnDrop, Trace};
+use crate::trace::{Activity, Trace};
 use axum::body::{Body, Bytes};
 use axum::extract::State;
 use axum::http::{header, HeaderMap};
@@ -37,19 +38,6 @@ pub async fn handle(
         Ok::<_, HttpError>(sending(response, trace))
     };
     result.await.unwrap_or_else(IntoResponse::into_response)
-}
-
-/// Records the send timestamps of a traced request: its start now, its end when the connection
-/// has sent the whole body (`in_flight`).
-fn sending(mut response: Response, trace: Option<Arc<Trace>>) -> Response {
-    if let Some(trace) = trace {
-        trace.record(Activity::HttpSendStart, Instant::now());
-        response.extensions_mut().insert(RecordOnDrop {
-            trace,
-            activity: Activity::HttpSendEnd,
-        });
-    }
-    response
 }
 
 /// `.../generate_stream`: server-sent events.

@@ -131,7 +131,11 @@ async fn invocations(
     mut headers: HeaderMap,
     body: Body,
 ) -> Response {
-    let model = match model(&state) {
+    let model = match default_model(
+        &state.app.engine,
+        state.config.model.as_deref(),
+        "SAGEMAKER_TRITON_DEFAULT_MODEL_NAME",
+    ) {
         Ok(model) => model,
         Err(error) => return error.into_response(),
     };
@@ -157,15 +161,6 @@ fn sagemaker_response(response: Response) -> Response {
         *response.status_mut() = StatusCode::BAD_REQUEST;
     }
     response
-}
-
-/// The model `/invocations` runs: the configured one, or the only one served.
-fn model(state: &SageMakerState) -> Result<ModelPath, HttpError> {
-    default_model(
-        &state.app.engine,
-        state.config.model.as_deref(),
-        "SAGEMAKER_TRITON_DEFAULT_MODEL_NAME",
-    )
 }
 
 /// `configured`, or the one model served; `setting` names what configures it, for the error.

@@ -14,7 +14,7 @@ use super::routes::{AppState, ModelPath};
 use super::HttpError;
 use crate::core::Error;
 use crate::invalid_arg;
-use crate::trace::{Activity, RecordOnDrop};
+use crate::trace::{Activity, RecordOnDrop, Trace};
 use axum::body::Body;
 use axum::extract::State;
 use axum::http::{header, HeaderMap, HeaderName, HeaderValue};
@@ -93,15 +93,20 @@ async fn infer(
     if let Some(value) = encoding.header_value() {
         reply_headers.insert(header::CONTENT_ENCODING, value);
     }
+    Ok(sending(reply, trace))
+}
+
+/// Records a traced response's send timestamps: its start now, its end when the connection has
+/// sent the whole body (the `in_flight` layer drops the marker then).
+pub(super) fn sending(mut response: Response, trace: Option<Arc<Trace>>) -> Response {
     if let Some(trace) = trace {
         trace.record(Activity::HttpSendStart, Instant::now());
-        // Recorded by the connection layer when the body has gone out (`in_flight`).
-        reply.extensions_mut().insert(RecordOnDrop {
+        response.extensions_mut().insert(RecordOnDrop {
             trace,
             activity: Activity::HttpSendEnd,
         });
     }
-    Ok(reply)
+    response
 }
 
 /// `Inference-Header-Content-Length`: `None` when absent (the body is all JSON).
