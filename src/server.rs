@@ -79,6 +79,8 @@ pub struct Config {
     pub strict_readiness: bool,
     /// `--gpu-fallback-to-cpu`: KIND_GPU groups run on CPU when no GPU is usable.
     pub gpu_fallback_to_cpu: bool,
+    /// `--allowed-op-library`: the custom-operator libraries models may load.
+    pub op_libraries: crate::repository::op_library::AllowedOpLibraries,
     /// `--allow-sagemaker`: what SageMaker's `/invocations` runs.
     pub sagemaker: Option<http::sagemaker::SageMakerConfig>,
     /// `--allow-vertex-ai`: Vertex AI's routes and default model.
@@ -538,6 +540,7 @@ fn open_repository(config: &Config) -> Result<ModelRepository, ServerError> {
             auto_complete: config.auto_complete,
             cores: std::thread::available_parallelism().map_or(1, |n| n.get()),
             gpu_fallback_to_cpu: config.gpu_fallback_to_cpu,
+            op_libraries: config.op_libraries.clone(),
             response_cache: config.response_cache.is_some(),
             default_max_batch_size: config.default_max_batch_size,
             config_name: config.model_config_name.clone(),

@@ -68,6 +68,8 @@ pub struct SessionTuning {
     /// The arenas to shrink after every run, in ONNX Runtime's `memory.enable_memory_arena_shrinkage`
     /// spelling (`cpu:0;gpu:1`), already narrowed to the devices this session has arenas on.
     pub arena_shrinkage: Option<String>,
+    /// Custom-operator libraries to register (canonical paths, already allowed by the server).
+    pub op_libraries: Vec<std::path::PathBuf>,
 }
 
 /// How far ONNX Runtime rewrites the graph before running it.
@@ -222,6 +224,11 @@ pub(super) fn build_session(
                 if enable { "1" } else { "0" },
             )
             .map_err(text)?;
+    }
+    for library in &tuning.op_libraries {
+        builder = builder
+            .with_operator_library(library)
+            .map_err(|e| format!("custom-operator library {}: {e}", library.display()))?;
     }
     if let Device::Cuda { gpu, options } = &options.device {
         #[cfg(feature = "cuda")]

@@ -20,6 +20,7 @@ use crate::protocol::access::{AccessPolicy, Secret, GRPC_HEADER_PREFIX};
 use crate::protocol::http::sagemaker::SageMakerConfig;
 use crate::protocol::http::vertex::VertexConfig;
 use crate::protocol::http::DEFAULT_MAX_INPUT_BYTES;
+use crate::repository::op_library::AllowedOpLibraries;
 use crate::repository::ControlMode;
 use crate::scheduler::rate_limit::ResourceFlags;
 use crate::server::{Config, GrpcTransport, MetricsOptions};
@@ -331,6 +332,12 @@ pub struct Args {
     #[arg(long, env = "KILN_GPU_FALLBACK_TO_CPU", num_args = 0..=1, default_value_t = false, default_missing_value = "true", value_parser = bool_value, action = clap::ArgAction::Set)]
     pub gpu_fallback_to_cpu: bool,
 
+    /// A custom-operator library, or a directory of them, that models may load with
+    /// `model_operations { op_library_filename: ... }` (repeatable). A model repository does not
+    /// choose the native code kiln runs: a model naming any other library fails its load.
+    #[arg(long = "allowed-op-library", value_name = "PATH")]
+    pub allowed_op_libraries: Vec<PathBuf>,
+
     /// `execution_count` turns on the rate limiter: instances whose instance group lists
     /// `rate_limiter` resources run only while they hold them, across all models; `off` (the
     /// default) ignores those settings.
@@ -617,6 +624,7 @@ impl Args {
             poll_interval: Duration::from_secs(self.repository_poll_secs),
             strict_readiness: self.strict_readiness,
             gpu_fallback_to_cpu: self.gpu_fallback_to_cpu,
+            op_libraries: AllowedOpLibraries::from_flags(&self.allowed_op_libraries)?,
             rate_limit,
             sagemaker: cloud.sagemaker,
             vertex: cloud.vertex,

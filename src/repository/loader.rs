@@ -154,7 +154,8 @@ pub fn prepare(
     }
     // A generation model runs one loop over one session, whatever the instance groups say, and
     // tokenizes in that loop (see `generation`).
-    let tuning = tuning::tuning(&config)?;
+    let mut tuning = tuning::tuning(&config)?;
+    tuning.op_libraries = options.op_libraries.resolve(&config)?;
     let intra_op_threads = tuning.intra_op_threads.unwrap_or(if generating {
         options.cores.max(1)
     } else {

@@ -25,6 +25,7 @@ mod io;
 mod lifecycle;
 mod limits;
 mod loader;
+pub mod op_library;
 mod overrides;
 pub mod placement;
 mod ragged;
@@ -73,11 +74,13 @@ pub struct LoadOptions {
     /// `--rate-limit=execution_count`: the server's rate limiter, which instances with
     /// `rate_limiter` resources wait for.
     pub rate_limiter: Option<Arc<crate::scheduler::rate_limit::RateLimiter>>,
+    /// `--allowed-op-library`: the custom-operator libraries models may load.
+    pub op_libraries: op_library::AllowedOpLibraries,
 }
 
 impl Default for LoadOptions {
     /// Triton's defaults (auto-complete on, a default batch size of 4), one core, no cache, no
-    /// rate limiter.
+    /// rate limiter, no custom-operator library.
     fn default() -> LoadOptions {
         LoadOptions {
             auto_complete: true,
@@ -87,6 +90,7 @@ impl Default for LoadOptions {
             default_max_batch_size: autocomplete::DEFAULT_MAX_BATCH_SIZE,
             config_name: None,
             rate_limiter: None,
+            op_libraries: op_library::AllowedOpLibraries::default(),
         }
     }
 }

@@ -41,6 +41,8 @@ pub struct Tuning {
     device_allocator_for_initializers: Option<bool>,
     /// `(device is a GPU, device id)` for each arena to shrink.
     arena_shrinkage: Vec<(bool, i32)>,
+    /// `model_operations`' libraries, resolved and allowed (see `op_library`).
+    pub op_libraries: Vec<std::path::PathBuf>,
 }
 
 impl Tuning {
@@ -68,6 +70,7 @@ impl Tuning {
             mem_pattern: self.mem_pattern,
             device_allocator_for_initializers: self.device_allocator_for_initializers,
             arena_shrinkage: (!shrink.is_empty()).then(|| shrink.join(";")),
+            op_libraries: self.op_libraries.clone(),
         }
     }
 }
@@ -135,6 +138,7 @@ pub fn tuning(config: &ModelConfig) -> Result<Tuning, String> {
             "session.use_device_allocator_for_initializers",
         )?,
         arena_shrinkage,
+        op_libraries: Vec::new(),
     })
 }
 
