@@ -4,6 +4,7 @@
 //! every selected version. A load is all or nothing, as in Triton: if one version fails, the
 //! versions built so far are stopped and the model is reported with each version's reason.
 
+use super::agents;
 use super::config::{self, DEFAULT_MODEL_FILENAME};
 use super::ensemble::{self, EnsemblePlan};
 use super::limits::{
@@ -108,6 +109,7 @@ pub fn prepare(
         None => read_config(dir, options.config_name.as_deref())?,
     };
     config::normalize_identity(&mut config, name).map_err(|e| e.to_string())?;
+    agents::run(&config, dir)?;
     let selected = versions::select(dir, &config)?;
     if selected.is_empty() {
         return Err(format!(

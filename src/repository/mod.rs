@@ -11,11 +11,14 @@
 //! request has finished; `text` reads the tokenizer parameters of models that take text;
 //! `generation` loads decoupled generation models; `tuning` reads the ONNX Runtime settings a
 //! config gives (threads, graph level, memory).
-//! `limits` bounds what model files may ask for (sizes, counts, dims).
+//! `limits` bounds what model files may ask for (sizes, counts, dims). `agents` runs the
+//! repository agents a config names (Triton's checksum agent) before a load; `op_library`
+//! resolves the custom-operator libraries a config names against those the server allows.
 //!
 //! A model that fails to load is kept with its reason and is not ready; it never takes the server
 //! down.
 
+mod agents;
 pub mod autocomplete;
 pub mod config;
 pub mod ensemble;
