@@ -157,6 +157,9 @@ pub fn place(
     } else {
         CudaOptions::default()
     };
+    if placed.iter().any(|(_, _, gpu)| gpu.is_none()) {
+        check_cpu_accelerators(config)?;
+    }
     let gpus = match known {
         Some(GpuInventory::Usable(gpus)) => gpus,
         _ => Vec::new(),
@@ -269,6 +272,24 @@ pub fn cuda_options(config: &ModelConfig) -> Result<CudaOptions, String> {
         }
     }
     Ok(options)
+}
+
+/// CPU instances run on ONNX Runtime's own CPU provider: an accelerator asked for them (Triton's
+/// backend offers OpenVINO) is refused, with Triton's message, rather than ignored.
+fn check_cpu_accelerators(config: &ModelConfig) -> Result<(), String> {
+    let requested = config
+        .optimization
+        .as_ref()
+        .and_then(|o| o.execution_accelerators.as_ref())
+        .and_then(|a| a.cpu_execution_accelerator.first());
+    match requested {
+        None => Ok(()),
+        Some(accelerator) => Err(format!(
+            "unknown Execution Accelerator '{}' is requested for the CPU instances of model '{}' \
+             (kiln runs them on ONNX Runtime's CPU provider, which the PyPI build has alone)",
+            accelerator.name, config.name
+        )),
+    }
 }
 
 #[cfg(test)]
@@ -530,5 +551,21 @@ mod tests {
             err.starts_with("unknown Execution Accelerator 'tensorrt' is requested"),
             "{err}"
         );
+    }
+
+    #[test]
+    fn cpu_accelerators_are_refused_for_cpu_instances() {
+        let openvino = r#"instance_group [ { kind: KIND_CPU } ]
+            optimization { execution_accelerators { cpu_execution_accelerator [ { name: "openvino" } ] } }"#;
+        let err = place(&mut config(openvino), &no_gpu, false).unwrap_err();
+        assert!(
+            err.starts_with(
+                "unknown Execution Accelerator 'openvino' is requested for the CPU instances of model 'm'"
+            ),
+            "{err}"
+        );
+        // GPU instances do not read the CPU accelerators.
+        let on_gpu = openvino.replace("KIND_CPU", "KIND_GPU");
+        assert!(place(&mut config(&on_gpu), &|| gpus(&[0]), false).is_ok());
     }
 }
