@@ -17,6 +17,7 @@ from __future__ import annotations
 import json
 import queue
 import re
+import shutil
 import subprocess
 import threading
 import time
@@ -395,3 +396,51 @@ def test_generation_requests_are_traced(tmp_path):
                           *["INFER_RESPONSE_COMPLETE"] * responses, "REQUEST_END"]
     for stamps in times.values():
         assert stamps == sorted(stamps)
+
+
+def test_first_response_histogram_as_triton_publishes_it(tmp_path):
+    """`--metrics-config histogram_latencies=true`: Triton's nv_inference_first_response_histogram_ms
+    for decoupled models, with Triton's default buckets or those the config's model_metrics sets;
+    models that are not decoupled have none."""
+    repo = tmp_path / "repo"
+    shutil.copytree(MODEL_DIR, repo / MODEL)
+    shutil.copytree(MODEL_DIR, repo / "tiny_decoder_buckets")
+    config = repo / "tiny_decoder_buckets" / "config.pbtxt"
+    config.write_text(config.read_text().replace(f'name: "{MODEL}"', 'name: "tiny_decoder_buckets"') + """
+model_metrics { metric_control [ {
+  metric_identifier { family: "nv_inference_first_response_histogram_ms" }
+  histogram_options { buckets: [ -1, 0.0, 1, 2.5 ] } } ] }
+""")
+    shutil.copytree(BUNDLED_REPO / "add_sub", repo / "add_sub")
+    server = start_server([repo], name="kiln-histogram", extra_args=[
+        "--metrics-config", "histogram_latencies=true"])
+    try:
+        started = time.monotonic()
+        for prompt in PROMPTS[:3]:
+            assert generate(server, prompt, max_tokens=2).status_code == 200
+        elapsed_ms = (time.monotonic() - started) * 1e3
+        body = {"text_input": "A kiln is", "parameters": {"max_tokens": 2}}
+        assert requests.post(f"http://{server.http_url}/v2/models/tiny_decoder_buckets/generate", json=body,
+                             timeout=RPC_TIMEOUT).status_code == 200
+        text = requests.get(f"http://{server.metrics_url}/metrics", timeout=RPC_TIMEOUT).text
+    finally:
+        stop_server(server)
+    family = "nv_inference_first_response_histogram_ms"
+    assert f"# HELP {family} Duration from request to first response in milliseconds" in text
+    assert f"# TYPE {family} histogram" in text
+    series = {}
+    for line in text.splitlines():
+        if line.startswith(family):
+            key, value = line.rsplit(" ", 1)
+            series[key] = float(value)
+    labels = f'model="{MODEL}",version="1"'
+    assert series[f"{family}_count{{{labels}}}"] == 3
+    assert 0 < series[f"{family}_sum{{{labels}}}"] <= elapsed_ms
+    default = [f'{family}_bucket{{{labels},le="{le}"}}' for le in ("100", "500", "2000", "5000", "+Inf")]
+    assert [key for key in series if key.startswith(f"{family}_bucket{{{labels}")] == default
+    assert series[default[-1]] == 3
+    custom = 'model="tiny_decoder_buckets",version="1"'
+    assert [key for key in series if key.startswith(f"{family}_bucket{{{custom}")] == [
+        f'{family}_bucket{{{custom},le="{le}"}}' for le in ("-1", "0", "1", "2.5", "+Inf")]
+    assert series[f"{family}_count{{{custom}}}"] == 1
+    assert not any('model="add_sub"' in key for key in series)

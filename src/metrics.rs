@@ -18,11 +18,13 @@
 //! Generation models add (same labels; see [`GenerationMetrics`]): the histograms
 //! `kiln_time_to_first_token_seconds` and `kiln_inter_token_latency_seconds`, the counters
 //! `kiln_generation_tokens_total` (tokens/s is its `rate()`) and `kiln_prompt_tokens_total`,
-//! and the gauge `kiln_active_sequences`.
+//! and the gauge `kiln_active_sequences`; with `histogram_latencies`, Triton's
+//! `nv_inference_first_response_histogram_ms` ([`histogram`]).
 
 pub mod config;
 pub mod cpu;
 pub mod gpu;
+pub mod histogram;
 
 pub use config::MetricsConfig;
 
@@ -108,6 +110,8 @@ const LATENCY_BUCKETS: &[f64] = &[
 /// Prometheus metrics of one generation model version.
 pub struct GenerationMetrics {
     time_to_first_token: Histogram,
+    /// Triton's first-response histogram, when the metrics config asks for it.
+    first_response: Option<std::sync::Arc<histogram::Histogram>>,
     inter_token_latency: Histogram,
     generated: Counter,
     prompt: Counter,
@@ -115,13 +119,18 @@ pub struct GenerationMetrics {
 }
 
 impl GenerationMetrics {
-    pub fn new(model: &str, version: i64) -> GenerationMetrics {
+    /// `first_response_buckets`: the bounds of Triton's first-response histogram (ms), published
+    /// when the metrics config asks for it.
+    pub fn new(model: &str, version: i64, first_response_buckets: &[f64]) -> GenerationMetrics {
         let labels = [
             ("model", model.to_string()),
             ("version", version.to_string()),
         ];
         GenerationMetrics {
             time_to_first_token: histogram!("kiln_time_to_first_token_seconds", &labels),
+            first_response: config::current()
+                .histogram_latencies
+                .then(|| histogram::register(model, version, first_response_buckets)),
             inter_token_latency: histogram!("kiln_inter_token_latency_seconds", &labels),
             generated: counter!("kiln_generation_tokens_total", &labels),
             prompt: counter!("kiln_prompt_tokens_total", &labels),
@@ -132,6 +141,9 @@ impl GenerationMetrics {
     /// From a request's arrival to its first generated token.
     pub fn first_token(&self, elapsed: Duration) {
         self.time_to_first_token.record(elapsed.as_secs_f64());
+        if let Some(first_response) = &self.first_response {
+            first_response.observe(elapsed);
+        }
     }
 
     /// Between two tokens of one sequence.

@@ -635,7 +635,11 @@ fn serve_metrics(
                     axum::http::header::CONTENT_TYPE,
                     "text/plain; charset=utf-8",
                 )],
-                handle.render(),
+                {
+                    let mut text = handle.render();
+                    crate::metrics::histogram::render(&mut text);
+                    text
+                },
             )
         }
     };

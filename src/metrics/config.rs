@@ -8,9 +8,11 @@
 //!   0.999:0.001`): the quantiles those summaries report. The error is checked, then left to the
 //!   exporter, whose sketch keeps every quantile within about 1 % of the true value.
 //!
+//! - `histogram_latencies=<bool>` (default false): the first-response histogram of decoupled
+//!   (generation) models, `nv_inference_first_response_histogram_ms` (see [`super::histogram`]).
+//!
 //! Triton ignores settings it does not know and values it cannot read; kiln refuses them, naming
-//! the setting. `histogram_latencies` (Triton's first-response histogram of decoupled models) is
-//! not offered: generation models publish `kiln_time_to_first_token_seconds` instead.
+//! the setting.
 
 use std::sync::OnceLock;
 
@@ -23,6 +25,8 @@ pub struct MetricsConfig {
     pub summary_latencies: bool,
     /// `summary_quantiles`, without their error bounds.
     pub summary_quantiles: Vec<f64>,
+    /// `histogram_latencies`.
+    pub histogram_latencies: bool,
 }
 
 impl Default for MetricsConfig {
@@ -31,6 +35,7 @@ impl Default for MetricsConfig {
             counter_latencies: true,
             summary_latencies: false,
             summary_quantiles: vec![0.5, 0.9, 0.95, 0.99, 0.999],
+            histogram_latencies: false,
         }
     }
 }
@@ -52,17 +57,12 @@ impl MetricsConfig {
                 "summary_latencies" => config.summary_latencies = parse_bool(text).map_err(bad)?,
                 "summary_quantiles" => config.summary_quantiles = quantiles(text).map_err(bad)?,
                 "histogram_latencies" => {
-                    if parse_bool(text).map_err(bad)? {
-                        return Err(bad(
-                            "first-response histograms are not offered; generation models \
-                             publish kiln_time_to_first_token_seconds",
-                        ));
-                    }
+                    config.histogram_latencies = parse_bool(text).map_err(bad)?
                 }
                 _ => {
                     return Err(bad(
                         "unknown setting (known: counter_latencies, summary_latencies, \
-                         summary_quantiles)",
+                         summary_quantiles, histogram_latencies)",
                     ))
                 }
             }
@@ -119,6 +119,7 @@ mod tests {
     fn defaults_are_tritons() {
         let config = flags(&[]).unwrap();
         assert!(config.counter_latencies && !config.summary_latencies);
+        assert!(!config.histogram_latencies);
         assert_eq!(config.summary_quantiles, [0.5, 0.9, 0.95, 0.99, 0.999]);
     }
 
@@ -129,10 +130,17 @@ mod tests {
             "counter_latencies=false",
             "summary_quantiles=0.5:0.05,0.99:0.001",
             "summary_latencies=1",
+            "histogram_latencies=true",
             "histogram_latencies=false",
         ])
         .unwrap();
         assert!(config.summary_latencies && !config.counter_latencies);
+        assert!(!config.histogram_latencies);
+        assert!(
+            flags(&["histogram_latencies=on"])
+                .unwrap()
+                .histogram_latencies
+        );
         assert_eq!(config.summary_quantiles, [0.5, 0.99]);
     }
 
@@ -145,10 +153,7 @@ mod tests {
             ("summary_quantiles=0.5", "quantiles in [0, 1]"),
             ("summary_quantiles=0.5:0", "errors in (0, 1)"),
             ("summary_quantiles=", "expected <quantile>"),
-            (
-                "histogram_latencies=true",
-                "kiln_time_to_first_token_seconds",
-            ),
+            ("histogram_latencies=2", "expected true or false"),
             ("summary_max_age=100", "unknown setting"),
         ] {
             let error = flags(&[value]).unwrap_err();

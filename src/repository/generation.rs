@@ -202,7 +202,11 @@ pub fn start_version(
         codec,
         options,
         Arc::clone(&stats),
-        GenerationMetrics::new(name, version),
+        GenerationMetrics::new(
+            name,
+            version,
+            &crate::metrics::histogram::first_response_buckets(config)?,
+        ),
     )
     .map_err(|e| format!("failed to start the generation loop: {e}"))?;
     stats.record_load(started.elapsed());

@@ -206,6 +206,9 @@ pub fn prepare(
     config::validate_io(&config).map_err(|e| e.to_string())?;
     config::max_inflight_requests(&config).map_err(|e| e.to_string())?;
     config::adaptive_batching_delay(&config).map_err(|e| e.to_string())?;
+    // Checked for every model, as Triton reads model_metrics, though only generation models
+    // have the histogram it sets.
+    crate::metrics::histogram::first_response_buckets(&config)?;
     let labels = read_labels(dir, &config)?;
     Ok(Prepared {
         name: name.to_string(),
