@@ -4,6 +4,7 @@
 use super::limits::{check_dims, MAX_BATCH_SIZE, MAX_TENSORS};
 use crate::core::DataType;
 use crate::proto::descriptor_pool;
+use crate::proto::inference::model_input::Format as ModelInputFormat;
 use crate::proto::inference::{
     model_config::SchedulingChoice, model_version_policy, DataType as ConfigDataType, ModelConfig,
     ModelTensorReshape, ModelVersionPolicy,
@@ -293,6 +294,17 @@ pub fn validate_io(config: &ModelConfig) -> Result<(), ConfigError> {
         };
         return Err(ConfigError::Invalid(format!(
             "tensor '{tensor}' of model '{name}' sets {what}, which only TensorRT models use"
+        )));
+    }
+    // Triton's rule: an image format describes a [C, H, W] or [H, W, C] tensor.
+    if let Some(input) = config
+        .input
+        .iter()
+        .find(|i| i.format != ModelInputFormat::None as i32 && i.dims.len() != 3)
+    {
+        return Err(ConfigError::Invalid(format!(
+            "input '{}' of model '{name}': model input NHWC/NCHW require 3 dims",
+            input.name
         )));
     }
     let tensors = config

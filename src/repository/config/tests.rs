@@ -317,6 +317,27 @@ fn tensorrt_tensor_kinds_are_refused() {
 }
 
 #[test]
+fn image_formats_need_three_dims() {
+    let config = |format: &str, dims: &str| {
+        parse_config(&format!(
+            "name: \"m\" input [{{name: \"image\" data_type: TYPE_FP32 format: {format} dims: {dims}}}] \
+             output [{{name: \"b\" data_type: TYPE_FP32 dims: [1]}}]"
+        ))
+        .unwrap()
+    };
+    for format in ["FORMAT_NCHW", "FORMAT_NHWC"] {
+        assert!(validate_io(&config(format, "[3, 224, 224]")).is_ok());
+        assert_eq!(
+            validate_io(&config(format, "[224, 224]"))
+                .unwrap_err()
+                .to_string(),
+            "input 'image' of model 'm': model input NHWC/NCHW require 3 dims"
+        );
+    }
+    assert!(validate_io(&config("FORMAT_NONE", "[224, 224]")).is_ok());
+}
+
+#[test]
 fn sequence_batching_batches_requests_of_different_sequences() {
     let config = parse_config(
         "max_batch_size: 4 sequence_batching { oldest { max_queue_delay_microseconds: 300 \
