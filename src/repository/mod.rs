@@ -32,8 +32,8 @@ pub mod op_library;
 mod overrides;
 pub mod placement;
 mod ragged;
+pub mod remote;
 mod retire;
-pub mod s3;
 pub mod sequence;
 pub mod store;
 pub mod text;
@@ -47,7 +47,7 @@ pub use lifecycle::{ControlMode, ModelRepository, RepositoryOptions, Slot, Snaps
 pub use limits::MAX_BATCH_SIZE;
 pub use loader::LoadFailure;
 pub use overrides::LoadParameter;
-pub use s3::S3Store;
+pub use remote::RemoteStore;
 pub use store::{LocalStore, ModelStore};
 
 use crate::generate::Generator;

@@ -1,7 +1,7 @@
 //! Where model directories come from. A [`ModelStore`] lists model names, hands the loader a local
 //! directory holding one model's files, and fingerprints them so polling can tell what changed.
-//! [`LocalStore`] is a directory on disk in Triton's layout; [`super::s3::S3Store`] copies a model
-//! from an S3-compatible object store into a local cache in [`ModelStore::fetch`] and fingerprints
+//! [`LocalStore`] is a directory on disk in Triton's layout; [`super::remote::RemoteStore`] copies a
+//! model from an object store (S3, GCS, Azure) into a local cache in [`ModelStore::fetch`] and fingerprints
 //! it from object metadata, and nothing above this module tells them apart. [`open`] picks one
 //! from the repository's location.
 //!
@@ -52,16 +52,17 @@ pub trait ModelStore: Send + Sync {
     fn fingerprint(&self, name: &str) -> Result<Fingerprint, String>;
 }
 
-/// The store a `--model-repository` value names: `s3://bucket/prefix` is an S3-compatible object
-/// store configured from the AWS environment variables; any other `scheme://` is refused rather
-/// than taken for a relative directory; everything else is a local directory.
+/// The store a `--model-repository` value names: `s3://bucket/prefix`, `gs://bucket/prefix` and
+/// `as://account/container/prefix` are object stores configured from the environment (see
+/// `remote`); any other `scheme://` is refused rather than taken for a relative directory;
+/// everything else is a local directory.
 ///
 /// # Errors
-/// An unsupported URL scheme, or an S3 location that cannot be configured.
+/// An unsupported URL scheme, or an object store that cannot be configured.
 pub fn open(location: &Path) -> Result<Box<dyn ModelStore>, String> {
     let text = location.to_string_lossy();
-    if super::s3::parse_url(&text).is_some() {
-        return Ok(Box::new(super::s3::S3Store::from_env(&text)?));
+    if super::remote::parse_url(&text).is_some() {
+        return Ok(Box::new(super::remote::RemoteStore::from_env(&text)?));
     }
     if let Some((scheme, _)) = text.split_once("://") {
         let url_like = !scheme.is_empty()
@@ -70,7 +71,7 @@ pub fn open(location: &Path) -> Result<Box<dyn ModelStore>, String> {
                 .all(|c| c.is_ascii_alphanumeric() || "+-.".contains(c));
         if url_like {
             return Err(format!(
-                "unsupported model repository URL '{text}' (local directories and s3:// are supported)"
+                "unsupported model repository URL '{text}' (local directories, s3://, gs:// and as:// are supported)"
             ));
         }
     }
@@ -301,11 +302,16 @@ mod tests {
     fn locations_pick_their_store() {
         let local = open(Path::new("model_repository")).unwrap();
         assert_eq!(local.location(), "model_repository");
-        for unsupported in ["gs://bucket/models", "https://host/models"] {
+        for unsupported in ["https://host/models", "abfs://c/models"] {
             let refused = open(Path::new(unsupported)).err().unwrap();
             assert!(refused.contains("unsupported"), "{refused}");
         }
+        // Object stores are configured, not reached, when they are opened.
+        for remote in ["gs://bucket/models", "as://account/container/models"] {
+            assert_eq!(open(Path::new(remote)).unwrap().location(), remote);
+        }
         assert!(open(Path::new("s3:///models")).is_err());
+        assert!(open(Path::new("as://account")).is_err());
     }
 
     #[test]

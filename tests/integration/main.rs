@@ -17,7 +17,7 @@ mod lifecycle;
 mod lifecycle_overrides;
 mod lifecycle_poll;
 mod lifecycle_reload;
-mod lifecycle_s3;
+mod lifecycle_remote;
 mod model_files;
 mod overload;
 mod scheduler;

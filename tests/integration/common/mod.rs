@@ -1,5 +1,6 @@
 //! Starts the real `kiln` binary on ephemeral ports and stops it (by PID) when dropped.
 
+pub mod azurite;
 pub mod http_client;
 pub mod lifecycle;
 pub mod onnx;

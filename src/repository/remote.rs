@@ -1,5 +1,7 @@
-//! A model repository in an S3-compatible object store (`s3://bucket/prefix`), through the
-//! `object_store` crate. The layout under the prefix is Triton's: `<prefix>/<model>/config.pbtxt`,
+//! A model repository in an object store: S3 or an S3-compatible server (`s3://bucket/prefix`),
+//! Google Cloud Storage (`gs://bucket/prefix`) or Azure Blob Storage
+//! (`as://account/container/prefix`), through the `object_store` crate ([`clients`] reads the URL
+//! and the credentials). The layout under the prefix is Triton's: `<prefix>/<model>/config.pbtxt`,
 //! `<prefix>/<model>/<version>/model.onnx`.
 //!
 //! ONNX Runtime reads files, so [`ModelStore::fetch`] materialises a model into a local cache
@@ -18,12 +20,15 @@
 //! call from inside another runtime (the index is listed from an async handler) is moved off that
 //! runtime's worker first, so no async worker ever parks on network I/O unannounced.
 
+mod clients;
+
+pub use clients::{parse_url, Cloud, RemoteUrl};
+
 use super::limits::{too_many_entries, MAX_MODEL_DIR_ENTRIES};
 use super::store::{contained, plain_relative, validate_name, Fingerprint, ModelStore};
 use futures_util::{StreamExt, TryStreamExt};
-use object_store::aws::{AmazonS3Builder, AmazonS3ConfigKey};
 use object_store::path::Path as ObjectPath;
-use object_store::{ClientConfigKey, ObjectMeta, ObjectStore, ObjectStoreExt, RetryConfig};
+use object_store::{ObjectMeta, ObjectStore, ObjectStoreExt};
 use std::collections::hash_map::DefaultHasher;
 use std::collections::{BTreeSet, HashMap};
 use std::future::Future;
@@ -31,31 +36,11 @@ use std::hash::{Hash, Hasher};
 use std::io::{self, Write};
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex};
-use std::time::Duration;
 use tokio::runtime::{Handle, Runtime, RuntimeFlavor};
 
 /// Environment variable naming the directory remote models are cached in. Unset: a directory
 /// per server process under the system temporary directory, removed when the server stops.
 pub const CACHE_DIR_ENV: &str = "KILN_MODEL_CACHE_DIR";
-
-/// `Some((bucket, prefix))` when `location` is an `s3://` URL, `None` for anything else.
-///
-/// # Errors
-/// An `s3://` URL without a bucket, or whose prefix is not a plain relative path.
-pub fn parse_url(location: &str) -> Option<Result<(String, String), String>> {
-    let rest = location.strip_prefix("s3://")?;
-    let (bucket, prefix) = rest.split_once('/').unwrap_or((rest, ""));
-    let prefix = prefix.trim_matches('/');
-    if bucket.is_empty() {
-        return Some(Err(format!("repository URL '{location}' names no bucket")));
-    }
-    if !prefix.is_empty() && !plain_relative(prefix) {
-        return Some(Err(format!(
-            "repository URL '{location}': the prefix must be a plain path (no '..', no empty segment)"
-        )));
-    }
-    Some(Ok((bucket.to_string(), prefix.to_string())))
-}
 
 /// What a fetch downloaded a local file from; equal metadata means the file is current.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -75,8 +60,8 @@ impl Downloaded {
     }
 }
 
-/// A model repository under `s3://bucket/prefix`.
-pub struct S3Store {
+/// A model repository in an object store.
+pub struct RemoteStore {
     location: String,
     /// The repository's prefix in the bucket (empty: the bucket's root).
     prefix: ObjectPath,
@@ -91,56 +76,22 @@ pub struct S3Store {
     downloaded: Mutex<HashMap<PathBuf, Downloaded>>,
 }
 
-impl S3Store {
-    /// A store for `s3://bucket/prefix`, configured from the usual AWS environment variables
-    /// (`AWS_ENDPOINT_URL_S3` / `AWS_ENDPOINT_URL`, `AWS_REGION` / `AWS_DEFAULT_REGION`,
-    /// `AWS_ACCESS_KEY_ID`, `AWS_SECRET_ACCESS_KEY`, `AWS_SESSION_TOKEN`...). A plain `http://`
-    /// endpoint is allowed (a local S3-compatible server); path-style requests are the default.
+impl RemoteStore {
+    /// A store for `location` (an `s3://`, `gs://` or `as://` URL), configured from the
+    /// environment (see [`clients`]).
     ///
     /// # Errors
     /// The URL or the client configuration is invalid, or the cache cannot be created.
-    pub fn from_env(location: &str) -> Result<S3Store, String> {
-        let (bucket, prefix) =
-            parse_url(location).ok_or_else(|| format!("'{location}' is not an s3:// URL"))??;
-        // reqwest is built without a default crypto provider (so that no C toolchain beyond gcc
-        // is needed): ring serves TLS. Installing twice is harmless; the first one stays.
-        let _ = rustls::crypto::ring::default_provider().install_default();
-        let mut builder = AmazonS3Builder::from_env().with_bucket_name(&bucket);
-        let endpoint = ["AWS_ENDPOINT_URL_S3", "AWS_ENDPOINT_URL", "AWS_ENDPOINT"]
-            .iter()
-            .find_map(|key| std::env::var(key).ok().filter(|v| !v.is_empty()));
-        if endpoint.is_some_and(|e| e.starts_with("http://")) {
-            builder = builder.with_allow_http(true);
-        }
-        // A load must fail in seconds, not after object_store's default three minutes of retries.
-        let retry = RetryConfig {
-            max_retries: 3,
-            retry_timeout: Duration::from_secs(30),
-            ..RetryConfig::default()
-        };
-        // Defaults unless AWS_CONNECT_TIMEOUT / AWS_TIMEOUT say otherwise, set key by key:
-        // `with_client_options` would replace what the environment configured and the
-        // `allow_http` above. The request timeout covers a whole object's download (object_store's
-        // 30 s would fail large models); a dead endpoint still fails within the connect timeout.
-        for (key, value) in [
-            (ClientConfigKey::ConnectTimeout, "5s"),
-            (ClientConfigKey::Timeout, "600s"),
-        ] {
-            let key = AmazonS3ConfigKey::Client(key);
-            if builder.get_config_value(&key).is_none() {
-                builder = builder.with_config(key, value);
-            }
-        }
-        let client = builder
-            .with_retry(retry)
-            .build()
-            .map_err(|e| format!("cannot configure S3 repository {location}: {e}"))?;
+    pub fn from_env(location: &str) -> Result<RemoteStore, String> {
+        let url = parse_url(location)
+            .ok_or_else(|| format!("'{location}' is not an s3://, gs:// or as:// URL"))??;
+        let client = clients::connect(&url, location)?;
         let runtime = tokio::runtime::Builder::new_multi_thread()
             .worker_threads(1)
-            .thread_name("kiln-s3")
+            .thread_name("kiln-remote")
             .enable_all()
             .build()
-            .map_err(|e| format!("cannot start the S3 client runtime: {e}"))?;
+            .map_err(|e| format!("cannot start the object store client's runtime: {e}"))?;
         let (root, owns_cache) = match std::env::var_os(CACHE_DIR_ENV) {
             Some(dir) if !dir.is_empty() => (PathBuf::from(dir), false),
             _ => (
@@ -149,14 +100,14 @@ impl S3Store {
             ),
         };
         let mut hasher = DefaultHasher::new();
-        prefix.hash(&mut hasher);
-        let cache = root.join(format!("{bucket}-{:016x}", hasher.finish()));
+        url.prefix.hash(&mut hasher);
+        let cache = root.join(format!("{}-{:016x}", url.cache_name(), hasher.finish()));
         std::fs::create_dir_all(&cache)
             .map_err(|e| format!("cannot create model cache {}: {e}", cache.display()))?;
-        Ok(S3Store {
+        Ok(RemoteStore {
             location: location.to_string(),
-            prefix: ObjectPath::from(prefix.as_str()),
-            client: Arc::new(client),
+            prefix: ObjectPath::from(url.prefix.as_str()),
+            client,
             runtime: Some(runtime),
             cache,
             owns_cache,
@@ -189,7 +140,7 @@ impl S3Store {
                 scope
                     .spawn(|| runtime.block_on(future))
                     .join()
-                    .expect("S3 helper thread panicked")
+                    .expect("object store helper thread panicked")
             }),
         }
     }
@@ -266,7 +217,7 @@ impl S3Store {
     }
 }
 
-impl ModelStore for S3Store {
+impl ModelStore for RemoteStore {
     fn location(&self) -> String {
         self.location.clone()
     }
@@ -337,7 +288,7 @@ impl ModelStore for S3Store {
     }
 }
 
-impl Drop for S3Store {
+impl Drop for RemoteStore {
     fn drop(&mut self) {
         // Dropping a runtime blocks until its workers stop, which panics inside another
         // runtime (the server drops its repository from async code): let it go in the background.
@@ -417,27 +368,6 @@ mod tests {
     }
 
     #[test]
-    fn urls() {
-        assert_eq!(parse_url("/models"), None);
-        assert_eq!(parse_url("gs://b/x"), None);
-        assert_eq!(
-            parse_url("s3://bucket/models/").unwrap().unwrap(),
-            ("bucket".into(), "models".into())
-        );
-        assert_eq!(
-            parse_url("s3://bucket").unwrap().unwrap(),
-            ("bucket".into(), String::new())
-        );
-        assert_eq!(
-            parse_url("s3://b/a/b").unwrap().unwrap(),
-            ("b".into(), "a/b".into())
-        );
-        for bad in ["s3://", "s3:///models", "s3://b/../x", "s3://b/a//c"] {
-            assert!(parse_url(bad).unwrap().is_err(), "{bad}");
-        }
-    }
-
-    #[test]
     fn fingerprints_tell_shared_files_from_versions() {
         let base = [
             ("config.pbtxt", meta(10, "c")),
@@ -467,7 +397,7 @@ mod tests {
 
     #[test]
     fn stale_files_are_removed() {
-        let dir = std::env::temp_dir().join(format!("kiln-s3-stale-{}", std::process::id()));
+        let dir = std::env::temp_dir().join(format!("kiln-remote-stale-{}", std::process::id()));
         let _ = std::fs::remove_dir_all(&dir);
         std::fs::create_dir_all(dir.join("1")).unwrap();
         std::fs::create_dir_all(dir.join("2")).unwrap();

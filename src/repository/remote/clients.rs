@@ -1,0 +1,271 @@
+//! Repository URLs and the object-store clients they name, with Triton's schemes and credential
+//! variables:
+//!
+//! - `s3://bucket/prefix`: S3 or an S3-compatible server, from the usual AWS variables
+//!   (`AWS_ENDPOINT_URL_S3` / `AWS_ENDPOINT_URL`, `AWS_REGION` / `AWS_DEFAULT_REGION`,
+//!   `AWS_ACCESS_KEY_ID`, `AWS_SECRET_ACCESS_KEY`, `AWS_SESSION_TOKEN`, ...). A plain `http://`
+//!   endpoint is allowed (a local server); path-style requests are the default.
+//! - `gs://bucket/prefix`: Google Cloud Storage, with `GOOGLE_APPLICATION_CREDENTIALS` (a service
+//!   account or authorized-user JSON file, as Triton reads it), else `GOOGLE_SERVICE_ACCOUNT` /
+//!   `GOOGLE_SERVICE_ACCOUNT_KEY`, else gcloud's default credentials file, else the metadata
+//!   server (GCE, GKE workload identity).
+//! - `as://account/container/prefix`: Azure Blob Storage, with Triton's `AZURE_STORAGE_KEY` (the
+//!   account's shared key) or any `AZURE_*` setting of the client (a SAS token, a service
+//!   principal, managed identity); `AZURE_STORAGE_USE_EMULATOR=true` talks to Azurite at
+//!   `AZURITE_BLOB_STORAGE_URL` (default `http://127.0.0.1:10000`).
+//!
+//! Every client fails a call within seconds when its endpoint is down (a few retries, a 5 s
+//! connect timeout) but gives one object's download up to 600 s; `*_CONNECT_TIMEOUT` /
+//! `*_TIMEOUT` variables of each cloud override those.
+
+use super::super::store::plain_relative;
+use object_store::aws::{AmazonS3Builder, AmazonS3ConfigKey};
+use object_store::azure::{AzureConfigKey, MicrosoftAzureBuilder};
+use object_store::gcp::{GoogleCloudStorageBuilder, GoogleConfigKey};
+use object_store::{ClientConfigKey, ObjectStore, RetryConfig};
+use std::sync::Arc;
+use std::time::Duration;
+
+/// Which object store a repository URL names.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Cloud {
+    S3,
+    Gcs,
+    Azure,
+}
+
+impl Cloud {
+    fn name(self) -> &'static str {
+        match self {
+            Cloud::S3 => "S3",
+            Cloud::Gcs => "GCS",
+            Cloud::Azure => "Azure",
+        }
+    }
+}
+
+/// A parsed repository URL.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct RemoteUrl {
+    pub cloud: Cloud,
+    /// Azure's storage account (empty for the other clouds).
+    pub account: String,
+    /// The bucket (Azure: the container).
+    pub bucket: String,
+    /// The repository's prefix in the bucket, without slashes at either end (empty: the root).
+    pub prefix: String,
+}
+
+impl RemoteUrl {
+    /// A name for the repository's local cache directory.
+    pub fn cache_name(&self) -> String {
+        if self.account.is_empty() {
+            self.bucket.clone()
+        } else {
+            format!("{}-{}", self.account, self.bucket)
+        }
+    }
+}
+
+/// `Some` when `location` is an `s3://`, `gs://` or `as://` URL, `None` for anything else.
+///
+/// # Errors
+/// A URL without its bucket (or account and container), or whose prefix is not a plain
+/// relative path.
+pub fn parse_url(location: &str) -> Option<Result<RemoteUrl, String>> {
+    let (cloud, rest) = [
+        ("s3://", Cloud::S3),
+        ("gs://", Cloud::Gcs),
+        ("as://", Cloud::Azure),
+    ]
+    .into_iter()
+    .find_map(|(scheme, cloud)| location.strip_prefix(scheme).map(|rest| (cloud, rest)))?;
+    let (account, rest) = match cloud {
+        Cloud::Azure => match rest.split_once('/') {
+            Some((account, rest)) if !account.is_empty() => (account.to_string(), rest),
+            _ => {
+                return Some(Err(format!(
+                    "repository URL '{location}' must name an account and a container \
+                     (as://<account>/<container>/<path>)"
+                )))
+            }
+        },
+        Cloud::S3 | Cloud::Gcs => (String::new(), rest),
+    };
+    let (bucket, prefix) = rest.split_once('/').unwrap_or((rest, ""));
+    let prefix = prefix.trim_matches('/');
+    if bucket.is_empty() {
+        let what = if cloud == Cloud::Azure {
+            "container"
+        } else {
+            "bucket"
+        };
+        return Some(Err(format!("repository URL '{location}' names no {what}")));
+    }
+    if !prefix.is_empty() && !plain_relative(prefix) {
+        return Some(Err(format!(
+            "repository URL '{location}': the prefix must be a plain path (no '..', no empty segment)"
+        )));
+    }
+    Some(Ok(RemoteUrl {
+        cloud,
+        account,
+        bucket: bucket.to_string(),
+        prefix: prefix.to_string(),
+    }))
+}
+
+/// A load must fail in seconds, not after object_store's default three minutes of retries.
+fn retry() -> RetryConfig {
+    RetryConfig {
+        max_retries: 3,
+        retry_timeout: Duration::from_secs(30),
+        ..RetryConfig::default()
+    }
+}
+
+/// Client settings kiln gives unless the environment set them: the request timeout covers a whole
+/// object's download (object_store's 30 s would fail large models); a dead endpoint still fails
+/// within the connect timeout. Set key by key: `with_client_options` would replace what the
+/// environment configured.
+const CLIENT_DEFAULTS: [(ClientConfigKey, &str); 2] = [
+    (ClientConfigKey::ConnectTimeout, "5s"),
+    (ClientConfigKey::Timeout, "600s"),
+];
+
+/// The client for `url`, configured from the environment.
+///
+/// # Errors
+/// The configuration is invalid (object_store's message).
+pub fn connect(url: &RemoteUrl, location: &str) -> Result<Arc<dyn ObjectStore>, String> {
+    // reqwest is built without a default crypto provider (so that no C toolchain beyond gcc is
+    // needed): ring serves TLS. Installing twice is harmless; the first one stays.
+    let _ = rustls::crypto::ring::default_provider().install_default();
+    let failed = |e: object_store::Error| {
+        format!(
+            "cannot configure {} repository {location}: {e}",
+            url.cloud.name()
+        )
+    };
+    let client: Arc<dyn ObjectStore> = match url.cloud {
+        Cloud::S3 => {
+            let mut builder = AmazonS3Builder::from_env().with_bucket_name(&url.bucket);
+            let endpoint = ["AWS_ENDPOINT_URL_S3", "AWS_ENDPOINT_URL", "AWS_ENDPOINT"]
+                .iter()
+                .find_map(|key| std::env::var(key).ok().filter(|v| !v.is_empty()));
+            if endpoint.is_some_and(|e| e.starts_with("http://")) {
+                builder = builder.with_allow_http(true);
+            }
+            for (key, value) in CLIENT_DEFAULTS {
+                let key = AmazonS3ConfigKey::Client(key);
+                if builder.get_config_value(&key).is_none() {
+                    builder = builder.with_config(key, value);
+                }
+            }
+            Arc::new(builder.with_retry(retry()).build().map_err(failed)?)
+        }
+        Cloud::Gcs => {
+            let mut builder = GoogleCloudStorageBuilder::from_env().with_bucket_name(&url.bucket);
+            for (key, value) in CLIENT_DEFAULTS {
+                let key = GoogleConfigKey::Client(key);
+                if builder.get_config_value(&key).is_none() {
+                    builder = builder.with_config(key, value);
+                }
+            }
+            Arc::new(builder.with_retry(retry()).build().map_err(failed)?)
+        }
+        Cloud::Azure => {
+            let mut builder = MicrosoftAzureBuilder::from_env()
+                .with_account(&url.account)
+                .with_container_name(&url.bucket);
+            // Triton's name for the shared key.
+            if builder
+                .get_config_value(&AzureConfigKey::AccessKey)
+                .is_none()
+            {
+                if let Some(key) = std::env::var("AZURE_STORAGE_KEY")
+                    .ok()
+                    .filter(|k| !k.is_empty())
+                {
+                    builder = builder.with_access_key(key);
+                }
+            }
+            for (key, value) in CLIENT_DEFAULTS {
+                let key = AzureConfigKey::Client(key);
+                if builder.get_config_value(&key).is_none() {
+                    builder = builder.with_config(key, value);
+                }
+            }
+            Arc::new(builder.with_retry(retry()).build().map_err(failed)?)
+        }
+    };
+    Ok(client)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn url(cloud: Cloud, account: &str, bucket: &str, prefix: &str) -> RemoteUrl {
+        RemoteUrl {
+            cloud,
+            account: account.into(),
+            bucket: bucket.into(),
+            prefix: prefix.into(),
+        }
+    }
+
+    #[test]
+    fn urls_of_each_cloud() {
+        assert_eq!(parse_url("/models"), None);
+        assert_eq!(parse_url("http://x/y"), None);
+        assert_eq!(
+            parse_url("s3://bucket/models/"),
+            Some(Ok(url(Cloud::S3, "", "bucket", "models")))
+        );
+        assert_eq!(
+            parse_url("s3://bucket"),
+            Some(Ok(url(Cloud::S3, "", "bucket", "")))
+        );
+        assert_eq!(
+            parse_url("s3://b/a/b"),
+            Some(Ok(url(Cloud::S3, "", "b", "a/b")))
+        );
+        assert_eq!(
+            parse_url("gs://b/a/b/"),
+            Some(Ok(url(Cloud::Gcs, "", "b", "a/b")))
+        );
+        assert_eq!(
+            parse_url("as://acct/container/models"),
+            Some(Ok(url(Cloud::Azure, "acct", "container", "models")))
+        );
+        assert_eq!(
+            parse_url("as://acct/container"),
+            Some(Ok(url(Cloud::Azure, "acct", "container", "")))
+        );
+        for bad in [
+            "s3://",
+            "s3:///models",
+            "s3://b/../x",
+            "s3://b/a//c",
+            "gs://",
+            "gs://b/a/../c",
+            "as://acct",
+            "as://acct/",
+            "as:///container/x",
+            "as://acct/c/../x",
+        ] {
+            assert!(parse_url(bad).unwrap().is_err(), "{bad}");
+        }
+        assert!(parse_url("as://acct")
+            .unwrap()
+            .unwrap_err()
+            .contains("as://<account>/<container>/<path>"));
+    }
+
+    #[test]
+    fn cache_names_keep_accounts_apart() {
+        assert_eq!(url(Cloud::S3, "", "b", "p").cache_name(), "b");
+        assert_eq!(url(Cloud::Azure, "acct", "c", "p").cache_name(), "acct-c");
+    }
+}
