@@ -59,7 +59,12 @@ impl Azurite {
         };
         let child = Command::new(binary())
             .args(["--blobHost", "127.0.0.1", "--blobPort", &port.to_string()])
-            .args(["--inMemoryPersistence", "--silent", "--skipApiVersionCheck"])
+            .args([
+                "--inMemoryPersistence",
+                "--silent",
+                "--skipApiVersionCheck",
+                "--disableTelemetry",
+            ])
             .stdout(Stdio::null())
             .stderr(Stdio::inherit())
             .spawn()
