@@ -5,7 +5,7 @@
 //! `<prefix>/<model>/<version>/model.onnx`.
 //!
 //! ONNX Runtime reads files, so [`ModelStore::fetch`] materialises a model into a local cache
-//! directory (`<cache>/<bucket>-<hash of prefix>/<model>/`) before the loader sees it: objects
+//! directory (`<cache>/<bucket>-<hash of the URL>/<model>/`) before the loader sees it: objects
 //! whose size and entity tag are unchanged since the last fetch are not downloaded again, new and
 //! changed ones are written beside their target and renamed over it (a reader of the old file
 //! keeps its inode), and files no longer in the store are deleted. Every object key is checked
@@ -99,8 +99,9 @@ impl RemoteStore {
                 true,
             ),
         };
+        // The whole URL: two servers (or accounts) may hold buckets of the same name.
         let mut hasher = DefaultHasher::new();
-        url.prefix.hash(&mut hasher);
+        location.hash(&mut hasher);
         let cache = root.join(format!("{}-{:016x}", url.cache_name(), hasher.finish()));
         std::fs::create_dir_all(&cache)
             .map_err(|e| format!("cannot create model cache {}: {e}", cache.display()))?;

@@ -248,3 +248,32 @@ async fn a_model_with_thousands_of_entries_is_refused_before_download() {
     );
     assert!(files(&cache.path).is_empty(), "{:?}", files(&cache.path));
 }
+
+#[tokio::test(flavor = "multi_thread")]
+async fn an_s3_url_may_name_its_server_as_in_triton() {
+    let s3 = S3Server::start(BUCKET);
+    let bucket = s3.client(BUCKET);
+    let add_sub = repo_path("model_repository/add_sub");
+    for file in ["config.pbtxt", "1/model.onnx"] {
+        let contents = std::fs::read(add_sub.join(file)).unwrap();
+        bucket
+            .put(&format!("models/add_sub/{file}"), contents)
+            .await;
+    }
+    let cache = TempRepo::new("s3-cache-url");
+    // The endpoint comes from the URL alone: `s3://host:port/bucket/prefix`.
+    let env: Vec<(&str, String)> = s3
+        .env(cache.path.to_str().unwrap())
+        .into_iter()
+        .filter(|(key, _)| !key.starts_with("AWS_ENDPOINT"))
+        .collect();
+    let env: Vec<(&str, &str)> = env.iter().map(|(k, v)| (*k, v.as_str())).collect();
+    let host_port = s3.endpoint.trim_start_matches("http://");
+    let repository = PathBuf::from(format!("s3://{host_port}/{BUCKET}/models"));
+    let server = Server::launch_env(&[repository], &[], &env, true);
+    let mut client = server.client().await;
+    assert_eq!(
+        index(&mut client).await,
+        vec![row("add_sub", "1", "READY", "")]
+    );
+}

@@ -4,7 +4,9 @@
 //! - `s3://bucket/prefix`: S3 or an S3-compatible server, from the usual AWS variables
 //!   (`AWS_ENDPOINT_URL_S3` / `AWS_ENDPOINT_URL`, `AWS_REGION` / `AWS_DEFAULT_REGION`,
 //!   `AWS_ACCESS_KEY_ID`, `AWS_SECRET_ACCESS_KEY`, `AWS_SESSION_TOKEN`, ...). A plain `http://`
-//!   endpoint is allowed (a local server); path-style requests are the default.
+//!   endpoint is allowed (a local server); path-style requests are the default. Triton's form
+//!   with the server in the URL, `s3://[http://|https://]host:port/bucket/prefix` (plain HTTP
+//!   unless `https://` is written), names the endpoint instead of the variables.
 //! - `gs://bucket/prefix`: Google Cloud Storage, with `GOOGLE_APPLICATION_CREDENTIALS` (a service
 //!   account or authorized-user JSON file, as Triton reads it), else `GOOGLE_SERVICE_ACCOUNT` /
 //!   `GOOGLE_SERVICE_ACCOUNT_KEY`, else gcloud's default credentials file, else the metadata
@@ -48,6 +50,8 @@ impl Cloud {
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct RemoteUrl {
     pub cloud: Cloud,
+    /// S3: the server the URL names (`http://host:port`), instead of the environment's.
+    pub endpoint: Option<String>,
     /// Azure's storage account (empty for the other clouds).
     pub account: String,
     /// The bucket (Azure: the container).
@@ -80,7 +84,13 @@ pub fn parse_url(location: &str) -> Option<Result<RemoteUrl, String>> {
     ]
     .into_iter()
     .find_map(|(scheme, cloud)| location.strip_prefix(scheme).map(|rest| (cloud, rest)))?;
+    let mut endpoint = None;
     let (account, rest) = match cloud {
+        Cloud::S3 => {
+            let (rest, endpoint_found) = s3_endpoint(rest);
+            endpoint = endpoint_found;
+            (String::new(), rest)
+        }
         Cloud::Azure => match rest.split_once('/') {
             Some((account, rest)) if !account.is_empty() => (account.to_string(), rest),
             _ => {
@@ -90,7 +100,7 @@ pub fn parse_url(location: &str) -> Option<Result<RemoteUrl, String>> {
                 )))
             }
         },
-        Cloud::S3 | Cloud::Gcs => (String::new(), rest),
+        Cloud::Gcs => (String::new(), rest),
     };
     let (bucket, prefix) = rest.split_once('/').unwrap_or((rest, ""));
     let prefix = prefix.trim_matches('/');
@@ -109,10 +119,37 @@ pub fn parse_url(location: &str) -> Option<Result<RemoteUrl, String>> {
     }
     Some(Ok(RemoteUrl {
         cloud,
+        endpoint,
         account,
         bucket: bucket.to_string(),
         prefix: prefix.to_string(),
     }))
+}
+
+/// Triton's `[http://|https://]host:port/` before an S3 bucket: the endpoint it names (plain HTTP
+/// unless `https://` is written) and the rest of the URL; `rest` itself when it has none.
+fn s3_endpoint(rest: &str) -> (&str, Option<String>) {
+    let (scheme, after) = if let Some(after) = rest.strip_prefix("https://") {
+        ("https", after)
+    } else {
+        ("http", rest.strip_prefix("http://").unwrap_or(rest))
+    };
+    let Some((authority, tail)) = after.split_once('/') else {
+        return (rest, None);
+    };
+    let is_host_port = authority.rsplit_once(':').is_some_and(|(host, port)| {
+        !host.is_empty()
+            && host
+                .chars()
+                .all(|c| c.is_ascii_alphanumeric() || c == '-' || c == '.')
+            && !port.is_empty()
+            && port.chars().all(|c| c.is_ascii_digit())
+    });
+    if is_host_port {
+        (tail, Some(format!("{scheme}://{authority}")))
+    } else {
+        (rest, None)
+    }
 }
 
 /// A load must fail in seconds, not after object_store's default three minutes of retries.
@@ -150,9 +187,14 @@ pub fn connect(url: &RemoteUrl, location: &str) -> Result<Arc<dyn ObjectStore>, 
     let client: Arc<dyn ObjectStore> = match url.cloud {
         Cloud::S3 => {
             let mut builder = AmazonS3Builder::from_env().with_bucket_name(&url.bucket);
-            let endpoint = ["AWS_ENDPOINT_URL_S3", "AWS_ENDPOINT_URL", "AWS_ENDPOINT"]
-                .iter()
-                .find_map(|key| std::env::var(key).ok().filter(|v| !v.is_empty()));
+            if let Some(endpoint) = &url.endpoint {
+                builder = builder.with_endpoint(endpoint);
+            }
+            let endpoint = url.endpoint.clone().or_else(|| {
+                ["AWS_ENDPOINT_URL_S3", "AWS_ENDPOINT_URL", "AWS_ENDPOINT"]
+                    .iter()
+                    .find_map(|key| std::env::var(key).ok().filter(|v| !v.is_empty()))
+            });
             if endpoint.is_some_and(|e| e.starts_with("http://")) {
                 builder = builder.with_allow_http(true);
             }
@@ -209,6 +251,7 @@ mod tests {
     fn url(cloud: Cloud, account: &str, bucket: &str, prefix: &str) -> RemoteUrl {
         RemoteUrl {
             cloud,
+            endpoint: None,
             account: account.into(),
             bucket: bucket.into(),
             prefix: prefix.into(),
@@ -261,6 +304,37 @@ mod tests {
             .unwrap()
             .unwrap_err()
             .contains("as://<account>/<container>/<path>"));
+    }
+
+    #[test]
+    fn s3_urls_may_name_their_server_as_triton_reads_them() {
+        let with = |endpoint: &str, prefix: &str| RemoteUrl {
+            endpoint: Some(endpoint.into()),
+            ..url(Cloud::S3, "", "bucket", prefix)
+        };
+        assert_eq!(
+            parse_url("s3://127.0.0.1:9000/bucket/models"),
+            Some(Ok(with("http://127.0.0.1:9000", "models")))
+        );
+        assert_eq!(
+            parse_url("s3://http://minio.local:9000/bucket"),
+            Some(Ok(with("http://minio.local:9000", "")))
+        );
+        assert_eq!(
+            parse_url("s3://https://s3.example.com:443/bucket/a/b"),
+            Some(Ok(with("https://s3.example.com:443", "a/b")))
+        );
+        // Without a port the first segment is the bucket, as in Triton.
+        assert_eq!(
+            parse_url("s3://bucket.example.com/models"),
+            Some(Ok(url(Cloud::S3, "", "bucket.example.com", "models")))
+        );
+        assert!(parse_url("s3://127.0.0.1:9000/").unwrap().is_err());
+        assert!(parse_url("s3://host:port/bucket")
+            .unwrap()
+            .unwrap()
+            .endpoint
+            .is_none());
     }
 
     #[test]
