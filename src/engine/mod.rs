@@ -277,6 +277,29 @@ impl Engine {
             .map_err(|e| Error::Internal(format!("model load task failed: {e}")))?
     }
 
+    /// Adds a model repository while running (Triton's RegisterModelRepository), off the async
+    /// runtime (it lists the repository).
+    ///
+    /// # Errors
+    /// As [`ModelRepository::register_store`].
+    pub async fn register_repository(
+        &self,
+        store: Arc<dyn crate::repository::ModelStore>,
+    ) -> Result<(), Error> {
+        let repository = Arc::clone(&self.repository);
+        tokio::task::spawn_blocking(move || repository.register_store(store))
+            .await
+            .map_err(|e| Error::Internal(format!("repository registration failed: {e}")))?
+    }
+
+    /// Removes a repository added with [`Engine::register_repository`].
+    ///
+    /// # Errors
+    /// As [`ModelRepository::unregister_store`].
+    pub fn unregister_repository(&self, location: &str) -> Result<(), Error> {
+        self.repository.unregister_store(location)
+    }
+
     /// Unloads a model (explicit model-control mode); with `unload_dependents`, an ensemble's
     /// models too.
     ///

@@ -108,6 +108,13 @@ pub fn prepare(
         Some(config) => config,
         None => read_config(dir, options.config_name.as_deref())?,
     };
+    // A directory served under another name (a registered repository's mapping: every other
+    // store fetches model `m` into a directory named `m`) takes that name, whatever its config
+    // was written for.
+    let directory = dir.file_name().and_then(|d| d.to_str()).unwrap_or(name);
+    if directory != name {
+        config.name = name.to_string();
+    }
     config::normalize_identity(&mut config, name).map_err(|e| e.to_string())?;
     agents::run(&config, dir)?;
     let selected = versions::select(dir, &config)?;

@@ -26,6 +26,8 @@ pub fn group_of(path: &str) -> Option<ApiGroup> {
         // SageMaker's service (`--allow-sagemaker`).
         ["", "ping"] => Some(ApiGroup::Health),
         ["", "invocations"] => Some(ApiGroup::Inference),
+        ["", "models", _hash, "invoke"] => Some(ApiGroup::Inference),
+        ["", "models", ..] => Some(ApiGroup::ModelRepository),
         _ => None,
     }
 }

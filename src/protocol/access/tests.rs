@@ -189,6 +189,12 @@ fn rest_paths_map_to_triton_groups() {
         ),
         ("/v2/logging", Some(ApiGroup::Logging)),
         ("/v2/trace/setting", Some(ApiGroup::Trace)),
+        // SageMaker's service.
+        ("/ping", Some(ApiGroup::Health)),
+        ("/invocations", Some(ApiGroup::Inference)),
+        ("/models", Some(ApiGroup::ModelRepository)),
+        ("/models/4a8f", Some(ApiGroup::ModelRepository)),
+        ("/models/4a8f/invoke", Some(ApiGroup::Inference)),
         ("/metrics", None),
         ("/", None),
     ];

@@ -114,8 +114,9 @@ const NOT_EXPLICIT: &str = "explicit model load / unload is not allowed if polli
 
 /// The repository and the lifecycle of its models.
 pub struct ModelRepository {
-    /// Where models come from, searched in order (`--model-repository`, repeatable).
-    stores: Vec<Box<dyn ModelStore>>,
+    /// Where models come from, searched in order: `--model-repository` (repeatable), then the
+    /// repositories registered while running (SageMaker's multi-model endpoints).
+    stores: RwLock<Vec<Arc<dyn ModelStore>>>,
     options: RepositoryOptions,
     /// The current snapshot; writers replace the `Arc`, readers clone it and let go of the lock.
     state: RwLock<Arc<Snapshot>>,
@@ -141,7 +142,7 @@ impl ModelRepository {
         let changes = Arc::new(watch::Sender::new(0u64));
         let notify = Arc::clone(&changes);
         Ok(ModelRepository {
-            stores,
+            stores: RwLock::new(stores.into_iter().map(Arc::from).collect()),
             options,
             state: RwLock::new(Arc::new(Snapshot::new())),
             operations: Mutex::new(HashMap::new()),
@@ -195,20 +196,73 @@ impl ModelRepository {
         }
     }
 
+    /// The stores, in search order.
+    fn stores(&self) -> Vec<Arc<dyn ModelStore>> {
+        self.stores
+            .read()
+            .unwrap_or_else(|p| p.into_inner())
+            .clone()
+    }
+
+    /// Adds a repository to search after the others (Triton's RegisterModelRepository).
+    ///
+    /// # Errors
+    /// ALREADY_EXISTS when a repository at the same location is registered, or when the new one
+    /// holds a model name another repository holds.
+    pub fn register_store(&self, store: Arc<dyn ModelStore>) -> Result<(), Error> {
+        let location = store.location();
+        let names = store
+            .list()
+            .map_err(|e| Error::InvalidArgument(format!("failed to register '{location}': {e}")))?;
+        let mut stores = self.stores.write().unwrap_or_else(|p| p.into_inner());
+        if stores.iter().any(|s| s.location() == location) {
+            return Err(Error::AlreadyExists(format!(
+                "model repository '{location}' has already been registered"
+            )));
+        }
+        if let Some(taken) = names
+            .iter()
+            .find(|name| stores.iter().any(|s| s.contains(name)))
+        {
+            return Err(Error::AlreadyExists(format!(
+                "failed to register '{location}', there is a conflicting mapping for '{taken}'"
+            )));
+        }
+        stores.push(store);
+        Ok(())
+    }
+
+    /// Removes a registered repository (Triton's UnregisterModelRepository); its models stay
+    /// loaded until they are unloaded.
+    ///
+    /// # Errors
+    /// NOT_FOUND when no repository at `location` is registered.
+    pub fn unregister_store(&self, location: &str) -> Result<(), Error> {
+        let mut stores = self.stores.write().unwrap_or_else(|p| p.into_inner());
+        let before = stores.len();
+        stores.retain(|s| s.location() != location);
+        if stores.len() == before {
+            return Err(Error::NotFound(format!(
+                "failed to unregister '{location}', repository not found"
+            )));
+        }
+        Ok(())
+    }
+
     /// Model names in the stores, each with the first store that holds it.
-    fn list(&self) -> BTreeMap<String, usize> {
-        let mut names = BTreeMap::new();
-        for (index, store) in self.stores.iter().enumerate() {
+    fn list(&self) -> BTreeMap<String, Arc<dyn ModelStore>> {
+        let mut names: BTreeMap<String, Arc<dyn ModelStore>> = BTreeMap::new();
+        for store in self.stores() {
             match store.list() {
                 Ok(listed) => {
                     for name in listed {
                         if let Some(first) = names.get(&name) {
-                            if *first != index {
+                            if !Arc::ptr_eq(first, &store) {
                                 warn!(model = %name, "model name appears in more than one repository; keeping the first");
                             }
                             continue;
                         }
-                        names.insert(name, index);
+                        names.insert(name, Arc::clone(&store));
                     }
                 }
                 Err(e) => {

@@ -184,7 +184,7 @@ impl ModelRepository {
         let listed = self.list();
         let mut changed = Vec::new();
         for (name, store) in &listed {
-            let fingerprint = self.stores[*store].fingerprint(name).ok();
+            let fingerprint = store.fingerprint(name).ok();
             let snapshot = self.snapshot();
             let differs = match snapshot.get(name) {
                 None => {
@@ -238,7 +238,7 @@ impl ModelRepository {
         config: Option<ModelConfig>,
         keep_unchanged: bool,
     ) -> Result<(), Error> {
-        let Some(store) = self.stores.iter().find(|s| s.contains(name)) else {
+        let Some(store) = self.stores().into_iter().find(|s| s.contains(name)) else {
             let reason = "model not found in any model repository".to_string();
             self.update(name, |old| {
                 old.map(|slot| Slot {

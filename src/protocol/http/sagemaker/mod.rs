@@ -12,7 +12,9 @@
 //!   served when that is not set.
 //!
 //! Errors are 400 `{"error": ...}`, as Triton's SageMaker service answers them (429 stays 429: a
-//! full server). Multi-model endpoints (`/models`) are not served.
+//! full server). Multi-model endpoints (`/models`): see [`mme`].
+
+mod mme;
 
 use super::infer::INFERENCE_HEADER_CONTENT_LENGTH;
 use super::routes::{AppState, ModelPath};
@@ -86,6 +88,8 @@ impl SageMakerConfig {
 struct SageMakerState {
     app: Arc<AppState>,
     config: SageMakerConfig,
+    /// The models loaded through the multi-model endpoints.
+    models: mme::Models,
 }
 
 /// The SageMaker router over `engine`.
@@ -97,10 +101,14 @@ pub fn router(engine: Arc<Engine>, http: HttpConfig, config: SageMakerConfig) ->
             config: http,
         }),
         config,
+        models: mme::Models::default(),
     });
     Router::new()
         .route("/ping", get(ping))
         .route("/invocations", post(invocations))
+        .route("/models", get(mme::list).post(mme::load))
+        .route("/models/{hash}", get(mme::describe).delete(mme::unload))
+        .route("/models/{hash}/invoke", post(mme::invoke))
         .method_not_allowed_fallback(|| async {
             HttpError::new(StatusCode::METHOD_NOT_ALLOWED, "Method Not Allowed")
         })

@@ -1,0 +1,448 @@
+//! SageMaker's multi-model endpoints, as Triton serves them beside `/invocations` (SageMaker's
+//! model manager loads and unloads models by these calls; kiln must run with
+//! `--model-control-mode=explicit`, as Triton's SageMaker image does for them):
+//!
+//! - `POST /models` `{"model_name": "<hash>", "url": "<directory>"}`: the directory (SageMaker's
+//!   `/opt/ml/models/<hash>/model`) is registered as a model repository and its model loaded
+//!   under the name in the `X-Amzn-SageMaker-Target-Model` header (the archive's name; `<hash>`
+//!   without the header). The directory is the model itself when it holds a `config.pbtxt`,
+//!   else it holds model directories: its only one, or its ensemble (whose composing models load
+//!   under their own names). 200; 409 when the name is taken; 507 when the load ran out of
+//!   memory; 400 otherwise, with `{"error": ...}`. A failed load unregisters the directory.
+//! - `GET /models`: `{"models": [{"modelName": "<hash>", "modelUrl": "<repository>"}, ...]}` for
+//!   the loaded models that are ready; `GET /models/<hash>`: one of them, or 404.
+//! - `POST /models/<hash>/invoke`: `/invocations` on that model (404 if it is not loaded).
+//! - `DELETE /models/<hash>`: unloads the model (and an ensemble's composing models) and
+//!   unregisters its repository; 404 if it is not loaded.
+//!
+//! As in Triton, a `url` under `/dev/`, `/proc/` or `/sys/` is refused.
+
+use super::{binary_header, sagemaker_response, SageMakerState, BINARY_MIME};
+use crate::core::Error;
+use crate::protocol::http::routes::{AppState, ModelPath};
+use crate::protocol::http::{infer, HttpError};
+use crate::repository::config::parse_config;
+use crate::repository::ensemble::is_ensemble;
+use crate::repository::mapped::MappedStore;
+use crate::repository::MAX_MODEL_DIR_ENTRIES;
+use axum::body::Body;
+use axum::extract::{Path as UrlPath, State};
+use axum::http::{HeaderMap, StatusCode};
+use axum::response::{IntoResponse, Response};
+use axum::Json;
+use serde_json::json;
+use std::collections::BTreeMap;
+use std::path::{Component, Path, PathBuf};
+use std::sync::{Arc, Mutex};
+
+/// SageMaker's header naming the model archive a call is about.
+const TARGET_MODEL: &str = "x-amzn-sagemaker-target-model";
+
+/// Largest load request body (a name and a path).
+const MAX_LOAD_BODY: usize = 64 << 10;
+
+/// Error texts that make a failed load or invocation a 507 (SageMaker then unloads other
+/// models and tries again), Triton's list.
+const OUT_OF_MEMORY: &[&str] = &[
+    "CUDA out of memory",
+    "CUDA_OUT_OF_MEMORY",
+    "Out of memory",
+    "Out Of Memory",
+    "out of memory",
+    "MemoryError",
+    "OutOfMemory",
+    "OOM",
+    "Failed to allocate memory",
+    "failed to allocate memory",
+    "No space left on device",
+];
+
+/// A model loaded through `POST /models`.
+#[derive(Debug, Clone)]
+struct Loaded {
+    /// The name it is served under.
+    target: String,
+    /// The repository registered for it.
+    repository: String,
+}
+
+/// The models SageMaker loaded, by the hash it names them with.
+#[derive(Debug, Default)]
+pub(super) struct Models(Mutex<BTreeMap<String, Loaded>>);
+
+impl Models {
+    fn get(&self, hash: &str) -> Option<Loaded> {
+        self.0
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .get(hash)
+            .cloned()
+    }
+}
+
+fn error(status: StatusCode, message: impl Into<String>) -> Response {
+    HttpError::new(status, message).into_response()
+}
+
+/// The status SageMaker expects for a failed load or invocation.
+fn failure_status(message: &str) -> StatusCode {
+    if OUT_OF_MEMORY.iter().any(|text| message.contains(text)) {
+        StatusCode::INSUFFICIENT_STORAGE
+    } else {
+        StatusCode::BAD_REQUEST
+    }
+}
+
+/// The name a call is about: the target-model header, else `fallback`.
+fn target(headers: &HeaderMap, fallback: &str) -> String {
+    headers
+        .get(TARGET_MODEL)
+        .and_then(|v| v.to_str().ok())
+        .filter(|v| !v.is_empty())
+        .map_or_else(|| fallback.to_string(), str::to_string)
+}
+
+/// `path` made absolute and without `.` or `..`, as Triton normalises the `url`.
+fn normalize(path: &str) -> PathBuf {
+    let absolute = if Path::new(path).is_absolute() {
+        PathBuf::from(path)
+    } else {
+        std::env::current_dir().unwrap_or_default().join(path)
+    };
+    let mut normal = PathBuf::from("/");
+    for component in absolute.components() {
+        match component {
+            Component::Normal(part) => normal.push(part),
+            Component::ParentDir => {
+                normal.pop();
+            }
+            Component::RootDir | Component::CurDir | Component::Prefix(_) => {}
+        }
+    }
+    normal
+}
+
+/// Where the model in `url` is: `(repository, model directory)`.
+///
+/// # Errors
+/// `url` is not a directory, holds no model directory, or several and no ensemble.
+fn locate(url: &Path) -> Result<(PathBuf, String), String> {
+    let shown = url.display();
+    if !url.is_dir() {
+        return Err(format!("'{shown}' is not a directory"));
+    }
+    if url.join("config.pbtxt").is_file() {
+        let parent = url.parent().unwrap_or(Path::new("/")).to_path_buf();
+        let directory = url
+            .file_name()
+            .and_then(|d| d.to_str())
+            .ok_or_else(|| format!("'{shown}' has no usable directory name"))?;
+        return Ok((parent, directory.to_string()));
+    }
+    let entries = std::fs::read_dir(url).map_err(|e| format!("cannot read '{shown}': {e}"))?;
+    let mut models = Vec::new();
+    for entry in entries.flatten().take(MAX_MODEL_DIR_ENTRIES) {
+        let is_dir = entry.file_type().is_ok_and(|t| t.is_dir());
+        let name = entry.file_name().to_string_lossy().into_owned();
+        if is_dir && !name.starts_with('.') {
+            models.push(name);
+        }
+    }
+    models.sort();
+    match models.as_slice() {
+        [] => Err(format!("no model directory in '{shown}'")),
+        [only] => Ok((url.to_path_buf(), only.clone())),
+        several => {
+            let ensembles: Vec<&String> = several
+                .iter()
+                .filter(|name| {
+                    std::fs::read_to_string(url.join(name).join("config.pbtxt"))
+                        .ok()
+                        .and_then(|text| parse_config(&text).ok())
+                        .is_some_and(|config| is_ensemble(&config))
+                })
+                .collect();
+            match ensembles.as_slice() {
+                [ensemble] => Ok((url.to_path_buf(), (*ensemble).clone())),
+                _ => Err(format!(
+                    "'{shown}' holds {} model directories and {} ensembles: it must hold one \
+                     model, or one ensemble and its composing models",
+                    several.len(),
+                    ensembles.len()
+                )),
+            }
+        }
+    }
+}
+
+/// `POST /models`.
+pub(super) async fn load(
+    State(state): State<Arc<SageMakerState>>,
+    headers: HeaderMap,
+    body: Body,
+) -> Response {
+    let bytes = match axum::body::to_bytes(body, MAX_LOAD_BODY).await {
+        Ok(bytes) => bytes,
+        Err(e) => {
+            return error(
+                StatusCode::BAD_REQUEST,
+                format!("failed to read the load request: {e}"),
+            )
+        }
+    };
+    let request: serde_json::Value = match serde_json::from_slice(&bytes) {
+        Ok(value) => value,
+        Err(e) => {
+            return error(
+                StatusCode::BAD_REQUEST,
+                format!("failed to parse the load request as JSON: {e}"),
+            )
+        }
+    };
+    let field = |key: &str| {
+        request
+            .get(key)
+            .and_then(|v| v.as_str())
+            .filter(|v| !v.is_empty())
+    };
+    let (Some(hash), Some(url)) = (field("model_name"), field("url")) else {
+        return error(
+            StatusCode::BAD_REQUEST,
+            "the load request needs \"model_name\" and \"url\" strings",
+        );
+    };
+    let path = normalize(url);
+    if ["/dev", "/proc", "/sys"]
+        .iter()
+        .any(|system| path.starts_with(system))
+    {
+        return error(
+            StatusCode::BAD_REQUEST,
+            format!("Invalid URL: {url}. \"url\" property value cannot start with /dev/, /proc/, or /sys/."),
+        );
+    }
+    let (repository, directory) = match tokio::task::spawn_blocking({
+        let path = path.clone();
+        move || locate(&path)
+    })
+    .await
+    {
+        Ok(Ok(found)) => found,
+        Ok(Err(why)) => return error(StatusCode::BAD_REQUEST, why),
+        Err(e) => return error(StatusCode::INTERNAL_SERVER_ERROR, e.to_string()),
+    };
+    let target = target(&headers, hash);
+    if state.models.get(hash).is_some() {
+        return error(
+            StatusCode::CONFLICT,
+            format!("model '{hash}' is already loaded"),
+        );
+    }
+    let engine = &state.app.engine;
+    let store = MappedStore::new(repository.clone(), &directory, &target);
+    let location = repository.display().to_string();
+    match engine.register_repository(Arc::new(store)).await {
+        Ok(()) => {}
+        Err(Error::AlreadyExists(message)) => return error(StatusCode::CONFLICT, message),
+        Err(e) => return error(StatusCode::BAD_REQUEST, e.message()),
+    }
+    tracing::info!(model = %target, repository = %location, "Loading SageMaker TargetModel");
+    if let Err(e) = engine.load_model(&target, BTreeMap::new()).await {
+        let _ = engine.unregister_repository(&location);
+        let message = e.message();
+        let status = match e {
+            Error::AlreadyExists(_) => StatusCode::CONFLICT,
+            _ => failure_status(message),
+        };
+        return error(status, message);
+    }
+    state
+        .models
+        .0
+        .lock()
+        .unwrap_or_else(|p| p.into_inner())
+        .insert(
+            hash.to_string(),
+            Loaded {
+                target,
+                repository: location,
+            },
+        );
+    StatusCode::OK.into_response()
+}
+
+/// `GET /models`.
+pub(super) async fn list(State(state): State<Arc<SageMakerState>>) -> Response {
+    let models: Vec<(String, Loaded)> = state
+        .models
+        .0
+        .lock()
+        .unwrap_or_else(|p| p.into_inner())
+        .iter()
+        .map(|(hash, loaded)| (hash.clone(), loaded.clone()))
+        .collect();
+    let ready: Vec<serde_json::Value> = models
+        .into_iter()
+        .filter(|(_, loaded)| state.app.engine.model_ready(&loaded.target, ""))
+        .map(|(hash, loaded)| json!({"modelName": hash, "modelUrl": loaded.repository}))
+        .collect();
+    Json(json!({ "models": ready })).into_response()
+}
+
+/// `GET /models/<hash>`.
+pub(super) async fn describe(
+    State(state): State<Arc<SageMakerState>>,
+    UrlPath(hash): UrlPath<String>,
+) -> Response {
+    match state.models.get(&hash) {
+        Some(loaded) => {
+            Json(json!({"modelName": hash, "modelUrl": loaded.repository})).into_response()
+        }
+        None => StatusCode::NOT_FOUND.into_response(),
+    }
+}
+
+/// `POST /models/<hash>/invoke`.
+pub(super) async fn invoke(
+    State(state): State<Arc<SageMakerState>>,
+    UrlPath(hash): UrlPath<String>,
+    mut headers: HeaderMap,
+    body: Body,
+) -> Response {
+    let Some(loaded) = state.models.get(&hash) else {
+        return StatusCode::NOT_FOUND.into_response();
+    };
+    if let Err(error) = binary_header(&mut headers, BINARY_MIME) {
+        return error.into_response();
+    }
+    let model = ModelPath {
+        name: target(&headers, &loaded.target),
+        version: String::new(),
+    };
+    let app: State<Arc<AppState>> = State(Arc::clone(&state.app));
+    let response = infer::handle(app, model, headers, body).await;
+    let mut response = sagemaker_response(response);
+    if response.status() == StatusCode::BAD_REQUEST {
+        // Out-of-memory failures are 507 here too, so that SageMaker makes room.
+        let (parts, body) = response.into_parts();
+        let bytes = axum::body::to_bytes(body, usize::MAX)
+            .await
+            .unwrap_or_default();
+        let status = failure_status(&String::from_utf8_lossy(&bytes));
+        response = Response::from_parts(parts, Body::from(bytes));
+        *response.status_mut() = status;
+    }
+    response
+}
+
+/// `DELETE /models/<hash>`.
+pub(super) async fn unload(
+    State(state): State<Arc<SageMakerState>>,
+    UrlPath(hash): UrlPath<String>,
+) -> Response {
+    let Some(loaded) = state.models.get(&hash) else {
+        return StatusCode::NOT_FOUND.into_response();
+    };
+    let engine = &state.app.engine;
+    tracing::info!(model = %loaded.target, "Unloading SageMaker TargetModel");
+    if let Err(e) = engine.unload_model(&loaded.target, true).await {
+        return error(StatusCode::BAD_REQUEST, e.message());
+    }
+    state
+        .models
+        .0
+        .lock()
+        .unwrap_or_else(|p| p.into_inner())
+        .remove(&hash);
+    match engine.unregister_repository(&loaded.repository) {
+        Ok(()) => StatusCode::OK.into_response(),
+        Err(e) => error(StatusCode::BAD_REQUEST, e.message()),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn scratch(tag: &str) -> PathBuf {
+        let dir = std::env::temp_dir().join(format!("kiln-mme-{tag}-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        std::fs::create_dir_all(&dir).unwrap();
+        dir
+    }
+
+    #[test]
+    fn urls_are_normalised_before_the_system_check() {
+        assert_eq!(
+            normalize("/opt/ml/models/abc/model/"),
+            Path::new("/opt/ml/models/abc/model")
+        );
+        assert_eq!(
+            normalize("/opt/ml/../../proc/self"),
+            Path::new("/proc/self")
+        );
+        assert_eq!(normalize("/a/./b/../c"), Path::new("/a/c"));
+    }
+
+    #[test]
+    fn a_model_directory_or_a_repository_of_one_model_or_one_ensemble() {
+        let root = scratch("locate");
+        // The url is the model itself.
+        let model = root.join("single/model");
+        std::fs::create_dir_all(model.join("1")).unwrap();
+        std::fs::write(model.join("config.pbtxt"), "max_batch_size: 0").unwrap();
+        assert_eq!(
+            locate(&model),
+            Ok((root.join("single"), "model".to_string()))
+        );
+        // A repository of one model.
+        let one = root.join("one/model");
+        std::fs::create_dir_all(one.join("resnet/1")).unwrap();
+        assert_eq!(locate(&one), Ok((one.clone(), "resnet".to_string())));
+        // An ensemble and its steps.
+        let ensemble = root.join("ensemble/model");
+        for name in ["pipeline", "pre", "post"] {
+            std::fs::create_dir_all(ensemble.join(name)).unwrap();
+        }
+        std::fs::write(
+            ensemble.join("pipeline/config.pbtxt"),
+            "platform: \"ensemble\" ensemble_scheduling { step [] }",
+        )
+        .unwrap();
+        std::fs::write(
+            ensemble.join("pre/config.pbtxt"),
+            "backend: \"onnxruntime\"",
+        )
+        .unwrap();
+        assert_eq!(
+            locate(&ensemble),
+            Ok((ensemble.clone(), "pipeline".to_string()))
+        );
+        // Several models and no ensemble, nothing, or no directory at all.
+        std::fs::remove_file(ensemble.join("pipeline/config.pbtxt")).unwrap();
+        assert!(locate(&ensemble)
+            .unwrap_err()
+            .contains("3 model directories and 0 ensembles"));
+        let empty = root.join("empty");
+        std::fs::create_dir_all(&empty).unwrap();
+        assert!(locate(&empty)
+            .unwrap_err()
+            .starts_with("no model directory in"));
+        assert!(locate(&root.join("missing"))
+            .unwrap_err()
+            .ends_with("is not a directory"));
+        let _ = std::fs::remove_dir_all(&root);
+    }
+
+    #[test]
+    fn out_of_memory_failures_are_507() {
+        assert_eq!(
+            failure_status("failed to allocate memory for the arena"),
+            StatusCode::INSUFFICIENT_STORAGE
+        );
+        assert_eq!(
+            failure_status("model 'm' not found"),
+            StatusCode::BAD_REQUEST
+        );
+    }
+}
