@@ -21,6 +21,7 @@
 //! runtime's worker first, so no async worker ever parks on network I/O unannounced.
 
 mod clients;
+mod credentials;
 
 pub use clients::{parse_url, Cloud, RemoteUrl};
 
@@ -38,8 +39,10 @@ use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex};
 use tokio::runtime::{Handle, Runtime, RuntimeFlavor};
 
-/// Environment variable naming the directory remote models are cached in. Unset: a directory
-/// per server process under the system temporary directory, removed when the server stops.
+/// Environment variable naming the directory remote models are cached in (else Triton's
+/// `TRITON_AWS_MOUNT_DIRECTORY`, `TRITON_GCS_MOUNT_DIRECTORY` or `TRITON_AZURE_MOUNT_DIRECTORY`,
+/// by cloud). Unset: a directory per server process under the system temporary directory,
+/// removed when the server stops.
 pub const CACHE_DIR_ENV: &str = "KILN_MODEL_CACHE_DIR";
 
 /// What a fetch downloaded a local file from; equal metadata means the file is current.
@@ -92,9 +95,18 @@ impl RemoteStore {
             .enable_all()
             .build()
             .map_err(|e| format!("cannot start the object store client's runtime: {e}"))?;
-        let (root, owns_cache) = match std::env::var_os(CACHE_DIR_ENV) {
-            Some(dir) if !dir.is_empty() => (PathBuf::from(dir), false),
-            _ => (
+        // Triton's per-cloud variables name the local copy's directory too.
+        let triton_mount = match url.cloud {
+            Cloud::S3 => "TRITON_AWS_MOUNT_DIRECTORY",
+            Cloud::Gcs => "TRITON_GCS_MOUNT_DIRECTORY",
+            Cloud::Azure => "TRITON_AZURE_MOUNT_DIRECTORY",
+        };
+        let configured = [CACHE_DIR_ENV, triton_mount]
+            .iter()
+            .find_map(|key| std::env::var_os(key).filter(|dir| !dir.is_empty()));
+        let (root, owns_cache) = match configured {
+            Some(dir) => (PathBuf::from(dir), false),
+            None => (
                 std::env::temp_dir().join(format!("kiln-model-cache-{}", std::process::id())),
                 true,
             ),

@@ -277,3 +277,73 @@ async fn an_s3_url_may_name_its_server_as_in_triton() {
         vec![row("add_sub", "1", "READY", "")]
     );
 }
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_credential_file_gives_each_repository_its_credentials() {
+    use crate::common::s3::{ACCESS_KEY, REGION, SECRET_KEY};
+    let s3 = S3Server::start(BUCKET);
+    let gcs = S3Server::start_anonymous(BUCKET);
+    let bucket = s3.client(BUCKET);
+    for (prefix, name) in [("models", "from_s3"), ("other", "wrong_secret")] {
+        bucket
+            .put(
+                &format!("{prefix}/{name}/config.pbtxt"),
+                add_bias_config(name, 4, 1),
+            )
+            .await;
+        bucket
+            .put(
+                &format!("{prefix}/{name}/1/model.onnx"),
+                add_bias_model(4, 1.0),
+            )
+            .await;
+    }
+    let google = gcs.client(BUCKET);
+    google
+        .put(
+            "models/from_gcs/config.pbtxt",
+            add_bias_config("from_gcs", 4, 1),
+        )
+        .await;
+    google
+        .put("models/from_gcs/1/model.onnx", add_bias_model(4, 1.0))
+        .await;
+    let cache = TempRepo::new("credential-cache");
+    let secrets = TempRepo::new("credential-file");
+    // kiln's environment has the S3 endpoint but no keys and no Google account: the file gives
+    // them, the longest prefix winning (`other` gets a wrong secret, so it cannot be listed).
+    let account = gcs.gcs_env(&secrets.path, "")[0].1.clone();
+    let file = secrets.path.join("cloud_credential.json");
+    std::fs::write(
+        &file,
+        format!(
+            r#"{{
+              "s3": {{
+                "": {{ "key_id": "{ACCESS_KEY}", "secret_key": "{SECRET_KEY}", "region": "{REGION}" }},
+                "s3://{BUCKET}/other": {{ "key_id": "{ACCESS_KEY}", "secret_key": "wrong", "region": "{REGION}" }}
+              }},
+              "gs": {{ "gs://{BUCKET}": "{account}" }}
+            }}"#
+        ),
+    )
+    .unwrap();
+    let env = [
+        ("AWS_ENDPOINT_URL", s3.endpoint.as_str()),
+        ("TRITON_CLOUD_CREDENTIAL_PATH", file.to_str().unwrap()),
+        ("KILN_MODEL_CACHE_DIR", cache.path.to_str().unwrap()),
+    ];
+    let repositories = [
+        PathBuf::from(format!("s3://{BUCKET}/models")),
+        PathBuf::from(format!("s3://{BUCKET}/other")),
+        PathBuf::from(format!("gs://{BUCKET}/models")),
+    ];
+    let server = Server::launch_env(&repositories, &[], &env, true);
+    let mut client = server.client().await;
+    assert_eq!(
+        index(&mut client).await,
+        vec![
+            row("from_gcs", "1", "READY", ""),
+            row("from_s3", "1", "READY", "")
+        ]
+    );
+}

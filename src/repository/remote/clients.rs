@@ -16,11 +16,15 @@
 //!   principal, managed identity); `AZURE_STORAGE_USE_EMULATOR=true` talks to Azurite at
 //!   `AZURITE_BLOB_STORAGE_URL` (default `http://127.0.0.1:10000`).
 //!
+//! `TRITON_CLOUD_CREDENTIAL_PATH`, Triton's credential file, wins over these variables for the
+//! URLs it has an entry for (see [`credentials`]).
+//!
 //! Every client fails a call within seconds when its endpoint is down (a few retries, a 5 s
 //! connect timeout) but gives one object's download up to 600 s; `*_CONNECT_TIMEOUT` /
 //! `*_TIMEOUT` variables of each cloud override those.
 
 use super::super::store::plain_relative;
+use super::credentials::{self, Credential};
 use object_store::aws::{AmazonS3Builder, AmazonS3ConfigKey};
 use object_store::azure::{AzureConfigKey, MicrosoftAzureBuilder};
 use object_store::gcp::{GoogleCloudStorageBuilder, GoogleConfigKey};
@@ -190,6 +194,28 @@ pub fn connect(url: &RemoteUrl, location: &str) -> Result<Arc<dyn ObjectStore>, 
             if let Some(endpoint) = &url.endpoint {
                 builder = builder.with_endpoint(endpoint);
             }
+            if let Some(Credential::S3(entry)) = credentials::for_location(url.cloud, location)? {
+                if !entry.profile.is_empty() && entry.key_id.is_empty() {
+                    return Err(format!(
+                        "the credential of {location} names the AWS profile '{}': kiln reads no \
+                         AWS profiles; give key_id and secret_key",
+                        entry.profile
+                    ));
+                }
+                let set = |value: String| (!value.is_empty()).then_some(value);
+                if let Some(key) = set(entry.key_id) {
+                    builder = builder.with_access_key_id(key);
+                }
+                if let Some(secret) = set(entry.secret_key) {
+                    builder = builder.with_secret_access_key(secret);
+                }
+                if let Some(region) = set(entry.region) {
+                    builder = builder.with_region(region);
+                }
+                if let Some(token) = set(entry.session_token) {
+                    builder = builder.with_token(token);
+                }
+            }
             let endpoint = url.endpoint.clone().or_else(|| {
                 ["AWS_ENDPOINT_URL_S3", "AWS_ENDPOINT_URL", "AWS_ENDPOINT"]
                     .iter()
@@ -208,6 +234,19 @@ pub fn connect(url: &RemoteUrl, location: &str) -> Result<Arc<dyn ObjectStore>, 
         }
         Cloud::Gcs => {
             let mut builder = GoogleCloudStorageBuilder::from_env().with_bucket_name(&url.bucket);
+            if let Some(Credential::Gcs(path)) = credentials::for_location(url.cloud, location)? {
+                // Triton's value is a GOOGLE_APPLICATION_CREDENTIALS file: a service account's key
+                // (read as one, so that its endpoint settings apply) or a gcloud user's.
+                let user = std::fs::read_to_string(&path)
+                    .ok()
+                    .and_then(|text| serde_json::from_str::<serde_json::Value>(&text).ok())
+                    .is_some_and(|json| json["type"] == "authorized_user");
+                builder = if user {
+                    builder.with_application_credentials(path)
+                } else {
+                    builder.with_service_account_path(path)
+                };
+            }
             for (key, value) in CLIENT_DEFAULTS {
                 let key = GoogleConfigKey::Client(key);
                 if builder.get_config_value(&key).is_none() {
@@ -220,6 +259,18 @@ pub fn connect(url: &RemoteUrl, location: &str) -> Result<Arc<dyn ObjectStore>, 
             let mut builder = MicrosoftAzureBuilder::from_env()
                 .with_account(&url.account)
                 .with_container_name(&url.bucket);
+            if let Some(Credential::Azure(entry)) = credentials::for_location(url.cloud, location)?
+            {
+                if !entry.account_str.is_empty() && entry.account_str != url.account {
+                    return Err(format!(
+                        "the credential of {location} is for account '{}', not '{}'",
+                        entry.account_str, url.account
+                    ));
+                }
+                if !entry.account_key.is_empty() {
+                    builder = builder.with_access_key(entry.account_key);
+                }
+            }
             // Triton's name for the shared key.
             if builder
                 .get_config_value(&AzureConfigKey::AccessKey)
