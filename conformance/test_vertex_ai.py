@@ -2,7 +2,7 @@
 follows readiness, the predict route runs the default model with the infer endpoint's body (JSON
 or Vertex AI's binary content type, through tritonclient's builder and parser), and
 `X-Vertex-Ai-Triton-Redirect` sends a prediction request to any REST endpoint with the method
-that endpoint takes. Without the routes the server does not start, with Triton's message."""
+that endpoint takes, or to the metrics. Without the routes the server does not start, with Triton's message."""
 
 from __future__ import annotations
 
@@ -53,6 +53,10 @@ def test_health_predict_and_redirects():
         missing = http_request(url, "POST", predict, body,
                                {"X-Vertex-Ai-Triton-Redirect": "v2/models/nope/infer"})
         assert missing.status == 404
+        # The metrics, as the metrics port publishes them.
+        metrics = http_request(url, "POST", predict, b"", {"X-Vertex-Ai-Triton-Redirect": "metrics"})
+        assert metrics.status == 200 and metrics.headers["content-type"].startswith("text/plain")
+        assert 'nv_inference_request_success{model="add_sub",version="1"}' in metrics.body.decode()
         # Errors keep the REST API's status codes.
         bad = http_request(url, "POST", predict, b'{"inputs": []}')
         assert bad.status == 400 and "expected 2 inputs" in json.loads(bad.body)["error"]

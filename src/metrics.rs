@@ -62,6 +62,14 @@ pub fn prometheus() -> Option<PrometheusHandle> {
         .clone()
 }
 
+/// The Prometheus text of every series: the exporter's, then the first-response histograms kept
+/// beside it.
+pub fn render(handle: &PrometheusHandle) -> String {
+    let mut text = handle.render();
+    histogram::render(&mut text);
+    text
+}
+
 /// The help lines of the per-model series, Triton's texts word for word (the compute summaries
 /// share their counters' texts in Triton too).
 fn describe() {

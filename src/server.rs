@@ -197,6 +197,8 @@ pub async fn run(
     }
     let health_watch = tokio::spawn(follow_readiness(Arc::clone(&engine), health.clone()));
 
+    // Vertex AI's `metrics` redirect renders the same text.
+    let metrics_handle = metrics.as_ref().map(|(_, handle)| handle.clone());
     if let Some((listener, handle)) = metrics {
         serve_metrics(listener, handle)?;
         if config.metrics.gpu {
@@ -267,7 +269,8 @@ pub async fn run(
         listeners.vertex,
         config.vertex.clone().map(|vertex| {
             let rest = http::router(Arc::clone(&engine), http_config());
-            http::vertex::router(Arc::clone(&engine), http_config(), rest, vertex)
+            let engine = Arc::clone(&engine);
+            http::vertex::router(engine, http_config(), rest, metrics_handle, vertex)
         }),
         "Vertex AI",
     )?;
@@ -635,11 +638,7 @@ fn serve_metrics(
                     axum::http::header::CONTENT_TYPE,
                     "text/plain; charset=utf-8",
                 )],
-                {
-                    let mut text = handle.render();
-                    crate::metrics::histogram::render(&mut text);
-                    text
-                },
+                crate::metrics::render(&handle),
             )
         }
     };

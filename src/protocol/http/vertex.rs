@@ -8,6 +8,8 @@
 //!   <n>`, both ways. With the header `X-Vertex-Ai-Triton-Redirect: <path>` the request goes to
 //!   that REST endpoint of the server instead (`v2/models/m/infer`, `v2/models/m/config`,
 //!   `v2/repository/index`, ...), with the method that endpoint takes: Vertex AI only sends POST.
+//!   `X-Vertex-Ai-Triton-Redirect: metrics` answers the Prometheus metrics (when the server
+//!   publishes them).
 //!
 //! Errors keep the REST API's status codes, as in Triton. Both routes are required, as Triton
 //! requires them.
@@ -20,10 +22,11 @@ use crate::engine::Engine;
 use crate::protocol::access::http::refusal;
 use crate::protocol::access::ApiGroup;
 use axum::extract::{Request, State};
-use axum::http::{HeaderMap, Method, StatusCode, Uri};
+use axum::http::{header, HeaderMap, Method, StatusCode, Uri};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
 use axum::Router;
+use metrics_exporter_prometheus::PrometheusHandle;
 use std::sync::Arc;
 
 /// Vertex AI's content type of a body with binary tensor data, before the JSON's length.
@@ -70,17 +73,27 @@ struct VertexState {
     app: Arc<AppState>,
     /// The server's REST API, where redirected requests go.
     rest: Router,
+    /// The metrics a `metrics` redirect renders (`None` with `--allow-metrics=false`).
+    metrics: Option<PrometheusHandle>,
     model: Option<String>,
 }
 
-/// The Vertex AI router over `engine`; `rest` is the server's REST router.
-pub fn router(engine: Arc<Engine>, http: HttpConfig, rest: Router, config: VertexConfig) -> Router {
+/// The Vertex AI router over `engine`; `rest` is the server's REST router, `metrics` what a
+/// `metrics` redirect renders.
+pub fn router(
+    engine: Arc<Engine>,
+    http: HttpConfig,
+    rest: Router,
+    metrics: Option<PrometheusHandle>,
+    config: VertexConfig,
+) -> Router {
     let state = Arc::new(VertexState {
         app: Arc::new(AppState {
             engine,
             config: http,
         }),
         rest,
+        metrics,
         model: config.model,
     });
     Router::new()
@@ -142,6 +155,20 @@ async fn predict(State(state): State<Arc<VertexState>>, request: Request) -> Res
                 Err(error) => return error.into_response(),
             };
             infer::handle(State(Arc::clone(&state.app)), model, parts.headers, body).await
+        }
+        Some(path) if path == "/metrics" => {
+            return match &state.metrics {
+                Some(handle) => (
+                    [(header::CONTENT_TYPE, "text/plain; charset=utf-8")],
+                    crate::metrics::render(handle),
+                )
+                    .into_response(),
+                None => HttpError::new(
+                    StatusCode::BAD_REQUEST,
+                    "metrics are not published (--allow-metrics=false)",
+                )
+                .into_response(),
+            };
         }
         Some(path) => {
             let Ok(uri) = path.parse::<Uri>() else {
