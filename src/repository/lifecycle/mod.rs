@@ -214,19 +214,27 @@ impl ModelRepository {
         let names = store
             .list()
             .map_err(|e| Error::InvalidArgument(format!("failed to register '{location}': {e}")))?;
-        let mut stores = self.stores.write().unwrap_or_else(|p| p.into_inner());
-        if stores.iter().any(|s| s.location() == location) {
-            return Err(Error::AlreadyExists(format!(
+        let already = || {
+            Error::AlreadyExists(format!(
                 "model repository '{location}' has already been registered"
-            )));
+            ))
+        };
+        // Asked outside the lock: a remote store answers `contains` over the network.
+        let current = self.stores();
+        if current.iter().any(|s| s.location() == location) {
+            return Err(already());
         }
         if let Some(taken) = names
             .iter()
-            .find(|name| stores.iter().any(|s| s.contains(name)))
+            .find(|name| current.iter().any(|s| s.contains(name)))
         {
             return Err(Error::AlreadyExists(format!(
                 "failed to register '{location}', there is a conflicting mapping for '{taken}'"
             )));
+        }
+        let mut stores = self.stores.write().unwrap_or_else(|p| p.into_inner());
+        if stores.iter().any(|s| s.location() == location) {
+            return Err(already());
         }
         stores.push(store);
         Ok(())

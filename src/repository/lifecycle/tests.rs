@@ -282,3 +282,56 @@ fn start_up_loads_run_in_parallel_retry_failures_and_return_them_in_order() {
     }
     assert!(repository.started() && !repository.all_expected_ready());
 }
+
+/// A store at `location` that lists `names` (registered while running).
+struct Registered(&'static str, Vec<&'static str>);
+
+impl ModelStore for Registered {
+    fn location(&self) -> String {
+        self.0.into()
+    }
+    fn list(&self) -> std::io::Result<Vec<String>> {
+        Ok(self.1.iter().map(|s| s.to_string()).collect())
+    }
+    fn contains(&self, name: &str) -> bool {
+        self.1.contains(&name)
+    }
+    fn fetch(&self, _: &str) -> Result<std::path::PathBuf, String> {
+        Err("no files here".into())
+    }
+    fn fingerprint(&self, _: &str) -> Result<Fingerprint, String> {
+        Ok(Fingerprint::default())
+    }
+}
+
+#[test]
+fn repositories_register_once_and_keep_names_unique() {
+    let repository = repository(ControlMode::Explicit, vec!["a"]);
+    repository
+        .register_store(Arc::new(Registered("/mme/1", vec!["b"])))
+        .unwrap();
+    let names = |r: &ModelRepository| r.list().into_keys().collect::<Vec<_>>();
+    assert_eq!(names(&repository), ["a", "b"]);
+    assert_eq!(
+        repository.register_store(Arc::new(Registered("/mme/1", vec!["c"]))),
+        Err(Error::AlreadyExists(
+            "model repository '/mme/1' has already been registered".into()
+        ))
+    );
+    assert_eq!(
+        repository.register_store(Arc::new(Registered("/mme/2", vec!["c", "a"]))),
+        Err(Error::AlreadyExists(
+            "failed to register '/mme/2', there is a conflicting mapping for 'a'".into()
+        ))
+    );
+    repository.unregister_store("/mme/1").unwrap();
+    assert_eq!(names(&repository), ["a"]);
+    assert_eq!(
+        repository.unregister_store("/mme/1"),
+        Err(Error::NotFound(
+            "failed to unregister '/mme/1', repository not found".into()
+        ))
+    );
+    // A failed load does not reach a store that was unregistered.
+    assert!(repository.load("b", BTreeMap::new()).is_err());
+}
