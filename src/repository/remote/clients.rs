@@ -174,125 +174,146 @@ const CLIENT_DEFAULTS: [(ClientConfigKey, &str); 2] = [
     (ClientConfigKey::Timeout, "600s"),
 ];
 
-/// The client for `url`, configured from the environment.
+/// Sets [`CLIENT_DEFAULTS`] on a builder of any cloud (their key types differ) where the
+/// environment left them unset.
+macro_rules! with_client_defaults {
+    ($builder:expr, $key:path) => {{
+        let mut builder = $builder;
+        for (key, value) in CLIENT_DEFAULTS {
+            let key = $key(key);
+            if builder.get_config_value(&key).is_none() {
+                builder = builder.with_config(key, value);
+            }
+        }
+        builder
+    }};
+}
+
+/// The client for `url`, configured from the environment and Triton's credential file.
 ///
 /// # Errors
-/// The configuration is invalid (object_store's message).
+/// The configuration is invalid (object_store's message, or a credential entry kiln cannot use).
 pub fn connect(url: &RemoteUrl, location: &str) -> Result<Arc<dyn ObjectStore>, String> {
     // reqwest is built without a default crypto provider (so that no C toolchain beyond gcc is
     // needed): ring serves TLS. Installing twice is harmless; the first one stays.
     let _ = rustls::crypto::ring::default_provider().install_default();
+    let entry = credentials::for_location(url.cloud, location)?;
     let failed = |e: object_store::Error| {
         format!(
             "cannot configure {} repository {location}: {e}",
             url.cloud.name()
         )
     };
-    let client: Arc<dyn ObjectStore> = match url.cloud {
+    Ok(match url.cloud {
         Cloud::S3 => {
-            let mut builder = AmazonS3Builder::from_env().with_bucket_name(&url.bucket);
-            if let Some(endpoint) = &url.endpoint {
-                builder = builder.with_endpoint(endpoint);
-            }
-            if let Some(Credential::S3(entry)) = credentials::for_location(url.cloud, location)? {
-                if !entry.profile.is_empty() && entry.key_id.is_empty() {
-                    return Err(format!(
-                        "the credential of {location} names the AWS profile '{}': kiln reads no \
-                         AWS profiles; give key_id and secret_key",
-                        entry.profile
-                    ));
-                }
-                let set = |value: String| (!value.is_empty()).then_some(value);
-                if let Some(key) = set(entry.key_id) {
-                    builder = builder.with_access_key_id(key);
-                }
-                if let Some(secret) = set(entry.secret_key) {
-                    builder = builder.with_secret_access_key(secret);
-                }
-                if let Some(region) = set(entry.region) {
-                    builder = builder.with_region(region);
-                }
-                if let Some(token) = set(entry.session_token) {
-                    builder = builder.with_token(token);
-                }
-            }
-            let endpoint = url.endpoint.clone().or_else(|| {
-                ["AWS_ENDPOINT_URL_S3", "AWS_ENDPOINT_URL", "AWS_ENDPOINT"]
-                    .iter()
-                    .find_map(|key| std::env::var(key).ok().filter(|v| !v.is_empty()))
-            });
-            if endpoint.is_some_and(|e| e.starts_with("http://")) {
-                builder = builder.with_allow_http(true);
-            }
-            for (key, value) in CLIENT_DEFAULTS {
-                let key = AmazonS3ConfigKey::Client(key);
-                if builder.get_config_value(&key).is_none() {
-                    builder = builder.with_config(key, value);
-                }
-            }
+            let builder =
+                with_client_defaults!(s3(url, location, entry)?, AmazonS3ConfigKey::Client);
             Arc::new(builder.with_retry(retry()).build().map_err(failed)?)
         }
         Cloud::Gcs => {
-            let mut builder = GoogleCloudStorageBuilder::from_env().with_bucket_name(&url.bucket);
-            if let Some(Credential::Gcs(path)) = credentials::for_location(url.cloud, location)? {
-                // Triton's value is a GOOGLE_APPLICATION_CREDENTIALS file: a service account's key
-                // (read as one, so that its endpoint settings apply) or a gcloud user's.
-                let user = std::fs::read_to_string(&path)
-                    .ok()
-                    .and_then(|text| serde_json::from_str::<serde_json::Value>(&text).ok())
-                    .is_some_and(|json| json["type"] == "authorized_user");
-                builder = if user {
-                    builder.with_application_credentials(path)
-                } else {
-                    builder.with_service_account_path(path)
-                };
-            }
-            for (key, value) in CLIENT_DEFAULTS {
-                let key = GoogleConfigKey::Client(key);
-                if builder.get_config_value(&key).is_none() {
-                    builder = builder.with_config(key, value);
-                }
-            }
+            let builder = with_client_defaults!(gcs(url, entry), GoogleConfigKey::Client);
             Arc::new(builder.with_retry(retry()).build().map_err(failed)?)
         }
         Cloud::Azure => {
-            let mut builder = MicrosoftAzureBuilder::from_env()
-                .with_account(&url.account)
-                .with_container_name(&url.bucket);
-            if let Some(Credential::Azure(entry)) = credentials::for_location(url.cloud, location)?
-            {
-                if !entry.account_str.is_empty() && entry.account_str != url.account {
-                    return Err(format!(
-                        "the credential of {location} is for account '{}', not '{}'",
-                        entry.account_str, url.account
-                    ));
-                }
-                if !entry.account_key.is_empty() {
-                    builder = builder.with_access_key(entry.account_key);
-                }
-            }
-            // Triton's name for the shared key.
-            if builder
-                .get_config_value(&AzureConfigKey::AccessKey)
-                .is_none()
-            {
-                if let Some(key) = std::env::var("AZURE_STORAGE_KEY")
-                    .ok()
-                    .filter(|k| !k.is_empty())
-                {
-                    builder = builder.with_access_key(key);
-                }
-            }
-            for (key, value) in CLIENT_DEFAULTS {
-                let key = AzureConfigKey::Client(key);
-                if builder.get_config_value(&key).is_none() {
-                    builder = builder.with_config(key, value);
-                }
-            }
+            let builder =
+                with_client_defaults!(azure(url, location, entry)?, AzureConfigKey::Client);
             Arc::new(builder.with_retry(retry()).build().map_err(failed)?)
         }
+    })
+}
+
+fn s3(
+    url: &RemoteUrl,
+    location: &str,
+    entry: Option<Credential>,
+) -> Result<AmazonS3Builder, String> {
+    let mut builder = AmazonS3Builder::from_env().with_bucket_name(&url.bucket);
+    if let Some(endpoint) = &url.endpoint {
+        builder = builder.with_endpoint(endpoint);
+    }
+    if let Some(Credential::S3(entry)) = entry {
+        if !entry.profile.is_empty() && entry.key_id.is_empty() {
+            return Err(format!(
+                "the credential of {location} names the AWS profile '{}': kiln reads no AWS \
+                 profiles; give key_id and secret_key",
+                entry.profile
+            ));
+        }
+        let set = |value: String| (!value.is_empty()).then_some(value);
+        if let Some(key) = set(entry.key_id) {
+            builder = builder.with_access_key_id(key);
+        }
+        if let Some(secret) = set(entry.secret_key) {
+            builder = builder.with_secret_access_key(secret);
+        }
+        if let Some(region) = set(entry.region) {
+            builder = builder.with_region(region);
+        }
+        if let Some(token) = set(entry.session_token) {
+            builder = builder.with_token(token);
+        }
+    }
+    let endpoint = url.endpoint.clone().or_else(|| {
+        ["AWS_ENDPOINT_URL_S3", "AWS_ENDPOINT_URL", "AWS_ENDPOINT"]
+            .iter()
+            .find_map(|key| std::env::var(key).ok().filter(|v| !v.is_empty()))
+    });
+    if endpoint.is_some_and(|e| e.starts_with("http://")) {
+        builder = builder.with_allow_http(true);
+    }
+    Ok(builder)
+}
+
+fn gcs(url: &RemoteUrl, entry: Option<Credential>) -> GoogleCloudStorageBuilder {
+    let builder = GoogleCloudStorageBuilder::from_env().with_bucket_name(&url.bucket);
+    let Some(Credential::Gcs(path)) = entry else {
+        return builder;
     };
-    Ok(client)
+    // Triton's value is a GOOGLE_APPLICATION_CREDENTIALS file: a service account's key (read as
+    // one, so that its endpoint settings apply) or a gcloud user's.
+    let user = std::fs::read_to_string(&path)
+        .ok()
+        .and_then(|text| serde_json::from_str::<serde_json::Value>(&text).ok())
+        .is_some_and(|json| json["type"] == "authorized_user");
+    if user {
+        builder.with_application_credentials(path)
+    } else {
+        builder.with_service_account_path(path)
+    }
+}
+
+fn azure(
+    url: &RemoteUrl,
+    location: &str,
+    entry: Option<Credential>,
+) -> Result<MicrosoftAzureBuilder, String> {
+    let mut builder = MicrosoftAzureBuilder::from_env()
+        .with_account(&url.account)
+        .with_container_name(&url.bucket);
+    if let Some(Credential::Azure(entry)) = entry {
+        if !entry.account_str.is_empty() && entry.account_str != url.account {
+            return Err(format!(
+                "the credential of {location} is for account '{}', not '{}'",
+                entry.account_str, url.account
+            ));
+        }
+        if !entry.account_key.is_empty() {
+            builder = builder.with_access_key(entry.account_key);
+        }
+    }
+    // Triton's name for the shared key.
+    if builder
+        .get_config_value(&AzureConfigKey::AccessKey)
+        .is_none()
+    {
+        if let Some(key) = std::env::var("AZURE_STORAGE_KEY")
+            .ok()
+            .filter(|k| !k.is_empty())
+        {
+            builder = builder.with_access_key(key);
+        }
+    }
+    Ok(builder)
 }
 
 #[cfg(test)]
