@@ -214,7 +214,7 @@ do_python() {
   # both register the `inference.*` protos (grpc_service.proto vs dataplane.proto) in protobuf's default pool ->
   # "duplicate symbol 'inference.ServerLiveRequest'", in either import order, so they are checked separately.
   run_logged "$LOGS/setup-python-check.log" "$VENV/bin/python" -c \
-    'import numpy, onnx, onnxruntime, grpc, google.protobuf, tritonclient.grpc, tritonclient.http, pytest'
+    'import numpy, onnx, onnxruntime, grpc, google.protobuf, tritonclient.grpc, tritonclient.http, pytest, openai'
   run_logged "$LOGS/setup-python-check.log" "$VENV/bin/python" -c \
     'import mlserver, mlserver.codecs, tritonclient.http'
   local real ver

@@ -155,6 +155,7 @@ async fn serve(launch: Launch) -> ExitCode {
         metrics: None,
         sagemaker: None,
         vertex: None,
+        openai: None,
     };
     for (bind_to, slot, what) in [
         (launch.grpc, &mut listeners.grpc, "gRPC"),
@@ -162,6 +163,7 @@ async fn serve(launch: Launch) -> ExitCode {
         (launch.metrics, &mut listeners.metrics, "metrics"),
         (launch.sagemaker, &mut listeners.sagemaker, "SageMaker"),
         (launch.vertex, &mut listeners.vertex, "Vertex AI"),
+        (launch.openai, &mut listeners.openai, "OpenAI"),
     ] {
         if let Some(bind_to) = bind_to {
             match bind(bind_to, what) {

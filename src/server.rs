@@ -158,6 +158,8 @@ pub struct Listeners {
     pub sagemaker: Option<TcpListener>,
     /// Vertex AI's health and predict routes (`--allow-vertex-ai`); `None` when off.
     pub vertex: Option<TcpListener>,
+    /// The OpenAI-compatible API (`--openai-port`); `None` when off.
+    pub openai: Option<TcpListener>,
 }
 
 /// Serves on `listeners` until `shutdown` resolves, loading models in the background.
@@ -274,6 +276,11 @@ pub async fn run(
         }),
         "Vertex AI",
     )?;
+    let openai_serve = cloud(
+        listeners.openai,
+        Some(http::openai::router(Arc::clone(&engine), http_config())),
+        "OpenAI-compatible",
+    )?;
     let (startup_failed, mut failed) = tokio::sync::oneshot::channel();
     let lifecycle = tokio::spawn(manage_models(
         repository,
@@ -281,7 +288,14 @@ pub async fn run(
         config.exit_on_error.then_some(startup_failed),
     ));
     let servers = async {
-        tokio::try_join!(grpc_serve, http_serve, sagemaker_serve, vertex_serve).map(|_| ())
+        tokio::try_join!(
+            grpc_serve,
+            http_serve,
+            sagemaker_serve,
+            vertex_serve,
+            openai_serve
+        )
+        .map(|_| ())
     };
     tokio::pin!(servers);
     let mut outcome = Ok(());

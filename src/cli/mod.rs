@@ -108,6 +108,11 @@ pub struct Args {
     #[arg(long, env = "KILN_SAGEMAKER_PORT", default_value_t = 8080)]
     pub sagemaker_port: u16,
 
+    /// Serve an OpenAI-compatible API for the generation models (`/v1/models`,
+    /// `/v1/completions`) on this port (on --http-address; 0 picks a free port). Off by default.
+    #[arg(long, env = "KILN_OPENAI_PORT")]
+    pub openai_port: Option<u16>,
+
     /// Serve Google Vertex AI's health and predict routes (AIP_HEALTH_ROUTE, AIP_PREDICT_ROUTE)
     /// on --vertex-ai-port. Default: true when AIP_MODE=PREDICTION, as in Triton.
     #[arg(long, env = "KILN_ALLOW_VERTEX_AI", value_parser = bool_value, action = clap::ArgAction::Set)]
@@ -442,6 +447,8 @@ pub struct Launch {
     pub metrics: Option<Bind>,
     pub sagemaker: Option<Bind>,
     pub vertex: Option<Bind>,
+    /// `--openai-port`.
+    pub openai: Option<Bind>,
     pub idle_poll_us: u64,
     /// Flags accepted without effect, each with the reason, for the log.
     pub notes: Vec<String>,
@@ -516,6 +523,7 @@ impl Args {
             && !self.allow_http
             && cloud.sagemaker.is_none()
             && cloud.vertex.is_none()
+            && self.openai_port.is_none()
         {
             return Err(
                 "--allow-grpc=false and --allow-http=false leave no inference endpoint".into(),
@@ -656,6 +664,10 @@ impl Args {
             }),
             sagemaker: cloud.sagemaker_bind,
             vertex: cloud.vertex_bind,
+            openai: self.openai_port.map(|port| Bind {
+                address: SocketAddr::new(self.http_address, port),
+                reuse_port: false,
+            }),
             idle_poll_us: self.idle_poll_us,
             notes,
         })

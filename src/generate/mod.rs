@@ -36,15 +36,25 @@ pub enum Finish {
     Length,
 }
 
+/// How a sequence ended, and the tokens it counted.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Finished {
+    pub reason: Finish,
+    /// Tokens of the prompt.
+    pub prompt_tokens: usize,
+    /// Tokens generated, the last one included.
+    pub generated_tokens: usize,
+}
+
 /// What a request's receiver gets: one token event per generated token, the last one carrying
-/// [`Finish`]; or a failure, after which nothing follows.
+/// [`Finished`]; or a failure, after which nothing follows.
 #[derive(Debug, Clone, PartialEq)]
 pub enum Event {
     /// The text this token completes (may be empty: part of a character, held back for a stop
     /// string, or the end-of-sequence token).
     Token {
         text: String,
-        finish: Option<Finish>,
+        finish: Option<Finished>,
     },
     Failed(String),
 }

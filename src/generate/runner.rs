@@ -6,7 +6,7 @@
 use super::batch::{prefill_inputs, BatchState, Gather, Inputs, Origin};
 use super::sampling::Sampler;
 use super::text::{IncrementalDecoder, StopMatcher, TextCodec};
-use super::{Event, Finish, Sequence, Shared};
+use super::{Event, Finish, Finished, Sequence, Shared};
 use crate::backend::decoder::{DecoderSession, Forward, KvCache, RowSource, Step};
 use crate::backend::BackendError;
 use crate::metrics::{ComputeTimes, FailureReason, GenerationMetrics, ModelStats};
@@ -83,6 +83,11 @@ impl Active {
         };
         self.done = finish.is_some();
         // A closed receiver is noticed before the next step.
+        let finish = finish.map(|reason| Finished {
+            reason,
+            prompt_tokens: self.request.prompt.len(),
+            generated_tokens: self.generated,
+        });
         let _ = self.request.events.send(Event::Token { text, finish });
     }
 

@@ -10,6 +10,7 @@ use super::{check_parameters, Admission, Engine};
 use crate::core::Error;
 use crate::core::InferRequest;
 use crate::generate::{Event, GenerateError};
+pub use crate::generate::{Finish, Finished};
 use crate::invalid_arg;
 use crate::repository::{Executor, ServingVersion};
 use crate::trace::{Activity, Trace};
@@ -24,6 +25,8 @@ pub struct Chunk {
     pub text: String,
     /// Nothing follows this chunk.
     pub last: bool,
+    /// On the last chunk: why generation ended, and the tokens it counted.
+    pub finished: Option<Finished>,
 }
 
 /// A running generation. Dropping it cancels the request: the model stops generating for it and
@@ -73,6 +76,7 @@ impl Generation {
                 Ok(Chunk {
                     text,
                     last: self.finished,
+                    finished: finish,
                 })
             }
             Some(Event::Failed(message)) => {

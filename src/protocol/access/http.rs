@@ -27,6 +27,9 @@ pub fn group_of(path: &str) -> Option<ApiGroup> {
         ["", "ping"] => Some(ApiGroup::Health),
         ["", "invocations"] => Some(ApiGroup::Inference),
         ["", "models", _hash, "invoke"] => Some(ApiGroup::Inference),
+        // The OpenAI-compatible API (`--openai-port`).
+        ["", "v1", "models", ..] => Some(ApiGroup::Metadata),
+        ["", "v1", "completions" | "chat", ..] => Some(ApiGroup::Inference),
         ["", "models", ..] => Some(ApiGroup::ModelRepository),
         _ => None,
     }

@@ -195,6 +195,11 @@ fn rest_paths_map_to_triton_groups() {
         ("/models", Some(ApiGroup::ModelRepository)),
         ("/models/4a8f", Some(ApiGroup::ModelRepository)),
         ("/models/4a8f/invoke", Some(ApiGroup::Inference)),
+        // The OpenAI-compatible API.
+        ("/v1/models", Some(ApiGroup::Metadata)),
+        ("/v1/models/m", Some(ApiGroup::Metadata)),
+        ("/v1/completions", Some(ApiGroup::Inference)),
+        ("/v1/chat/completions", Some(ApiGroup::Inference)),
         ("/metrics", None),
         ("/", None),
     ];

@@ -12,6 +12,7 @@ mod body;
 pub mod generate;
 pub mod infer;
 pub mod json;
+pub mod openai;
 mod routes;
 pub mod sagemaker;
 mod settings;

@@ -1,0 +1,103 @@
+"""The OpenAI-compatible API (`--openai-port`) through OpenAI's own client (the `openai` package):
+the bundled decoupled `tiny_decoder` is listed, completes prompts with the same text as Triton's
+generate extension (greedy), streams chunk by chunk ending with `finish_reason` and usage, echoes
+and stops as asked; settings kiln cannot honour, chat completions and models that do not generate
+are refused with OpenAI's error shape and status."""
+
+from __future__ import annotations
+
+import openai
+import pytest
+import requests
+from tokenizers import Tokenizer
+
+from conftest import BUNDLED_REPO, RPC_TIMEOUT, find_free_port, start_server, stop_server
+
+MODEL = "tiny_decoder"
+PROMPT = "The potter"
+
+
+@pytest.fixture(scope="module")
+def openai_server():
+    port = find_free_port()
+    server = start_server([BUNDLED_REPO], name="kiln-openai", extra_args=["--openai-port", str(port)])
+    client = openai.OpenAI(base_url=f"http://127.0.0.1:{port}/v1", api_key="unused", timeout=RPC_TIMEOUT,
+                           max_retries=0)
+    yield server, client
+    stop_server(server)
+
+
+def generated(server, prompt: str, max_tokens: int) -> str:
+    """What Triton's generate extension answers for the same greedy request."""
+    body = {"text_input": prompt, "max_tokens": max_tokens, "temperature": 0, "exclude_input_in_output": True}
+    reply = requests.post(f"http://{server.http_url}/v2/models/{MODEL}/generate", json=body, timeout=RPC_TIMEOUT)
+    assert reply.status_code == 200, reply.text
+    return reply.json()["text_output"]
+
+
+def test_only_generation_models_are_listed(openai_server):
+    _, client = openai_server
+    assert [m.id for m in client.models.list().data] == [MODEL]
+    assert client.models.retrieve(MODEL).id == MODEL
+    with pytest.raises(openai.NotFoundError):
+        client.models.retrieve("add_sub")
+
+
+def test_a_completion_matches_the_generate_extension(openai_server):
+    server, client = openai_server
+    completion = client.completions.create(model=MODEL, prompt=PROMPT, max_tokens=8, temperature=0)
+    choice = completion.choices[0]
+    assert choice.text == generated(server, PROMPT, 8)
+    assert choice.finish_reason == "length" and choice.index == 0
+    assert completion.object == "text_completion" and completion.model == MODEL
+    prompt_tokens = len(Tokenizer.from_file(str(BUNDLED_REPO / MODEL / "tokenizer.json")).encode(PROMPT).ids)
+    assert completion.usage.prompt_tokens == prompt_tokens
+    assert completion.usage.completion_tokens == 8
+    assert completion.usage.total_tokens == prompt_tokens + 8
+
+
+def test_a_stream_sends_chunks_then_the_reason_and_usage(openai_server):
+    server, client = openai_server
+    chunks = list(client.completions.create(model=MODEL, prompt=PROMPT, max_tokens=6, temperature=0,
+                                            stream=True, stream_options={"include_usage": True}))
+    texts = [c.choices[0].text for c in chunks if c.choices]
+    reasons = [c.choices[0].finish_reason for c in chunks if c.choices]
+    assert "".join(texts) == generated(server, PROMPT, 6)
+    assert reasons[-1] == "length" and all(r is None for r in reasons[:-1])
+    assert len({c.id for c in chunks}) == 1
+    usage = [c.usage for c in chunks if c.usage]
+    assert len(usage) == 1 and usage[0].completion_tokens == 6
+    # The raw stream ends as OpenAI's does.
+    url = str(client.base_url).rstrip("/")
+    raw = requests.post(f"{url}/completions", json={"model": MODEL, "prompt": PROMPT, "max_tokens": 2, "stream": True},
+                        timeout=RPC_TIMEOUT)
+    assert raw.headers["content-type"].startswith("text/event-stream")
+    assert raw.text.rstrip().endswith("data: [DONE]")
+
+
+def test_echo_and_stop(openai_server):
+    server, client = openai_server
+    whole = generated(server, PROMPT, 8)
+    echoed = client.completions.create(model=MODEL, prompt=PROMPT, max_tokens=8, temperature=0, echo=True)
+    assert echoed.choices[0].text == PROMPT + whole
+    stop = whole.strip().split(" ")[1]
+    stopped = client.completions.create(model=MODEL, prompt=PROMPT, max_tokens=8, temperature=0, stop=[stop])
+    assert stopped.choices[0].finish_reason == "stop"
+    assert stopped.choices[0].text == whole[: whole.index(stop)]
+
+
+def test_what_cannot_be_served_is_refused(openai_server):
+    server, client = openai_server
+    with pytest.raises(openai.BadRequestError) as e:
+        client.completions.create(model=MODEL, prompt=PROMPT, n=2)
+    assert e.value.body["param"] == "n"
+    with pytest.raises(openai.BadRequestError) as e:
+        client.completions.create(model=MODEL, prompt=PROMPT, logprobs=3)
+    assert e.value.body["param"] == "logprobs"
+    with pytest.raises(openai.NotFoundError) as e:
+        client.completions.create(model="add_sub", prompt=PROMPT)
+    assert "does not generate text" in e.value.body["message"]
+    with pytest.raises(openai.BadRequestError) as e:
+        client.chat.completions.create(model=MODEL, messages=[{"role": "user", "content": "hi"}])
+    assert "chat template" in e.value.body["message"]
+    server.assert_alive()

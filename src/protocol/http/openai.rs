@@ -1,0 +1,661 @@
+//! An OpenAI-compatible API for the generation models (`--openai-port`), as Triton's OpenAI
+//! frontend offers one beside KServe's, so that OpenAI clients and LLM benchmarks (the `openai`
+//! package, genai-perf's and vLLM's `completions` endpoints) drive kiln unchanged:
+//!
+//! - `GET /v1/models`, `GET /v1/models/{model}`: the generation models that serve.
+//! - `POST /v1/completions`: `model`, `prompt` (one string, or a list of one), `max_tokens` (16),
+//!   `temperature`, `top_p`, `seed`, `stop` (a string or a list), `echo`, `n` (1), `stream` with
+//!   `stream_options.include_usage`; the answer is a `text_completion` object with
+//!   `finish_reason` (`stop` or `length`) and `usage`, or with `stream` server-sent events of
+//!   chunks ended by `data: [DONE]`. Settings kiln does not honour (`logprobs`, `suffix`,
+//!   penalties, `logit_bias`, `best_of` > 1, `n` > 1) are refused, not ignored.
+//! - `POST /v1/chat/completions`: refused with a clear message: a chat needs the model's chat
+//!   template, which kiln does not render.
+//!
+//! Errors are OpenAI's `{"error": {"message", "type", "param", "code"}}` with the REST API's
+//! status codes (404 for an unknown model).
+
+use super::body;
+use super::routes::AppState;
+use super::HttpConfig;
+use crate::core::tensor::frame_bytes;
+use crate::core::{DataType, Error, InferRequest, ParamValue, Tensor};
+use crate::engine::generate::{Finish, Generation};
+use crate::engine::Engine;
+use axum::body::{Body, Bytes};
+use axum::extract::{Path, State};
+use axum::http::{header, HeaderMap, StatusCode};
+use axum::response::{IntoResponse, Response};
+use axum::routing::{get, post};
+use axum::{Json, Router};
+use serde_json::{json, Map, Value};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+use std::time::{SystemTime, UNIX_EPOCH};
+
+/// OpenAI's default `max_tokens` for completions.
+const DEFAULT_MAX_TOKENS: i64 = 16;
+
+/// The OpenAI router over `engine`.
+pub fn router(engine: Arc<Engine>, http: HttpConfig) -> Router {
+    let access = Arc::clone(&http.access);
+    let state = Arc::new(AppState {
+        engine,
+        config: http,
+    });
+    Router::new()
+        .route("/v1/models", get(models))
+        .route("/v1/models/{model}", get(model))
+        .route("/v1/completions", post(completions))
+        .route("/v1/chat/completions", post(chat_completions))
+        .fallback(|| async {
+            OpenAiError::new(StatusCode::NOT_FOUND, "not found", "invalid_request_error")
+        })
+        .layer(axum::middleware::from_fn_with_state(
+            access,
+            crate::protocol::access::http::enforce,
+        ))
+        .with_state(state)
+}
+
+/// An error in OpenAI's shape.
+#[derive(Debug)]
+struct OpenAiError {
+    status: StatusCode,
+    message: String,
+    kind: &'static str,
+    param: Option<&'static str>,
+}
+
+impl OpenAiError {
+    fn new(status: StatusCode, message: impl Into<String>, kind: &'static str) -> OpenAiError {
+        OpenAiError {
+            status,
+            message: message.into(),
+            kind,
+            param: None,
+        }
+    }
+
+    /// A request setting kiln refuses.
+    fn invalid(param: &'static str, message: impl Into<String>) -> OpenAiError {
+        OpenAiError {
+            param: Some(param),
+            ..OpenAiError::new(StatusCode::BAD_REQUEST, message, "invalid_request_error")
+        }
+    }
+}
+
+impl From<Error> for OpenAiError {
+    fn from(error: Error) -> OpenAiError {
+        let status = super::status(&error);
+        let kind = if status.is_client_error() {
+            "invalid_request_error"
+        } else {
+            "server_error"
+        };
+        OpenAiError::new(status, error.message(), kind)
+    }
+}
+
+impl From<super::HttpError> for OpenAiError {
+    fn from(error: super::HttpError) -> OpenAiError {
+        let kind = if error.status().is_client_error() {
+            "invalid_request_error"
+        } else {
+            "server_error"
+        };
+        OpenAiError::new(error.status(), error.message, kind)
+    }
+}
+
+impl IntoResponse for OpenAiError {
+    fn into_response(self) -> Response {
+        let body = json!({"error": {
+            "message": self.message,
+            "type": self.kind,
+            "param": self.param,
+            "code": Value::Null,
+        }});
+        (self.status, Json(body)).into_response()
+    }
+}
+
+fn now_secs() -> u64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map_or(0, |d| d.as_secs())
+}
+
+/// A completion id, unique in the process: `cmpl-<start time><counter>` in hex.
+fn completion_id() -> String {
+    static NEXT: AtomicU64 = AtomicU64::new(0);
+    static START: std::sync::OnceLock<u128> = std::sync::OnceLock::new();
+    let start = START.get_or_init(|| {
+        SystemTime::now()
+            .duration_since(UNIX_EPOCH)
+            .map_or(0, |d| d.as_nanos())
+    });
+    format!("cmpl-{start:x}{:08x}", NEXT.fetch_add(1, Ordering::Relaxed))
+}
+
+fn model_object(name: &str) -> Value {
+    json!({"id": name, "object": "model", "created": now_secs(), "owned_by": "kiln"})
+}
+
+/// The generation models that serve.
+fn generation_models(engine: &Engine) -> Vec<String> {
+    let mut names: Vec<String> = engine
+        .repository_index(true)
+        .into_iter()
+        .map(|entry| entry.name)
+        .filter(|name| engine.is_decoupled(name, ""))
+        .collect();
+    names.dedup();
+    names
+}
+
+async fn models(State(state): State<Arc<AppState>>) -> Response {
+    let data: Vec<Value> = generation_models(&state.engine)
+        .iter()
+        .map(|name| model_object(name))
+        .collect();
+    Json(json!({"object": "list", "data": data})).into_response()
+}
+
+async fn model(State(state): State<Arc<AppState>>, Path(name): Path<String>) -> Response {
+    if state.engine.is_decoupled(&name, "") {
+        Json(model_object(&name)).into_response()
+    } else {
+        not_found(&name).into_response()
+    }
+}
+
+fn not_found(model: &str) -> OpenAiError {
+    OpenAiError::new(
+        StatusCode::NOT_FOUND,
+        format!("The model `{model}` does not exist or does not generate text."),
+        "invalid_request_error",
+    )
+}
+
+async fn chat_completions() -> Response {
+    OpenAiError::new(
+        StatusCode::BAD_REQUEST,
+        "chat completions need the model's chat template, which kiln does not render: use \
+         /v1/completions with the prompt already formatted",
+        "invalid_request_error",
+    )
+    .into_response()
+}
+
+/// A completion request, read.
+#[derive(Debug, PartialEq)]
+struct Completion {
+    model: String,
+    prompt: String,
+    echo: bool,
+    stream: bool,
+    include_usage: bool,
+    /// Settings for the generation model, by Triton's names.
+    parameters: Vec<(&'static str, ParamValue)>,
+    stop: Vec<String>,
+}
+
+/// Reads a completion request.
+fn read_completion(body: &[u8]) -> Result<Completion, OpenAiError> {
+    let document: Value = serde_json::from_slice(body).map_err(|e| {
+        OpenAiError::new(
+            StatusCode::BAD_REQUEST,
+            format!("the request body is not valid JSON: {e}"),
+            "invalid_request_error",
+        )
+    })?;
+    let Value::Object(fields) = document else {
+        return Err(OpenAiError::new(
+            StatusCode::BAD_REQUEST,
+            "the request body must be a JSON object",
+            "invalid_request_error",
+        ));
+    };
+    let model = match fields.get("model") {
+        Some(Value::String(model)) if !model.is_empty() => model.clone(),
+        _ => return Err(OpenAiError::invalid("model", "'model' must name a model")),
+    };
+    let prompt = match fields.get("prompt") {
+        Some(Value::String(prompt)) => prompt.clone(),
+        Some(Value::Array(prompts)) => match prompts.as_slice() {
+            [Value::String(prompt)] => prompt.clone(),
+            _ => {
+                return Err(OpenAiError::invalid(
+                    "prompt",
+                    "'prompt' must be one string (a list of one string, not of several or of \
+                     token ids)",
+                ))
+            }
+        },
+        _ => return Err(OpenAiError::invalid("prompt", "'prompt' must be a string")),
+    };
+    refuse_unsupported(&fields)?;
+    let mut parameters = Vec::new();
+    let integer = |key: &'static str| -> Result<Option<i64>, OpenAiError> {
+        match fields.get(key) {
+            None | Some(Value::Null) => Ok(None),
+            Some(value) => value
+                .as_i64()
+                .map(Some)
+                .ok_or_else(|| OpenAiError::invalid(key, format!("'{key}' must be an integer"))),
+        }
+    };
+    let number = |key: &'static str| -> Result<Option<f64>, OpenAiError> {
+        match fields.get(key) {
+            None | Some(Value::Null) => Ok(None),
+            Some(value) => value
+                .as_f64()
+                .map(Some)
+                .ok_or_else(|| OpenAiError::invalid(key, format!("'{key}' must be a number"))),
+        }
+    };
+    let flag = |key: &'static str| -> Result<bool, OpenAiError> {
+        match fields.get(key) {
+            None | Some(Value::Null) => Ok(false),
+            Some(Value::Bool(b)) => Ok(*b),
+            Some(_) => Err(OpenAiError::invalid(
+                key,
+                format!("'{key}' must be a boolean"),
+            )),
+        }
+    };
+    let max_tokens = integer("max_tokens")?.unwrap_or(DEFAULT_MAX_TOKENS);
+    parameters.push(("max_tokens", ParamValue::Int64(max_tokens)));
+    if let Some(temperature) = number("temperature")? {
+        parameters.push(("temperature", ParamValue::Double(temperature)));
+    }
+    if let Some(top_p) = number("top_p")? {
+        parameters.push(("top_p", ParamValue::Double(top_p)));
+    }
+    // vLLM's extension, which its benchmarks send.
+    if let Some(top_k) = integer("top_k")? {
+        parameters.push(("top_k", ParamValue::Int64(top_k)));
+    }
+    if let Some(seed) = integer("seed")? {
+        let seed = u64::try_from(seed)
+            .map_err(|_| OpenAiError::invalid("seed", "'seed' must not be negative"))?;
+        parameters.push(("seed", ParamValue::Uint64(seed)));
+    }
+    if flag("ignore_eos")? {
+        parameters.push(("ignore_eos", ParamValue::Bool(true)));
+    }
+    let stop = match fields.get("stop") {
+        None | Some(Value::Null) => Vec::new(),
+        Some(Value::String(stop)) => vec![stop.clone()],
+        Some(Value::Array(stops)) => stops
+            .iter()
+            .map(|s| s.as_str().map(str::to_string))
+            .collect::<Option<Vec<_>>>()
+            .ok_or_else(|| {
+                OpenAiError::invalid("stop", "'stop' must be a string or a list of strings")
+            })?,
+        Some(_) => {
+            return Err(OpenAiError::invalid(
+                "stop",
+                "'stop' must be a string or a list of strings",
+            ))
+        }
+    };
+    let include_usage = match fields.get("stream_options") {
+        None | Some(Value::Null) => false,
+        Some(Value::Object(options)) => options
+            .get("include_usage")
+            .and_then(Value::as_bool)
+            .unwrap_or(false),
+        Some(_) => {
+            return Err(OpenAiError::invalid(
+                "stream_options",
+                "'stream_options' must be an object",
+            ))
+        }
+    };
+    Ok(Completion {
+        model,
+        prompt,
+        echo: flag("echo")?,
+        stream: flag("stream")?,
+        include_usage,
+        parameters,
+        stop,
+    })
+}
+
+/// Settings kiln cannot honour, refused with their name rather than ignored.
+fn refuse_unsupported(fields: &Map<String, Value>) -> Result<(), OpenAiError> {
+    let set = |key: &str| fields.get(key).filter(|v| !v.is_null());
+    if set("n").is_some_and(|n| n.as_i64() != Some(1)) {
+        return Err(OpenAiError::invalid(
+            "n",
+            "only one choice per request ('n': 1) is served",
+        ));
+    }
+    if set("best_of").is_some_and(|n| n.as_i64() != Some(1)) {
+        return Err(OpenAiError::invalid(
+            "best_of",
+            "'best_of' other than 1 is not served",
+        ));
+    }
+    if set("logprobs").is_some() {
+        return Err(OpenAiError::invalid("logprobs", "'logprobs' is not served"));
+    }
+    if set("suffix").is_some_and(|s| s.as_str() != Some("")) {
+        return Err(OpenAiError::invalid("suffix", "'suffix' is not served"));
+    }
+    for penalty in ["presence_penalty", "frequency_penalty"] {
+        if set(penalty).is_some_and(|p| p.as_f64() != Some(0.0)) {
+            return Err(OpenAiError::invalid(
+                if penalty == "presence_penalty" {
+                    "presence_penalty"
+                } else {
+                    "frequency_penalty"
+                },
+                format!("'{penalty}' is not served (only 0)"),
+            ));
+        }
+    }
+    if set("logit_bias").is_some_and(|b| b.as_object().is_none_or(|m| !m.is_empty())) {
+        return Err(OpenAiError::invalid(
+            "logit_bias",
+            "'logit_bias' is not served",
+        ));
+    }
+    Ok(())
+}
+
+/// The generation request for `completion`: it always streams, chunk by chunk.
+fn generation_request(completion: &Completion) -> InferRequest {
+    let mut request = InferRequest {
+        model_name: completion.model.clone(),
+        ..Default::default()
+    };
+    let strings = |name: &str, texts: &[String]| {
+        Tensor::new(
+            name,
+            DataType::Bytes,
+            vec![texts.len() as i64],
+            frame_bytes(texts),
+        )
+    };
+    request.inputs.push(strings(
+        "text_input",
+        std::slice::from_ref(&completion.prompt),
+    ));
+    if !completion.stop.is_empty() {
+        request.inputs.push(strings("stop", &completion.stop));
+    }
+    for (key, value) in &completion.parameters {
+        request.parameters.insert((*key).to_string(), value.clone());
+    }
+    request
+        .parameters
+        .insert("stream".into(), ParamValue::Bool(true));
+    request
+}
+
+fn finish_reason(finish: Finish) -> &'static str {
+    match finish {
+        Finish::Stop => "stop",
+        Finish::Length => "length",
+    }
+}
+
+/// One `text_completion` object (a whole answer, or a stream's chunk).
+fn completion_object(
+    id: &str,
+    created: u64,
+    model: &str,
+    text: &str,
+    finish: Option<&str>,
+) -> Map<String, Value> {
+    let mut object = Map::new();
+    object.insert("id".into(), json!(id));
+    object.insert("object".into(), json!("text_completion"));
+    object.insert("created".into(), json!(created));
+    object.insert("model".into(), json!(model));
+    object.insert(
+        "choices".into(),
+        json!([{"index": 0, "text": text, "logprobs": null, "finish_reason": finish}]),
+    );
+    object.insert("system_fingerprint".into(), Value::Null);
+    object
+}
+
+fn usage(prompt: usize, completion: usize) -> Value {
+    json!({"prompt_tokens": prompt, "completion_tokens": completion, "total_tokens": prompt + completion})
+}
+
+async fn completions(
+    State(state): State<Arc<AppState>>,
+    headers: HeaderMap,
+    body: Body,
+) -> Response {
+    match start(&state, &headers, body).await {
+        Ok((completion, generation)) if completion.stream => stream(completion, generation),
+        Ok((completion, generation)) => whole(completion, generation)
+            .await
+            .unwrap_or_else(IntoResponse::into_response),
+        Err(error) => error.into_response(),
+    }
+}
+
+async fn start(
+    state: &AppState,
+    headers: &HeaderMap,
+    body: Body,
+) -> Result<(Completion, Generation), OpenAiError> {
+    let admission = state.engine.admit()?;
+    let body = body::read(body, headers, state.config.max_input_bytes).await?;
+    let completion = read_completion(&body)?;
+    if !state.engine.is_decoupled(&completion.model, "") {
+        return Err(not_found(&completion.model));
+    }
+    let request = generation_request(&completion);
+    let generation = state.engine.generate(admission, request).await?;
+    Ok((completion, generation))
+}
+
+async fn whole(
+    completion: Completion,
+    mut generation: Generation,
+) -> Result<Response, OpenAiError> {
+    let mut text = if completion.echo {
+        completion.prompt.clone()
+    } else {
+        String::new()
+    };
+    let mut finished = None;
+    while let Some(chunk) = generation.next().await {
+        let chunk = chunk?;
+        text.push_str(&chunk.text);
+        finished = chunk.finished.or(finished);
+    }
+    let finished = finished.ok_or_else(|| {
+        OpenAiError::new(
+            StatusCode::INTERNAL_SERVER_ERROR,
+            "generation ended without its last token",
+            "server_error",
+        )
+    })?;
+    let mut object = completion_object(
+        &completion_id(),
+        now_secs(),
+        &completion.model,
+        &text,
+        Some(finish_reason(finished.reason)),
+    );
+    object.insert(
+        "usage".into(),
+        usage(finished.prompt_tokens, finished.generated_tokens),
+    );
+    Ok(Json(Value::Object(object)).into_response())
+}
+
+/// Server-sent events: a chunk per generated piece of text (the prompt first with `echo`), the
+/// last with its `finish_reason`, a usage chunk when asked, then `[DONE]`.
+fn stream(completion: Completion, generation: Generation) -> Response {
+    let id = completion_id();
+    let created = now_secs();
+    let event =
+        |data: String| Ok::<_, std::convert::Infallible>(Bytes::from(format!("data: {data}\n\n")));
+    let echo = completion.echo.then(|| {
+        let object = completion_object(&id, created, &completion.model, &completion.prompt, None);
+        event(Value::Object(object).to_string())
+    });
+    struct Streaming {
+        generation: Generation,
+        completion: Completion,
+        id: String,
+        created: u64,
+        done: bool,
+    }
+    let streaming = Streaming {
+        generation,
+        completion,
+        id,
+        created,
+        done: false,
+    };
+    let chunks = futures_util::stream::unfold(Some(streaming), move |state| async move {
+        let mut state = state?;
+        if state.done {
+            return Some((event("[DONE]".into()), None));
+        }
+        let model = state.completion.model.clone();
+        let data = match state.generation.next().await {
+            Some(Ok(chunk)) => {
+                let reason = chunk.finished.map(|f| finish_reason(f.reason));
+                let object =
+                    completion_object(&state.id, state.created, &model, &chunk.text, reason);
+                let mut data = Value::Object(object).to_string();
+                if let (Some(finished), true) = (chunk.finished, state.completion.include_usage) {
+                    let mut last = completion_object(&state.id, state.created, &model, "", None);
+                    last.insert("choices".into(), json!([]));
+                    last.insert(
+                        "usage".into(),
+                        usage(finished.prompt_tokens, finished.generated_tokens),
+                    );
+                    data = format!("{data}\n\ndata: {}", Value::Object(last));
+                }
+                state.done = chunk.last;
+                data
+            }
+            Some(Err(error)) => {
+                state.done = true;
+                json!({"error": {"message": error.message(), "type": "server_error", "param": null, "code": null}})
+                    .to_string()
+            }
+            None => {
+                state.done = true;
+                return Some((event("[DONE]".into()), None));
+            }
+        };
+        Some((event(data), Some(state)))
+    });
+    let events = futures_util::StreamExt::chain(futures_util::stream::iter(echo), chunks);
+    (
+        [
+            (header::CONTENT_TYPE, "text/event-stream; charset=utf-8"),
+            (header::CACHE_CONTROL, "no-cache"),
+        ],
+        Body::from_stream(events),
+    )
+        .into_response()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn read(body: &str) -> Result<Completion, OpenAiError> {
+        read_completion(body.as_bytes())
+    }
+
+    #[test]
+    fn completion_requests_become_generation_settings() {
+        let completion = read(
+            r#"{"model": "m", "prompt": ["hello"], "max_tokens": 4, "temperature": 0.5,
+                "top_p": 0.9, "seed": 7, "stop": "\n", "stream": true, "echo": true, "n": 1,
+                "stream_options": {"include_usage": true}, "user": "ignored", "logprobs": null}"#,
+        )
+        .unwrap();
+        assert_eq!(completion.model, "m");
+        assert_eq!(completion.prompt, "hello");
+        assert!(completion.stream && completion.echo && completion.include_usage);
+        assert_eq!(completion.stop, ["\n"]);
+        assert_eq!(
+            completion.parameters,
+            [
+                ("max_tokens", ParamValue::Int64(4)),
+                ("temperature", ParamValue::Double(0.5)),
+                ("top_p", ParamValue::Double(0.9)),
+                ("seed", ParamValue::Uint64(7)),
+            ]
+        );
+        let request = generation_request(&completion);
+        assert_eq!(request.parameters["stream"], ParamValue::Bool(true));
+        assert_eq!(request.inputs[0].data, frame_bytes(["hello"]));
+        assert_eq!(request.inputs[1].name, "stop");
+        // OpenAI's default length.
+        let plain = read(r#"{"model": "m", "prompt": "x"}"#).unwrap();
+        assert_eq!(plain.parameters, [("max_tokens", ParamValue::Int64(16))]);
+        assert!(!plain.stream && !plain.echo);
+    }
+
+    #[test]
+    fn what_kiln_cannot_honour_is_refused_by_name() {
+        for (body, param) in [
+            (r#"{"prompt": "x"}"#, "model"),
+            (r#"{"model": "m"}"#, "prompt"),
+            (r#"{"model": "m", "prompt": ["a", "b"]}"#, "prompt"),
+            (r#"{"model": "m", "prompt": [1, 2]}"#, "prompt"),
+            (r#"{"model": "m", "prompt": "x", "n": 2}"#, "n"),
+            (
+                r#"{"model": "m", "prompt": "x", "logprobs": 2}"#,
+                "logprobs",
+            ),
+            (
+                r#"{"model": "m", "prompt": "x", "presence_penalty": 0.5}"#,
+                "presence_penalty",
+            ),
+            (
+                r#"{"model": "m", "prompt": "x", "logit_bias": {"1": 2}}"#,
+                "logit_bias",
+            ),
+            (r#"{"model": "m", "prompt": "x", "suffix": "y"}"#, "suffix"),
+            (
+                r#"{"model": "m", "prompt": "x", "max_tokens": "4"}"#,
+                "max_tokens",
+            ),
+            (r#"{"model": "m", "prompt": "x", "seed": -1}"#, "seed"),
+            (r#"{"model": "m", "prompt": "x", "stop": [1]}"#, "stop"),
+            (
+                r#"{"model": "m", "prompt": "x", "stream": "yes"}"#,
+                "stream",
+            ),
+        ] {
+            let error = read(body).unwrap_err();
+            assert_eq!(error.status, StatusCode::BAD_REQUEST, "{body}");
+            assert_eq!(error.param, Some(param), "{body}: {}", error.message);
+        }
+        assert!(read("[]").is_err() && read("{").is_err());
+        // Zero penalties and an empty bias are what clients send by default.
+        assert!(read(
+            r#"{"model": "m", "prompt": "x", "presence_penalty": 0, "frequency_penalty": 0.0,
+                "logit_bias": {}, "best_of": 1, "suffix": null}"#
+        )
+        .is_ok());
+    }
+
+    #[test]
+    fn ids_are_unique() {
+        assert_ne!(completion_id(), completion_id());
+        assert!(completion_id().starts_with("cmpl-"));
+    }
+}
