@@ -39,7 +39,9 @@ pub trait ModelStore: Send + Sync {
     /// Whether the store holds model `name` (a name already checked by [`validate_name`]).
     fn contains(&self, name: &str) -> bool;
 
-    /// A local directory with the model's files, ready for ONNX Runtime.
+    /// A local directory with the model's files, ready for ONNX Runtime. It is named after the
+    /// model, except where a registered repository serves a directory under another name
+    /// ([`super::mapped`]); the loader tells the two apart by that name.
     ///
     /// # Errors
     /// Why the model cannot be read: missing, or its directory leaves the repository.

@@ -9,18 +9,18 @@ use crate::repository::{Executor, IoSpec, ServingVersion};
 use crate::scheduler::{BatchingConfig, Scheduler};
 use std::time::{Duration, Instant};
 
-/// Lists names but has no files: every load fails at fetch.
-struct NamesOnly(Vec<&'static str>);
+/// A store at `.0` that lists the names `.1` but has no files: every load fails at fetch.
+struct NamesOnly(&'static str, Vec<&'static str>);
 
 impl ModelStore for NamesOnly {
     fn location(&self) -> String {
-        "names-only".into()
+        self.0.into()
     }
     fn list(&self) -> std::io::Result<Vec<String>> {
-        Ok(self.0.iter().map(|s| s.to_string()).collect())
+        Ok(self.1.iter().map(|s| s.to_string()).collect())
     }
     fn contains(&self, name: &str) -> bool {
-        self.0.contains(&name)
+        self.1.contains(&name)
     }
     fn fetch(&self, _: &str) -> Result<std::path::PathBuf, String> {
         Err("no files here".into())
@@ -44,7 +44,7 @@ fn repository(mode: ControlMode, names: Vec<&'static str>) -> ModelRepository {
         load_threads: 1,
         ..RepositoryOptions::default()
     };
-    ModelRepository::new(vec![Box::new(NamesOnly(names))], options).unwrap()
+    ModelRepository::new(vec![Box::new(NamesOnly("names-only", names))], options).unwrap()
 }
 
 fn serving_model(name: &str, versions: &[i64]) -> Arc<Model> {
@@ -283,43 +283,22 @@ fn start_up_loads_run_in_parallel_retry_failures_and_return_them_in_order() {
     assert!(repository.started() && !repository.all_expected_ready());
 }
 
-/// A store at `location` that lists `names` (registered while running).
-struct Registered(&'static str, Vec<&'static str>);
-
-impl ModelStore for Registered {
-    fn location(&self) -> String {
-        self.0.into()
-    }
-    fn list(&self) -> std::io::Result<Vec<String>> {
-        Ok(self.1.iter().map(|s| s.to_string()).collect())
-    }
-    fn contains(&self, name: &str) -> bool {
-        self.1.contains(&name)
-    }
-    fn fetch(&self, _: &str) -> Result<std::path::PathBuf, String> {
-        Err("no files here".into())
-    }
-    fn fingerprint(&self, _: &str) -> Result<Fingerprint, String> {
-        Ok(Fingerprint::default())
-    }
-}
-
 #[test]
 fn repositories_register_once_and_keep_names_unique() {
     let repository = repository(ControlMode::Explicit, vec!["a"]);
     repository
-        .register_store(Arc::new(Registered("/mme/1", vec!["b"])))
+        .register_store(Arc::new(NamesOnly("/mme/1", vec!["b"])))
         .unwrap();
     let names = |r: &ModelRepository| r.list().into_keys().collect::<Vec<_>>();
     assert_eq!(names(&repository), ["a", "b"]);
     assert_eq!(
-        repository.register_store(Arc::new(Registered("/mme/1", vec!["c"]))),
+        repository.register_store(Arc::new(NamesOnly("/mme/1", vec!["c"]))),
         Err(Error::AlreadyExists(
             "model repository '/mme/1' has already been registered".into()
         ))
     );
     assert_eq!(
-        repository.register_store(Arc::new(Registered("/mme/2", vec!["c", "a"]))),
+        repository.register_store(Arc::new(NamesOnly("/mme/2", vec!["c", "a"]))),
         Err(Error::AlreadyExists(
             "failed to register '/mme/2', there is a conflicting mapping for 'a'".into()
         ))

@@ -3,15 +3,14 @@
 //! harness runs that step itself, and fails loudly if the emulator still cannot be found, so CI
 //! never skips the Azure tests silently.
 
-use super::repo_path;
 use super::s3::Bucket;
+use super::setup_tool;
 use base64::Engine;
 use object_store::azure::MicrosoftAzureBuilder;
 use std::io::{Read, Write};
 use std::net::{TcpListener, TcpStream};
 use std::path::PathBuf;
 use std::process::{Child, Command, Stdio};
-use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
 /// The emulator's one storage account and its published key.
@@ -19,28 +18,15 @@ pub const ACCOUNT: &str = "devstoreaccount1";
 const ACCOUNT_KEY: &str =
     "Eby8vdM02xNOcqFlqUwJPLlmEtlCDXJ1OUzFT50uSRZ6IFsuFq2UVErCz4I6tq/K1SZFPTOtr/KBHBeksoGMGw==";
 
-/// `azurite-blob`: `$KILN_AZURITE_BLOB`, else the project-local install (made on first use).
+/// `azurite-blob`: `$KILN_AZURITE_BLOB`, else the project-local install (npm ci, made on first
+/// use).
 fn binary() -> PathBuf {
-    if let Some(path) = std::env::var_os("KILN_AZURITE_BLOB") {
-        return PathBuf::from(path);
-    }
-    let local = repo_path(".kiln/tools/azurite/node_modules/.bin/azurite-blob");
-    static INSTALL: Mutex<()> = Mutex::new(());
-    let _once = INSTALL.lock().unwrap_or_else(|p| p.into_inner());
-    if !local.exists() {
-        eprintln!("azurite missing: running .ci/setup.sh azurite (npm ci, under a minute)");
-        let status = Command::new(repo_path(".ci/setup.sh"))
-            .arg("azurite")
-            .status()
-            .expect(".ci/setup.sh runs");
-        assert!(status.success(), ".ci/setup.sh azurite failed: {status}");
-    }
-    assert!(
-        local.exists(),
-        "Azurite not found at {} (run .ci/setup.sh azurite)",
-        local.display()
-    );
-    local
+    setup_tool(
+        "KILN_AZURITE_BLOB",
+        ".kiln/tools/azurite/node_modules/.bin/azurite-blob",
+        "azurite",
+        "the Azure Storage emulator Azurite",
+    )
 }
 
 /// An Azurite blob service on a free loopback port, its data in memory; killed (by PID) when

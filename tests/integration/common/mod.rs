@@ -26,6 +26,33 @@ pub struct Server {
     pub metrics: String,
 }
 
+/// A test server installed by `.ci/setup.sh <part>`: `$<env>` when set, else `local` (a path
+/// in the checkout), running that setup step first when it is missing (once per test binary:
+/// tests run on parallel threads), and failing loudly if it still is, so CI never skips the
+/// tests that need it.
+pub fn setup_tool(env: &str, local: &str, part: &str, what: &str) -> PathBuf {
+    if let Some(path) = std::env::var_os(env) {
+        return PathBuf::from(path);
+    }
+    let local = repo_path(local);
+    static INSTALL: std::sync::Mutex<()> = std::sync::Mutex::new(());
+    let _once = INSTALL.lock().unwrap_or_else(|p| p.into_inner());
+    if !local.exists() {
+        eprintln!("{what} missing: running .ci/setup.sh {part}");
+        let status = Command::new(repo_path(".ci/setup.sh"))
+            .arg(part)
+            .status()
+            .expect(".ci/setup.sh runs");
+        assert!(status.success(), ".ci/setup.sh {part} failed: {status}");
+    }
+    assert!(
+        local.exists(),
+        "{what} not found at {} (run .ci/setup.sh {part})",
+        local.display()
+    );
+    local
+}
+
 pub fn repo_path(relative: &str) -> PathBuf {
     PathBuf::from(env!("CARGO_MANIFEST_DIR")).join(relative)
 }

@@ -3,43 +3,28 @@
 //! into `<repo>/.kiln/tools/bin`; when it is missing the harness runs that step itself, and fails
 //! loudly if the server still cannot be found, so CI never skips the S3 tests silently.
 
-use super::repo_path;
+use super::setup_tool;
 use object_store::aws::AmazonS3Builder;
 use object_store::path::Path as ObjectPath;
 use object_store::{ObjectStore, ObjectStoreExt, PutPayload};
 use std::net::{TcpListener, TcpStream};
 use std::path::PathBuf;
 use std::process::{Child, Command, Stdio};
-use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
 pub const ACCESS_KEY: &str = "kiln-test-access";
 pub const SECRET_KEY: &str = "kiln-test-secret-key";
 pub const REGION: &str = "us-east-1";
 
-/// The s3s-fs binary: `$KILN_S3S_FS`, else the project-local install (made on first use).
+/// The s3s-fs binary: `$KILN_S3S_FS`, else the project-local install (cargo install, a few
+/// minutes, made on first use).
 fn binary() -> PathBuf {
-    if let Some(path) = std::env::var_os("KILN_S3S_FS") {
-        return PathBuf::from(path);
-    }
-    let local = repo_path(".kiln/tools/bin/s3s-fs");
-    // Tests of one binary run on parallel threads: install once.
-    static INSTALL: Mutex<()> = Mutex::new(());
-    let _once = INSTALL.lock().unwrap_or_else(|p| p.into_inner());
-    if !local.exists() {
-        eprintln!("s3s-fs missing: running .ci/setup.sh s3 (cargo install, a few minutes)");
-        let status = Command::new(repo_path(".ci/setup.sh"))
-            .arg("s3")
-            .status()
-            .expect(".ci/setup.sh runs");
-        assert!(status.success(), ".ci/setup.sh s3 failed: {status}");
-    }
-    assert!(
-        local.exists(),
-        "S3 test server not found at {} (run .ci/setup.sh s3)",
-        local.display()
-    );
-    local
+    setup_tool(
+        "KILN_S3S_FS",
+        ".kiln/tools/bin/s3s-fs",
+        "s3",
+        "the S3 test server s3s-fs",
+    )
 }
 
 /// An s3s-fs process on a free loopback port over a temporary root; killed (by PID) and its root
