@@ -1,11 +1,17 @@
 """The OpenAI-compatible API (`--openai-port`) through OpenAI's own client (the `openai` package):
 the bundled decoupled `tiny_decoder` is listed, completes prompts with the same text as Triton's
 generate extension (greedy), streams chunk by chunk ending with `finish_reason` and usage, echoes
-and stops as asked; settings kiln cannot honour, chat completions and models that do not generate
-are refused with OpenAI's error shape and status."""
+and stops as asked; with a chat template (ChatML, in a copy's tokenizer_config.json) it answers
+chats with what the prompt Jinja2 renders from the same template completes to; settings kiln
+cannot honour, chats without a template and models that do not generate are refused with
+OpenAI's error shape and status."""
 
 from __future__ import annotations
 
+import json
+import shutil
+
+import jinja2
 import openai
 import pytest
 import requests
@@ -99,5 +105,65 @@ def test_what_cannot_be_served_is_refused(openai_server):
     assert "does not generate text" in e.value.body["message"]
     with pytest.raises(openai.BadRequestError) as e:
         client.chat.completions.create(model=MODEL, messages=[{"role": "user", "content": "hi"}])
-    assert "chat template" in e.value.body["message"]
+    assert "has no chat template" in e.value.body["message"]
+    server.assert_alive()
+
+
+# ChatML, as small chat models (SmolLM, Qwen) ship it, with a check of the roles.
+CHATML = ("{% for message in messages %}"
+          "{% if message['role'] not in ['system', 'user', 'assistant'] %}"
+          "{{ raise_exception('unknown role ' + message['role']) }}{% endif %}"
+          "{{ '<|im_start|>' + message['role'] + '\\n' + message['content'].strip() + '<|im_end|>\\n' }}"
+          "{% endfor %}{% if add_generation_prompt %}{{ '<|im_start|>assistant\\n' }}{% endif %}")
+
+
+def rendered(messages) -> str:
+    """The prompt transformers' apply_chat_template makes: Jinja2 with its settings."""
+    env = jinja2.Environment(trim_blocks=True, lstrip_blocks=True)
+
+    def raise_exception(message):
+        raise jinja2.TemplateError(message)
+
+    env.globals["raise_exception"] = raise_exception
+    return env.from_string(CHATML).render(messages=messages, add_generation_prompt=True,
+                                          bos_token="", eos_token="")
+
+
+@pytest.fixture(scope="module")
+def chat_server(tmp_path_factory):
+    repo = tmp_path_factory.mktemp("chat") / "repo"
+    shutil.copytree(BUNDLED_REPO / MODEL, repo / MODEL)
+    (repo / MODEL / "tokenizer_config.json").write_text(json.dumps({"chat_template": CHATML}))
+    port = find_free_port()
+    server = start_server([repo], name="kiln-openai-chat", extra_args=["--openai-port", str(port)])
+    client = openai.OpenAI(base_url=f"http://127.0.0.1:{port}/v1", api_key="unused", timeout=RPC_TIMEOUT,
+                           max_retries=0)
+    yield server, client
+    stop_server(server)
+
+
+def test_a_chat_completes_the_prompt_its_template_makes(chat_server):
+    _, client = chat_server
+    messages = [{"role": "system", "content": "You fire pots. "}, {"role": "user", "content": "What is a kiln?"}]
+    expected = client.completions.create(model=MODEL, prompt=rendered(messages), max_tokens=8, temperature=0)
+    chat = client.chat.completions.create(model=MODEL, messages=messages, max_tokens=8, temperature=0)
+    assert chat.object == "chat.completion" and chat.id.startswith("chatcmpl-")
+    assert chat.choices[0].message.role == "assistant"
+    assert chat.choices[0].message.content == expected.choices[0].text
+    assert chat.choices[0].finish_reason == expected.choices[0].finish_reason
+    assert chat.usage.prompt_tokens == expected.usage.prompt_tokens
+    chunks = list(client.chat.completions.create(model=MODEL, messages=messages, max_tokens=8, temperature=0,
+                                                 stream=True))
+    assert chunks[0].choices[0].delta.role == "assistant"
+    assert "".join(c.choices[0].delta.content or "" for c in chunks) == expected.choices[0].text
+    assert chunks[-1].choices[0].finish_reason == expected.choices[0].finish_reason
+
+
+def test_the_template_refuses_what_it_refuses(chat_server):
+    server, client = chat_server
+    with pytest.raises(jinja2.TemplateError, match="unknown role tool"):
+        rendered([{"role": "tool", "content": "x"}])
+    with pytest.raises(openai.BadRequestError) as e:
+        client.chat.completions.create(model=MODEL, messages=[{"role": "tool", "content": "x"}])
+    assert e.value.body["message"] == "unknown role tool"
     server.assert_alive()

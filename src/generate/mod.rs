@@ -14,6 +14,7 @@
 //! receiver was dropped (the client went away), leaves at once and its cache rows are freed.
 
 pub mod batch;
+pub mod chat;
 mod runner;
 pub mod sampling;
 pub mod text;
@@ -139,6 +140,9 @@ pub struct Generator {
     codec: Arc<TextCodec>,
     options: GenerateOptions,
     thread: Option<std::thread::JoinHandle<()>>,
+    /// How the model lays out a conversation, when it ships a chat template (boxed: a compiled
+    /// template is large, and most generators have none).
+    chat: Option<Box<chat::ChatTemplate>>,
 }
 
 impl Generator {
@@ -177,7 +181,19 @@ impl Generator {
             codec,
             options,
             thread: Some(thread),
+            chat: None,
         })
+    }
+
+    /// The same generator, laying conversations out with `chat`.
+    pub fn with_chat_template(mut self, chat: Option<chat::ChatTemplate>) -> Generator {
+        self.chat = chat.map(Box::new);
+        self
+    }
+
+    /// The model's chat template, if it has one.
+    pub fn chat_template(&self) -> Option<&chat::ChatTemplate> {
+        self.chat.as_deref()
     }
 
     /// Tokenizes `prompt`, checks the request against the model's limits and queues it; the

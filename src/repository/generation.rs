@@ -17,6 +17,7 @@ use super::store::contained;
 use super::{Executor, IoSpec, ServingVersion};
 use crate::backend::decoder::DecoderSession;
 use crate::backend::{OnnxRuntime, SessionOptions};
+use crate::generate::chat::ChatTemplate;
 use crate::generate::text::TextCodec;
 use crate::generate::{GenerateOptions, Generator};
 use crate::metrics::{GenerationMetrics, ModelStats};
@@ -193,6 +194,8 @@ pub fn start_version(
         contained(model_dir, &file)?
     };
     let codec = TextCodec::load(&tokenizer, parameter("eos_token").as_deref())?;
+    // The chat template ships beside the tokenizer (tokenizer_config.json, chat_template.jinja).
+    let chat = ChatTemplate::load(tokenizer.parent().unwrap_or(model_dir))?;
     let session =
         DecoderSession::load(runtime, model_path, session_options).map_err(|e| e.to_string())?;
     let stats = Arc::new(ModelStats::new(name, version));
@@ -208,7 +211,8 @@ pub fn start_version(
             &crate::metrics::histogram::first_response_buckets(config)?,
         ),
     )
-    .map_err(|e| format!("failed to start the generation loop: {e}"))?;
+    .map_err(|e| format!("failed to start the generation loop: {e}"))?
+    .with_chat_template(chat);
     stats.record_load(started.elapsed());
     Ok(ServingVersion {
         version,

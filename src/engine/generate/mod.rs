@@ -9,6 +9,7 @@ pub mod params;
 use super::{check_parameters, Admission, Engine};
 use crate::core::Error;
 use crate::core::InferRequest;
+pub use crate::generate::chat::Message;
 use crate::generate::{Event, GenerateError};
 pub use crate::generate::{Finish, Finished};
 use crate::invalid_arg;
@@ -119,6 +120,39 @@ impl Engine {
     pub fn is_decoupled(&self, name: &str, version: &str) -> bool {
         self.resolve(name, version)
             .is_ok_and(|(_, serving)| matches!(serving.executor, Executor::Generate(_)))
+    }
+
+    /// The prompt the generation model `name`'s chat template makes of `messages`, on a
+    /// blocking thread (a template may compute for a while, within its bounds).
+    ///
+    /// # Errors
+    /// Lookup errors; INVALID_ARGUMENT for a model without a chat template, or a conversation
+    /// the template refuses.
+    pub async fn chat_prompt(&self, name: &str, messages: Vec<Message>) -> Result<String, Error> {
+        let (model, serving) = self.resolve(name, "")?;
+        let Executor::Generate(generator) = &serving.executor else {
+            return Err(invalid_arg!(
+                "model '{}' does not generate text",
+                model.name
+            ));
+        };
+        if generator.chat_template().is_none() {
+            return Err(invalid_arg!(
+                "model '{}' has no chat template (a tokenizer_config.json with chat_template, or \
+                 a chat_template.jinja, beside its tokenizer): send the formatted prompt to \
+                 /v1/completions",
+                model.name
+            ));
+        }
+        tokio::task::spawn_blocking(move || match &serving.executor {
+            Executor::Generate(generator) => generator
+                .chat_template()
+                .map_or(Ok(String::new()), |template| template.render(&messages)),
+            Executor::Batched(_) | Executor::Ensemble(_) => Ok(String::new()),
+        })
+        .await
+        .map_err(|e| Error::Internal(format!("chat template task failed: {e}")))?
+        .map_err(Error::InvalidArgument)
     }
 
     /// Starts generating for `request`, admitted earlier with [`Engine::admit`].

@@ -9,8 +9,12 @@
 //!   `finish_reason` (`stop` or `length`) and `usage`, or with `stream` server-sent events of
 //!   chunks ended by `data: [DONE]`. Settings kiln does not honour (`logprobs`, `suffix`,
 //!   penalties, `logit_bias`, `best_of` > 1, `n` > 1) are refused, not ignored.
-//! - `POST /v1/chat/completions`: refused with a clear message: a chat needs the model's chat
-//!   template, which kiln does not render.
+//! - `POST /v1/chat/completions`: `messages` (`role` and `content`, text or text parts) laid out
+//!   by the model's chat template (see [`crate::generate::chat`]; a model without one is
+//!   refused, naming the files it lacks), the same settings (`max_completion_tokens` too; no
+//!   limit given: the model's default) and a `chat.completion` answer, or
+//!   `chat.completion.chunk`s whose first `delta` carries the assistant's role. Tools, functions
+//!   and response formats other than text are refused.
 //!
 //! Errors are OpenAI's `{"error": {"message", "type", "param", "code"}}` with the REST API's
 //! status codes (404 for an unknown model).
@@ -20,7 +24,7 @@ use super::routes::AppState;
 use super::HttpConfig;
 use crate::core::tensor::frame_bytes;
 use crate::core::{DataType, Error, InferRequest, ParamValue, Tensor};
-use crate::engine::generate::{Finish, Generation};
+use crate::engine::generate::{Finish, Finished, Generation, Message};
 use crate::engine::Engine;
 use axum::body::{Body, Bytes};
 use axum::extract::{Path, State};
@@ -179,21 +183,23 @@ fn not_found(model: &str) -> OpenAiError {
     )
 }
 
-async fn chat_completions() -> Response {
-    OpenAiError::new(
-        StatusCode::BAD_REQUEST,
-        "chat completions need the model's chat template, which kiln does not render: use \
-         /v1/completions with the prompt already formatted",
-        "invalid_request_error",
-    )
-    .into_response()
+/// Which endpoint a request came to.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Kind {
+    /// `/v1/completions`: a prompt, text out.
+    Text,
+    /// `/v1/chat/completions`: messages, an assistant message out.
+    Chat,
 }
 
-/// A completion request, read.
+/// A request, read.
 #[derive(Debug, PartialEq)]
 struct Completion {
+    kind: Kind,
     model: String,
+    /// The prompt (`Text`); empty for a chat until its template renders the messages.
     prompt: String,
+    messages: Vec<Message>,
     echo: bool,
     stream: bool,
     include_usage: bool,
@@ -202,8 +208,8 @@ struct Completion {
     stop: Vec<String>,
 }
 
-/// Reads a completion request.
-fn read_completion(body: &[u8]) -> Result<Completion, OpenAiError> {
+/// Reads a request to the `kind` endpoint.
+fn read_request(kind: Kind, body: &[u8]) -> Result<Completion, OpenAiError> {
     let document: Value = serde_json::from_slice(body).map_err(|e| {
         OpenAiError::new(
             StatusCode::BAD_REQUEST,
@@ -222,22 +228,11 @@ fn read_completion(body: &[u8]) -> Result<Completion, OpenAiError> {
         Some(Value::String(model)) if !model.is_empty() => model.clone(),
         _ => return Err(OpenAiError::invalid("model", "'model' must name a model")),
     };
-    let prompt = match fields.get("prompt") {
-        Some(Value::String(prompt)) => prompt.clone(),
-        Some(Value::Array(prompts)) => match prompts.as_slice() {
-            [Value::String(prompt)] => prompt.clone(),
-            _ => {
-                return Err(OpenAiError::invalid(
-                    "prompt",
-                    "'prompt' must be one string (a list of one string, not of several or of \
-                     token ids)",
-                ))
-            }
-        },
-        _ => return Err(OpenAiError::invalid("prompt", "'prompt' must be a string")),
+    let (prompt, messages) = match kind {
+        Kind::Text => (read_prompt(&fields)?, Vec::new()),
+        Kind::Chat => (String::new(), read_messages(&fields)?),
     };
-    refuse_unsupported(&fields)?;
-    let mut parameters = Vec::new();
+    refuse_unsupported(kind, &fields)?;
     let integer = |key: &'static str| -> Result<Option<i64>, OpenAiError> {
         match fields.get(key) {
             None | Some(Value::Null) => Ok(None),
@@ -266,8 +261,20 @@ fn read_completion(body: &[u8]) -> Result<Completion, OpenAiError> {
             )),
         }
     };
-    let max_tokens = integer("max_tokens")?.unwrap_or(DEFAULT_MAX_TOKENS);
-    parameters.push(("max_tokens", ParamValue::Int64(max_tokens)));
+    let mut parameters = Vec::new();
+    // Completions default to OpenAI's 16 tokens; a chat without a limit gets the model's default.
+    let max_tokens = match (
+        integer("max_completion_tokens")?,
+        integer("max_tokens")?,
+        kind,
+    ) {
+        (Some(tokens), _, _) | (None, Some(tokens), _) => Some(tokens),
+        (None, None, Kind::Text) => Some(DEFAULT_MAX_TOKENS),
+        (None, None, Kind::Chat) => None,
+    };
+    if let Some(max_tokens) = max_tokens {
+        parameters.push(("max_tokens", ParamValue::Int64(max_tokens)));
+    }
     if let Some(temperature) = number("temperature")? {
         parameters.push(("temperature", ParamValue::Double(temperature)));
     }
@@ -317,9 +324,11 @@ fn read_completion(body: &[u8]) -> Result<Completion, OpenAiError> {
         }
     };
     Ok(Completion {
+        kind,
         model,
         prompt,
-        echo: flag("echo")?,
+        messages,
+        echo: kind == Kind::Text && flag("echo")?,
         stream: flag("stream")?,
         include_usage,
         parameters,
@@ -327,8 +336,63 @@ fn read_completion(body: &[u8]) -> Result<Completion, OpenAiError> {
     })
 }
 
+/// A completion's `prompt`: one string, or a list of one.
+fn read_prompt(fields: &Map<String, Value>) -> Result<String, OpenAiError> {
+    match fields.get("prompt") {
+        Some(Value::String(prompt)) => Ok(prompt.clone()),
+        Some(Value::Array(prompts)) => match prompts.as_slice() {
+            [Value::String(prompt)] => Ok(prompt.clone()),
+            _ => Err(OpenAiError::invalid(
+                "prompt",
+                "'prompt' must be one string (a list of one string, not of several or of token \
+                 ids)",
+            )),
+        },
+        _ => Err(OpenAiError::invalid("prompt", "'prompt' must be a string")),
+    }
+}
+
+/// A chat's `messages`: each a `role` and a `content`, text or a list of text parts.
+fn read_messages(fields: &Map<String, Value>) -> Result<Vec<Message>, OpenAiError> {
+    let bad = |why: &str| OpenAiError::invalid("messages", why.to_string());
+    let Some(Value::Array(messages)) = fields.get("messages") else {
+        return Err(bad("'messages' must be a list of messages"));
+    };
+    if messages.is_empty() {
+        return Err(bad("'messages' must hold at least one message"));
+    }
+    messages
+        .iter()
+        .map(|message| {
+            let role = message["role"]
+                .as_str()
+                .ok_or_else(|| bad("each message needs a 'role' string"))?;
+            let content = match &message["content"] {
+                Value::String(text) => text.clone(),
+                Value::Null => String::new(),
+                Value::Array(parts) => parts
+                    .iter()
+                    .map(
+                        |part| match (part["type"].as_str(), part["text"].as_str()) {
+                            (Some("text"), Some(text)) => Ok(text),
+                            _ => Err(bad(
+                                "only text content parts ({\"type\": \"text\", ...}) are served",
+                            )),
+                        },
+                    )
+                    .collect::<Result<String, _>>()?,
+                _ => return Err(bad("a message's 'content' must be text")),
+            };
+            Ok(Message {
+                role: role.to_string(),
+                content,
+            })
+        })
+        .collect()
+}
+
 /// Settings kiln cannot honour, refused with their name rather than ignored.
-fn refuse_unsupported(fields: &Map<String, Value>) -> Result<(), OpenAiError> {
+fn refuse_unsupported(kind: Kind, fields: &Map<String, Value>) -> Result<(), OpenAiError> {
     let set = |key: &str| fields.get(key).filter(|v| !v.is_null());
     if set("n").is_some_and(|n| n.as_i64() != Some(1)) {
         return Err(OpenAiError::invalid(
@@ -342,7 +406,12 @@ fn refuse_unsupported(fields: &Map<String, Value>) -> Result<(), OpenAiError> {
             "'best_of' other than 1 is not served",
         ));
     }
-    if set("logprobs").is_some() {
+    // A chat's `logprobs` is a boolean, false by default; a completion's is a count.
+    let logprobs = match kind {
+        Kind::Text => set("logprobs").is_some(),
+        Kind::Chat => set("logprobs").is_some_and(|l| l.as_bool() != Some(false)),
+    };
+    if logprobs || set("top_logprobs").is_some() {
         return Err(OpenAiError::invalid("logprobs", "'logprobs' is not served"));
     }
     if set("suffix").is_some_and(|s| s.as_str() != Some("")) {
@@ -364,6 +433,20 @@ fn refuse_unsupported(fields: &Map<String, Value>) -> Result<(), OpenAiError> {
         return Err(OpenAiError::invalid(
             "logit_bias",
             "'logit_bias' is not served",
+        ));
+    }
+    if set("tools").is_some_and(|t| t.as_array().is_none_or(|t| !t.is_empty()))
+        || set("functions").is_some()
+    {
+        return Err(OpenAiError::invalid(
+            "tools",
+            "tools and functions are not served",
+        ));
+    }
+    if set("response_format").is_some_and(|f| f["type"].as_str() != Some("text")) {
+        return Err(OpenAiError::invalid(
+            "response_format",
+            "only the 'text' response format is served",
         ));
     }
     Ok(())
@@ -406,28 +489,80 @@ fn finish_reason(finish: Finish) -> &'static str {
     }
 }
 
-/// One `text_completion` object (a whole answer, or a stream's chunk).
-fn completion_object(
-    id: &str,
+/// What one answer (or stream) is, shared by its objects.
+struct Answer {
+    kind: Kind,
+    id: String,
     created: u64,
-    model: &str,
-    text: &str,
-    finish: Option<&str>,
-) -> Map<String, Value> {
-    let mut object = Map::new();
-    object.insert("id".into(), json!(id));
-    object.insert("object".into(), json!("text_completion"));
-    object.insert("created".into(), json!(created));
-    object.insert("model".into(), json!(model));
-    object.insert(
-        "choices".into(),
-        json!([{"index": 0, "text": text, "logprobs": null, "finish_reason": finish}]),
-    );
-    object.insert("system_fingerprint".into(), Value::Null);
-    object
+    model: String,
 }
 
-fn usage(prompt: usize, completion: usize) -> Value {
+impl Answer {
+    fn new(kind: Kind, model: &str) -> Answer {
+        let id = completion_id();
+        Answer {
+            kind,
+            id: match kind {
+                Kind::Text => id,
+                Kind::Chat => id.replacen("cmpl-", "chatcmpl-", 1),
+            },
+            created: now_secs(),
+            model: model.to_string(),
+        }
+    }
+
+    /// A whole answer (`streaming` false) or a stream's chunk: `text`, and `finish` when it is
+    /// the last. A chat stream's first chunk (`first`) carries the assistant's role.
+    fn object(
+        &self,
+        streaming: bool,
+        first: bool,
+        text: &str,
+        finish: Option<&str>,
+    ) -> Map<String, Value> {
+        let (object, choice) = match (self.kind, streaming) {
+            (Kind::Text, _) => (
+                "text_completion",
+                json!({"index": 0, "text": text, "logprobs": null, "finish_reason": finish}),
+            ),
+            (Kind::Chat, false) => (
+                "chat.completion",
+                json!({"index": 0, "message": {"role": "assistant", "content": text},
+                       "logprobs": null, "finish_reason": finish}),
+            ),
+            (Kind::Chat, true) => {
+                let delta = if first {
+                    json!({"role": "assistant", "content": text})
+                } else {
+                    json!({ "content": text })
+                };
+                (
+                    "chat.completion.chunk",
+                    json!({"index": 0, "delta": delta, "logprobs": null, "finish_reason": finish}),
+                )
+            }
+        };
+        let mut map = Map::new();
+        map.insert("id".into(), json!(self.id));
+        map.insert("object".into(), json!(object));
+        map.insert("created".into(), json!(self.created));
+        map.insert("model".into(), json!(self.model));
+        map.insert("choices".into(), json!([choice]));
+        map.insert("system_fingerprint".into(), Value::Null);
+        map
+    }
+
+    /// A stream's usage chunk (`stream_options.include_usage`).
+    fn usage_chunk(&self, finished: &Finished) -> Value {
+        let mut map = self.object(true, false, "", None);
+        map.insert("choices".into(), json!([]));
+        map.insert("usage".into(), usage(finished));
+        Value::Object(map)
+    }
+}
+
+fn usage(finished: &Finished) -> Value {
+    let (prompt, completion) = (finished.prompt_tokens, finished.generated_tokens);
     json!({"prompt_tokens": prompt, "completion_tokens": completion, "total_tokens": prompt + completion})
 }
 
@@ -436,7 +571,19 @@ async fn completions(
     headers: HeaderMap,
     body: Body,
 ) -> Response {
-    match start(&state, &headers, body).await {
+    answer(Kind::Text, &state, &headers, body).await
+}
+
+async fn chat_completions(
+    State(state): State<Arc<AppState>>,
+    headers: HeaderMap,
+    body: Body,
+) -> Response {
+    answer(Kind::Chat, &state, &headers, body).await
+}
+
+async fn answer(kind: Kind, state: &AppState, headers: &HeaderMap, body: Body) -> Response {
+    match start(kind, state, headers, body).await {
         Ok((completion, generation)) if completion.stream => stream(completion, generation),
         Ok((completion, generation)) => whole(completion, generation)
             .await
@@ -446,15 +593,23 @@ async fn completions(
 }
 
 async fn start(
+    kind: Kind,
     state: &AppState,
     headers: &HeaderMap,
     body: Body,
 ) -> Result<(Completion, Generation), OpenAiError> {
     let admission = state.engine.admit()?;
     let body = body::read(body, headers, state.config.max_input_bytes).await?;
-    let completion = read_completion(&body)?;
+    let mut completion = read_request(kind, &body)?;
     if !state.engine.is_decoupled(&completion.model, "") {
         return Err(not_found(&completion.model));
+    }
+    if kind == Kind::Chat {
+        let messages = std::mem::take(&mut completion.messages);
+        completion.prompt = state
+            .engine
+            .chat_prompt(&completion.model, messages)
+            .await?;
     }
     let request = generation_request(&completion);
     let generation = state.engine.generate(admission, request).await?;
@@ -483,43 +638,34 @@ async fn whole(
             "server_error",
         )
     })?;
-    let mut object = completion_object(
-        &completion_id(),
-        now_secs(),
-        &completion.model,
-        &text,
-        Some(finish_reason(finished.reason)),
-    );
-    object.insert(
-        "usage".into(),
-        usage(finished.prompt_tokens, finished.generated_tokens),
-    );
+    let answer = Answer::new(completion.kind, &completion.model);
+    let mut object = answer.object(false, true, &text, Some(finish_reason(finished.reason)));
+    object.insert("usage".into(), usage(&finished));
     Ok(Json(Value::Object(object)).into_response())
 }
 
-/// Server-sent events: a chunk per generated piece of text (the prompt first with `echo`), the
-/// last with its `finish_reason`, a usage chunk when asked, then `[DONE]`.
+/// Server-sent events: a chunk per generated piece of text (the prompt first with `echo`; a
+/// chat's first chunk carries the assistant's role), the last with its `finish_reason`, a usage
+/// chunk when asked, then `[DONE]`.
 fn stream(completion: Completion, generation: Generation) -> Response {
-    let id = completion_id();
-    let created = now_secs();
+    let answer = Answer::new(completion.kind, &completion.model);
     let event =
         |data: String| Ok::<_, std::convert::Infallible>(Bytes::from(format!("data: {data}\n\n")));
     let echo = completion.echo.then(|| {
-        let object = completion_object(&id, created, &completion.model, &completion.prompt, None);
-        event(Value::Object(object).to_string())
+        event(Value::Object(answer.object(true, false, &completion.prompt, None)).to_string())
     });
     struct Streaming {
         generation: Generation,
-        completion: Completion,
-        id: String,
-        created: u64,
+        answer: Answer,
+        include_usage: bool,
+        first: bool,
         done: bool,
     }
     let streaming = Streaming {
         generation,
-        completion,
-        id,
-        created,
+        answer,
+        include_usage: completion.include_usage,
+        first: true,
         done: false,
     };
     let chunks = futures_util::stream::unfold(Some(streaming), move |state| async move {
@@ -527,29 +673,23 @@ fn stream(completion: Completion, generation: Generation) -> Response {
         if state.done {
             return Some((event("[DONE]".into()), None));
         }
-        let model = state.completion.model.clone();
         let data = match state.generation.next().await {
             Some(Ok(chunk)) => {
                 let reason = chunk.finished.map(|f| finish_reason(f.reason));
-                let object =
-                    completion_object(&state.id, state.created, &model, &chunk.text, reason);
+                let object = state.answer.object(true, state.first, &chunk.text, reason);
+                state.first = false;
                 let mut data = Value::Object(object).to_string();
-                if let (Some(finished), true) = (chunk.finished, state.completion.include_usage) {
-                    let mut last = completion_object(&state.id, state.created, &model, "", None);
-                    last.insert("choices".into(), json!([]));
-                    last.insert(
-                        "usage".into(),
-                        usage(finished.prompt_tokens, finished.generated_tokens),
-                    );
-                    data = format!("{data}\n\ndata: {}", Value::Object(last));
+                if let (Some(finished), true) = (&chunk.finished, state.include_usage) {
+                    data = format!("{data}\n\ndata: {}", state.answer.usage_chunk(finished));
                 }
                 state.done = chunk.last;
                 data
             }
             Some(Err(error)) => {
                 state.done = true;
-                json!({"error": {"message": error.message(), "type": "server_error", "param": null, "code": null}})
-                    .to_string()
+                json!({"error": {"message": error.message(), "type": "server_error",
+                                 "param": null, "code": null}})
+                .to_string()
             }
             None => {
                 state.done = true;
@@ -574,7 +714,7 @@ mod tests {
     use super::*;
 
     fn read(body: &str) -> Result<Completion, OpenAiError> {
-        read_completion(body.as_bytes())
+        read_request(Kind::Text, body.as_bytes())
     }
 
     #[test]
@@ -651,6 +791,90 @@ mod tests {
                 "logit_bias": {}, "best_of": 1, "suffix": null}"#
         )
         .is_ok());
+    }
+
+    #[test]
+    fn chat_requests_read_messages_and_their_own_settings() {
+        let chat = read_request(
+            Kind::Chat,
+            br#"{"model": "m", "messages": [
+                    {"role": "system", "content": "Be brief."},
+                    {"role": "user", "content": [{"type": "text", "text": "Hi "}, {"type": "text", "text": "there"}]},
+                    {"role": "assistant", "content": null}],
+                 "max_completion_tokens": 5, "logprobs": false, "tools": [], "echo": true,
+                 "response_format": {"type": "text"}}"#,
+        )
+        .unwrap();
+        let roles: Vec<_> = chat
+            .messages
+            .iter()
+            .map(|m| (m.role.as_str(), m.content.as_str()))
+            .collect();
+        assert_eq!(
+            roles,
+            [
+                ("system", "Be brief."),
+                ("user", "Hi there"),
+                ("assistant", "")
+            ]
+        );
+        assert_eq!(chat.parameters, [("max_tokens", ParamValue::Int64(5))]);
+        assert!(!chat.echo, "a chat does not echo");
+        // No limit: the model's own default, not OpenAI's 16 for completions.
+        let open = read_request(
+            Kind::Chat,
+            br#"{"model": "m", "messages": [{"role": "user", "content": "x"}]}"#,
+        )
+        .unwrap();
+        assert!(open.parameters.is_empty());
+        for (body, param) in [
+            (r#"{"model": "m"}"#, "messages"),
+            (r#"{"model": "m", "messages": []}"#, "messages"),
+            (
+                r#"{"model": "m", "messages": [{"content": "x"}]}"#,
+                "messages",
+            ),
+            (
+                r#"{"model": "m", "messages": [{"role": "user", "content": [{"type": "image_url"}]}]}"#,
+                "messages",
+            ),
+            (
+                r#"{"model": "m", "messages": [{"role": "user", "content": "x"}], "logprobs": true}"#,
+                "logprobs",
+            ),
+            (
+                r#"{"model": "m", "messages": [{"role": "user", "content": "x"}], "tools": [{"type": "function"}]}"#,
+                "tools",
+            ),
+            (
+                r#"{"model": "m", "messages": [{"role": "user", "content": "x"}], "response_format": {"type": "json_object"}}"#,
+                "response_format",
+            ),
+        ] {
+            let error = read_request(Kind::Chat, body.as_bytes()).unwrap_err();
+            assert_eq!(error.param, Some(param), "{body}: {}", error.message);
+        }
+    }
+
+    #[test]
+    fn chat_answers_have_chats_shape() {
+        let answer = Answer::new(Kind::Chat, "m");
+        assert!(answer.id.starts_with("chatcmpl-"));
+        let whole = Value::Object(answer.object(false, true, "hi", Some("stop")));
+        assert_eq!(whole["object"], "chat.completion");
+        assert_eq!(
+            whole["choices"][0]["message"],
+            json!({"role": "assistant", "content": "hi"})
+        );
+        let first = Value::Object(answer.object(true, true, "h", None));
+        assert_eq!(first["object"], "chat.completion.chunk");
+        assert_eq!(
+            first["choices"][0]["delta"],
+            json!({"role": "assistant", "content": "h"})
+        );
+        let next = Value::Object(answer.object(true, false, "i", Some("length")));
+        assert_eq!(next["choices"][0]["delta"], json!({"content": "i"}));
+        assert_eq!(next["choices"][0]["finish_reason"], "length");
     }
 
     #[test]
