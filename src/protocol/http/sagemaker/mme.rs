@@ -66,17 +66,50 @@ struct Loaded {
     repository: String,
 }
 
-/// The models SageMaker loaded, by the hash it names them with.
+/// The models SageMaker loaded, by the hash it names them with; `None` while one loads, so that
+/// two loads of one hash cannot both go ahead.
 #[derive(Debug, Default)]
-pub(super) struct Models(Mutex<BTreeMap<String, Loaded>>);
+pub(super) struct Models(Mutex<BTreeMap<String, Option<Loaded>>>);
 
 impl Models {
+    fn lock(&self) -> std::sync::MutexGuard<'_, BTreeMap<String, Option<Loaded>>> {
+        self.0.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// The model loaded as `hash` (not one still loading).
     fn get(&self, hash: &str) -> Option<Loaded> {
-        self.0
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .get(hash)
-            .cloned()
+        self.lock().get(hash).cloned().flatten()
+    }
+
+    /// Claims `hash` for a load; false when it is loaded or loading.
+    fn reserve(&self, hash: &str) -> bool {
+        let mut models = self.lock();
+        if models.contains_key(hash) {
+            return false;
+        }
+        models.insert(hash.to_string(), None);
+        true
+    }
+
+    /// Ends the load of `hash`: loaded, or (`None`) failed, freeing the hash.
+    fn settle(&self, hash: &str, loaded: Option<Loaded>) {
+        let mut models = self.lock();
+        match loaded {
+            Some(loaded) => models.insert(hash.to_string(), Some(loaded)),
+            None => models.remove(hash),
+        };
+    }
+
+    /// Every loaded model, by hash.
+    fn loaded(&self) -> Vec<(String, Loaded)> {
+        self.lock()
+            .iter()
+            .filter_map(|(hash, loaded)| Some((hash.clone(), loaded.clone()?)))
+            .collect()
+    }
+
+    fn remove(&self, hash: &str) {
+        self.lock().remove(hash);
     }
 }
 
@@ -232,56 +265,61 @@ pub(super) async fn load(
         Err(e) => return error(StatusCode::INTERNAL_SERVER_ERROR, e.to_string()),
     };
     let target = target(&headers, hash);
-    if state.models.get(hash).is_some() {
+    if !state.models.reserve(hash) {
         return error(
             StatusCode::CONFLICT,
             format!("model '{hash}' is already loaded"),
         );
     }
-    let engine = &state.app.engine;
-    let store = MappedStore::new(repository.clone(), &directory, &target);
     let location = repository.display().to_string();
+    let loaded = register_and_load(&state, repository, &directory, &target).await;
+    state.models.settle(
+        hash,
+        loaded.is_ok().then_some(Loaded {
+            target,
+            repository: location,
+        }),
+    );
+    match loaded {
+        Ok(()) => StatusCode::OK.into_response(),
+        Err(response) => response,
+    }
+}
+
+/// Registers `repository` with `directory` served as `target` and loads it; a failed load
+/// unregisters the repository again.
+async fn register_and_load(
+    state: &SageMakerState,
+    repository: PathBuf,
+    directory: &str,
+    target: &str,
+) -> Result<(), Response> {
+    let engine = &state.app.engine;
+    let location = repository.display().to_string();
+    let store = MappedStore::new(repository, directory, target);
     match engine.register_repository(Arc::new(store)).await {
         Ok(()) => {}
-        Err(Error::AlreadyExists(message)) => return error(StatusCode::CONFLICT, message),
-        Err(e) => return error(StatusCode::BAD_REQUEST, e.message()),
+        Err(Error::AlreadyExists(message)) => return Err(error(StatusCode::CONFLICT, message)),
+        Err(e) => return Err(error(StatusCode::BAD_REQUEST, e.message())),
     }
     tracing::info!(model = %target, repository = %location, "Loading SageMaker TargetModel");
-    if let Err(e) = engine.load_model(&target, BTreeMap::new()).await {
+    if let Err(e) = engine.load_model(target, BTreeMap::new()).await {
         let _ = engine.unregister_repository(&location);
         let message = e.message();
         let status = match e {
             Error::AlreadyExists(_) => StatusCode::CONFLICT,
             _ => failure_status(message),
         };
-        return error(status, message);
+        return Err(error(status, message));
     }
-    state
-        .models
-        .0
-        .lock()
-        .unwrap_or_else(|p| p.into_inner())
-        .insert(
-            hash.to_string(),
-            Loaded {
-                target,
-                repository: location,
-            },
-        );
-    StatusCode::OK.into_response()
+    Ok(())
 }
 
 /// `GET /models`.
 pub(super) async fn list(State(state): State<Arc<SageMakerState>>) -> Response {
-    let models: Vec<(String, Loaded)> = state
+    let ready: Vec<serde_json::Value> = state
         .models
-        .0
-        .lock()
-        .unwrap_or_else(|p| p.into_inner())
-        .iter()
-        .map(|(hash, loaded)| (hash.clone(), loaded.clone()))
-        .collect();
-    let ready: Vec<serde_json::Value> = models
+        .loaded()
         .into_iter()
         .filter(|(_, loaded)| state.app.engine.model_ready(&loaded.target, ""))
         .map(|(hash, loaded)| json!({"modelName": hash, "modelUrl": loaded.repository}))
@@ -348,12 +386,7 @@ pub(super) async fn unload(
     if let Err(e) = engine.unload_model(&loaded.target, true).await {
         return error(StatusCode::BAD_REQUEST, e.message());
     }
-    state
-        .models
-        .0
-        .lock()
-        .unwrap_or_else(|p| p.into_inner())
-        .remove(&hash);
+    state.models.remove(&hash);
     match engine.unregister_repository(&loaded.repository) {
         Ok(()) => StatusCode::OK.into_response(),
         Err(e) => error(StatusCode::BAD_REQUEST, e.message()),
