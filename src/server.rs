@@ -36,8 +36,8 @@ use tracing::{info, warn};
 pub struct Config {
     /// The server's name in server metadata (`--id`).
     pub server_id: String,
-    /// Model repository roots (directories or `s3://`, `gs://`, `as://` URLs); a model name must be unique across
-    /// them.
+    /// Model repository roots (directories or `s3://`, `gs://`, `as://` URLs); a model name must
+    /// be unique across them.
     pub model_repositories: Vec<PathBuf>,
     /// Largest gRPC message accepted or sent, in bytes.
     pub max_message_bytes: usize,

@@ -109,7 +109,8 @@ pub struct Args {
     pub sagemaker_port: u16,
 
     /// Serve an OpenAI-compatible API for the generation models (`/v1/models`,
-    /// `/v1/completions`) on this port (on --http-address; 0 picks a free port). Off by default.
+    /// `/v1/completions`, `/v1/chat/completions`) on this port (on --http-address; 0 picks a
+    /// free port). Off by default.
     #[arg(long, env = "KILN_OPENAI_PORT")]
     pub openai_port: Option<u16>,
 
