@@ -43,6 +43,9 @@ def generated(server, prompt: str, max_tokens: int) -> str:
 
 def test_only_generation_models_are_listed(openai_server):
     _, client = openai_server
+    base = str(client.base_url).rstrip("/").removesuffix("/v1")
+    for probe in ("/health", "/health/ready"):
+        assert requests.get(base + probe, timeout=RPC_TIMEOUT).status_code == 200, probe
     assert [m.id for m in client.models.list().data] == [MODEL]
     assert client.models.retrieve(MODEL).id == MODEL
     with pytest.raises(openai.NotFoundError):

@@ -28,6 +28,7 @@ pub fn group_of(path: &str) -> Option<ApiGroup> {
         ["", "invocations"] => Some(ApiGroup::Inference),
         ["", "models", _hash, "invoke"] => Some(ApiGroup::Inference),
         // The OpenAI-compatible API (`--openai-port`).
+        ["", "health", ..] => Some(ApiGroup::Health),
         ["", "v1", "models", ..] => Some(ApiGroup::Metadata),
         ["", "v1", "completions" | "chat", ..] => Some(ApiGroup::Inference),
         ["", "models", ..] => Some(ApiGroup::ModelRepository),

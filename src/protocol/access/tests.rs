@@ -196,6 +196,8 @@ fn rest_paths_map_to_triton_groups() {
         ("/models/4a8f", Some(ApiGroup::ModelRepository)),
         ("/models/4a8f/invoke", Some(ApiGroup::Inference)),
         // The OpenAI-compatible API.
+        ("/health", Some(ApiGroup::Health)),
+        ("/health/ready", Some(ApiGroup::Health)),
         ("/v1/models", Some(ApiGroup::Metadata)),
         ("/v1/models/m", Some(ApiGroup::Metadata)),
         ("/v1/completions", Some(ApiGroup::Inference)),

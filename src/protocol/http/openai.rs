@@ -2,6 +2,8 @@
 //! frontend offers one beside KServe's, so that OpenAI clients and LLM benchmarks (the `openai`
 //! package, genai-perf's and vLLM's `completions` endpoints) drive kiln unchanged:
 //!
+//! - `GET /health` (200 while the server runs, as vLLM's) and `GET /health/ready` (200 while it
+//!   is ready, else 503, as Triton's OpenAI frontend), for probes on this port.
 //! - `GET /v1/models`, `GET /v1/models/{model}`: the generation models that serve.
 //! - `POST /v1/completions`: `model`, `prompt` (one string, or a list of one), `max_tokens` (16),
 //!   `temperature`, `top_p`, `seed`, `stop` (a string or a list), `echo`, `n` (1), `stream` with
@@ -48,6 +50,8 @@ pub fn router(engine: Arc<Engine>, http: HttpConfig) -> Router {
         config: http,
     });
     Router::new()
+        .route("/health", get(live))
+        .route("/health/ready", get(ready))
         .route("/v1/models", get(models))
         .route("/v1/models/{model}", get(model))
         .route("/v1/completions", post(completions))
@@ -122,6 +126,24 @@ impl IntoResponse for OpenAiError {
             "code": Value::Null,
         }});
         (self.status, Json(body)).into_response()
+    }
+}
+
+/// `GET /health` (vLLM's probe): 200 while the server runs.
+async fn live(State(state): State<Arc<AppState>>) -> StatusCode {
+    if state.engine.is_live() {
+        StatusCode::OK
+    } else {
+        StatusCode::SERVICE_UNAVAILABLE
+    }
+}
+
+/// `GET /health/ready` (Triton's OpenAI frontend): 200 while the server is ready, else 503.
+async fn ready(State(state): State<Arc<AppState>>) -> StatusCode {
+    if state.engine.is_ready() {
+        StatusCode::OK
+    } else {
+        StatusCode::SERVICE_UNAVAILABLE
     }
 }
 
