@@ -137,6 +137,11 @@ def chat_server(tmp_path_factory):
     repo = tmp_path_factory.mktemp("chat") / "repo"
     shutil.copytree(BUNDLED_REPO / MODEL, repo / MODEL)
     (repo / MODEL / "tokenizer_config.json").write_text(json.dumps({"chat_template": CHATML}))
+    # A template that does not compile refuses chats only.
+    shutil.copytree(BUNDLED_REPO / MODEL, repo / "broken_chat")
+    config = repo / "broken_chat" / "config.pbtxt"
+    config.write_text(config.read_text().replace(f'name: "{MODEL}"', 'name: "broken_chat"'))
+    (repo / "broken_chat" / "chat_template.jinja").write_text("{% for %}")
     port = find_free_port()
     server = start_server([repo], name="kiln-openai-chat", extra_args=["--openai-port", str(port)])
     client = openai.OpenAI(base_url=f"http://127.0.0.1:{port}/v1", api_key="unused", timeout=RPC_TIMEOUT,
@@ -169,4 +174,8 @@ def test_the_template_refuses_what_it_refuses(chat_server):
     with pytest.raises(openai.BadRequestError) as e:
         client.chat.completions.create(model=MODEL, messages=[{"role": "tool", "content": "x"}])
     assert e.value.body["message"] == "unknown role tool"
+    assert client.completions.create(model="broken_chat", prompt=PROMPT, max_tokens=2).choices[0].text
+    with pytest.raises(openai.BadRequestError) as e:
+        client.chat.completions.create(model="broken_chat", messages=[{"role": "user", "content": "x"}])
+    assert "the chat template of model 'broken_chat' cannot be used" in e.value.body["message"]
     server.assert_alive()

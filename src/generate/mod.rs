@@ -141,8 +141,9 @@ pub struct Generator {
     options: GenerateOptions,
     thread: Option<std::thread::JoinHandle<()>>,
     /// How the model lays out a conversation, when it ships a chat template (boxed: a compiled
-    /// template is large, and most generators have none).
-    chat: Option<Box<chat::ChatTemplate>>,
+    /// template is large, and most generators have none); `Err` when the one it ships cannot be
+    /// used, which only chats are refused for.
+    chat: Option<Result<Box<chat::ChatTemplate>, String>>,
 }
 
 impl Generator {
@@ -186,14 +187,19 @@ impl Generator {
     }
 
     /// The same generator, laying conversations out with `chat`.
-    pub fn with_chat_template(mut self, chat: Option<chat::ChatTemplate>) -> Generator {
-        self.chat = chat.map(Box::new);
+    pub fn with_chat_template(
+        mut self,
+        chat: Option<Result<chat::ChatTemplate, String>>,
+    ) -> Generator {
+        self.chat = chat.map(|template| template.map(Box::new));
         self
     }
 
-    /// The model's chat template, if it has one.
-    pub fn chat_template(&self) -> Option<&chat::ChatTemplate> {
-        self.chat.as_deref()
+    /// The model's chat template, if it ships one (`Err`: why it cannot be used).
+    pub fn chat_template(&self) -> Option<Result<&chat::ChatTemplate, &str>> {
+        self.chat
+            .as_ref()
+            .map(|template| template.as_deref().map_err(String::as_str))
     }
 
     /// Tokenizes `prompt`, checks the request against the model's limits and queues it; the

@@ -136,18 +136,28 @@ impl Engine {
                 model.name
             ));
         };
-        if generator.chat_template().is_none() {
-            return Err(invalid_arg!(
-                "model '{}' has no chat template (a tokenizer_config.json with chat_template, or \
-                 a chat_template.jinja, beside its tokenizer): send the formatted prompt to \
-                 /v1/completions",
-                model.name
-            ));
+        match generator.chat_template() {
+            None => {
+                return Err(invalid_arg!(
+                    "model '{}' has no chat template (a tokenizer_config.json with \
+                     chat_template, or a chat_template.jinja, beside its tokenizer): send the \
+                     formatted prompt to /v1/completions",
+                    model.name
+                ))
+            }
+            Some(Err(why)) => {
+                return Err(invalid_arg!(
+                    "the chat template of model '{}' cannot be used: {why}",
+                    model.name
+                ))
+            }
+            Some(Ok(_)) => {}
         }
         tokio::task::spawn_blocking(move || match &serving.executor {
-            Executor::Generate(generator) => generator
-                .chat_template()
-                .map_or(Ok(String::new()), |template| template.render(&messages)),
+            Executor::Generate(generator) => match generator.chat_template() {
+                Some(Ok(template)) => template.render(&messages),
+                _ => Ok(String::new()),
+            },
             Executor::Batched(_) | Executor::Ensemble(_) => Ok(String::new()),
         })
         .await
