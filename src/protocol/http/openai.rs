@@ -94,26 +94,27 @@ impl OpenAiError {
     }
 }
 
-impl From<Error> for OpenAiError {
-    fn from(error: Error) -> OpenAiError {
-        let status = super::status(&error);
+impl OpenAiError {
+    /// An error the rest of the server answered with `status`.
+    fn from_status(status: StatusCode, message: impl Into<String>) -> OpenAiError {
         let kind = if status.is_client_error() {
             "invalid_request_error"
         } else {
             "server_error"
         };
-        OpenAiError::new(status, error.message(), kind)
+        OpenAiError::new(status, message, kind)
+    }
+}
+
+impl From<Error> for OpenAiError {
+    fn from(error: Error) -> OpenAiError {
+        OpenAiError::from_status(super::status(&error), error.message())
     }
 }
 
 impl From<super::HttpError> for OpenAiError {
     fn from(error: super::HttpError) -> OpenAiError {
-        let kind = if error.status().is_client_error() {
-            "invalid_request_error"
-        } else {
-            "server_error"
-        };
-        OpenAiError::new(error.status(), error.message, kind)
+        OpenAiError::from_status(error.status(), error.message)
     }
 }
 
