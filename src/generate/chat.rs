@@ -3,8 +3,9 @@
 //! templates of which `default` is taken; or a `chat_template.jinja` file beside it), rendered
 //! with `messages`, `add_generation_prompt` and the tokenizer's `bos_token` / `eos_token`, as
 //! `transformers`' `apply_chat_template` renders it. Python's string methods (`strip`,
-//! `startswith`, ...) work as templates expect, and `raise_exception(message)` refuses a
-//! conversation with the template's own message.
+//! `startswith`, ...) work as templates expect, `raise_exception(message)` refuses a
+//! conversation with the template's own message, and `strftime_now(format)` gives today's date
+//! (UTC; transformers gives the server's local time).
 //!
 //! A template is a model file, so it is bounded: its size, and the work one rendering may do
 //! (a template that loops without end fails that request, not the server).
@@ -142,6 +143,13 @@ impl ChatTemplate {
                 Err(Error::new(ErrorKind::InvalidOperation, message))
             },
         );
+        // transformers gives templates today's date this way (Llama 3, Granite); UTC here.
+        env.add_function("strftime_now", |format: String| -> String {
+            let now = std::time::SystemTime::now()
+                .duration_since(std::time::UNIX_EPOCH)
+                .map_or(0, |d| d.as_secs());
+            strftime(&format, now)
+        });
         // Hugging Face's templates trim blocks and lstrip them as transformers configures Jinja.
         env.set_trim_blocks(true);
         env.set_lstrip_blocks(true);
@@ -175,6 +183,84 @@ impl ChatTemplate {
         }
         Ok(prompt)
     }
+}
+
+/// `format` (C's strftime conversions for dates and times) for `secs` since the epoch, UTC.
+/// Conversions it does not know stay as written.
+fn strftime(format: &str, secs: u64) -> String {
+    const MONTHS: [&str; 12] = [
+        "January",
+        "February",
+        "March",
+        "April",
+        "May",
+        "June",
+        "July",
+        "August",
+        "September",
+        "October",
+        "November",
+        "December",
+    ];
+    const DAYS: [&str; 7] = [
+        "Thursday",
+        "Friday",
+        "Saturday",
+        "Sunday",
+        "Monday",
+        "Tuesday",
+        "Wednesday",
+    ];
+    const BEFORE: [i64; 12] = [0, 31, 59, 90, 120, 151, 181, 212, 243, 273, 304, 334];
+    let days = (secs / 86_400) as i64;
+    let rest = secs % 86_400;
+    let (hour, minute, second) = (rest / 3600, rest % 3600 / 60, rest % 60);
+    // The civil date of a day count (Howard Hinnant's algorithm).
+    let z = days + 719_468;
+    let era = z.div_euclid(146_097);
+    let doe = z.rem_euclid(146_097);
+    let yoe = (doe - doe / 1460 + doe / 36_524 - doe / 146_096) / 365;
+    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
+    let mp = (5 * doy + 2) / 153;
+    let day = doy - (153 * mp + 2) / 5 + 1;
+    let month = if mp < 10 { mp + 3 } else { mp - 9 };
+    let year = yoe + era * 400 + i64::from(month <= 2);
+    let leap = (year % 4 == 0 && year % 100 != 0) || year % 400 == 0;
+    let ordinal = BEFORE[(month - 1) as usize] + day + i64::from(leap && month > 2);
+    let month_name = MONTHS[(month - 1) as usize];
+    let day_name = DAYS[days.rem_euclid(7) as usize];
+    let mut out = String::new();
+    let mut chars = format.chars();
+    while let Some(c) = chars.next() {
+        if c != '%' {
+            out.push(c);
+            continue;
+        }
+        match chars.next() {
+            Some('Y') => out.push_str(&year.to_string()),
+            Some('y') => out.push_str(&format!("{:02}", year.rem_euclid(100))),
+            Some('m') => out.push_str(&format!("{month:02}")),
+            Some('d') => out.push_str(&format!("{day:02}")),
+            Some('e') => out.push_str(&format!("{day:>2}")),
+            Some('j') => out.push_str(&format!("{ordinal:03}")),
+            Some('B') => out.push_str(month_name),
+            Some('b' | 'h') => out.push_str(&month_name[..3]),
+            Some('A') => out.push_str(day_name),
+            Some('a') => out.push_str(&day_name[..3]),
+            Some('H') => out.push_str(&format!("{hour:02}")),
+            Some('I') => out.push_str(&format!("{:02}", (hour + 11) % 12 + 1)),
+            Some('p') => out.push_str(if hour < 12 { "AM" } else { "PM" }),
+            Some('M') => out.push_str(&format!("{minute:02}")),
+            Some('S') => out.push_str(&format!("{second:02}")),
+            Some('%') => out.push('%'),
+            Some(other) => {
+                out.push('%');
+                out.push(other);
+            }
+            None => out.push('%'),
+        }
+    }
+    out
 }
 
 #[cfg(test)]
@@ -212,6 +298,26 @@ mod tests {
         )
         .unwrap();
         assert_eq!(tokens.render(&[message("user", "x")]).unwrap(), "<s>x</s>");
+    }
+
+    #[test]
+    fn dates_as_strftime_writes_them() {
+        // 2026-11-30 12:05:09 UTC, a Monday, day 334; and 2024-03-01, after a leap day.
+        let now = 1_796_040_309;
+        assert_eq!(strftime("%d %b %Y", now), "30 Nov 2026");
+        assert_eq!(strftime("%A, %B %e, %y", now), "Monday, November 30, 26");
+        assert_eq!(
+            strftime("%Y-%m-%d %H:%M:%S %I%p %j %a %% %Q", now),
+            "2026-11-30 12:05:09 12PM 334 Mon % %Q"
+        );
+        assert_eq!(strftime("%j %d %b", 1_709_251_200), "061 01 Mar");
+        let template = ChatTemplate::new(
+            "{{ strftime_now('%Y') }}".into(),
+            String::new(),
+            String::new(),
+        )
+        .unwrap();
+        assert_eq!(template.render(&[]).unwrap().len(), 4);
     }
 
     #[test]
