@@ -109,6 +109,16 @@ def test_what_cannot_be_served_is_refused(openai_server):
     with pytest.raises(openai.BadRequestError) as e:
         client.chat.completions.create(model=MODEL, messages=[{"role": "user", "content": "hi"}])
     assert "has no chat template" in e.value.body["message"]
+    # The generation's own checks name the request by the answer's id.
+    with pytest.raises(openai.BadRequestError) as e:
+        client.completions.create(model=MODEL, prompt=PROMPT, max_tokens=-1)
+    assert e.value.body["message"].startswith("[request id: cmpl-"), e.value.body
+    # Hostile bodies get OpenAI's error shape, and the server stays up.
+    url = str(client.base_url).rstrip("/")
+    for body in (b"garbage", b"\xff\xfe", b"[" * 100_000, b'{"model": "tiny_decoder", "prompt": "x", "top_p": 5}'):
+        reply = requests.post(f"{url}/completions", data=body, headers={"content-type": "application/json"},
+                              timeout=RPC_TIMEOUT)
+        assert reply.status_code == 400 and reply.json()["error"]["type"] == "invalid_request_error", reply.text
     server.assert_alive()
 
 

@@ -219,6 +219,9 @@ enum Kind {
 #[derive(Debug, PartialEq)]
 struct Completion {
     kind: Kind,
+    /// The answer's id (`cmpl-...`, `chatcmpl-...`), also the generation request's id, so that
+    /// errors and traces name it.
+    id: String,
     model: String,
     /// The prompt (`Text`); empty for a chat until its template renders the messages.
     prompt: String,
@@ -346,8 +349,13 @@ fn read_request(kind: Kind, body: &[u8]) -> Result<Completion, OpenAiError> {
             ))
         }
     };
+    let id = match kind {
+        Kind::Text => completion_id(),
+        Kind::Chat => completion_id().replacen("cmpl-", "chatcmpl-", 1),
+    };
     Ok(Completion {
         kind,
+        id,
         model,
         prompt,
         messages,
@@ -479,6 +487,7 @@ fn refuse_unsupported(kind: Kind, fields: &Map<String, Value>) -> Result<(), Ope
 fn generation_request(completion: &Completion) -> InferRequest {
     let mut request = InferRequest {
         model_name: completion.model.clone(),
+        id: completion.id.clone(),
         ..Default::default()
     };
     let strings = |name: &str, texts: &[String]| {
@@ -521,16 +530,12 @@ struct Answer {
 }
 
 impl Answer {
-    fn new(kind: Kind, model: &str) -> Answer {
-        let id = completion_id();
+    fn new(completion: &Completion) -> Answer {
         Answer {
-            kind,
-            id: match kind {
-                Kind::Text => id,
-                Kind::Chat => id.replacen("cmpl-", "chatcmpl-", 1),
-            },
+            kind: completion.kind,
+            id: completion.id.clone(),
             created: now_secs(),
-            model: model.to_string(),
+            model: completion.model.clone(),
         }
     }
 
@@ -661,7 +666,7 @@ async fn whole(
             "server_error",
         )
     })?;
-    let answer = Answer::new(completion.kind, &completion.model);
+    let answer = Answer::new(&completion);
     let mut object = answer.object(false, true, &text, Some(finish_reason(finished.reason)));
     object.insert("usage".into(), usage(&finished));
     Ok(Json(Value::Object(object)).into_response())
@@ -671,7 +676,7 @@ async fn whole(
 /// chat's first chunk carries the assistant's role), the last with its `finish_reason`, a usage
 /// chunk when asked, then `[DONE]`.
 fn stream(completion: Completion, generation: Generation) -> Response {
-    let answer = Answer::new(completion.kind, &completion.model);
+    let answer = Answer::new(&completion);
     let event =
         |data: String| Ok::<_, std::convert::Infallible>(Bytes::from(format!("data: {data}\n\n")));
     let echo = completion.echo.then(|| {
@@ -881,7 +886,13 @@ mod tests {
 
     #[test]
     fn chat_answers_have_chats_shape() {
-        let answer = Answer::new(Kind::Chat, "m");
+        let chat = read_request(
+            Kind::Chat,
+            br#"{"model": "m", "messages": [{"role": "user", "content": "x"}]}"#,
+        )
+        .unwrap();
+        let answer = Answer::new(&chat);
+        assert_eq!(generation_request(&chat).id, answer.id);
         assert!(answer.id.starts_with("chatcmpl-"));
         let whole = Value::Object(answer.object(false, true, "hi", Some("stop")));
         assert_eq!(whole["object"], "chat.completion");
