@@ -23,12 +23,18 @@ MODEL = "tiny_decoder"
 PROMPT = "The potter"
 
 
-@pytest.fixture(scope="module")
-def openai_server():
+def serve(repo, name):
+    """kiln serving `repo` with the OpenAI API on a free port, and an OpenAI client for it."""
     port = find_free_port()
-    server = start_server([BUNDLED_REPO], name="kiln-openai", extra_args=["--openai-port", str(port)])
+    server = start_server([repo], name=name, extra_args=["--openai-port", str(port)])
     client = openai.OpenAI(base_url=f"http://127.0.0.1:{port}/v1", api_key="unused", timeout=RPC_TIMEOUT,
                            max_retries=0)
+    return server, client
+
+
+@pytest.fixture(scope="module")
+def openai_server():
+    server, client = serve(BUNDLED_REPO, "kiln-openai")
     yield server, client
     stop_server(server)
 
@@ -152,10 +158,7 @@ def chat_server(tmp_path_factory):
     config = repo / "broken_chat" / "config.pbtxt"
     config.write_text(config.read_text().replace(f'name: "{MODEL}"', 'name: "broken_chat"'))
     (repo / "broken_chat" / "chat_template.jinja").write_text("{% for %}")
-    port = find_free_port()
-    server = start_server([repo], name="kiln-openai-chat", extra_args=["--openai-port", str(port)])
-    client = openai.OpenAI(base_url=f"http://127.0.0.1:{port}/v1", api_key="unused", timeout=RPC_TIMEOUT,
-                           max_retries=0)
+    server, client = serve(repo, "kiln-openai-chat")
     yield server, client
     stop_server(server)
 

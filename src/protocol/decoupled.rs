@@ -79,7 +79,7 @@ async fn stream(mut generation: Generation, responses: &Responses) {
         return;
     }
     while let Some(chunk) = generation.next().await {
-        let last = chunk.as_ref().map_or(true, |c| c.last);
+        let last = chunk.as_ref().map_or(true, |c| c.last());
         if !send(&generation, chunk.map(|c| c.text), last, responses).await || last {
             return;
         }

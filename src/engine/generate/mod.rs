@@ -24,10 +24,15 @@ use tokio::sync::mpsc;
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Chunk {
     pub text: String,
-    /// Nothing follows this chunk.
-    pub last: bool,
     /// On the last chunk: why generation ended, and the tokens it counted.
     pub finished: Option<Finished>,
+}
+
+impl Chunk {
+    /// Nothing follows this chunk.
+    pub fn last(&self) -> bool {
+        self.finished.is_some()
+    }
 }
 
 /// A running generation. Dropping it cancels the request: the model stops generating for it and
@@ -76,7 +81,6 @@ impl Generation {
                 self.finished = finish.is_some();
                 Ok(Chunk {
                     text,
-                    last: self.finished,
                     finished: finish,
                 })
             }
@@ -130,39 +134,29 @@ impl Engine {
     /// the template refuses.
     pub async fn chat_prompt(&self, name: &str, messages: Vec<Message>) -> Result<String, Error> {
         let (model, serving) = self.resolve(name, "")?;
-        let Executor::Generate(generator) = &serving.executor else {
-            return Err(invalid_arg!(
-                "model '{}' does not generate text",
-                model.name
-            ));
-        };
-        match generator.chat_template() {
-            None => {
+        tokio::task::spawn_blocking(move || {
+            let Executor::Generate(generator) = &serving.executor else {
                 return Err(invalid_arg!(
+                    "model '{}' does not generate text",
+                    model.name
+                ));
+            };
+            match generator.chat_template() {
+                Some(Ok(template)) => template.render(&messages).map_err(Error::InvalidArgument),
+                Some(Err(why)) => Err(invalid_arg!(
+                    "the chat template of model '{}' cannot be used: {why}",
+                    model.name
+                )),
+                None => Err(invalid_arg!(
                     "model '{}' has no chat template (a tokenizer_config.json with \
                      chat_template, or a chat_template.jinja, beside its tokenizer): send the \
                      formatted prompt to /v1/completions",
                     model.name
-                ))
+                )),
             }
-            Some(Err(why)) => {
-                return Err(invalid_arg!(
-                    "the chat template of model '{}' cannot be used: {why}",
-                    model.name
-                ))
-            }
-            Some(Ok(_)) => {}
-        }
-        tokio::task::spawn_blocking(move || match &serving.executor {
-            Executor::Generate(generator) => match generator.chat_template() {
-                Some(Ok(template)) => template.render(&messages),
-                _ => Ok(String::new()),
-            },
-            Executor::Batched(_) | Executor::Ensemble(_) => Ok(String::new()),
         })
         .await
         .map_err(|e| Error::Internal(format!("chat template task failed: {e}")))?
-        .map_err(Error::InvalidArgument)
     }
 
     /// Starts generating for `request`, admitted earlier with [`Engine::admit`].

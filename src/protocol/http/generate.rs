@@ -55,7 +55,7 @@ pub async fn handle_stream(
         let mut generation = state?;
         let (data, more) = if generation.request.stream {
             match generation.next().await? {
-                Ok(chunk) => (event(&generation, &chunk.text), !chunk.last),
+                Ok(chunk) => (event(&generation, &chunk.text), !chunk.last()),
                 Err(error) => (json!({ "error": error.message() }), false),
             }
         } else {

@@ -154,8 +154,8 @@ fn now_secs() -> u64 {
         .map_or(0, |d| d.as_secs())
 }
 
-/// A completion id, unique in the process: `cmpl-<start time><counter>` in hex.
-fn completion_id() -> String {
+/// An answer's id, unique in the process: `<prefix>-<start time><counter>` in hex.
+fn completion_id(prefix: &str) -> String {
     static NEXT: AtomicU64 = AtomicU64::new(0);
     static START: std::sync::OnceLock<u128> = std::sync::OnceLock::new();
     let start = START.get_or_init(|| {
@@ -163,7 +163,10 @@ fn completion_id() -> String {
             .duration_since(UNIX_EPOCH)
             .map_or(0, |d| d.as_nanos())
     });
-    format!("cmpl-{start:x}{:08x}", NEXT.fetch_add(1, Ordering::Relaxed))
+    format!(
+        "{prefix}-{start:x}{:08x}",
+        NEXT.fetch_add(1, Ordering::Relaxed)
+    )
 }
 
 fn model_object(name: &str) -> Value {
@@ -349,10 +352,10 @@ fn read_request(kind: Kind, body: &[u8]) -> Result<Completion, OpenAiError> {
             ))
         }
     };
-    let id = match kind {
-        Kind::Text => completion_id(),
-        Kind::Chat => completion_id().replacen("cmpl-", "chatcmpl-", 1),
-    };
+    let id = completion_id(match kind {
+        Kind::Text => "cmpl",
+        Kind::Chat => "chatcmpl",
+    });
     Ok(Completion {
         kind,
         id,
@@ -451,11 +454,7 @@ fn refuse_unsupported(kind: Kind, fields: &Map<String, Value>) -> Result<(), Ope
     for penalty in ["presence_penalty", "frequency_penalty"] {
         if set(penalty).is_some_and(|p| p.as_f64() != Some(0.0)) {
             return Err(OpenAiError::invalid(
-                if penalty == "presence_penalty" {
-                    "presence_penalty"
-                } else {
-                    "frequency_penalty"
-                },
+                penalty,
                 format!("'{penalty}' is not served (only 0)"),
             ));
         }
@@ -710,7 +709,7 @@ fn stream(completion: Completion, generation: Generation) -> Response {
                 if let (Some(finished), true) = (&chunk.finished, state.include_usage) {
                     data = format!("{data}\n\ndata: {}", state.answer.usage_chunk(finished));
                 }
-                state.done = chunk.last;
+                state.done = chunk.last();
                 data
             }
             Some(Err(error)) => {
@@ -913,7 +912,7 @@ mod tests {
 
     #[test]
     fn ids_are_unique() {
-        assert_ne!(completion_id(), completion_id());
-        assert!(completion_id().starts_with("cmpl-"));
+        assert_ne!(completion_id("cmpl"), completion_id("cmpl"));
+        assert!(completion_id("cmpl").starts_with("cmpl-"));
     }
 }

@@ -219,15 +219,12 @@ impl ModelRepository {
                 "model repository '{location}' has already been registered"
             ))
         };
-        // Asked outside the lock: a remote store answers `contains` over the network.
-        let current = self.stores();
-        if current.iter().any(|s| s.location() == location) {
+        if self.stores().iter().any(|s| s.location() == location) {
             return Err(already());
         }
-        if let Some(taken) = names
-            .iter()
-            .find(|name| current.iter().any(|s| s.contains(name)))
-        {
+        // One listing per store, outside the lock (a remote store lists over the network).
+        let listed = self.list();
+        if let Some(taken) = names.iter().find(|name| listed.contains_key(*name)) {
             return Err(Error::AlreadyExists(format!(
                 "failed to register '{location}', there is a conflicting mapping for '{taken}'"
             )));
