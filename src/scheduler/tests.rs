@@ -121,12 +121,18 @@ async fn closed_loop_clients_stop_waiting_for_company_once_their_number_is_known
     let delay = Duration::from_secs(4);
     let settle = delay / state::SETTLE_FRACTION;
     let (scheduler, batches, _) = scheduler(dynamic(8, delay), 1, Duration::ZERO);
+    // The clients keep step, round by round, as closed-loop clients at one rhythm do: without
+    // it, a slow machine could let one client finish a round ahead, and its last request would
+    // rightly wait for company that no longer comes.
+    let rounds = Arc::new(tokio::sync::Barrier::new(2));
     let clients: Vec<_> = (0..2u8)
         .map(|client| {
             let scheduler = Arc::clone(&scheduler);
+            let rounds = Arc::clone(&rounds);
             tokio::spawn(async move {
                 let mut queued = Vec::new();
                 for round in 0..4u8 {
+                    rounds.wait().await;
                     let value = client * 10 + round;
                     let outcome = scheduler.submit(request(value, 1)).await.unwrap();
                     assert_eq!(&outcome.outputs[0].data[..], &[value + 1]);
