@@ -1,5 +1,8 @@
 """The OpenAI-compatible API (`--openai-port`) through OpenAI's own client (the `openai` package):
-the bundled decoupled `tiny_decoder` is listed, completes prompts with the same text as Triton's
+the bundled decoupled `tiny_decoder` and the sentence-embedding `all_minilm_l6_v2` are listed; the
+embedding model answers `/v1/embeddings` with the vectors KServe's infer gives for the same texts
+(floats or base64, any number of texts up to OpenAI's 2048) and the token usage the tokenizers
+package counts; `tiny_decoder` completes prompts with the same text as Triton's
 generate extension (greedy), streams chunk by chunk ending with `finish_reason` and usage, echoes
 and stops as asked; with a chat template (ChatML, in a copy's tokenizer_config.json) it answers
 chats with what the prompt Jinja2 renders from the same template completes to; settings kiln
@@ -8,10 +11,12 @@ OpenAI's error shape and status."""
 
 from __future__ import annotations
 
+import base64
 import json
 import shutil
 
 import jinja2
+import numpy as np
 import openai
 import pytest
 import requests
@@ -20,6 +25,7 @@ from tokenizers import Tokenizer
 from conftest import BUNDLED_REPO, RPC_TIMEOUT, find_free_port, start_server, stop_server
 
 MODEL = "tiny_decoder"
+EMBEDDER = "all_minilm_l6_v2"
 PROMPT = "The potter"
 
 
@@ -47,13 +53,14 @@ def generated(server, prompt: str, max_tokens: int) -> str:
     return reply.json()["text_output"]
 
 
-def test_only_generation_models_are_listed(openai_server):
+def test_only_generation_and_embedding_models_are_listed(openai_server):
     _, client = openai_server
     base = str(client.base_url).rstrip("/").removesuffix("/v1")
     for probe in ("/health", "/health/ready"):
         assert requests.get(base + probe, timeout=RPC_TIMEOUT).status_code == 200, probe
-    assert [m.id for m in client.models.list().data] == [MODEL]
+    assert [m.id for m in client.models.list().data] == [EMBEDDER, MODEL]
     assert client.models.retrieve(MODEL).id == MODEL
+    assert client.models.retrieve(EMBEDDER).id == EMBEDDER
     with pytest.raises(openai.NotFoundError):
         client.models.retrieve("add_sub")
 
@@ -191,4 +198,80 @@ def test_the_template_refuses_what_it_refuses(chat_server):
     with pytest.raises(openai.BadRequestError) as e:
         client.chat.completions.create(model="broken_chat", messages=[{"role": "user", "content": "x"}])
     assert "the chat template of model 'broken_chat' cannot be used" in e.value.body["message"]
+    server.assert_alive()
+
+
+SENTENCES = ["A man is eating food.", "A man is eating a piece of bread.", "The girl is carrying a baby.", "",
+             "Kilns fire clay into ceramics at temperatures above a thousand degrees. " * 3]
+
+
+def kserve_embeddings(server, texts) -> np.ndarray:
+    """The vectors KServe's infer answers for `texts` sent as one request."""
+    body = {"inputs": [{"name": "text", "datatype": "BYTES", "shape": [len(texts), 1], "data": texts}]}
+    reply = requests.post(f"http://{server.http_url}/v2/models/{EMBEDDER}/infer", json=body, timeout=RPC_TIMEOUT)
+    assert reply.status_code == 200, reply.text
+    output = reply.json()["outputs"][0]
+    return np.array(output["data"], dtype=np.float32).reshape(output["shape"])
+
+
+def test_embeddings_are_the_models_vectors_with_their_token_usage(openai_server):
+    server, client = openai_server
+    expected = kserve_embeddings(server, SENTENCES)
+    # Unless told otherwise the openai package asks for base64 and decodes it itself; asked for
+    # base64, it hands over the text.
+    for encoding in (None, "base64", "float"):
+        options = {"encoding_format": encoding} if encoding else {}
+        answer = client.embeddings.create(model=EMBEDDER, input=SENTENCES, **options)
+        assert answer.object == "list" and answer.model == EMBEDDER
+        assert [d.index for d in answer.data] == list(range(len(SENTENCES)))
+        assert all(d.object == "embedding" for d in answer.data)
+        if encoding == "base64":
+            vectors = np.array([np.frombuffer(base64.b64decode(d.embedding), dtype="<f4") for d in answer.data])
+        else:
+            vectors = np.array([d.embedding for d in answer.data], dtype=np.float32)
+        assert vectors.shape == (len(SENTENCES), 384)
+        np.testing.assert_allclose(vectors, expected, rtol=0, atol=1e-6, err_msg=encoding)
+    tokenizer = Tokenizer.from_file(str(BUNDLED_REPO / EMBEDDER / "tokenizer.json"))
+    tokenizer.no_padding()
+    tokenizer.enable_truncation(256)
+    tokens = sum(len(tokenizer.encode(s).ids) for s in SENTENCES)
+    assert answer.usage.prompt_tokens == answer.usage.total_tokens == tokens
+    # A real sentence model: the paraphrase is nearer than the unrelated sentence.
+    eating, bread, baby = vectors[0], vectors[1], vectors[2]
+    assert eating @ bread > eating @ baby + 0.3
+    one = client.embeddings.create(model=EMBEDDER, input=SENTENCES[0], dimensions=384)
+    np.testing.assert_allclose(one.data[0].embedding, expected[0], rtol=0, atol=1e-5)
+
+
+def test_more_texts_than_a_batch_are_split_and_kept_in_order(openai_server):
+    server, client = openai_server
+    # 100 texts: four requests of at most max_batch_size (32), each batched by the scheduler.
+    texts = [f"sentence number {i} about {'clay ' * (i % 7)}" for i in range(100)]
+    answer = client.embeddings.create(model=EMBEDDER, input=texts, encoding_format="float")
+    vectors = np.array([d.embedding for d in answer.data], dtype=np.float32)
+    for start in (0, 32, 64, 96):
+        np.testing.assert_allclose(vectors[start:start + 32], kserve_embeddings(server, texts[start:start + 32]),
+                                   rtol=0, atol=1e-5)
+
+
+def test_what_embeddings_cannot_serve_is_refused(openai_server):
+    server, client = openai_server
+    for model in (MODEL, "add_sub"):
+        with pytest.raises(openai.BadRequestError) as e:
+            client.embeddings.create(model=model, input="x")
+        assert "does not make embeddings of text" in e.value.body["message"], e.value.body
+    with pytest.raises(openai.NotFoundError):
+        client.embeddings.create(model="no_such_model", input="x")
+    with pytest.raises(openai.BadRequestError) as e:
+        client.embeddings.create(model=EMBEDDER, input=[[101, 2023, 102]])
+    assert e.value.body["param"] == "input" and "token ids" in e.value.body["message"]
+    with pytest.raises(openai.BadRequestError) as e:
+        client.embeddings.create(model=EMBEDDER, input="x", dimensions=64)
+    assert "384 dimensions, not 64" in e.value.body["message"]
+    url = str(client.base_url).rstrip("/")
+    for body in (b"garbage", b'{"model": "all_minilm_l6_v2", "input": ' + b'["x"' + b',"x"' * 2048 + b"]}",
+                 b'{"model": "all_minilm_l6_v2", "input": "x", "encoding_format": "int8"}'):
+        reply = requests.post(f"{url}/embeddings", data=body, headers={"content-type": "application/json"},
+                              timeout=RPC_TIMEOUT)
+        assert reply.status_code == 400 and reply.json()["error"]["type"] == "invalid_request_error", reply.text
     server.assert_alive()

@@ -5,6 +5,7 @@
 mod admission;
 mod cache;
 mod classification;
+mod embed;
 mod ensemble;
 pub mod generate;
 mod lookup;
@@ -26,6 +27,7 @@ use crate::trace::{Activity, TensorActivity, TraceSettings, Tracer};
 pub use admission::Admission;
 pub use cache::CacheConfig;
 use cache::ResponseCache;
+pub use embed::{Embeddings, MAX_TEXTS};
 use shared_memory::tensors;
 use shared_memory::SharedMemory;
 use std::collections::BTreeMap;
@@ -321,7 +323,7 @@ impl Engine {
     /// model version is at its `max_inflight_requests`; INTERNAL when the model fails while running.
     pub async fn infer(&self, request: InferRequest) -> Result<InferResponse, Error> {
         let admission = self.admit()?;
-        self.infer_admitted(admission, request).await
+        self.infer_admitted(&admission, request).await
     }
 
     /// Runs one inference request admitted earlier with [`Engine::admit`].
@@ -330,7 +332,7 @@ impl Engine {
     /// As [`Engine::infer`], admission aside.
     pub async fn infer_admitted(
         &self,
-        _admission: Admission,
+        _admission: &Admission,
         request: InferRequest,
     ) -> Result<InferResponse, Error> {
         self.run(request, 0).await

@@ -228,6 +228,7 @@ pub fn start_version(
         stats,
         cache: false,
         sequences: None,
+        tokenizer: None,
     })
 }
 

@@ -317,6 +317,7 @@ pub fn build(prepared: Prepared, reuse: Reuse<'_>) -> Result<Model, LoadFailure>
                         stats: Arc::new(ModelStats::new(&name, version)),
                         cache: false,
                         sequences: None,
+                        tokenizer: None,
                     };
                     built.insert(version, Arc::new(serving));
                 }
@@ -557,6 +558,7 @@ fn start_version(
         stats,
         cache: cache_responses,
         sequences: sequence.map(|spec| Arc::new(Sequences::new(spec.clone()))),
+        tokenizer: text_input.map(|text| Arc::clone(text.tokenizer())),
     })
 }
 

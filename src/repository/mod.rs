@@ -113,6 +113,9 @@ pub struct ServingVersion {
     pub cache: bool,
     /// A stateful model's sequences in progress (`sequence_batching`).
     pub sequences: Option<Arc<sequence::Sequences>>,
+    /// A text model's tokenizer, which its instances share (see
+    /// [`crate::backend::tokenize`]), for counting what a request's texts cost in tokens.
+    pub tokenizer: Option<Arc<crate::backend::tokenize::TextTokenizer>>,
 }
 
 /// What runs a version's requests: the scheduler and its instances for ordinary models, the

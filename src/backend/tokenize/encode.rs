@@ -134,6 +134,44 @@ impl TextTokenizer {
         self.padding
     }
 
+    /// How many tokens `texts` feed the model in all (special tokens included, truncated as
+    /// [`TextTokenizer::encode`] truncates): the usage an OpenAI client is told.
+    ///
+    /// # Errors
+    /// As [`TextTokenizer::encode`].
+    pub fn count(&self, input: &str, texts: &[&str]) -> Result<usize, BackendError> {
+        let mut total = 0;
+        for (index, text) in texts.iter().enumerate() {
+            total += self.encode_one(input, index, text)?.len();
+        }
+        Ok(total)
+    }
+
+    fn encode_one(
+        &self,
+        input: &str,
+        index: usize,
+        text: &str,
+    ) -> Result<tokenizers::Encoding, BackendError> {
+        let encoding = self
+            .tokenizer
+            .encode(text, self.add_special_tokens)
+            .map_err(|e| {
+                BackendError::Input(format!(
+                    "failed to tokenize element {index} of input '{input}': {e}"
+                ))
+            })?;
+        if encoding.len() > self.max_length {
+            return Err(BackendError::Input(format!(
+                "element {index} of input '{input}' has {} tokens, more than the maximum of {} \
+                 (the model's tokenizer_truncation is off)",
+                encoding.len(),
+                self.max_length
+            )));
+        }
+        Ok(encoding)
+    }
+
     /// Tokenizes `texts` (the elements of input `input`, for messages) and pads them into rows.
     ///
     /// # Errors
@@ -142,22 +180,7 @@ impl TextTokenizer {
     pub fn encode(&self, input: &str, texts: &[&str]) -> Result<TokenRows, BackendError> {
         let mut encodings = Vec::with_capacity(texts.len());
         for (index, text) in texts.iter().enumerate() {
-            let encoding = self
-                .tokenizer
-                .encode(*text, self.add_special_tokens)
-                .map_err(|e| {
-                    BackendError::Input(format!(
-                        "failed to tokenize element {index} of input '{input}': {e}"
-                    ))
-                })?;
-            if encoding.len() > self.max_length {
-                return Err(BackendError::Input(format!(
-                    "element {index} of input '{input}' has {} tokens, more than the maximum of {} \
-                     (the model's tokenizer_truncation is off)",
-                    encoding.len(),
-                    self.max_length
-                )));
-            }
+            let encoding = self.encode_one(input, index, text)?;
             encodings.push(encoding);
         }
         let length = match self.padding {

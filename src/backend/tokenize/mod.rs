@@ -169,6 +169,10 @@ impl TextInput {
         inputs
     }
 
+    pub fn tokenizer(&self) -> &Arc<TextTokenizer> {
+        &self.tokenizer
+    }
+
     /// The graph inputs the tokenizer feeds.
     pub fn token_inputs(&self) -> impl Iterator<Item = &str> {
         [

@@ -62,6 +62,13 @@ fn token_rows_match_the_python_tokenizers_package() {
         );
         assert_eq!(rows.type_ids, flat(&case["type_ids"]), "{name}: types");
         assert_eq!(rows.ids.len(), rows.rows * rows.length, "{name}");
+        // The count is the tokens the model sees: every row's mask, padding left out.
+        let unpadded: i64 = rows.attention_mask.iter().sum();
+        assert_eq!(
+            tokenizer(&options).count("TEXT", &texts).unwrap() as i64,
+            unpadded,
+            "{name}: count"
+        );
     }
 }
 
@@ -75,9 +82,13 @@ fn without_truncation_a_long_text_is_refused() {
     let tokenizer = tokenizer(&options);
     // [CLS] hello world [SEP]: 4 tokens.
     assert_eq!(tokenizer.encode("t", &["hello world"]).unwrap().length, 4);
+    assert_eq!(tokenizer.count("t", &["hello world", "hello"]).unwrap(), 7);
     let error = tokenizer
         .encode("t", &["hello world", "the quick brown fox"])
         .unwrap_err();
+    assert!(tokenizer
+        .count("t", &["hello world", "the quick brown fox"])
+        .is_err());
     assert!(
         matches!(&error, BackendError::Input(m) if m.contains("element 1 of input 't' has 6 tokens, more than the maximum of 5")),
         "{error}"

@@ -30,7 +30,7 @@ pub fn group_of(path: &str) -> Option<ApiGroup> {
         // The OpenAI-compatible API (`--openai-port`).
         ["", "health", ..] => Some(ApiGroup::Health),
         ["", "v1", "models", ..] => Some(ApiGroup::Metadata),
-        ["", "v1", "completions" | "chat", ..] => Some(ApiGroup::Inference),
+        ["", "v1", "completions" | "chat" | "embeddings", ..] => Some(ApiGroup::Inference),
         ["", "models", ..] => Some(ApiGroup::ModelRepository),
         _ => None,
     }

@@ -202,6 +202,7 @@ fn rest_paths_map_to_triton_groups() {
         ("/v1/models/m", Some(ApiGroup::Metadata)),
         ("/v1/completions", Some(ApiGroup::Inference)),
         ("/v1/chat/completions", Some(ApiGroup::Inference)),
+        ("/v1/embeddings", Some(ApiGroup::Inference)),
         ("/metrics", None),
         ("/", None),
     ];

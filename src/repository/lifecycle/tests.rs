@@ -71,6 +71,7 @@ fn serving_model(name: &str, versions: &[i64]) -> Arc<Model> {
                 stats,
                 cache: false,
                 sequences: None,
+                tokenizer: None,
             };
             (version, Arc::new(serving))
         })

@@ -74,7 +74,7 @@ async fn infer(
         _ => request::decode(&model.name, &model.version, body, header_length)?,
     };
     request.trace = trace.clone();
-    let response = state.engine.infer_admitted(admission, request).await?;
+    let response = state.engine.infer_admitted(&admission, request).await?;
     if let Some(trace) = &trace {
         trace.record(Activity::InferResponseComplete, Instant::now());
     }
