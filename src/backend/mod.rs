@@ -7,6 +7,7 @@
 pub mod cuda;
 pub mod decoder;
 pub mod onnx;
+pub mod python;
 pub mod runtime;
 pub mod tokenize;
 

@@ -460,6 +460,34 @@ impl Engine {
                     .map(|outputs| (outputs, Ran::Composed { rows }))
                     .map_err(|e| (e, FailureReason::Other))
             }
+            (Ok(job), _, Executor::Python(python)) => {
+                let rows = job.rows;
+                let request = crate::backend::python::Request {
+                    id: request.id.clone(),
+                    parameters: request.parameters.clone(),
+                    outputs: request.outputs.iter().map(|o| o.name.clone()).collect(),
+                    inputs: job.inputs,
+                };
+                python
+                    .execute(request)
+                    .await
+                    .map(|executed| {
+                        let compute = crate::metrics::ComputeTimes {
+                            infer: executed.compute,
+                            ..Default::default()
+                        };
+                        // Each request is an execution of its own (a list of one request).
+                        serving.stats.record_execution(rows, compute, None);
+                        let ran = Ran::Executed {
+                            rows,
+                            queue: executed.queue,
+                            compute,
+                            gpu: None,
+                        };
+                        (executed.outputs, ran)
+                    })
+                    .map_err(|e| (e, FailureReason::Backend))
+            }
             (Ok(_), _, Executor::Generate(_)) => Err((
                 Error::Unsupported(format!(
                     "model '{}' is decoupled: use ModelStreamInfer or the generate endpoints",

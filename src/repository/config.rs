@@ -18,6 +18,14 @@ use std::time::Duration;
 pub const ONNX_PLATFORM: &str = "onnxruntime_onnx";
 pub const ONNX_BACKEND: &str = "onnxruntime";
 pub const DEFAULT_MODEL_FILENAME: &str = "model.onnx";
+use crate::backend::python::{
+    BACKEND as PYTHON_BACKEND, DEFAULT_MODEL_FILENAME as PYTHON_MODEL_FILENAME,
+};
+
+/// Whether `config` is a Python model's (`backend: "python"`, Triton's Python backend).
+pub fn is_python(config: &ModelConfig) -> bool {
+    config.backend == PYTHON_BACKEND
+}
 
 /// Why a configuration cannot be used.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
@@ -184,17 +192,20 @@ pub fn normalize_identity(config: &mut ModelConfig, dir_name: &str) -> Result<()
         )));
     }
     let ensemble = super::ensemble::is_ensemble(config);
-    let platform_ok = ensemble || matches!(config.platform.as_str(), "" | ONNX_PLATFORM);
+    let python = is_python(config);
+    let platform_ok = ensemble
+        || (python && config.platform.is_empty())
+        || matches!(config.platform.as_str(), "" | ONNX_PLATFORM);
     let backend_ok = if ensemble {
         config.backend.is_empty()
     } else {
-        matches!(config.backend.as_str(), "" | ONNX_BACKEND)
+        python || matches!(config.backend.as_str(), "" | ONNX_BACKEND)
     };
     if !platform_ok || !backend_ok {
         return Err(ConfigError::Invalid(format!(
             "unsupported platform '{}' / backend '{}' for model '{}': kiln serves ONNX models \
-             (platform \"{ONNX_PLATFORM}\" or backend \"{ONNX_BACKEND}\") and ensembles (platform \
-             \"{}\")",
+             (platform \"{ONNX_PLATFORM}\" or backend \"{ONNX_BACKEND}\"), Python models (backend \
+             \"{PYTHON_BACKEND}\") and ensembles (platform \"{}\")",
             config.platform,
             config.backend,
             config.name,
@@ -216,7 +227,11 @@ pub fn normalize_identity(config: &mut ModelConfig, dir_name: &str) -> Result<()
             config.name
         )));
     }
-    if !ensemble {
+    if python {
+        if config.default_model_filename.is_empty() {
+            config.default_model_filename = PYTHON_MODEL_FILENAME.to_string();
+        }
+    } else if !ensemble {
         config.platform = ONNX_PLATFORM.to_string();
         config.backend = ONNX_BACKEND.to_string();
         if config.default_model_filename.is_empty() {

@@ -18,6 +18,7 @@ use super::{
     autocomplete, generation, placement, text, versions, Executor, IoSpec, LoadOptions, Model,
     ServingVersion,
 };
+use crate::backend::python::{PythonModel, PythonSpec};
 use crate::backend::tokenize::{TextInput, TextModel, TextSpec};
 use crate::backend::{cuda, Backend, Device, OnnxRuntime, OnnxSession, SessionOptions, TensorInfo};
 use crate::metrics::ModelStats;
@@ -87,6 +88,8 @@ pub struct Prepared {
     ensemble: Option<Arc<EnsemblePlan>>,
     /// A stateful model's sequence batching.
     sequence: Option<SequenceSpec>,
+    /// A Python model's interpreter and instances.
+    python: Option<PythonSpec>,
 }
 
 /// Versions of the model being replaced that may serve on unchanged: only when the config is the
@@ -125,6 +128,9 @@ pub fn prepare(
     }
     if ensemble::is_ensemble(&config) {
         return prepare_ensemble(name, dir, config, selected);
+    }
+    if config::is_python(&config) {
+        return prepare_python(name, dir, config, selected);
     }
     let placed = placement::place(&mut config, &cuda::inventory, options.gpu_fallback_to_cpu)?;
     check_sessions(name, selected.len(), placed.devices.len())?;
@@ -233,6 +239,7 @@ pub fn prepare(
         cache_responses,
         ensemble: None,
         sequence,
+        python: None,
     })
 }
 
@@ -267,6 +274,49 @@ fn prepare_ensemble(
         cache_responses: false,
         ensemble: Some(Arc::new(plan)),
         sequence: None,
+        python: None,
+    })
+}
+
+/// A Python model runs its own code: its config declares its tensors (kiln does not run
+/// `auto_complete_config`), and its instances are processes (see [`crate::backend::python`]).
+fn prepare_python(
+    name: &str,
+    dir: &Path,
+    mut config: ModelConfig,
+    versions: Vec<i64>,
+) -> Result<Prepared, String> {
+    if config.input.is_empty() && config.output.is_empty() {
+        return Err(format!(
+            "Python model '{name}' declares no inputs or outputs in config.pbtxt: kiln does not \
+             run auto_complete_config"
+        ));
+    }
+    let python = PythonSpec::from_config(&mut config, dir)?;
+    config::validate_io(&config).map_err(|e| e.to_string())?;
+    config::max_inflight_requests(&config).map_err(|e| e.to_string())?;
+    if config::wants_response_cache(&config) {
+        tracing::warn!(
+            "Python model '{name}': response_cache is enabled but Python models are not cached"
+        );
+    }
+    Ok(Prepared {
+        name: name.to_string(),
+        dir: dir.to_path_buf(),
+        labels: read_labels(dir, &config)?,
+        tuning: tuning::tuning(&config)?,
+        config,
+        versions,
+        devices: Vec::new(),
+        limits: Vec::new(),
+        rate_limiter: None,
+        intra_op_threads: 1,
+        fallback: None,
+        text: None,
+        cache_responses: false,
+        ensemble: None,
+        sequence: None,
+        python: Some(python),
     })
 }
 
@@ -291,6 +341,7 @@ pub fn build(prepared: Prepared, reuse: Reuse<'_>) -> Result<Model, LoadFailure>
         cache_responses,
         ensemble,
         sequence,
+        python,
     } = prepared;
     let runtime = OnnxRuntime::get().map_err(|e| LoadFailure::Model(e.to_string()))?;
     let reusable = |version: i64| -> Option<Arc<ServingVersion>> {
@@ -328,6 +379,9 @@ pub fn build(prepared: Prepared, reuse: Reuse<'_>) -> Result<Model, LoadFailure>
             continue;
         }
         let started = model_path(&dir, version, &config.default_model_filename).and_then(|path| {
+            if let Some(spec) = &python {
+                return start_python(&name, version, &dir, &path, &config, spec);
+            }
             if generation::is_generation(&config) {
                 let options = SessionOptions {
                     intra_op_threads,
@@ -559,6 +613,34 @@ fn start_version(
         cache: cache_responses,
         sequences: sequence.map(|spec| Arc::new(Sequences::new(spec.clone()))),
         tokenizer: text_input.map(|text| Arc::clone(text.tokenizer())),
+    })
+}
+
+/// Starts one version of a Python model: a process per instance, each through `initialize`.
+fn start_python(
+    name: &str,
+    version: i64,
+    dir: &Path,
+    path: &Path,
+    config: &ModelConfig,
+    spec: &PythonSpec,
+) -> Result<ServingVersion, String> {
+    if !path.is_file() {
+        return Err(format!("model file {} not found", path.display()));
+    }
+    let started = std::time::Instant::now();
+    let io = IoSpec::from_config(config)?;
+    let model = PythonModel::start(config, version, dir, path, spec)?;
+    let stats = Arc::new(ModelStats::new(name, version));
+    stats.record_load(started.elapsed());
+    Ok(ServingVersion {
+        version,
+        io,
+        executor: Executor::Python(Arc::new(model)),
+        stats,
+        cache: false,
+        sequences: None,
+        tokenizer: None,
     })
 }
 

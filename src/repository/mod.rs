@@ -125,6 +125,8 @@ pub enum Executor {
     Generate(Generator),
     /// An ensemble runs its steps' models; nothing of its own to stop.
     Ensemble(Arc<ensemble::EnsemblePlan>),
+    /// A Python model's instances, each a process running its `model.py`.
+    Python(Arc<crate::backend::python::PythonModel>),
 }
 
 impl Executor {
@@ -134,6 +136,7 @@ impl Executor {
             Executor::Batched(scheduler) => scheduler.stop(),
             Executor::Generate(generator) => generator.stop(),
             Executor::Ensemble(_) => {}
+            Executor::Python(model) => model.stop(),
         }
     }
 }

@@ -192,7 +192,9 @@ impl Engine {
         let (prompt, settings) = (parsed.prompt.clone(), parsed.params.clone());
         let events = tokio::task::spawn_blocking(move || match &submitting.executor {
             Executor::Generate(generator) => generator.submit(&prompt, settings),
-            Executor::Batched(_) | Executor::Ensemble(_) => Err(GenerateError::Stopped),
+            Executor::Batched(_) | Executor::Ensemble(_) | Executor::Python(_) => {
+                Err(GenerateError::Stopped)
+            }
         })
         .await
         .map_err(|e| Error::Internal(format!("generation task failed: {e}")))?

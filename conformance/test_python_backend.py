@@ -1,0 +1,431 @@
+"""Triton's Python backend: models whose `model.py` defines `TritonPythonModel`, written here as
+Triton's own examples write them (`import triton_python_backend_utils as pb_utils`), served by
+kiln and driven with tritonclient over both protocols: a Python add_sub answers what the ONNX
+add_sub answers, on two instances under concurrent load; strings, request ids and parameters
+reach the model; the response sender of a non-decoupled model; a response's TritonError keeps its
+code, an exception fails its request with Triton's message, a stub that dies is started again
+for the next request; an `initialize` that raises fails the load with its message; `finalize`
+runs when the model unloads; an ensemble runs a Python step before an ONNX one."""
+
+from __future__ import annotations
+
+import json
+import re
+import shutil
+import sys
+import textwrap
+import time
+from concurrent.futures import ThreadPoolExecutor
+
+import numpy as np
+import pytest
+import requests
+import tritonclient.grpc as grpcclient
+import tritonclient.http as httpclient
+from tritonclient.utils import InferenceServerException
+
+from conftest import BUNDLED_REPO, REPO_ROOT, RPC_TIMEOUT, start_server, stop_server
+
+PY_ADD_SUB = '''
+import json
+import numpy as np
+import triton_python_backend_utils as pb_utils
+
+
+class TritonPythonModel:
+    def initialize(self, args):
+        self.config = json.loads(args["model_config"])
+        output = pb_utils.get_output_config_by_name(self.config, "OUTPUT0")
+        self.dtype = pb_utils.triton_string_to_numpy(output["data_type"])
+        pb_utils.Logger.log_info(f"initialized {args['model_instance_name']} ({args['model_instance_kind']})")
+        print("a print does not disturb kiln")
+
+    def execute(self, requests):
+        responses = []
+        for request in requests:
+            a = pb_utils.get_input_tensor_by_name(request, "INPUT0").as_numpy()
+            b = pb_utils.get_input_tensor_by_name(request, "INPUT1").as_numpy()
+            responses.append(pb_utils.InferenceResponse(output_tensors=[
+                pb_utils.Tensor("OUTPUT0", (a + b).astype(self.dtype)),
+                pb_utils.Tensor("OUTPUT1", (a - b).astype(self.dtype)),
+            ]))
+        return responses
+'''
+
+PY_ADD_SUB_CONFIG = '''
+name: "py_add_sub"
+backend: "python"
+max_batch_size: 8
+input [ { name: "INPUT0" data_type: TYPE_FP32 dims: [ 16 ] }, { name: "INPUT1" data_type: TYPE_FP32 dims: [ 16 ] } ]
+output [ { name: "OUTPUT0" data_type: TYPE_FP32 dims: [ 16 ] }, { name: "OUTPUT1" data_type: TYPE_FP32 dims: [ 16 ] } ]
+dynamic_batching { }
+instance_group [ { count: 2 kind: KIND_CPU } ]
+'''
+
+# Answers through the response sender (a model that is not decoupled may), and finalize leaves a
+# mark where its config says.
+PY_ECHO = '''
+import json
+import numpy as np
+import triton_python_backend_utils as pb_utils
+
+
+class TritonPythonModel:
+    def initialize(self, args):
+        config = json.loads(args["model_config"])
+        self.mark = config["parameters"]["finalize_mark"]["string_value"]
+
+    def execute(self, requests):
+        for request in requests:
+            texts = pb_utils.get_input_tensor_by_name(request, "TEXT").as_numpy()
+            upper = np.array([t.decode().upper().encode() for t in texts.reshape(-1)], dtype=np.object_)
+            sender = request.get_response_sender()
+            sender.send(pb_utils.InferenceResponse(output_tensors=[
+                pb_utils.Tensor("UPPER", upper.reshape(texts.shape)),
+                pb_utils.Tensor("ID", np.array([request.request_id()], dtype=np.object_)),
+                pb_utils.Tensor("PARAMETERS", np.array([request.parameters()], dtype=np.object_)),
+                pb_utils.Tensor("ASKED", np.array([",".join(request.requested_output_names())], dtype=np.object_)),
+            ]), flags=pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL)
+        return None
+
+    def finalize(self):
+        with open(self.mark, "w") as f:
+            f.write("finalized")
+'''
+
+PY_ECHO_CONFIG = '''
+name: "py_echo"
+backend: "python"
+input [ { name: "TEXT" data_type: TYPE_STRING dims: [ -1 ] } ]
+output [ { name: "UPPER" data_type: TYPE_STRING dims: [ -1 ] },
+         { name: "ID" data_type: TYPE_STRING dims: [ 1 ] },
+         { name: "PARAMETERS" data_type: TYPE_STRING dims: [ 1 ] },
+         { name: "ASKED" data_type: TYPE_STRING dims: [ 1 ] } ]
+parameters { key: "finalize_mark" value: { string_value: "MARK" } }
+'''
+
+PY_FAULTY = '''
+import os
+import numpy as np
+import triton_python_backend_utils as pb_utils
+
+
+class TritonPythonModel:
+    def initialize(self, args):
+        pb_utils.Logger.log_warn("faulty model starting")
+
+    def execute(self, requests):
+        responses = []
+        for request in requests:
+            value = int(pb_utils.get_input_tensor_by_name(request, "X").as_numpy()[0])
+            if value == 1:
+                responses.append(pb_utils.InferenceResponse(
+                    error=pb_utils.TritonError("one is refused", pb_utils.TritonError.INVALID_ARG)))
+                continue
+            if value == 2:
+                raise ValueError("two is a bad number")
+            if value == 3:
+                os._exit(3)
+            if value == 4:
+                return []
+            if value == 7:
+                responses.append(pb_utils.InferenceResponse(output_tensors=[
+                    pb_utils.Tensor("Y", np.array([7.0], dtype=np.float64))]))
+                continue
+            responses.append(pb_utils.InferenceResponse(output_tensors=[
+                pb_utils.Tensor("Y", np.array([value * 10], dtype=np.int32))]))
+        return responses
+'''
+
+PY_FAULTY_CONFIG = '''
+name: "py_faulty"
+backend: "python"
+input [ { name: "X" data_type: TYPE_INT32 dims: [ 1 ] } ]
+output [ { name: "Y" data_type: TYPE_INT32 dims: [ 1 ] } ]
+'''
+
+PY_BROKEN = '''
+class TritonPythonModel:
+    def initialize(self, args):
+        raise RuntimeError("the weights are missing")
+
+    def execute(self, requests):
+        return []
+'''
+
+PY_BROKEN_CONFIG = '''
+name: "py_broken"
+backend: "python"
+input [ { name: "X" data_type: TYPE_INT32 dims: [ 1 ] } ]
+output [ { name: "Y" data_type: TYPE_INT32 dims: [ 1 ] } ]
+'''
+
+# Doubles INPUT0, then add_sub (ONNX) adds INPUT1.
+PY_DOUBLE = '''
+import triton_python_backend_utils as pb_utils
+
+
+class TritonPythonModel:
+    def execute(self, requests):
+        return [pb_utils.InferenceResponse(output_tensors=[pb_utils.Tensor(
+            "DOUBLED", pb_utils.get_input_tensor_by_name(r, "X").as_numpy() * 2)]) for r in requests]
+'''
+
+PY_DOUBLE_CONFIG = '''
+name: "py_double"
+backend: "python"
+max_batch_size: 8
+input [ { name: "X" data_type: TYPE_FP32 dims: [ 16 ] } ]
+output [ { name: "DOUBLED" data_type: TYPE_FP32 dims: [ 16 ] } ]
+'''
+
+# Hands every input back, whatever its type.
+PY_IDENTITY = '''
+import triton_python_backend_utils as pb_utils
+
+
+class TritonPythonModel:
+    def execute(self, requests):
+        return [pb_utils.InferenceResponse(output_tensors=[
+            pb_utils.Tensor("OUT_" + t.name()[3:], t.as_numpy()) for t in r.inputs()]) for r in requests]
+'''
+
+TYPES = ["BOOL", "UINT8", "UINT16", "UINT32", "UINT64", "INT8", "INT16", "INT32", "INT64", "FP16", "FP32", "FP64",
+         "BYTES"]
+
+
+def identity_config():
+    config_type = lambda t: "TYPE_STRING" if t == "BYTES" else f"TYPE_{t}"
+    inputs = ", ".join(f'{{ name: "IN_{t}" data_type: {config_type(t)} dims: [ -1 ] }}' for t in TYPES)
+    outputs = ", ".join(f'{{ name: "OUT_{t}" data_type: {config_type(t)} dims: [ -1 ] }}' for t in TYPES)
+    return f'name: "py_identity" backend: "python" max_batch_size: 4 input [ {inputs} ] output [ {outputs} ]'
+
+
+README_CONFIG = '''
+name: "py_readme"
+backend: "python"
+input [ { name: "INPUT0" data_type: TYPE_FP32 dims: [ -1 ] } ]
+output [ { name: "OUTPUT0" data_type: TYPE_FP32 dims: [ -1 ] } ]
+'''
+
+
+def readme_model():
+    """The model README.md shows under "Python models"."""
+    text = (REPO_ROOT / "README.md").read_text()
+    start = text.index("### Python models")
+    (code,) = re.findall(r"```python\n(.*?)```", text[start:text.index("\n### ", start + 4)], flags=re.S)
+    return code
+
+
+ENSEMBLE_CONFIG = '''
+name: "double_then_add"
+platform: "ensemble"
+max_batch_size: 8
+input [ { name: "X" data_type: TYPE_FP32 dims: [ 16 ] }, { name: "Z" data_type: TYPE_FP32 dims: [ 16 ] } ]
+output [ { name: "SUM" data_type: TYPE_FP32 dims: [ 16 ] } ]
+ensemble_scheduling { step [
+  { model_name: "py_double" model_version: -1
+    input_map { key: "X" value: "X" } output_map { key: "DOUBLED" value: "doubled" } },
+  { model_name: "add_sub" model_version: -1
+    input_map { key: "INPUT0" value: "doubled" } input_map { key: "INPUT1" value: "Z" }
+    output_map { key: "OUTPUT0" value: "SUM" } }
+] }
+'''
+
+
+def write_model(repo, name, config, code):
+    (repo / name / "1").mkdir(parents=True)
+    (repo / name / "config.pbtxt").write_text(textwrap.dedent(config))
+    (repo / name / "1" / "model.py").write_text(textwrap.dedent(code))
+
+
+@pytest.fixture(scope="module")
+def python_server(tmp_path_factory):
+    repo = tmp_path_factory.mktemp("python") / "repo"
+    mark = repo.parent / "finalized"
+    write_model(repo, "py_add_sub", PY_ADD_SUB_CONFIG, PY_ADD_SUB)
+    write_model(repo, "py_echo", PY_ECHO_CONFIG.replace("MARK", str(mark)), PY_ECHO)
+    write_model(repo, "py_faulty", PY_FAULTY_CONFIG, PY_FAULTY)
+    write_model(repo, "py_broken", PY_BROKEN_CONFIG, PY_BROKEN)
+    write_model(repo, "py_double", PY_DOUBLE_CONFIG, PY_DOUBLE)
+    write_model(repo, "py_identity", identity_config(), PY_IDENTITY)
+    write_model(repo, "py_readme", README_CONFIG, readme_model())
+    (repo / "double_then_add" / "1").mkdir(parents=True)
+    (repo / "double_then_add" / "config.pbtxt").write_text(ENSEMBLE_CONFIG)
+    shutil.copytree(BUNDLED_REPO / "add_sub", repo / "add_sub")
+    # The stubs run under this interpreter (it has numpy).
+    server = start_server([repo], name="kiln-python", env={"KILN_PYTHON": sys.executable},
+                          extra_args=["--model-control-mode", "explicit", "--load-model", "*"])
+    yield server, mark
+    stop_server(server)
+
+
+def add_sub_inputs(module, a, b):
+    inputs = [module.InferInput("INPUT0", list(a.shape), "FP32"), module.InferInput("INPUT1", list(b.shape), "FP32")]
+    inputs[0].set_data_from_numpy(a)
+    inputs[1].set_data_from_numpy(b)
+    return inputs
+
+
+def test_a_python_model_answers_what_the_onnx_model_answers(python_server):
+    server, _ = python_server
+    rng = np.random.default_rng(7)
+    grpc_client = grpcclient.InferenceServerClient(server.grpc_url)
+    http_client = httpclient.InferenceServerClient(server.http_url, concurrency=8)
+    for module, client in ((grpcclient, grpc_client), (httpclient, http_client)):
+        a = rng.standard_normal((3, 16), dtype=np.float32)
+        b = rng.standard_normal((3, 16), dtype=np.float32)
+        python = client.infer("py_add_sub", add_sub_inputs(module, a, b))
+        onnx = client.infer("add_sub", add_sub_inputs(module, a, b))
+        for name in ("OUTPUT0", "OUTPUT1"):
+            np.testing.assert_array_equal(python.as_numpy(name), onnx.as_numpy(name))
+    # Concurrent requests share the two instances and each gets its own answer.
+    def one(seed):
+        a = np.full((1, 16), seed, dtype=np.float32)
+        b = np.arange(16, dtype=np.float32).reshape(1, 16)
+        result = grpc_client.infer("py_add_sub", add_sub_inputs(grpcclient, a, b))
+        return np.array_equal(result.as_numpy("OUTPUT0"), a + b)
+    with ThreadPoolExecutor(16) as pool:
+        assert all(pool.map(one, range(64)))
+    stats = grpc_client.get_inference_statistics("py_add_sub").model_stats[0]
+    assert stats.inference_stats.success.count == 66 and stats.execution_count == 66
+    config = grpc_client.get_model_config("py_add_sub").config
+    assert config.backend == "python" and config.default_model_filename == "model.py"
+    assert [g.name for g in config.instance_group] == ["py_add_sub_0"]
+    log = server.log_text()
+    assert "initialized py_add_sub_0_0 (CPU)" in log and "initialized py_add_sub_0_1 (CPU)" in log
+    assert "a print does not disturb kiln" in log
+
+
+def test_the_readme_model_runs(python_server):
+    server, _ = python_server
+    x = httpclient.InferInput("INPUT0", [3], "FP32")
+    x.set_data_from_numpy(np.array([1, 2.5, -4], dtype=np.float32))
+    result = httpclient.InferenceServerClient(server.http_url).infer("py_readme", [x])
+    np.testing.assert_array_equal(result.as_numpy("OUTPUT0"), [2, 5, -8])
+
+
+def test_every_datatype_goes_through_numpy_and_back(python_server):
+    server, _ = python_server
+    rng = np.random.default_rng(3)
+    inputs, expected = [], {}
+    for t in TYPES:
+        if t == "BYTES":
+            value = np.array([[b"a", b"\x00\xff", b""], [b"kiln", b"x" * 300, "\u00e9".encode()]], dtype=np.object_)
+        elif t == "BOOL":
+            value = rng.integers(0, 2, (2, 3)).astype(bool)
+        else:
+            dtype = np.dtype({"FP16": "float16", "FP32": "float32", "FP64": "float64"}.get(t, t.lower()))
+            info = np.finfo(dtype) if dtype.kind == "f" else np.iinfo(dtype)
+            value = np.array([[info.min, info.max, 0], [1, 2, 3]], dtype=dtype)
+        tensor = grpcclient.InferInput(f"IN_{t}", list(value.shape), t)
+        tensor.set_data_from_numpy(value)
+        inputs.append(tensor)
+        expected[f"OUT_{t}"] = value
+    result = grpcclient.InferenceServerClient(server.grpc_url).infer("py_identity", inputs)
+    for name, value in expected.items():
+        np.testing.assert_array_equal(result.as_numpy(name), value, err_msg=name)
+
+
+def test_strings_ids_parameters_and_the_response_sender_reach_the_model(python_server):
+    server, _ = python_server
+    client = httpclient.InferenceServerClient(server.http_url)
+    text = httpclient.InferInput("TEXT", [2], "BYTES")
+    text.set_data_from_numpy(np.array([b"kiln", "f\u00fcr".encode()], dtype=np.object_))
+    outputs = [httpclient.InferRequestedOutput(n) for n in ("UPPER", "ID", "PARAMETERS", "ASKED")]
+    result = client.infer("py_echo", [text], outputs=outputs, request_id="req-7",
+                          parameters={"mode": "loud", "level": 3})
+    assert [t.decode() for t in result.as_numpy("UPPER")] == ["KILN", "F\u00dcR"]
+    assert result.as_numpy("ID")[0] == b"req-7"
+    assert json.loads(result.as_numpy("PARAMETERS")[0]) == {"mode": "loud", "level": 3}
+    assert result.as_numpy("ASKED")[0] == b"UPPER,ID,PARAMETERS,ASKED"
+    # Only what was asked for comes back.
+    only = client.infer("py_echo", [text], outputs=[httpclient.InferRequestedOutput("UPPER")])
+    assert only.get_output("ID") is None and only.as_numpy("UPPER").shape == (2,)
+
+
+def faulty(client, value):
+    x = grpcclient.InferInput("X", [1], "INT32")
+    x.set_data_from_numpy(np.array([value], dtype=np.int32))
+    return client.infer("py_faulty", [x])
+
+
+def test_errors_keep_their_code_and_a_dead_stub_comes_back(python_server):
+    server, _ = python_server
+    client = grpcclient.InferenceServerClient(server.grpc_url)
+    assert faulty(client, 5).as_numpy("Y")[0] == 50
+    with pytest.raises(InferenceServerException) as e:
+        faulty(client, 1)
+    assert e.value.status() == "StatusCode.INVALID_ARGUMENT" and "one is refused" in e.value.message()
+    with pytest.raises(InferenceServerException) as e:
+        faulty(client, 2)
+    assert e.value.status() == "StatusCode.INTERNAL"
+    assert ("Failed to process the request(s) for model instance 'py_faulty_0_0', message: ValueError: two is a "
+            "bad number") in e.value.message()
+    with pytest.raises(InferenceServerException) as e:
+        faulty(client, 4)
+    assert "execute returned 0 responses for 1 requests" in e.value.message()
+    with pytest.raises(InferenceServerException) as e:
+        faulty(client, 7)
+    assert "returned output 'Y' as FP64, but its config declares INT32" in e.value.message()
+    with pytest.raises(InferenceServerException) as e:
+        faulty(client, 3)
+    assert "the Python stub of model instance 'py_faulty_0_0' failed" in e.value.message()
+    assert "exit status: 3" in e.value.message()
+    # The next request starts the instance again, initialize and all.
+    assert faulty(client, 6).as_numpy("Y")[0] == 60
+    assert server.log_text().count("faulty model starting") == 2
+    # Over REST a TritonError's code picks the status.
+    reply = requests.post(f"http://{server.http_url}/v2/models/py_faulty/infer", timeout=RPC_TIMEOUT,
+                          json={"inputs": [{"name": "X", "datatype": "INT32", "shape": [1], "data": [1]}]})
+    assert reply.status_code == 400 and reply.json() == {"error": "one is refused"}
+    server.assert_alive()
+
+
+def test_an_initialize_that_raises_fails_the_load_with_its_message(python_server):
+    server, _ = python_server
+    client = grpcclient.InferenceServerClient(server.grpc_url)
+    entry = next(m for m in client.get_model_repository_index().models if m.name == "py_broken")
+    assert entry.state == "UNAVAILABLE"
+    assert "initialize of model instance 'py_broken_0_0' failed: RuntimeError: the weights are missing" in entry.reason
+    with pytest.raises(InferenceServerException) as e:
+        client.load_model("py_broken")
+    assert "the weights are missing" in e.value.message()
+
+
+def test_an_ensemble_runs_a_python_step_then_an_onnx_one(python_server):
+    server, _ = python_server
+    client = grpcclient.InferenceServerClient(server.grpc_url)
+    x = np.arange(32, dtype=np.float32).reshape(2, 16)
+    z = np.ones((2, 16), dtype=np.float32)
+    inputs = [grpcclient.InferInput("X", [2, 16], "FP32"), grpcclient.InferInput("Z", [2, 16], "FP32")]
+    inputs[0].set_data_from_numpy(x)
+    inputs[1].set_data_from_numpy(z)
+    np.testing.assert_array_equal(client.infer("double_then_add", inputs).as_numpy("SUM"), 2 * x + z)
+
+
+def test_finalize_runs_when_the_model_unloads(python_server):
+    server, mark = python_server
+    client = grpcclient.InferenceServerClient(server.grpc_url)
+    assert not mark.exists()
+    client.unload_model("py_echo")
+    assert not client.is_model_ready("py_echo")
+    # The version stops (finalize, then its processes end) once its last request is done.
+    deadline = time.monotonic() + 10
+    while not mark.exists() and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert mark.read_text() == "finalized"
+    client.load_model("py_echo")
+    assert client.is_model_ready("py_echo")
+
+
+def test_a_missing_interpreter_or_numpy_fails_the_load_with_the_reason(tmp_path):
+    write_model(tmp_path, "py_faulty", PY_FAULTY_CONFIG, PY_FAULTY)
+    server = start_server([tmp_path], name="kiln-python-missing", env={"KILN_PYTHON": "/nonexistent/python3"})
+    try:
+        client = grpcclient.InferenceServerClient(server.grpc_url)
+        entry = client.get_model_repository_index().models[0]
+        assert entry.state == "UNAVAILABLE"
+        assert "cannot start Python ('/nonexistent/python3')" in entry.reason
+    finally:
+        stop_server(server)

@@ -1,0 +1,615 @@
+//! Triton's Python backend: a model whose `<version>/model.py` defines `TritonPythonModel`
+//! (`initialize(args)`, `execute(requests)`, `finalize()`) runs in Python processes of its own,
+//! one per instance, as Triton runs it in its stub processes. kiln writes its stub (`stub.py`)
+//! and its `triton_python_backend_utils` (what models import as `pb_utils`) into a private
+//! directory and talks to each stub over its standard input and output ([`channel`]).
+//!
+//! Each request goes to an idle instance as a list of one request, with its id, its parameters
+//! (as the JSON text `request.parameters()` gives) and the outputs it asks for; a response's
+//! `TritonError` fails its request with that message, an exception fails it with Triton's
+//! "Failed to process the request(s)" message. A stub that dies (a crash, `os._exit`) fails the
+//! request it was running and is started again, `initialize` and all, for the next one.
+//!
+//! The interpreter is the config's `EXECUTION_ENV_PATH` (an unpacked environment: its
+//! `bin/python3`), else `$KILN_PYTHON`, else `python3` on the `PATH`; it needs numpy.
+
+mod channel;
+
+use crate::core::{DataType, Error, ParamValue, Parameters, Tensor};
+use crate::proto::inference::{model_instance_group::Kind, ModelConfig};
+use serde_json::{json, Value};
+use std::io::{BufReader, BufWriter};
+use std::path::{Path, PathBuf};
+use std::process::{Child, ChildStdin, ChildStdout, Command, Stdio};
+use std::sync::{Arc, Mutex, OnceLock};
+use std::time::{Duration, Instant};
+
+/// The `backend` of a Python model.
+pub const BACKEND: &str = "python";
+/// Its model file when the config names none.
+pub const DEFAULT_MODEL_FILENAME: &str = "model.py";
+/// The config parameter naming the model's Python environment (Triton's).
+const EXECUTION_ENV_PATH: &str = "EXECUTION_ENV_PATH";
+/// The environment variable naming the default interpreter.
+const PYTHON_VARIABLE: &str = "KILN_PYTHON";
+/// How long `finalize` may take when a model unloads before its process is killed.
+const FINALIZE_TIMEOUT: Duration = Duration::from_secs(5);
+
+const STUB: &str = include_str!("stub.py");
+const UTILS: &str = include_str!("triton_python_backend_utils.py");
+
+/// One instance: Triton's name for it and where it runs.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Instance {
+    pub name: String,
+    /// `CPU` or `GPU`, as `args["model_instance_kind"]` tells the model.
+    pub kind: &'static str,
+    pub device: i32,
+}
+
+/// What a Python model's versions start: the interpreter and the instances.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct PythonSpec {
+    pub python: PathBuf,
+    pub instances: Vec<Instance>,
+}
+
+impl PythonSpec {
+    /// Reads the interpreter and the instance groups (normalised in `config` as Triton shows
+    /// them: each group named `<model>_<index>` with a count, 1 by default). A `KIND_GPU` group
+    /// tells its instances their GPU; kiln does not check it (the model's own libraries use it).
+    ///
+    /// # Errors
+    /// An `EXECUTION_ENV_PATH` that is not an unpacked environment, a BF16 tensor (numpy has no
+    /// such type), a decoupled model or sequence batching (not served yet).
+    pub fn from_config(config: &mut ModelConfig, dir: &Path) -> Result<PythonSpec, String> {
+        let name = config.name.clone();
+        if config
+            .model_transaction_policy
+            .as_ref()
+            .is_some_and(|p| p.decoupled)
+        {
+            return Err(format!(
+                "Python model '{name}' is decoupled: kiln does not serve decoupled Python models yet"
+            ));
+        }
+        if matches!(
+            config.scheduling_choice,
+            Some(crate::proto::inference::model_config::SchedulingChoice::SequenceBatching(_))
+        ) {
+            return Err(format!(
+                "Python model '{name}' uses sequence_batching: kiln does not serve stateful Python \
+                 models yet"
+            ));
+        }
+        for (tensor, data_type) in config
+            .input
+            .iter()
+            .map(|i| (&i.name, i.data_type))
+            .chain(config.output.iter().map(|o| (&o.name, o.data_type)))
+        {
+            if data_type == crate::proto::inference::DataType::TypeBf16 as i32 {
+                return Err(format!(
+                    "tensor '{tensor}' of Python model '{name}' is BF16, which numpy cannot hold"
+                ));
+            }
+        }
+        let python = interpreter(config, dir)?;
+        let mut instances = Vec::new();
+        for (index, group) in config.instance_group.iter_mut().enumerate() {
+            if group.name.is_empty() {
+                group.name = format!("{name}_{index}");
+            }
+            if group.count < 1 {
+                group.count = 1;
+            }
+            let (kind, devices) = if group.kind == Kind::Gpu as i32 {
+                let gpus = if group.gpus.is_empty() {
+                    vec![0]
+                } else {
+                    group.gpus.clone()
+                };
+                ("GPU", gpus)
+            } else {
+                group.kind = Kind::Cpu as i32;
+                ("CPU", vec![0])
+            };
+            for device in devices {
+                for _ in 0..group.count {
+                    instances.push(Instance {
+                        name: format!("{}_{}", group.name, instances.len()),
+                        kind,
+                        device,
+                    });
+                }
+            }
+        }
+        if instances.is_empty() {
+            config
+                .instance_group
+                .push(crate::proto::inference::ModelInstanceGroup {
+                    name: format!("{name}_0"),
+                    kind: Kind::Cpu as i32,
+                    count: 1,
+                    ..Default::default()
+                });
+            instances.push(Instance {
+                name: format!("{name}_0_0"),
+                kind: "CPU",
+                device: 0,
+            });
+        }
+        Ok(PythonSpec { python, instances })
+    }
+}
+
+/// The interpreter a model runs under.
+fn interpreter(config: &ModelConfig, dir: &Path) -> Result<PathBuf, String> {
+    let Some(env) = config
+        .parameters
+        .get(EXECUTION_ENV_PATH)
+        .map(|p| p.string_value.trim())
+        .filter(|p| !p.is_empty())
+    else {
+        return Ok(std::env::var_os(PYTHON_VARIABLE)
+            .filter(|p| !p.is_empty())
+            .map_or_else(|| PathBuf::from("python3"), PathBuf::from));
+    };
+    let env = PathBuf::from(env.replace("$$TRITON_MODEL_DIRECTORY", &dir.to_string_lossy()));
+    if !env.is_dir() {
+        return Err(format!(
+            "{EXECUTION_ENV_PATH} '{}' is not a directory: kiln runs unpacked environments (unpack \
+             a conda-pack archive and name its directory)",
+            env.display()
+        ));
+    }
+    let python = env.join("bin").join("python3");
+    if !python.is_file() {
+        return Err(format!(
+            "{EXECUTION_ENV_PATH} '{}' has no bin/python3",
+            env.display()
+        ));
+    }
+    Ok(python)
+}
+
+/// The directory holding the stub and `triton_python_backend_utils.py`, written once per
+/// process.
+fn runtime_dir() -> Result<&'static Path, String> {
+    static DIR: OnceLock<Result<PathBuf, String>> = OnceLock::new();
+    DIR.get_or_init(|| {
+        let dir = std::env::temp_dir().join(format!("kiln-python-{}", std::process::id()));
+        let write = || -> std::io::Result<()> {
+            std::fs::create_dir_all(&dir)?;
+            #[cfg(unix)]
+            {
+                use std::os::unix::fs::PermissionsExt;
+                std::fs::set_permissions(&dir, std::fs::Permissions::from_mode(0o700))?;
+            }
+            std::fs::write(dir.join("kiln_python_stub.py"), STUB)?;
+            std::fs::write(dir.join("triton_python_backend_utils.py"), UTILS)
+        };
+        write()
+            .map(|()| dir.clone())
+            .map_err(|e| format!("cannot write the Python stub to {}: {e}", dir.display()))
+    })
+    .as_deref()
+    .map_err(Clone::clone)
+}
+
+/// One inference request for a Python model.
+#[derive(Debug, Clone, Default)]
+pub struct Request {
+    pub id: String,
+    pub parameters: Parameters,
+    /// The outputs asked for; empty: all.
+    pub outputs: Vec<String>,
+    pub inputs: Vec<Tensor>,
+}
+
+/// A request's outputs and where its time went.
+#[derive(Debug)]
+pub struct Executed {
+    pub outputs: Vec<Tensor>,
+    /// Waiting for an idle instance.
+    pub queue: Duration,
+    /// In the model.
+    pub compute: Duration,
+}
+
+/// Starts a model's stubs.
+#[derive(Debug)]
+struct Launcher {
+    model: String,
+    python: PathBuf,
+    model_file: PathBuf,
+    /// `initialize`'s arguments, the instance's aside.
+    args: serde_json::Map<String, Value>,
+}
+
+/// A running stub.
+struct Stub {
+    child: Child,
+    input: BufWriter<ChildStdin>,
+    output: BufReader<ChildStdout>,
+}
+
+/// An instance, its stub running or (after a crash) to be started again.
+struct Slot {
+    instance: Instance,
+    stub: Option<Stub>,
+}
+
+/// A version of a Python model: its instances, each taken by one request at a time.
+pub struct PythonModel {
+    launcher: Launcher,
+    /// The datatype the config declares for each output.
+    outputs: Vec<(String, DataType)>,
+    idle: Mutex<Vec<Slot>>,
+    permits: Arc<tokio::sync::Semaphore>,
+}
+
+impl std::fmt::Debug for PythonModel {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("PythonModel")
+            .field("launcher", &self.launcher)
+            .finish_non_exhaustive()
+    }
+}
+
+impl PythonModel {
+    /// Starts every instance of version `version` (`model_file` in `dir`), each through
+    /// `initialize`. Blocking.
+    ///
+    /// # Errors
+    /// Why an instance did not start (the interpreter, the stub, or what `initialize` raised);
+    /// the instances started before it are stopped.
+    pub fn start(
+        config: &ModelConfig,
+        version: i64,
+        dir: &Path,
+        model_file: &Path,
+        spec: &PythonSpec,
+    ) -> Result<PythonModel, String> {
+        let config_json = crate::repository::config::config_to_json(config).to_string();
+        let mut args = serde_json::Map::new();
+        for (key, value) in [
+            ("model_config", config_json),
+            ("model_repository", dir.to_string_lossy().into_owned()),
+            ("model_version", version.to_string()),
+            ("model_name", config.name.clone()),
+        ] {
+            args.insert(key.into(), Value::String(value));
+        }
+        let launcher = Launcher {
+            model: config.name.clone(),
+            python: spec.python.clone(),
+            model_file: model_file.to_path_buf(),
+            args,
+        };
+        let mut slots = Vec::with_capacity(spec.instances.len());
+        for instance in &spec.instances {
+            match launcher.start(instance) {
+                Ok(stub) => slots.push(Slot {
+                    instance: instance.clone(),
+                    stub: Some(stub),
+                }),
+                Err(why) => {
+                    for slot in slots {
+                        if let Some(stub) = slot.stub {
+                            stub.finalize();
+                        }
+                    }
+                    return Err(why);
+                }
+            }
+        }
+        let outputs = config
+            .output
+            .iter()
+            .filter_map(|o| {
+                let datatype = crate::repository::config::datatype_from_config(o.data_type)?;
+                Some((o.name.clone(), datatype))
+            })
+            .collect();
+        Ok(PythonModel {
+            launcher,
+            outputs,
+            permits: Arc::new(tokio::sync::Semaphore::new(slots.len())),
+            idle: Mutex::new(slots),
+        })
+    }
+
+    /// Runs `request` on the next idle instance.
+    ///
+    /// # Errors
+    /// The model's error for the request (its `TritonError`, with the code it gave), INTERNAL
+    /// for an exception, a stub that died or an answer kiln cannot read.
+    pub async fn execute(self: &Arc<Self>, request: Request) -> Result<Executed, Error> {
+        let arrived = Instant::now();
+        let permit = Arc::clone(&self.permits)
+            .acquire_owned()
+            .await
+            .map_err(|_| Error::Unavailable("the model is unloading".into()))?;
+        let queue = arrived.elapsed();
+        let this = Arc::clone(self);
+        // The blocking task owns the instance and gives it back itself, so a client that goes
+        // away mid-run loses nothing.
+        let task = tokio::task::spawn_blocking(move || {
+            let mut slot = this
+                .idle
+                .lock()
+                .unwrap_or_else(|e| e.into_inner())
+                .pop()
+                .expect("a permit stands for an idle instance");
+            let started = Instant::now();
+            let result = this.run(&mut slot, &request);
+            let compute = started.elapsed();
+            this.idle
+                .lock()
+                .unwrap_or_else(|e| e.into_inner())
+                .push(slot);
+            drop(permit);
+            result.map(|outputs| (outputs, compute))
+        });
+        let (outputs, compute) = task
+            .await
+            .map_err(|e| Error::Internal(format!("Python model task failed: {e}")))??;
+        Ok(Executed {
+            outputs,
+            queue,
+            compute,
+        })
+    }
+
+    /// Runs `request` on `slot`'s stub, starting it first if it died. Blocking.
+    fn run(&self, slot: &mut Slot, request: &Request) -> Result<Vec<Tensor>, Error> {
+        let instance = &slot.instance.name;
+        let stub = match &mut slot.stub {
+            Some(stub) => stub,
+            None => {
+                let stub = self.launcher.start(&slot.instance).map_err(|why| {
+                    Error::Internal(format!(
+                        "the Python stub of model instance '{instance}' could not be restarted: {why}"
+                    ))
+                })?;
+                slot.stub.insert(stub)
+            }
+        };
+        match stub.execute(request, &self.launcher.model, instance) {
+            Ok(answer) => answer.and_then(|outputs| self.check(outputs)),
+            Err(broken) => {
+                let status = slot.stub.take().map(Stub::kill).unwrap_or_default();
+                tracing::error!(
+                    "the Python stub of model instance '{instance}' failed ({broken}{status}); it \
+                     restarts for the next request"
+                );
+                Err(Error::Internal(format!(
+                    "the Python stub of model instance '{instance}' failed: {broken}{status}"
+                )))
+            }
+        }
+    }
+
+    /// Outputs of the datatypes the config declares (a model's own extra outputs pass: the
+    /// response leaves them out).
+    fn check(&self, outputs: Vec<Tensor>) -> Result<Vec<Tensor>, Error> {
+        for output in &outputs {
+            if let Some((_, declared)) = self.outputs.iter().find(|(n, _)| *n == output.name) {
+                if *declared != output.datatype {
+                    return Err(Error::Internal(format!(
+                        "model '{}' returned output '{}' as {}, but its config declares {}",
+                        self.launcher.model,
+                        output.name,
+                        output.datatype.as_wire(),
+                        declared.as_wire()
+                    )));
+                }
+            }
+        }
+        Ok(outputs)
+    }
+
+    /// Calls every instance's `finalize` and ends its process. Blocking.
+    pub fn stop(&self) {
+        self.permits.close();
+        let slots = std::mem::take(&mut *self.idle.lock().unwrap_or_else(|e| e.into_inner()));
+        for slot in slots {
+            if let Some(stub) = slot.stub {
+                stub.finalize();
+            }
+        }
+    }
+}
+
+impl Launcher {
+    /// Starts a stub for `instance` and runs the model's `initialize`. Blocking.
+    fn start(&self, instance: &Instance) -> Result<Stub, String> {
+        let runtime = runtime_dir()?;
+        let mut path = std::ffi::OsString::from(runtime);
+        if let Some(existing) = std::env::var_os("PYTHONPATH").filter(|p| !p.is_empty()) {
+            path.push(":");
+            path.push(existing);
+        }
+        let mut child = Command::new(&self.python)
+            .arg(runtime.join("kiln_python_stub.py"))
+            .arg(&self.model_file)
+            .env("PYTHONPATH", path)
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::inherit())
+            .spawn()
+            .map_err(|e| format!("cannot start Python ('{}'): {e}", self.python.display()))?;
+        let input = child.stdin.take().expect("piped");
+        let output = child.stdout.take().expect("piped");
+        let mut stub = Stub {
+            child,
+            input: BufWriter::new(input),
+            output: BufReader::new(output),
+        };
+        let mut args = self.args.clone();
+        args.insert("model_instance_name".into(), json!(instance.name));
+        args.insert("model_instance_kind".into(), json!(instance.kind));
+        args.insert(
+            "model_instance_device_id".into(),
+            json!(instance.device.to_string()),
+        );
+        let started = channel::send(&mut stub.input, json!({"op": "init", "args": args}), &[])
+            .and_then(|()| stub.answer(&self.model, &instance.name));
+        match started {
+            Ok(message) if message.header["op"] == "ready" => Ok(stub),
+            Ok(message) => {
+                let why = message.header["message"].as_str().unwrap_or("").to_string();
+                stub.kill();
+                Err(format!(
+                    "initialize of model instance '{}' failed: {why}",
+                    instance.name
+                ))
+            }
+            Err(e) => {
+                let status = stub.kill();
+                Err(format!(
+                    "the Python stub of model instance '{}' ended before it was ready ({e}{status}): \
+                     its error is in the log above; the stub needs numpy in '{}'",
+                    instance.name,
+                    self.python.display()
+                ))
+            }
+        }
+    }
+}
+
+/// The parameters as the JSON object `request.parameters()` gives.
+fn parameters_json(parameters: &Parameters) -> String {
+    let map: serde_json::Map<String, Value> = parameters
+        .iter()
+        .map(|(key, value)| {
+            let value = match value {
+                ParamValue::Bool(b) => json!(b),
+                ParamValue::Int64(i) => json!(i),
+                ParamValue::Uint64(u) => json!(u),
+                ParamValue::Double(d) => json!(d),
+                ParamValue::String(s) => json!(s),
+            };
+            (key.clone(), value)
+        })
+        .collect();
+    Value::Object(map).to_string()
+}
+
+/// The error a response's `TritonError` fails its request with.
+fn model_error(message: String, code: i64) -> Error {
+    match code {
+        2 => Error::NotFound(message),
+        3 => Error::InvalidArgument(message),
+        4 => Error::Unavailable(message),
+        5 => Error::Unsupported(message),
+        6 => Error::AlreadyExists(message),
+        _ => Error::Internal(message),
+    }
+}
+
+impl Stub {
+    /// The next answer of the stub, its log lines passed on meanwhile.
+    fn answer(&mut self, model: &str, instance: &str) -> std::io::Result<channel::Message> {
+        loop {
+            let message = channel::receive(&mut self.output)?;
+            if message.header["op"] != "log" {
+                return Ok(message);
+            }
+            let text = message.header["message"].as_str().unwrap_or("");
+            match message.header["level"].as_i64() {
+                Some(1) => tracing::warn!(model, instance, "{text}"),
+                Some(2) => tracing::error!(model, instance, "{text}"),
+                Some(3) => tracing::debug!(model, instance, "{text}"),
+                _ => tracing::info!(model, instance, "{text}"),
+            }
+        }
+    }
+
+    /// Runs one request: `Err` when the stub is gone or broke the protocol, else the model's
+    /// answer.
+    fn execute(
+        &mut self,
+        request: &Request,
+        model: &str,
+        instance: &str,
+    ) -> std::io::Result<Result<Vec<Tensor>, Error>> {
+        let header = json!({"op": "execute", "requests": [{
+            "id": request.id,
+            "parameters": parameters_json(&request.parameters),
+            "outputs": request.outputs,
+            "inputs": request.inputs.iter().map(channel::describe).collect::<Vec<_>>(),
+        }]});
+        let blobs: Vec<&[u8]> = request.inputs.iter().map(|t| t.data.as_ref()).collect();
+        channel::send(&mut self.input, header, &blobs)?;
+        let message = self.answer(model, instance)?;
+        let broken = |why: String| std::io::Error::new(std::io::ErrorKind::InvalidData, why);
+        match message.header["op"].as_str() {
+            Some("responses") => {}
+            Some("error") => {
+                let why = message.header["message"].as_str().unwrap_or("");
+                return Ok(Err(Error::Internal(format!(
+                    "Failed to process the request(s) for model instance '{instance}', message: {why}"
+                ))));
+            }
+            other => return Err(broken(format!("unexpected answer {other:?}"))),
+        }
+        let response = &message.header["responses"][0];
+        if let Some(why) = response["error"].as_str() {
+            let code = response["code"].as_i64().unwrap_or(1);
+            return Ok(Err(model_error(why.to_string(), code)));
+        }
+        let described = response["outputs"]
+            .as_array()
+            .ok_or_else(|| broken("a response without outputs".into()))?;
+        if described.len() != message.blobs.len() {
+            return Err(broken("outputs and their data do not match".into()));
+        }
+        let outputs = described
+            .iter()
+            .zip(message.blobs)
+            .map(|(description, data)| channel::tensor(description, data))
+            .collect::<Result<Vec<Tensor>, String>>();
+        let outputs = match outputs {
+            Ok(outputs) => outputs,
+            Err(why) => return Ok(Err(Error::Internal(format!("model '{model}': {why}")))),
+        };
+        if let Some(missing) = request
+            .outputs
+            .iter()
+            .find(|name| !outputs.iter().any(|o| &o.name == *name))
+        {
+            return Ok(Err(Error::Internal(format!(
+                "model '{model}' did not return the requested output '{missing}'"
+            ))));
+        }
+        Ok(Ok(outputs))
+    }
+
+    /// Asks the model to `finalize`, then ends the process (killed when it takes too long).
+    fn finalize(mut self) {
+        let sent = channel::send(&mut self.input, json!({"op": "finalize"}), &[]);
+        let deadline = Instant::now() + FINALIZE_TIMEOUT;
+        while sent.is_ok() && Instant::now() < deadline {
+            match self.child.try_wait() {
+                Ok(Some(_)) => return,
+                Ok(None) => std::thread::sleep(Duration::from_millis(10)),
+                Err(_) => break,
+            }
+        }
+        self.kill();
+    }
+
+    /// Ends the process; what it exited with, for messages.
+    fn kill(mut self) -> String {
+        let _ = self.child.kill();
+        match self.child.wait() {
+            Ok(status) => format!("; the process {status}"),
+            Err(_) => String::new(),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests;

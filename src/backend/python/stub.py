@@ -1,0 +1,222 @@
+"""kiln's Python backend stub: one instance of a Triton Python model (`model.py`), run in its own
+process and driven by kiln over the process's standard input and output.
+
+Every message, both ways, is a 12-byte head (the JSON header's length as a little-endian u32,
+then the length of the binary part as a u64), the JSON header, then the binary part: the data
+of the tensors the header lists, one after another (`sizes` gives each length). Tensor data is
+raw little-endian; BYTES elements are each a 4-byte little-endian length and the bytes, as in
+Triton's wire format.
+
+kiln sends `init` (Triton's `initialize` arguments), then `execute` (a list of requests) as
+often as it has work, then `finalize`. The stub answers `ready`, `responses` (one per request)
+and `done`, or `error` with a message; `log` lines may come before any answer. The model's own
+prints go to kiln's standard error, not into the protocol.
+"""
+
+import importlib.util
+import json
+import os
+import struct
+import sys
+import traceback
+
+import numpy as np
+
+import triton_python_backend_utils as pb_utils
+
+_HEAD = struct.Struct("<IQ")
+
+_NUMPY = {
+    "BOOL": np.bool_,
+    "UINT8": np.uint8,
+    "UINT16": np.uint16,
+    "UINT32": np.uint32,
+    "UINT64": np.uint64,
+    "INT8": np.int8,
+    "INT16": np.int16,
+    "INT32": np.int32,
+    "INT64": np.int64,
+    "FP16": np.float16,
+    "FP32": np.float32,
+    "FP64": np.float64,
+}
+_WIRE = {np.dtype(t): name for name, t in _NUMPY.items()}
+
+
+class Channel:
+    def __init__(self, reader, writer):
+        self.reader = reader
+        self.writer = writer
+
+    def _read_exactly(self, n):
+        buffer = bytearray(n)
+        view = memoryview(buffer)
+        got = 0
+        while got < n:
+            chunk = self.reader.readinto(view[got:])
+            if not chunk:
+                raise EOFError("kiln closed the channel")
+            got += chunk
+        return buffer
+
+    def receive(self):
+        json_len, blob_len = _HEAD.unpack(self._read_exactly(_HEAD.size))
+        header = json.loads(bytes(self._read_exactly(json_len)))
+        blobs = memoryview(self._read_exactly(blob_len))
+        parts, start = [], 0
+        for size in header.get("sizes", []):
+            parts.append(blobs[start:start + size])
+            start += size
+        return header, parts
+
+    def send(self, header, blobs=()):
+        blobs = list(blobs)
+        header["sizes"] = [len(b) for b in blobs]
+        encoded = json.dumps(header).encode()
+        self.writer.write(_HEAD.pack(len(encoded), sum(len(b) for b in blobs)))
+        self.writer.write(encoded)
+        for blob in blobs:
+            self.writer.write(blob)
+        self.writer.flush()
+
+
+def to_numpy(datatype, shape, data):
+    if datatype == "BYTES":
+        elements, at = [], 0
+        while at < len(data):
+            (length,) = struct.unpack_from("<I", data, at)
+            elements.append(bytes(data[at + 4:at + 4 + length]))
+            at += 4 + length
+        return np.array(elements, dtype=np.object_).reshape(shape)
+    # The blob is a slice of a bytearray: the array is writable, as Triton's are.
+    return np.frombuffer(data, dtype=np.dtype(_NUMPY[datatype]).newbyteorder("<")).reshape(shape)
+
+
+def from_numpy(name, array):
+    """The wire datatype and data of an output array."""
+    if array.dtype == np.object_ or array.dtype.kind in "SU":
+        parts = []
+        for element in array.reshape(-1):
+            if isinstance(element, str):
+                element = element.encode()
+            elif isinstance(element, np.str_):
+                element = str(element).encode()
+            elif not isinstance(element, (bytes, np.bytes_)):
+                element = str(element).encode()
+            parts.append(struct.pack("<I", len(element)))
+            parts.append(bytes(element))
+        return "BYTES", b"".join(parts)
+    wire = _WIRE.get(array.dtype.newbyteorder("="))
+    if wire is None:
+        raise pb_utils.TritonModelException(f"output '{name}' has numpy type {array.dtype}, which Triton cannot carry")
+    return wire, np.ascontiguousarray(array, dtype=array.dtype.newbyteorder("<")).tobytes()
+
+
+def describe(error):
+    if isinstance(error, pb_utils.TritonModelException):
+        return str(error)
+    return f"{type(error).__name__}: {error}"
+
+
+def load_model(path):
+    directory = os.path.dirname(path)
+    sys.path.insert(0, directory)
+    spec = importlib.util.spec_from_file_location("model", path)
+    module = importlib.util.module_from_spec(spec)
+    sys.modules["model"] = module
+    spec.loader.exec_module(module)
+    return module.TritonPythonModel()
+
+
+def requests_of(header, blobs):
+    requests, index = [], 0
+    for request in header["requests"]:
+        inputs = []
+        for tensor in request["inputs"]:
+            inputs.append(pb_utils.Tensor(tensor["name"], to_numpy(tensor["datatype"], tensor["shape"], blobs[index])))
+            index += 1
+        requests.append(pb_utils.InferenceRequest(
+            inputs=inputs, requested_output_names=request["outputs"], request_id=request["id"],
+            parameters=request["parameters"], _kiln=True))
+    return requests
+
+
+def answer(channel, requests, responses):
+    if responses is None:
+        responses = [request._sent for request in requests]
+        if any(r is None for r in responses):
+            raise pb_utils.TritonModelException(
+                "execute returned None without sending a response for every request")
+    responses = list(responses)
+    if len(responses) != len(requests):
+        raise pb_utils.TritonModelException(
+            f"execute returned {len(responses)} responses for {len(requests)} requests")
+    described, blobs = [], []
+    for response in responses:
+        if not isinstance(response, pb_utils.InferenceResponse):
+            raise pb_utils.TritonModelException(
+                f"execute must return InferenceResponse objects, not {type(response).__name__}")
+        if response.has_error():
+            error = response.error()
+            message = error.message() if hasattr(error, "message") else str(error)
+            code = error.code() if hasattr(error, "code") else pb_utils.TritonError.INTERNAL
+            described.append({"error": message, "code": code})
+            continue
+        outputs = []
+        for tensor in response.output_tensors():
+            array = tensor.as_numpy()
+            datatype, data = from_numpy(tensor.name(), array)
+            outputs.append({"name": tensor.name(), "datatype": datatype, "shape": list(array.shape)})
+            blobs.append(data)
+        described.append({"outputs": outputs})
+    channel.send({"op": "responses", "responses": described}, blobs)
+
+
+def main():
+    model_path = sys.argv[1]
+    # The protocol keeps the process's stdin and stdout; the model's prints go to stderr and it
+    # reads nothing from kiln's pipe.
+    channel = Channel(os.fdopen(os.dup(0), "rb", buffering=0), os.fdopen(os.dup(1), "wb"))
+    null = os.open(os.devnull, os.O_RDONLY)
+    os.dup2(null, 0)
+    os.dup2(2, 1)
+    sys.stdout.reconfigure(line_buffering=True)
+
+    pb_utils._state["log"] = lambda level, message: channel.send(
+        {"op": "log", "level": level, "message": message})
+
+    header, _ = channel.receive()
+    args = header["args"]
+    pb_utils._state["model_dir"] = args["model_repository"]
+    try:
+        model = load_model(model_path)
+        if hasattr(model, "initialize"):
+            model.initialize(args)
+    except BaseException as error:  # noqa: B036 - the load fails with whatever the model raised
+        traceback.print_exc()
+        channel.send({"op": "error", "message": describe(error)})
+        return
+    channel.send({"op": "ready"})
+    while True:
+        try:
+            header, blobs = channel.receive()
+        except EOFError:
+            return
+        if header["op"] == "finalize":
+            try:
+                if hasattr(model, "finalize"):
+                    model.finalize()
+            except Exception:
+                traceback.print_exc()
+            channel.send({"op": "done"})
+            return
+        requests = requests_of(header, blobs)
+        try:
+            answer(channel, requests, model.execute(requests))
+        except Exception as error:
+            traceback.print_exc()
+            channel.send({"op": "error", "message": describe(error)})
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,113 @@
+use super::*;
+use crate::proto::inference::{ModelInstanceGroup, ModelParameter, ModelTransactionPolicy};
+
+fn config(groups: Vec<ModelInstanceGroup>) -> ModelConfig {
+    ModelConfig {
+        name: "py".into(),
+        backend: BACKEND.into(),
+        instance_group: groups,
+        ..Default::default()
+    }
+}
+
+#[test]
+fn instance_groups_become_named_instances() {
+    let mut plain = config(Vec::new());
+    let spec = PythonSpec::from_config(&mut plain, Path::new("/m")).unwrap();
+    assert_eq!(
+        spec.instances,
+        [Instance {
+            name: "py_0_0".into(),
+            kind: "CPU",
+            device: 0
+        }]
+    );
+    assert_eq!(plain.instance_group[0].count, 1);
+    let mut groups = config(vec![
+        ModelInstanceGroup {
+            count: 2,
+            kind: Kind::Auto as i32,
+            ..Default::default()
+        },
+        ModelInstanceGroup {
+            name: "gpus".into(),
+            kind: Kind::Gpu as i32,
+            gpus: vec![1, 3],
+            ..Default::default()
+        },
+    ]);
+    let spec = PythonSpec::from_config(&mut groups, Path::new("/m")).unwrap();
+    let described: Vec<(&str, &str, i32)> = spec
+        .instances
+        .iter()
+        .map(|i| (i.name.as_str(), i.kind, i.device))
+        .collect();
+    assert_eq!(
+        described,
+        [
+            ("py_0_0", "CPU", 0),
+            ("py_0_1", "CPU", 0),
+            ("gpus_2", "GPU", 1),
+            ("gpus_3", "GPU", 3)
+        ]
+    );
+    assert_eq!(groups.instance_group[0].kind, Kind::Cpu as i32);
+}
+
+#[test]
+fn the_interpreter_is_the_environment_or_the_default() {
+    let model_dir = std::env::temp_dir().join(format!("kiln-python-test-{}", std::process::id()));
+    std::fs::create_dir_all(model_dir.join("env/bin")).unwrap();
+    std::fs::write(model_dir.join("env/bin/python3"), "").unwrap();
+    let mut with_env = config(Vec::new());
+    with_env.parameters.insert(
+        EXECUTION_ENV_PATH.into(),
+        ModelParameter {
+            string_value: "$$TRITON_MODEL_DIRECTORY/env".into(),
+        },
+    );
+    let spec = PythonSpec::from_config(&mut with_env, &model_dir).unwrap();
+    assert_eq!(spec.python, model_dir.join("env/bin/python3"));
+    std::fs::remove_dir_all(&model_dir).unwrap();
+    let mut packed = config(Vec::new());
+    packed.parameters.insert(
+        EXECUTION_ENV_PATH.into(),
+        ModelParameter {
+            string_value: "/nowhere/env.tar.gz".into(),
+        },
+    );
+    let error = PythonSpec::from_config(&mut packed, Path::new("/m")).unwrap_err();
+    assert!(error.contains("unpacked environments"), "{error}");
+}
+
+#[test]
+fn what_is_not_served_yet_fails_the_load_with_its_name() {
+    let mut decoupled = config(Vec::new());
+    decoupled.model_transaction_policy = Some(ModelTransactionPolicy { decoupled: true });
+    let error = PythonSpec::from_config(&mut decoupled, Path::new("/m")).unwrap_err();
+    assert!(error.contains("decoupled"), "{error}");
+    let mut bf16 = config(Vec::new());
+    bf16.output.push(crate::proto::inference::ModelOutput {
+        name: "y".into(),
+        data_type: crate::proto::inference::DataType::TypeBf16 as i32,
+        ..Default::default()
+    });
+    let error = PythonSpec::from_config(&mut bf16, Path::new("/m")).unwrap_err();
+    assert!(error.contains("'y'") && error.contains("BF16"), "{error}");
+}
+
+#[test]
+fn parameters_reach_the_model_as_json_and_error_codes_keep_their_meaning() {
+    let mut parameters = Parameters::new();
+    parameters.insert("flag".into(), ParamValue::Bool(true));
+    parameters.insert("n".into(), ParamValue::Int64(-3));
+    parameters.insert("s".into(), ParamValue::String("x".into()));
+    let parsed: Value = serde_json::from_str(&parameters_json(&parameters)).unwrap();
+    assert_eq!(parsed, json!({"flag": true, "n": -3, "s": "x"}));
+    assert!(matches!(
+        model_error("m".into(), 3),
+        Error::InvalidArgument(_)
+    ));
+    assert!(matches!(model_error("m".into(), 1), Error::Internal(_)));
+    assert!(matches!(model_error("m".into(), 99), Error::Internal(_)));
+}

@@ -1,0 +1,260 @@
+"""kiln's `triton_python_backend_utils`: the module Triton's Python models import as `pb_utils`.
+
+kiln writes this file beside its stub (see stub.py) and serves the part of Triton's module that
+models running on CPU use: tensors as numpy arrays, requests and responses, errors, the response
+sender of non-decoupled models, the logger and the config helpers. What kiln does not serve yet
+(calling other models from Python, DLPack, decoupled models) raises TritonModelException naming
+it, rather than doing something else.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+
+import numpy as np
+
+TRITONSERVER_REQUEST_FLAG_SEQUENCE_START = 1
+TRITONSERVER_REQUEST_FLAG_SEQUENCE_END = 2
+TRITONSERVER_RESPONSE_COMPLETE_FINAL = 1
+TRITONSERVER_REQUEST_RELEASE_ALL = 1
+TRITONSERVER_REQUEST_RELEASE_RESCHEDULE = 2
+
+_NUMPY_OF_TRITON = {
+    "TYPE_BOOL": np.bool_,
+    "TYPE_UINT8": np.uint8,
+    "TYPE_UINT16": np.uint16,
+    "TYPE_UINT32": np.uint32,
+    "TYPE_UINT64": np.uint64,
+    "TYPE_INT8": np.int8,
+    "TYPE_INT16": np.int16,
+    "TYPE_INT32": np.int32,
+    "TYPE_INT64": np.int64,
+    "TYPE_FP16": np.float16,
+    "TYPE_FP32": np.float32,
+    "TYPE_FP64": np.float64,
+    "TYPE_STRING": np.object_,
+}
+
+
+class TritonModelException(Exception):
+    """What a model raises to fail the requests of an execute call (or its load)."""
+
+
+class TritonError:
+    """An error a response carries: the request it answers fails with `message`."""
+
+    UNKNOWN = 0
+    INTERNAL = 1
+    NOT_FOUND = 2
+    INVALID_ARG = 3
+    UNAVAILABLE = 4
+    UNSUPPORTED = 5
+    ALREADY_EXISTS = 6
+    CANCELLED = 7
+
+    def __init__(self, message, code=INTERNAL):
+        self._message = str(message)
+        self._code = code
+
+    def message(self):
+        return self._message
+
+    def code(self):
+        return self._code
+
+    def __repr__(self):
+        return f"TritonError({self._message!r})"
+
+
+class Tensor:
+    """A named tensor: a numpy array on the CPU."""
+
+    def __init__(self, name, data, *_):
+        if not isinstance(data, np.ndarray):
+            raise TritonModelException(f"tensor '{name}' must be a numpy array, not {type(data).__name__}")
+        self._name = str(name)
+        self._data = data
+
+    def name(self):
+        return self._name
+
+    def as_numpy(self):
+        return self._data
+
+    def shape(self):
+        return list(self._data.shape)
+
+    def is_cpu(self):
+        return True
+
+    def to_dlpack(self):
+        raise TritonModelException("DLPack tensors are not served by kiln: use as_numpy()")
+
+    @staticmethod
+    def from_dlpack(name, capsule):
+        raise TritonModelException("DLPack tensors are not served by kiln: use pb_utils.Tensor(name, array)")
+
+    def __repr__(self):
+        return f"Tensor({self._name!r}, {self._data!r})"
+
+
+class InferenceResponse:
+    """A request's answer: its output tensors, or an error."""
+
+    def __init__(self, output_tensors=None, error=None, parameters=None):
+        self._outputs = list(output_tensors or [])
+        self._error = error
+        self._parameters = parameters
+
+    def output_tensors(self):
+        return self._outputs
+
+    def has_error(self):
+        return self._error is not None
+
+    def error(self):
+        return self._error
+
+
+class InferenceResponseSender:
+    """Sends a request's one response from within execute (the model then returns None for it)."""
+
+    def __init__(self, request):
+        self._request = request
+
+    def send(self, response=None, flags=0):
+        request = self._request
+        if response is not None:
+            if request._sent is not None:
+                raise TritonModelException(
+                    "a model that is not decoupled sends one response per request: kiln does not "
+                    "serve decoupled Python models yet")
+            request._sent = response
+        if flags & TRITONSERVER_RESPONSE_COMPLETE_FINAL:
+            request._complete = True
+
+    def is_cancelled(self):
+        return False
+
+
+class InferenceRequest:
+    """A request to the model: its inputs, id, parameters and the outputs it asks for.
+
+    Built by a model with `model_name=...` (to call another model, Triton's BLS), it cannot run:
+    kiln does not serve calls from Python models to other models yet.
+    """
+
+    def __init__(self, model_name=None, inputs=None, requested_output_names=None, request_id="",
+                 correlation_id=0, flags=0, parameters=None, _kiln=None, **_):
+        self._inputs = list(inputs or [])
+        self._request_id = request_id
+        self._correlation_id = correlation_id
+        self._flags = flags
+        self._requested = list(requested_output_names or [])
+        self._model_name = model_name
+        if parameters is None:
+            parameters = "{}"
+        self._parameters = parameters if isinstance(parameters, str) else json.dumps(parameters)
+        self._kiln = _kiln
+        self._sent = None
+        self._complete = False
+
+    def inputs(self):
+        return self._inputs
+
+    def request_id(self):
+        return self._request_id
+
+    def correlation_id(self):
+        return self._correlation_id
+
+    def flags(self):
+        return self._flags
+
+    def parameters(self):
+        return self._parameters
+
+    def requested_output_names(self):
+        return self._requested
+
+    def is_cancelled(self):
+        return False
+
+    def timeout(self):
+        return 0
+
+    def get_response_sender(self):
+        return InferenceResponseSender(self)
+
+    def _bls(self):
+        return TritonModelException(
+            f"calling model '{self._model_name}' from a Python model (BLS) is not served by kiln yet")
+
+    def exec(self, *_, **__):
+        raise self._bls()
+
+    def async_exec(self, *_, **__):
+        raise self._bls()
+
+    def stream_exec(self, *_, **__):
+        raise self._bls()
+
+
+def get_input_tensor_by_name(request, name):
+    return next((t for t in request.inputs() if t.name() == name), None)
+
+
+def get_output_tensor_by_name(response, name):
+    return next((t for t in response.output_tensors() if t.name() == name), None)
+
+
+def get_input_config_by_name(model_config, name):
+    return next((i for i in model_config.get("input", []) if i.get("name") == name), None)
+
+
+def get_output_config_by_name(model_config, name):
+    return next((o for o in model_config.get("output", []) if o.get("name") == name), None)
+
+
+def triton_string_to_numpy(triton_type_string):
+    return _NUMPY_OF_TRITON[triton_type_string]
+
+
+def get_model_dir():
+    return _state.get("model_dir", "")
+
+
+class LogLevel:
+    INFO = 0
+    WARNING = 1
+    ERROR = 2
+    VERBOSE = 3
+
+
+class Logger:
+    """Lines in kiln's log, at their level."""
+
+    @staticmethod
+    def log(message, level=LogLevel.INFO):
+        _state["log"](level, str(message))
+
+    @staticmethod
+    def log_info(message):
+        Logger.log(message, LogLevel.INFO)
+
+    @staticmethod
+    def log_warn(message):
+        Logger.log(message, LogLevel.WARNING)
+
+    @staticmethod
+    def log_error(message):
+        Logger.log(message, LogLevel.ERROR)
+
+    @staticmethod
+    def log_verbose(message):
+        Logger.log(message, LogLevel.VERBOSE)
+
+
+# Filled by the stub: the model directory and where log lines go.
+_state = {"log": lambda level, message: print(message, file=sys.stderr)}
