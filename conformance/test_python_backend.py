@@ -201,6 +201,47 @@ def identity_config():
     return f'name: "py_identity" backend: "python" max_batch_size: 4 input [ {inputs} ] output [ {outputs} ]'
 
 
+# Calls other models (Triton's BLS): add_sub (ONNX) with exec(), py_add_sub with async_exec() from
+# an async execute, and a model that does not exist.
+PY_CALLS = '''
+import numpy as np
+import triton_python_backend_utils as pb_utils
+
+
+class TritonPythonModel:
+    async def execute(self, requests):
+        responses = []
+        for request in requests:
+            x = pb_utils.get_input_tensor_by_name(request, "X").as_numpy()
+            onnx = pb_utils.InferenceRequest(
+                model_name="add_sub", requested_output_names=["OUTPUT0"],
+                inputs=[pb_utils.Tensor("INPUT0", x), pb_utils.Tensor("INPUT1", x)]).exec()
+            if onnx.has_error():
+                raise pb_utils.TritonModelException(onnx.error().message())
+            doubled = pb_utils.get_output_tensor_by_name(onnx, "OUTPUT0").as_numpy()
+            python = await pb_utils.InferenceRequest(
+                model_name="py_add_sub", requested_output_names=["OUTPUT1"],
+                inputs=[pb_utils.Tensor("INPUT0", doubled), pb_utils.Tensor("INPUT1", x)]).async_exec()
+            back = pb_utils.get_output_tensor_by_name(python, "OUTPUT1").as_numpy()
+            assert pb_utils.get_output_tensor_by_name(python, "OUTPUT0") is None
+            missing = pb_utils.InferenceRequest(model_name="no_such_model", requested_output_names=["Y"],
+                                                inputs=[pb_utils.Tensor("X", x)]).exec()
+            wrong = pb_utils.InferenceRequest(model_name="add_sub", requested_output_names=["OUTPUT0"],
+                                              inputs=[pb_utils.Tensor("INPUT0", x)]).exec()
+            errors = np.array([missing.error().message(), wrong.error().message()], dtype=np.object_)
+            responses.append(pb_utils.InferenceResponse(output_tensors=[
+                pb_utils.Tensor("DOUBLED", doubled), pb_utils.Tensor("BACK", back), pb_utils.Tensor("ERRORS", errors)]))
+        return responses
+'''
+
+PY_CALLS_CONFIG = '''
+name: "py_calls"
+backend: "python"
+input [ { name: "X" data_type: TYPE_FP32 dims: [ 1, 16 ] } ]
+output [ { name: "DOUBLED" data_type: TYPE_FP32 dims: [ 1, 16 ] }, { name: "BACK" data_type: TYPE_FP32 dims: [ 1, 16 ] },
+         { name: "ERRORS" data_type: TYPE_STRING dims: [ 2 ] } ]
+'''
+
 README_CONFIG = '''
 name: "py_readme"
 backend: "python"
@@ -250,6 +291,7 @@ def python_server(tmp_path_factory):
     write_model(repo, "py_double", PY_DOUBLE_CONFIG, PY_DOUBLE)
     write_model(repo, "py_identity", identity_config(), PY_IDENTITY)
     write_model(repo, "py_readme", README_CONFIG, readme_model())
+    write_model(repo, "py_calls", PY_CALLS_CONFIG, PY_CALLS)
     (repo / "double_then_add" / "1").mkdir(parents=True)
     (repo / "double_then_add" / "config.pbtxt").write_text(ENSEMBLE_CONFIG)
     shutil.copytree(BUNDLED_REPO / "add_sub", repo / "add_sub")
@@ -292,9 +334,23 @@ def test_a_python_model_answers_what_the_onnx_model_answers(python_server):
     config = grpc_client.get_model_config("py_add_sub").config
     assert config.backend == "python" and config.default_model_filename == "model.py"
     assert [g.name for g in config.instance_group] == ["py_add_sub_0"]
+    assert [g.name for g in grpc_client.get_model_config("py_faulty").config.instance_group] == ["py_faulty"]
     log = server.log_text()
     assert "initialized py_add_sub_0_0 (CPU)" in log and "initialized py_add_sub_0_1 (CPU)" in log
     assert "a print does not disturb kiln" in log
+
+
+def test_a_python_model_calls_other_models(python_server):
+    server, _ = python_server
+    x = np.arange(16, dtype=np.float32).reshape(1, 16)
+    tensor = grpcclient.InferInput("X", [1, 16], "FP32")
+    tensor.set_data_from_numpy(x)
+    result = grpcclient.InferenceServerClient(server.grpc_url).infer("py_calls", [tensor])
+    np.testing.assert_array_equal(result.as_numpy("DOUBLED"), 2 * x)
+    np.testing.assert_array_equal(result.as_numpy("BACK"), x)
+    missing, wrong = (e.decode() for e in result.as_numpy("ERRORS"))
+    assert missing == "Request for unknown model: 'no_such_model' is not found"
+    assert "expected 2 inputs but got 1 inputs for model 'add_sub'" in wrong, wrong
 
 
 def test_the_readme_model_runs(python_server):
@@ -333,12 +389,15 @@ def test_strings_ids_parameters_and_the_response_sender_reach_the_model(python_s
     text = httpclient.InferInput("TEXT", [2], "BYTES")
     text.set_data_from_numpy(np.array([b"kiln", "f\u00fcr".encode()], dtype=np.object_))
     outputs = [httpclient.InferRequestedOutput(n) for n in ("UPPER", "ID", "PARAMETERS", "ASKED")]
-    result = client.infer("py_echo", [text], outputs=outputs, request_id="req-7",
+    result = client.infer("py_echo", [text], outputs=outputs[::-1], request_id="req-7",
                           parameters={"mode": "loud", "level": 3})
     assert [t.decode() for t in result.as_numpy("UPPER")] == ["KILN", "F\u00dcR"]
     assert result.as_numpy("ID")[0] == b"req-7"
     assert json.loads(result.as_numpy("PARAMETERS")[0]) == {"mode": "loud", "level": 3}
-    assert result.as_numpy("ASKED")[0] == b"UPPER,ID,PARAMETERS,ASKED"
+    assert result.as_numpy("ASKED")[0] == b"ASKED,PARAMETERS,ID,UPPER"
+    # Asking for none is asking for every output, as Triton tells the model.
+    every = client.infer("py_echo", [text])
+    assert every.as_numpy("ASKED")[0] == b"UPPER,ID,PARAMETERS,ASKED"
     # Only what was asked for comes back.
     only = client.infer("py_echo", [text], outputs=[httpclient.InferRequestedOutput("UPPER")])
     assert only.get_output("ID") is None and only.as_numpy("UPPER").shape == (2,)
@@ -360,17 +419,20 @@ def test_errors_keep_their_code_and_a_dead_stub_comes_back(python_server):
     with pytest.raises(InferenceServerException) as e:
         faulty(client, 2)
     assert e.value.status() == "StatusCode.INTERNAL"
-    assert ("Failed to process the request(s) for model instance 'py_faulty_0_0', message: ValueError: two is a "
-            "bad number") in e.value.message()
+    # Triton's text: the instance, the exception, then where the model raised it.
+    assert e.value.message().startswith(
+        "Failed to process the request(s) for model 'py_faulty_0', message: ValueError: two is a bad number\n\nAt:\n")
+    assert "/py_faulty/1/model.py(20): execute" in e.value.message()
     with pytest.raises(InferenceServerException) as e:
         faulty(client, 4)
-    assert "execute returned 0 responses for 1 requests" in e.value.message()
-    with pytest.raises(InferenceServerException) as e:
-        faulty(client, 7)
-    assert "returned output 'Y' as FP64, but its config declares INT32" in e.value.message()
+    assert ("Number of InferenceResponse objects do not match the number of InferenceRequest objects. "
+            "InferenceRequest(s) size is:1, and InferenceResponse(s) size is:0") in e.value.message()
+    # As in Triton, an output keeps the type the model gave it.
+    seven = faulty(client, 7)
+    assert seven.get_output("Y").datatype == "FP64" and seven.as_numpy("Y")[0] == 7.0
     with pytest.raises(InferenceServerException) as e:
         faulty(client, 3)
-    assert "the Python stub of model instance 'py_faulty_0_0' failed" in e.value.message()
+    assert "Stub process 'py_faulty_0' is not healthy" in e.value.message()
     assert "exit status: 3" in e.value.message()
     # The next request starts the instance again, initialize and all.
     assert faulty(client, 6).as_numpy("Y")[0] == 60
@@ -387,7 +449,8 @@ def test_an_initialize_that_raises_fails_the_load_with_its_message(python_server
     client = grpcclient.InferenceServerClient(server.grpc_url)
     entry = next(m for m in client.get_model_repository_index().models if m.name == "py_broken")
     assert entry.state == "UNAVAILABLE"
-    assert "initialize of model instance 'py_broken_0_0' failed: RuntimeError: the weights are missing" in entry.reason
+    assert "initialize of model instance 'py_broken_0' failed: RuntimeError: the weights are missing" in entry.reason
+    assert "/py_broken/1/model.py(4): initialize" in entry.reason
     with pytest.raises(InferenceServerException) as e:
         client.load_model("py_broken")
     assert "the weights are missing" in e.value.message()

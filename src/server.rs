@@ -190,6 +190,7 @@ pub async fn run(
             .with_tracer(tracer(&config.trace)?)
             .with_response_cache(config.response_cache),
     );
+    connect_python_calls(&engine);
 
     let (health, health_service) = tonic_health::server::health_reporter();
     for service in HEALTH_SERVICES {
@@ -565,11 +566,34 @@ fn open_repository(config: &Config) -> Result<ModelRepository, ServerError> {
                 .rate_limit
                 .clone()
                 .map(|flags| Arc::new(crate::scheduler::rate_limit::RateLimiter::new(flags))),
+            python_calls: crate::backend::python::ModelCaller::default(),
         },
         load_threads: config.load_threads,
         load_retries: config.load_retries,
     };
     ModelRepository::new(stores, options).map_err(|e| ServerError::Load(e.to_string()))
+}
+
+/// Lets Python models call the server's models (`InferenceRequest.exec()`, Triton's BLS): each
+/// call runs as the engine's own request, on the runtime, while the Python instance's blocking
+/// thread waits for it. The engine is held weakly: the repository it owns holds this.
+fn connect_python_calls(engine: &Arc<Engine>) {
+    let runtime = tokio::runtime::Handle::current();
+    let weak = Arc::downgrade(engine);
+    engine.repository().python_calls().connect(move |request| {
+        let engine = weak
+            .upgrade()
+            .ok_or_else(|| crate::core::Error::Unavailable("Server exiting".into()))?;
+        let (answer, answered) = std::sync::mpsc::channel();
+        runtime.spawn(async move {
+            let _ = answer.send(engine.infer(request).await);
+        });
+        answered.recv().unwrap_or_else(|_| {
+            Err(crate::core::Error::Internal(
+                "a Python model's call to another model was dropped".into(),
+            ))
+        })
+    });
 }
 
 /// Runs the start-up load, then (poll mode) a poll every `interval`, each on a blocking thread.

@@ -130,7 +130,7 @@ pub fn prepare(
         return prepare_ensemble(name, dir, config, selected);
     }
     if config::is_python(&config) {
-        return prepare_python(name, dir, config, selected);
+        return prepare_python(name, dir, config, selected, &options.python_calls);
     }
     let placed = placement::place(&mut config, &cuda::inventory, options.gpu_fallback_to_cpu)?;
     check_sessions(name, selected.len(), placed.devices.len())?;
@@ -285,6 +285,7 @@ fn prepare_python(
     dir: &Path,
     mut config: ModelConfig,
     versions: Vec<i64>,
+    calls: &crate::backend::python::ModelCaller,
 ) -> Result<Prepared, String> {
     if config.input.is_empty() && config.output.is_empty() {
         return Err(format!(
@@ -292,7 +293,7 @@ fn prepare_python(
              run auto_complete_config"
         ));
     }
-    let python = PythonSpec::from_config(&mut config, dir)?;
+    let python = PythonSpec::from_config(&mut config, dir, calls)?;
     config::validate_io(&config).map_err(|e| e.to_string())?;
     config::max_inflight_requests(&config).map_err(|e| e.to_string())?;
     if config::wants_response_cache(&config) {

@@ -80,6 +80,8 @@ pub struct LoadOptions {
     pub rate_limiter: Option<Arc<crate::scheduler::rate_limit::RateLimiter>>,
     /// `--allowed-op-library`: the custom-operator libraries models may load.
     pub op_libraries: op_library::AllowedOpLibraries,
+    /// How Python models call other models (connected to the engine by the server).
+    pub python_calls: crate::backend::python::ModelCaller,
 }
 
 impl Default for LoadOptions {
@@ -95,6 +97,7 @@ impl Default for LoadOptions {
             config_name: None,
             rate_limiter: None,
             op_libraries: op_library::AllowedOpLibraries::default(),
+            python_calls: crate::backend::python::ModelCaller::default(),
         }
     }
 }

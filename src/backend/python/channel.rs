@@ -96,24 +96,24 @@ pub fn describe(tensor: &Tensor) -> Value {
 pub fn tensor(description: &Value, data: Bytes) -> Result<Tensor, String> {
     let name = description["name"]
         .as_str()
-        .ok_or("an output without a name")?;
+        .ok_or("a tensor without a name")?;
     let datatype = description["datatype"]
         .as_str()
         .and_then(DataType::from_wire)
-        .ok_or_else(|| format!("output '{name}' has no datatype kiln knows"))?;
+        .ok_or_else(|| format!("tensor '{name}' has no datatype kiln knows"))?;
     let shape: Vec<i64> = serde_json::from_value(description["shape"].clone())
-        .map_err(|_| format!("output '{name}' has no shape"))?;
-    let count = element_count(&shape).map_err(|e| format!("output '{name}': {e}"))?;
+        .map_err(|_| format!("tensor '{name}' has no shape"))?;
+    let count = element_count(&shape).map_err(|e| format!("tensor '{name}': {e}"))?;
     match datatype.element_size() {
         Some(size) if count.checked_mul(size) != Some(data.len()) => {
             return Err(format!(
-                "output '{name}' of shape {shape:?} holds {} bytes, not {}",
+                "tensor '{name}' of shape {shape:?} holds {} bytes, not {}",
                 data.len(),
                 count.saturating_mul(size)
             ))
         }
         Some(_) => {}
-        None => check_bytes_framing(&data, count).map_err(|e| format!("output '{name}': {e}"))?,
+        None => check_bytes_framing(&data, count).map_err(|e| format!("tensor '{name}': {e}"))?,
     }
     Ok(Tensor::new(name, datatype, shape, data))
 }

@@ -15,7 +15,7 @@
 
 mod channel;
 
-use crate::core::{DataType, Error, ParamValue, Parameters, Tensor};
+use crate::core::{Error, InferRequest, InferResponse, ParamValue, Parameters, Tensor};
 use crate::proto::inference::{model_instance_group::Kind, ModelConfig};
 use serde_json::{json, Value};
 use std::io::{BufReader, BufWriter};
@@ -38,6 +38,48 @@ const FINALIZE_TIMEOUT: Duration = Duration::from_secs(5);
 const STUB: &str = include_str!("stub.py");
 const UTILS: &str = include_str!("triton_python_backend_utils.py");
 
+/// Runs one request on any model of the server.
+type Call = dyn Fn(InferRequest) -> Result<InferResponse, Error> + Send + Sync;
+
+/// How a Python model's `InferenceRequest.exec()` (Triton's BLS: business logic scripting)
+/// reaches the server's models. The repository exists before the engine that serves it, so the
+/// server connects this once the engine does; every model loaded with the same options shares it.
+#[derive(Clone, Default)]
+pub struct ModelCaller(Arc<OnceLock<Box<Call>>>);
+
+impl ModelCaller {
+    /// Sets what runs the calls (the first setting stays).
+    pub fn connect(
+        &self,
+        call: impl Fn(InferRequest) -> Result<InferResponse, Error> + Send + Sync + 'static,
+    ) {
+        let _ = self.0.set(Box::new(call));
+    }
+
+    fn call(&self, request: InferRequest) -> Result<InferResponse, Error> {
+        match self.0.get() {
+            Some(call) => call(request),
+            None => Err(Error::Unavailable(
+                "this server cannot run other models for a Python model".into(),
+            )),
+        }
+    }
+}
+
+impl std::fmt::Debug for ModelCaller {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("ModelCaller")
+    }
+}
+
+impl PartialEq for ModelCaller {
+    fn eq(&self, other: &ModelCaller) -> bool {
+        Arc::ptr_eq(&self.0, &other.0)
+    }
+}
+
+impl Eq for ModelCaller {}
+
 /// One instance: Triton's name for it and where it runs.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Instance {
@@ -52,6 +94,8 @@ pub struct Instance {
 pub struct PythonSpec {
     pub python: PathBuf,
     pub instances: Vec<Instance>,
+    /// What the model's calls to other models go through.
+    pub caller: ModelCaller,
 }
 
 impl PythonSpec {
@@ -62,7 +106,11 @@ impl PythonSpec {
     /// # Errors
     /// An `EXECUTION_ENV_PATH` that is not an unpacked environment, a BF16 tensor (numpy has no
     /// such type), a decoupled model or sequence batching (not served yet).
-    pub fn from_config(config: &mut ModelConfig, dir: &Path) -> Result<PythonSpec, String> {
+    pub fn from_config(
+        config: &mut ModelConfig,
+        dir: &Path,
+        caller: &ModelCaller,
+    ) -> Result<PythonSpec, String> {
         let name = config.name.clone();
         if config
             .model_transaction_policy
@@ -95,6 +143,16 @@ impl PythonSpec {
             }
         }
         let python = interpreter(config, dir)?;
+        // As Triton names them: the group a config leaves out is named after the model, unnamed
+        // groups `<model>_<index>`; instances `<group>_<n>`.
+        if config.instance_group.is_empty() {
+            config
+                .instance_group
+                .push(crate::proto::inference::ModelInstanceGroup {
+                    name: name.clone(),
+                    ..Default::default()
+                });
+        }
         let mut instances = Vec::new();
         for (index, group) in config.instance_group.iter_mut().enumerate() {
             if group.name.is_empty() {
@@ -114,32 +172,23 @@ impl PythonSpec {
                 group.kind = Kind::Cpu as i32;
                 ("CPU", vec![0])
             };
+            let mut n = 0;
             for device in devices {
                 for _ in 0..group.count {
                     instances.push(Instance {
-                        name: format!("{}_{}", group.name, instances.len()),
+                        name: format!("{}_{n}", group.name),
                         kind,
                         device,
                     });
+                    n += 1;
                 }
             }
         }
-        if instances.is_empty() {
-            config
-                .instance_group
-                .push(crate::proto::inference::ModelInstanceGroup {
-                    name: format!("{name}_0"),
-                    kind: Kind::Cpu as i32,
-                    count: 1,
-                    ..Default::default()
-                });
-            instances.push(Instance {
-                name: format!("{name}_0_0"),
-                kind: "CPU",
-                device: 0,
-            });
-        }
-        Ok(PythonSpec { python, instances })
+        Ok(PythonSpec {
+            python,
+            instances,
+            caller: caller.clone(),
+        })
     }
 }
 
@@ -221,6 +270,7 @@ pub struct Executed {
 #[derive(Debug)]
 struct Launcher {
     model: String,
+    caller: ModelCaller,
     python: PathBuf,
     model_file: PathBuf,
     /// `initialize`'s arguments, the instance's aside.
@@ -243,8 +293,8 @@ struct Slot {
 /// A version of a Python model: its instances, each taken by one request at a time.
 pub struct PythonModel {
     launcher: Launcher,
-    /// The datatype the config declares for each output.
-    outputs: Vec<(String, DataType)>,
+    /// What `requested_output_names()` gives when a request names none: every output.
+    all_outputs: Vec<String>,
     idle: Mutex<Vec<Slot>>,
     permits: Arc<tokio::sync::Semaphore>,
 }
@@ -283,6 +333,7 @@ impl PythonModel {
         }
         let launcher = Launcher {
             model: config.name.clone(),
+            caller: spec.caller.clone(),
             python: spec.python.clone(),
             model_file: model_file.to_path_buf(),
             args,
@@ -304,17 +355,9 @@ impl PythonModel {
                 }
             }
         }
-        let outputs = config
-            .output
-            .iter()
-            .filter_map(|o| {
-                let datatype = crate::repository::config::datatype_from_config(o.data_type)?;
-                Some((o.name.clone(), datatype))
-            })
-            .collect();
         Ok(PythonModel {
             launcher,
-            outputs,
+            all_outputs: config.output.iter().map(|o| o.name.clone()).collect(),
             permits: Arc::new(tokio::sync::Semaphore::new(slots.len())),
             idle: Mutex::new(slots),
         })
@@ -376,38 +419,31 @@ impl PythonModel {
                 slot.stub.insert(stub)
             }
         };
-        match stub.execute(request, &self.launcher.model, instance) {
-            Ok(answer) => answer.and_then(|outputs| self.check(outputs)),
+        let asked = if request.outputs.is_empty() {
+            &self.all_outputs
+        } else {
+            &request.outputs
+        };
+        match stub.execute(
+            request,
+            asked,
+            &self.launcher.model,
+            instance,
+            &self.launcher.caller,
+        ) {
+            Ok(answer) => answer,
             Err(broken) => {
                 let status = slot.stub.take().map(Stub::kill).unwrap_or_default();
                 tracing::error!(
-                    "the Python stub of model instance '{instance}' failed ({broken}{status}); it \
-                     restarts for the next request"
+                    "Stub process '{instance}' is not healthy ({broken}{status}); it restarts for \
+                     the next request"
                 );
                 Err(Error::Internal(format!(
-                    "the Python stub of model instance '{instance}' failed: {broken}{status}"
+                    "Stub process '{instance}' is not healthy: {broken}{status}; it restarts for \
+                     the next request"
                 )))
             }
         }
-    }
-
-    /// Outputs of the datatypes the config declares (a model's own extra outputs pass: the
-    /// response leaves them out).
-    fn check(&self, outputs: Vec<Tensor>) -> Result<Vec<Tensor>, Error> {
-        for output in &outputs {
-            if let Some((_, declared)) = self.outputs.iter().find(|(n, _)| *n == output.name) {
-                if *declared != output.datatype {
-                    return Err(Error::Internal(format!(
-                        "model '{}' returned output '{}' as {}, but its config declares {}",
-                        self.launcher.model,
-                        output.name,
-                        output.datatype.as_wire(),
-                        declared.as_wire()
-                    )));
-                }
-            }
-        }
-        Ok(outputs)
     }
 
     /// Calls every instance's `finalize` and ends its process. Blocking.
@@ -455,7 +491,7 @@ impl Launcher {
             json!(instance.device.to_string()),
         );
         let started = channel::send(&mut stub.input, json!({"op": "init", "args": args}), &[])
-            .and_then(|()| stub.answer(&self.model, &instance.name));
+            .and_then(|()| stub.answer(&self.model, &instance.name, &self.caller));
         match started {
             Ok(message) if message.header["op"] == "ready" => Ok(stub),
             Ok(message) => {
@@ -477,6 +513,91 @@ impl Launcher {
             }
         }
     }
+}
+
+/// Runs a model's call to another model: the header and tensors to answer it with.
+fn call(caller: &ModelCaller, message: channel::Message) -> (Value, Vec<Tensor>) {
+    let failed = |error: Error| {
+        let code = match error {
+            Error::NotFound(_) => 2,
+            Error::InvalidArgument(_) => 3,
+            Error::Unavailable(_) => 4,
+            Error::Unsupported(_) => 5,
+            Error::AlreadyExists(_) => 6,
+            _ => 1,
+        };
+        (
+            json!({"op": "called", "error": error.message(), "code": code}),
+            Vec::new(),
+        )
+    };
+    let request = match call_request(message) {
+        Ok(request) => request,
+        Err(why) => return failed(Error::InvalidArgument(why)),
+    };
+    match caller.call(request) {
+        Ok(response) => {
+            let outputs: Vec<Value> = response.outputs.iter().map(channel::describe).collect();
+            (
+                json!({"op": "called", "outputs": outputs}),
+                response.outputs,
+            )
+        }
+        Err(error) => failed(error),
+    }
+}
+
+/// The request a stub's `call` message describes.
+fn call_request(message: channel::Message) -> Result<InferRequest, String> {
+    let header = &message.header["request"];
+    let text = |key: &str| header[key].as_str().unwrap_or_default().to_string();
+    let described = header["inputs"].as_array().cloned().unwrap_or_default();
+    if described.len() != message.blobs.len() {
+        return Err("the call's inputs and their data do not match".into());
+    }
+    let inputs = described
+        .iter()
+        .zip(message.blobs)
+        .map(|(description, data)| channel::tensor(description, data))
+        .collect::<Result<Vec<Tensor>, String>>()?;
+    let parameters: serde_json::Map<String, Value> =
+        serde_json::from_str(&text("parameters")).unwrap_or_default();
+    let mut request = InferRequest {
+        model_name: text("model"),
+        model_version: text("version"),
+        id: text("id"),
+        inputs,
+        ..InferRequest::default()
+    };
+    for (key, value) in parameters {
+        let value = match value {
+            Value::Bool(b) => ParamValue::Bool(b),
+            Value::String(s) => ParamValue::String(s),
+            Value::Number(n) => match (n.as_i64(), n.as_u64(), n.as_f64()) {
+                (Some(i), _, _) => ParamValue::Int64(i),
+                (None, Some(u), _) => ParamValue::Uint64(u),
+                (_, _, Some(d)) => ParamValue::Double(d),
+                _ => continue,
+            },
+            _ => {
+                return Err(format!(
+                    "parameter '{key}' must be a bool, a number or a string"
+                ))
+            }
+        };
+        request.parameters.insert(key, value);
+    }
+    request.outputs = header["outputs"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .filter_map(Value::as_str)
+        .map(|name| crate::core::RequestedOutput {
+            name: name.to_string(),
+            ..Default::default()
+        })
+        .collect();
+    Ok(request)
 }
 
 /// The parameters as the JSON object `request.parameters()` gives.
@@ -510,10 +631,22 @@ fn model_error(message: String, code: i64) -> Error {
 }
 
 impl Stub {
-    /// The next answer of the stub, its log lines passed on meanwhile.
-    fn answer(&mut self, model: &str, instance: &str) -> std::io::Result<channel::Message> {
+    /// The next answer of the stub, its log lines passed on and its calls to other models run
+    /// meanwhile.
+    fn answer(
+        &mut self,
+        model: &str,
+        instance: &str,
+        caller: &ModelCaller,
+    ) -> std::io::Result<channel::Message> {
         loop {
             let message = channel::receive(&mut self.output)?;
+            if message.header["op"] == "call" {
+                let answer = call(caller, message);
+                let blobs: Vec<&[u8]> = answer.1.iter().map(|t| t.data.as_ref()).collect();
+                channel::send(&mut self.input, answer.0, &blobs)?;
+                continue;
+            }
             if message.header["op"] != "log" {
                 return Ok(message);
             }
@@ -532,25 +665,27 @@ impl Stub {
     fn execute(
         &mut self,
         request: &Request,
+        asked: &[String],
         model: &str,
         instance: &str,
+        caller: &ModelCaller,
     ) -> std::io::Result<Result<Vec<Tensor>, Error>> {
         let header = json!({"op": "execute", "requests": [{
             "id": request.id,
             "parameters": parameters_json(&request.parameters),
-            "outputs": request.outputs,
+            "outputs": asked,
             "inputs": request.inputs.iter().map(channel::describe).collect::<Vec<_>>(),
         }]});
         let blobs: Vec<&[u8]> = request.inputs.iter().map(|t| t.data.as_ref()).collect();
         channel::send(&mut self.input, header, &blobs)?;
-        let message = self.answer(model, instance)?;
+        let message = self.answer(model, instance, caller)?;
         let broken = |why: String| std::io::Error::new(std::io::ErrorKind::InvalidData, why);
         match message.header["op"].as_str() {
             Some("responses") => {}
             Some("error") => {
                 let why = message.header["message"].as_str().unwrap_or("");
                 return Ok(Err(Error::Internal(format!(
-                    "Failed to process the request(s) for model instance '{instance}', message: {why}"
+                    "Failed to process the request(s) for model '{instance}', message: {why}"
                 ))));
             }
             other => return Err(broken(format!("unexpected answer {other:?}"))),

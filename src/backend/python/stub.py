@@ -9,12 +9,17 @@ Triton's wire format.
 
 kiln sends `init` (Triton's `initialize` arguments), then `execute` (a list of requests) as
 often as it has work, then `finalize`. The stub answers `ready`, `responses` (one per request)
-and `done`, or `error` with a message; `log` lines may come before any answer. The model's own
-prints go to kiln's standard error, not into the protocol.
+and `done`, or `error` with a message; `log` lines may come before any answer, and so may
+`call`s of other models (the model's `InferenceRequest.exec()`), which kiln answers with
+`called` before anything else. The model's own prints go to kiln's standard error, not into the
+protocol.
 """
 
+import asyncio
 import importlib.util
+import inspect
 import json
+import threading
 import os
 import struct
 import sys
@@ -43,10 +48,16 @@ _NUMPY = {
 _WIRE = {np.dtype(t): name for name, t in _NUMPY.items()}
 
 
+class Misuse(Exception):
+    """What a model's answer gets wrong, told as is (without an exception type)."""
+
+
 class Channel:
     def __init__(self, reader, writer):
         self.reader = reader
         self.writer = writer
+        # A model's threads may log while another sends.
+        self.sending = threading.Lock()
 
     def _read_exactly(self, n):
         buffer = bytearray(n)
@@ -73,11 +84,12 @@ class Channel:
         blobs = list(blobs)
         header["sizes"] = [len(b) for b in blobs]
         encoded = json.dumps(header).encode()
-        self.writer.write(_HEAD.pack(len(encoded), sum(len(b) for b in blobs)))
-        self.writer.write(encoded)
-        for blob in blobs:
-            self.writer.write(blob)
-        self.writer.flush()
+        with self.sending:
+            self.writer.write(_HEAD.pack(len(encoded), sum(len(b) for b in blobs)))
+            self.writer.write(encoded)
+            for blob in blobs:
+                self.writer.write(blob)
+            self.writer.flush()
 
 
 def to_numpy(datatype, shape, data):
@@ -108,14 +120,47 @@ def from_numpy(name, array):
         return "BYTES", b"".join(parts)
     wire = _WIRE.get(array.dtype.newbyteorder("="))
     if wire is None:
-        raise pb_utils.TritonModelException(f"output '{name}' has numpy type {array.dtype}, which Triton cannot carry")
+        raise Misuse(f"output '{name}' has numpy type {array.dtype}, which Triton cannot carry")
     return wire, np.ascontiguousarray(array, dtype=array.dtype.newbyteorder("<")).tobytes()
 
 
 def describe(error):
-    if isinstance(error, pb_utils.TritonModelException):
+    """An exception as Triton's stub gives it: type, message, then the model's frames."""
+    if isinstance(error, Misuse):
         return str(error)
-    return f"{type(error).__name__}: {error}"
+    text = f"{type(error).__name__}: {error}"
+    ours = (os.path.abspath(__file__), os.path.abspath(pb_utils.__file__))
+    frames = [f for f in traceback.extract_tb(error.__traceback__) if os.path.abspath(f.filename) not in ours]
+    if frames:
+        text += "\n\nAt:\n" + "".join(f"  {f.filename}({f.lineno}): {f.name}\n" for f in reversed(frames))
+    return text
+
+
+def make_caller(channel):
+    """Runs a model's InferenceRequest on another model through kiln, one call at a time."""
+    lock = threading.Lock()
+
+    def call(request):
+        inputs, blobs = [], []
+        for tensor in request.inputs():
+            datatype, data = from_numpy(tensor.name(), tensor.as_numpy())
+            inputs.append({"name": tensor.name(), "datatype": datatype, "shape": list(tensor.as_numpy().shape)})
+            blobs.append(data)
+        version = request._model_version
+        header = {"op": "call", "request": {
+            "model": request._model_name, "version": "" if version in (-1, None) else str(version),
+            "id": request.request_id(), "parameters": request.parameters(),
+            "outputs": request.requested_output_names(), "inputs": inputs}}
+        with lock:
+            channel.send(header, blobs)
+            answer, parts = channel.receive()
+        if answer.get("error") is not None:
+            return pb_utils.InferenceResponse(error=pb_utils.TritonError(answer["error"], answer.get("code", 1)))
+        outputs = [pb_utils.Tensor(o["name"], to_numpy(o["datatype"], o["shape"], data))
+                   for o, data in zip(answer["outputs"], parts)]
+        return pb_utils.InferenceResponse(output_tensors=outputs)
+
+    return call
 
 
 def load_model(path):
@@ -145,16 +190,17 @@ def answer(channel, requests, responses):
     if responses is None:
         responses = [request._sent for request in requests]
         if any(r is None for r in responses):
-            raise pb_utils.TritonModelException(
+            raise Misuse(
                 "execute returned None without sending a response for every request")
     responses = list(responses)
     if len(responses) != len(requests):
-        raise pb_utils.TritonModelException(
-            f"execute returned {len(responses)} responses for {len(requests)} requests")
+        raise Misuse(
+            "Number of InferenceResponse objects do not match the number of InferenceRequest objects. "
+            f"InferenceRequest(s) size is:{len(requests)}, and InferenceResponse(s) size is:{len(responses)}\n")
     described, blobs = [], []
     for response in responses:
         if not isinstance(response, pb_utils.InferenceResponse):
-            raise pb_utils.TritonModelException(
+            raise Misuse(
                 f"execute must return InferenceResponse objects, not {type(response).__name__}")
         if response.has_error():
             error = response.error()
@@ -184,6 +230,8 @@ def main():
 
     pb_utils._state["log"] = lambda level, message: channel.send(
         {"op": "log", "level": level, "message": message})
+    pb_utils._state["call"] = make_caller(channel)
+    loop = asyncio.new_event_loop()
 
     header, _ = channel.receive()
     args = header["args"]
@@ -212,7 +260,11 @@ def main():
             return
         requests = requests_of(header, blobs)
         try:
-            answer(channel, requests, model.execute(requests))
+            responses = model.execute(requests)
+            # An `async def execute` (to await calls to other models) runs to its end here.
+            if inspect.isawaitable(responses):
+                responses = loop.run_until_complete(responses)
+            answer(channel, requests, responses)
         except Exception as error:
             traceback.print_exc()
             channel.send({"op": "error", "message": describe(error)})

@@ -13,15 +13,18 @@ fn config(groups: Vec<ModelInstanceGroup>) -> ModelConfig {
 #[test]
 fn instance_groups_become_named_instances() {
     let mut plain = config(Vec::new());
-    let spec = PythonSpec::from_config(&mut plain, Path::new("/m")).unwrap();
+    let spec =
+        PythonSpec::from_config(&mut plain, Path::new("/m"), &ModelCaller::default()).unwrap();
     assert_eq!(
         spec.instances,
         [Instance {
-            name: "py_0_0".into(),
+            name: "py_0".into(),
             kind: "CPU",
             device: 0
         }]
     );
+    // As Triton: the group a config leaves out takes the model's name.
+    assert_eq!(plain.instance_group[0].name, "py");
     assert_eq!(plain.instance_group[0].count, 1);
     let mut groups = config(vec![
         ModelInstanceGroup {
@@ -36,7 +39,8 @@ fn instance_groups_become_named_instances() {
             ..Default::default()
         },
     ]);
-    let spec = PythonSpec::from_config(&mut groups, Path::new("/m")).unwrap();
+    let spec =
+        PythonSpec::from_config(&mut groups, Path::new("/m"), &ModelCaller::default()).unwrap();
     let described: Vec<(&str, &str, i32)> = spec
         .instances
         .iter()
@@ -47,8 +51,8 @@ fn instance_groups_become_named_instances() {
         [
             ("py_0_0", "CPU", 0),
             ("py_0_1", "CPU", 0),
-            ("gpus_2", "GPU", 1),
-            ("gpus_3", "GPU", 3)
+            ("gpus_0", "GPU", 1),
+            ("gpus_1", "GPU", 3)
         ]
     );
     assert_eq!(groups.instance_group[0].kind, Kind::Cpu as i32);
@@ -66,7 +70,7 @@ fn the_interpreter_is_the_environment_or_the_default() {
             string_value: "$$TRITON_MODEL_DIRECTORY/env".into(),
         },
     );
-    let spec = PythonSpec::from_config(&mut with_env, &model_dir).unwrap();
+    let spec = PythonSpec::from_config(&mut with_env, &model_dir, &ModelCaller::default()).unwrap();
     assert_eq!(spec.python, model_dir.join("env/bin/python3"));
     std::fs::remove_dir_all(&model_dir).unwrap();
     let mut packed = config(Vec::new());
@@ -76,7 +80,8 @@ fn the_interpreter_is_the_environment_or_the_default() {
             string_value: "/nowhere/env.tar.gz".into(),
         },
     );
-    let error = PythonSpec::from_config(&mut packed, Path::new("/m")).unwrap_err();
+    let error =
+        PythonSpec::from_config(&mut packed, Path::new("/m"), &ModelCaller::default()).unwrap_err();
     assert!(error.contains("unpacked environments"), "{error}");
 }
 
@@ -84,7 +89,8 @@ fn the_interpreter_is_the_environment_or_the_default() {
 fn what_is_not_served_yet_fails_the_load_with_its_name() {
     let mut decoupled = config(Vec::new());
     decoupled.model_transaction_policy = Some(ModelTransactionPolicy { decoupled: true });
-    let error = PythonSpec::from_config(&mut decoupled, Path::new("/m")).unwrap_err();
+    let error = PythonSpec::from_config(&mut decoupled, Path::new("/m"), &ModelCaller::default())
+        .unwrap_err();
     assert!(error.contains("decoupled"), "{error}");
     let mut bf16 = config(Vec::new());
     bf16.output.push(crate::proto::inference::ModelOutput {
@@ -92,7 +98,8 @@ fn what_is_not_served_yet_fails_the_load_with_its_name() {
         data_type: crate::proto::inference::DataType::TypeBf16 as i32,
         ..Default::default()
     });
-    let error = PythonSpec::from_config(&mut bf16, Path::new("/m")).unwrap_err();
+    let error =
+        PythonSpec::from_config(&mut bf16, Path::new("/m"), &ModelCaller::default()).unwrap_err();
     assert!(error.contains("'y'") && error.contains("BF16"), "{error}");
 }
 

@@ -2,9 +2,9 @@
 
 kiln writes this file beside its stub (see stub.py) and serves the part of Triton's module that
 models running on CPU use: tensors as numpy arrays, requests and responses, errors, the response
-sender of non-decoupled models, the logger and the config helpers. What kiln does not serve yet
-(calling other models from Python, DLPack, decoupled models) raises TritonModelException naming
-it, rather than doing something else.
+sender of non-decoupled models, calls to other models (`InferenceRequest(...).exec()`, Triton's
+BLS), the logger and the config helpers. What kiln does not serve yet (DLPack, decoupled models
+and decoupled calls) raises TritonModelException naming it, rather than doing something else.
 """
 
 from __future__ import annotations
@@ -141,18 +141,19 @@ class InferenceResponseSender:
 class InferenceRequest:
     """A request to the model: its inputs, id, parameters and the outputs it asks for.
 
-    Built by a model with `model_name=...` (to call another model, Triton's BLS), it cannot run:
-    kiln does not serve calls from Python models to other models yet.
+    Built by a model with `model_name=...`, it calls that model (Triton's BLS): `exec()` answers
+    an InferenceResponse, whose error (if any) is the called model's.
     """
 
     def __init__(self, model_name=None, inputs=None, requested_output_names=None, request_id="",
-                 correlation_id=0, flags=0, parameters=None, _kiln=None, **_):
+                 correlation_id=0, flags=0, parameters=None, model_version=-1, _kiln=None, **_):
         self._inputs = list(inputs or [])
         self._request_id = request_id
         self._correlation_id = correlation_id
         self._flags = flags
         self._requested = list(requested_output_names or [])
         self._model_name = model_name
+        self._model_version = model_version
         if parameters is None:
             parameters = "{}"
         self._parameters = parameters if isinstance(parameters, str) else json.dumps(parameters)
@@ -187,18 +188,15 @@ class InferenceRequest:
     def get_response_sender(self):
         return InferenceResponseSender(self)
 
-    def _bls(self):
-        return TritonModelException(
-            f"calling model '{self._model_name}' from a Python model (BLS) is not served by kiln yet")
+    def exec(self, decoupled=False):
+        if decoupled:
+            raise TritonModelException("decoupled calls to other models are not served by kiln yet")
+        if not self._model_name:
+            raise TritonModelException("an InferenceRequest needs a model_name to be run")
+        return _state["call"](self)
 
-    def exec(self, *_, **__):
-        raise self._bls()
-
-    def async_exec(self, *_, **__):
-        raise self._bls()
-
-    def stream_exec(self, *_, **__):
-        raise self._bls()
+    async def async_exec(self, decoupled=False):
+        return self.exec(decoupled)
 
 
 def get_input_tensor_by_name(request, name):
@@ -256,5 +254,9 @@ class Logger:
         Logger.log(message, LogLevel.VERBOSE)
 
 
-# Filled by the stub: the model directory and where log lines go.
-_state = {"log": lambda level, message: print(message, file=sys.stderr)}
+def _no_calls(request):
+    raise TritonModelException("calls to other models are served only inside kiln")
+
+
+# Filled by the stub: the model directory, where log lines and calls to other models go.
+_state = {"log": lambda level, message: print(message, file=sys.stderr), "call": _no_calls}

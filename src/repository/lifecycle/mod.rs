@@ -156,6 +156,12 @@ impl ModelRepository {
         self.options.mode
     }
 
+    /// How this repository's Python models call other models: the server connects it to its
+    /// engine.
+    pub fn python_calls(&self) -> &crate::backend::python::ModelCaller {
+        &self.options.load.python_calls
+    }
+
     /// The current state; cheap (one `Arc` clone under a read lock).
     pub fn snapshot(&self) -> Arc<Snapshot> {
         Arc::clone(&self.state.read().unwrap_or_else(|p| p.into_inner()))
