@@ -242,6 +242,33 @@ output [ { name: "DOUBLED" data_type: TYPE_FP32 dims: [ 1, 16 ] }, { name: "BACK
          { name: "ERRORS" data_type: TYPE_STRING dims: [ 2 ] } ]
 '''
 
+# Tells each request how many requests its execute call held; a request of -1 holds the only
+# instance for a while, so that the requests after it wait together.
+PY_BATCH = '''
+import time
+import numpy as np
+import triton_python_backend_utils as pb_utils
+
+
+class TritonPythonModel:
+    def execute(self, requests):
+        values = [pb_utils.get_input_tensor_by_name(r, "X").as_numpy() for r in requests]
+        if any((v == -1).any() for v in values):
+            time.sleep(0.5)
+        return [pb_utils.InferenceResponse(output_tensors=[
+            pb_utils.Tensor("CALL_SIZE", np.full(v.shape, len(requests), dtype=np.int32))]) for v in values]
+'''
+
+PY_BATCH_CONFIG = '''
+name: "py_batch"
+backend: "python"
+max_batch_size: 4
+input [ { name: "X" data_type: TYPE_INT32 dims: [ 1 ] } ]
+output [ { name: "CALL_SIZE" data_type: TYPE_INT32 dims: [ 1 ] } ]
+dynamic_batching { }
+instance_group [ { count: 1 kind: KIND_CPU } ]
+'''
+
 README_CONFIG = '''
 name: "py_readme"
 backend: "python"
@@ -292,6 +319,7 @@ def python_server(tmp_path_factory):
     write_model(repo, "py_identity", identity_config(), PY_IDENTITY)
     write_model(repo, "py_readme", README_CONFIG, readme_model())
     write_model(repo, "py_calls", PY_CALLS_CONFIG, PY_CALLS)
+    write_model(repo, "py_batch", PY_BATCH_CONFIG, PY_BATCH)
     (repo / "double_then_add" / "1").mkdir(parents=True)
     (repo / "double_then_add" / "config.pbtxt").write_text(ENSEMBLE_CONFIG)
     shutil.copytree(BUNDLED_REPO / "add_sub", repo / "add_sub")
@@ -330,7 +358,9 @@ def test_a_python_model_answers_what_the_onnx_model_answers(python_server):
     with ThreadPoolExecutor(16) as pool:
         assert all(pool.map(one, range(64)))
     stats = grpc_client.get_inference_statistics("py_add_sub").model_stats[0]
-    assert stats.inference_stats.success.count == 66 and stats.execution_count == 66
+    # Rows: two requests of 3, then 64 of 1.
+    assert stats.inference_stats.success.count == 66 and stats.inference_count == 70
+    assert 0 < stats.execution_count <= 66
     config = grpc_client.get_model_config("py_add_sub").config
     assert config.backend == "python" and config.default_model_filename == "model.py"
     assert [g.name for g in config.instance_group] == ["py_add_sub_0"]
@@ -351,6 +381,31 @@ def test_a_python_model_calls_other_models(python_server):
     missing, wrong = (e.decode() for e in result.as_numpy("ERRORS"))
     assert missing == "Request for unknown model: 'no_such_model' is not found"
     assert "expected 2 inputs but got 1 inputs for model 'add_sub'" in wrong, wrong
+
+
+def test_requests_waiting_together_go_to_one_execute_call(python_server):
+    server, _ = python_server
+    client = grpcclient.InferenceServerClient(server.grpc_url)
+
+    def send(value, rows=1):
+        x = grpcclient.InferInput("X", [rows, 1], "INT32")
+        x.set_data_from_numpy(np.full((rows, 1), value, dtype=np.int32))
+        return client.infer("py_batch", [x]).as_numpy("CALL_SIZE").reshape(-1).tolist()
+
+    before = client.get_inference_statistics("py_batch").model_stats[0].execution_count
+    with ThreadPoolExecutor(8) as pool:
+        holding = pool.submit(send, -1)
+        time.sleep(0.2)  # the only instance is busy with the first request
+        # Three of one row and one of two fill the 4 rows of one call; the next goes alone.
+        waiting = [pool.submit(send, 1) for _ in range(3)]
+        time.sleep(0.05)
+        late = pool.submit(send, 2, rows=2)
+        assert holding.result() == [1]
+        sizes = [w.result() for w in waiting] + [late.result()]
+    assert sizes == [[3], [3], [3], [1, 1]], sizes
+    stats = client.get_inference_statistics("py_batch").model_stats[0]
+    assert stats.execution_count - before == 3
+    assert {b.batch_size for b in stats.batch_stats} >= {1, 3}
 
 
 def test_the_readme_model_runs(python_server):

@@ -476,8 +476,6 @@ impl Engine {
                             infer: executed.compute,
                             ..Default::default()
                         };
-                        // Each request is an execution of its own (a list of one request).
-                        serving.stats.record_execution(rows, compute, None);
                         let ran = Ran::Executed {
                             rows,
                             queue: executed.queue,

@@ -631,8 +631,8 @@ fn start_python(
     }
     let started = std::time::Instant::now();
     let io = IoSpec::from_config(config)?;
-    let model = PythonModel::start(config, version, dir, path, spec)?;
     let stats = Arc::new(ModelStats::new(name, version));
+    let model = PythonModel::start(config, version, dir, path, spec, Arc::clone(&stats))?;
     stats.record_load(started.elapsed());
     Ok(ServingVersion {
         version,

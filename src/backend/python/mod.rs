@@ -16,8 +16,10 @@
 mod channel;
 
 use crate::core::{Error, InferRequest, InferResponse, ParamValue, Parameters, Tensor};
+use crate::metrics::ModelStats;
 use crate::proto::inference::{model_instance_group::Kind, ModelConfig};
 use serde_json::{json, Value};
+use std::collections::VecDeque;
 use std::io::{BufReader, BufWriter};
 use std::path::{Path, PathBuf};
 use std::process::{Child, ChildStdin, ChildStdout, Command, Stdio};
@@ -295,8 +297,24 @@ pub struct PythonModel {
     launcher: Launcher,
     /// What `requested_output_names()` gives when a request names none: every output.
     all_outputs: Vec<String>,
+    /// Rows one `execute` call may take in all (`dynamic_batching` and `max_batch_size`); 0:
+    /// one request per call.
+    batch_rows: usize,
+    /// Requests no instance has taken yet, oldest first.
+    pending: Mutex<VecDeque<Waiting>>,
     idle: Mutex<Vec<Slot>>,
+    /// One per idle instance.
     permits: Arc<tokio::sync::Semaphore>,
+    stats: Arc<ModelStats>,
+}
+
+/// A request waiting for an instance, and where its answer goes.
+struct Waiting {
+    request: Request,
+    /// Its batch size (1 for a model that does not batch).
+    rows: usize,
+    arrived: Instant,
+    reply: tokio::sync::oneshot::Sender<Result<Executed, Error>>,
 }
 
 impl std::fmt::Debug for PythonModel {
@@ -308,18 +326,19 @@ impl std::fmt::Debug for PythonModel {
 }
 
 impl PythonModel {
-    /// Starts every instance of version `version` (`model_file` in `dir`), each through
-    /// `initialize`. Blocking.
+    /// Starts every instance of version `version` (`model_file` in `dir`), all at once, each
+    /// through `initialize`; its executions count in `stats`. Blocking.
     ///
     /// # Errors
     /// Why an instance did not start (the interpreter, the stub, or what `initialize` raised);
-    /// the instances started before it are stopped.
+    /// the instances that did start are stopped.
     pub fn start(
         config: &ModelConfig,
         version: i64,
         dir: &Path,
         model_file: &Path,
         spec: &PythonSpec,
+        stats: Arc<ModelStats>,
     ) -> Result<PythonModel, String> {
         let config_json = crate::repository::config::config_to_json(config).to_string();
         let mut args = serde_json::Map::new();
@@ -338,107 +357,185 @@ impl PythonModel {
             model_file: model_file.to_path_buf(),
             args,
         };
-        let mut slots = Vec::with_capacity(spec.instances.len());
-        for instance in &spec.instances {
-            match launcher.start(instance) {
+        let started: Vec<Result<Stub, String>> = std::thread::scope(|scope| {
+            let starting: Vec<_> = spec
+                .instances
+                .iter()
+                .map(|instance| scope.spawn(|| launcher.start(instance)))
+                .collect();
+            starting
+                .into_iter()
+                .map(|start| {
+                    start
+                        .join()
+                        .unwrap_or_else(|_| Err("starting an instance panicked".into()))
+                })
+                .collect()
+        });
+        let mut slots = Vec::with_capacity(started.len());
+        let mut failure = None;
+        for (instance, stub) in spec.instances.iter().zip(started) {
+            match stub {
                 Ok(stub) => slots.push(Slot {
                     instance: instance.clone(),
                     stub: Some(stub),
                 }),
-                Err(why) => {
-                    for slot in slots {
-                        if let Some(stub) = slot.stub {
-                            stub.finalize();
-                        }
-                    }
-                    return Err(why);
-                }
+                Err(why) => failure = failure.or(Some(why)),
             }
         }
+        if let Some(why) = failure {
+            for stub in slots.into_iter().filter_map(|slot| slot.stub) {
+                stub.finalize();
+            }
+            return Err(why);
+        }
+        let batching = matches!(
+            config.scheduling_choice,
+            Some(crate::proto::inference::model_config::SchedulingChoice::DynamicBatching(_))
+        );
         Ok(PythonModel {
             launcher,
             all_outputs: config.output.iter().map(|o| o.name.clone()).collect(),
+            batch_rows: if batching {
+                config.max_batch_size.max(0) as usize
+            } else {
+                0
+            },
+            pending: Mutex::new(VecDeque::new()),
             permits: Arc::new(tokio::sync::Semaphore::new(slots.len())),
             idle: Mutex::new(slots),
+            stats,
         })
     }
 
-    /// Runs `request` on the next idle instance.
+    /// Runs `request` on the next idle instance: with `dynamic_batching`, in one `execute`
+    /// call with the requests waiting beside it when the instance frees (up to
+    /// `max_batch_size` rows; kiln does not hold requests back to fill a call).
     ///
     /// # Errors
     /// The model's error for the request (its `TritonError`, with the code it gave), INTERNAL
     /// for an exception, a stub that died or an answer kiln cannot read.
     pub async fn execute(self: &Arc<Self>, request: Request) -> Result<Executed, Error> {
-        let arrived = Instant::now();
+        let (reply, answer) = tokio::sync::oneshot::channel();
+        let rows = match self.batch_rows {
+            0 => 1,
+            _ => request
+                .inputs
+                .first()
+                .and_then(|t| t.shape.first())
+                .map_or(1, |&rows| usize::try_from(rows).unwrap_or(1)),
+        };
+        self.lock_pending().push_back(Waiting {
+            request,
+            rows,
+            arrived: Instant::now(),
+            reply,
+        });
+        // Every request queued is taken by the time its own caller gets an instance: by that
+        // caller, or by one before it.
         let permit = Arc::clone(&self.permits)
             .acquire_owned()
             .await
             .map_err(|_| Error::Unavailable("the model is unloading".into()))?;
-        let queue = arrived.elapsed();
-        let this = Arc::clone(self);
-        // The blocking task owns the instance and gives it back itself, so a client that goes
-        // away mid-run loses nothing.
-        let task = tokio::task::spawn_blocking(move || {
-            let mut slot = this
-                .idle
-                .lock()
-                .unwrap_or_else(|e| e.into_inner())
-                .pop()
-                .expect("a permit stands for an idle instance");
-            let started = Instant::now();
-            let result = this.run(&mut slot, &request);
-            let compute = started.elapsed();
-            this.idle
-                .lock()
-                .unwrap_or_else(|e| e.into_inner())
-                .push(slot);
+        let batch = self.take_batch();
+        if batch.is_empty() {
             drop(permit);
-            result.map(|outputs| (outputs, compute))
-        });
-        let (outputs, compute) = task
+        } else {
+            let this = Arc::clone(self);
+            // The blocking task owns the instance and gives it back itself: a client that goes
+            // away mid-run loses nothing.
+            tokio::task::spawn_blocking(move || {
+                this.run_batch(batch);
+                drop(permit);
+            });
+        }
+        answer
             .await
-            .map_err(|e| Error::Internal(format!("Python model task failed: {e}")))??;
-        Ok(Executed {
-            outputs,
-            queue,
-            compute,
-        })
+            .map_err(|_| Error::Internal("the Python model dropped the request".into()))?
     }
 
-    /// Runs `request` on `slot`'s stub, starting it first if it died. Blocking.
-    fn run(&self, slot: &mut Slot, request: &Request) -> Result<Vec<Tensor>, Error> {
+    fn lock_pending(&self) -> std::sync::MutexGuard<'_, VecDeque<Waiting>> {
+        self.pending.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// The oldest waiting requests, as many as one call takes.
+    fn take_batch(&self) -> Vec<Waiting> {
+        let mut pending = self.lock_pending();
+        let mut batch = Vec::new();
+        let mut rows = 0;
+        while let Some(next) = pending.front() {
+            let fits =
+                batch.is_empty() || (self.batch_rows > 0 && rows + next.rows <= self.batch_rows);
+            if !fits {
+                break;
+            }
+            rows += next.rows;
+            batch.extend(pending.pop_front());
+        }
+        batch
+    }
+
+    /// Runs one batch on an idle instance and answers each request. Blocking.
+    fn run_batch(&self, batch: Vec<Waiting>) {
+        let mut slot = self
+            .idle
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .pop()
+            .expect("a permit stands for an idle instance");
+        let started = Instant::now();
+        let requests: Vec<&Request> = batch.iter().map(|w| &w.request).collect();
+        let results = self.run(&mut slot, &requests);
+        let compute = started.elapsed();
+        self.idle
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .push(slot);
+        let rows = batch.iter().map(|w| w.rows).sum();
+        let times = crate::metrics::ComputeTimes {
+            infer: compute,
+            ..Default::default()
+        };
+        self.stats.record_execution(rows, times, None);
+        for (waiting, result) in batch.into_iter().zip(results) {
+            let queue = started.saturating_duration_since(waiting.arrived);
+            let _ = waiting.reply.send(result.map(|outputs| Executed {
+                outputs,
+                queue,
+                compute,
+            }));
+        }
+    }
+
+    /// Runs `requests` in one `execute` call on `slot`'s stub, starting it first if it died:
+    /// one result per request. Blocking.
+    fn run(&self, slot: &mut Slot, requests: &[&Request]) -> Vec<Result<Vec<Tensor>, Error>> {
+        let every = |error: Error| vec![Err(error); requests.len()];
         let instance = &slot.instance.name;
         let stub = match &mut slot.stub {
             Some(stub) => stub,
-            None => {
-                let stub = self.launcher.start(&slot.instance).map_err(|why| {
-                    Error::Internal(format!(
-                        "the Python stub of model instance '{instance}' could not be restarted: {why}"
-                    ))
-                })?;
-                slot.stub.insert(stub)
-            }
-        };
-        let asked = if request.outputs.is_empty() {
-            &self.all_outputs
-        } else {
-            &request.outputs
+            None => match self.launcher.start(&slot.instance) {
+                Ok(stub) => slot.stub.insert(stub),
+                Err(why) => return every(Error::Internal(format!(
+                    "the Python stub of model instance '{instance}' could not be restarted: {why}"
+                ))),
+            },
         };
         match stub.execute(
-            request,
-            asked,
+            requests,
+            &self.all_outputs,
             &self.launcher.model,
             instance,
             &self.launcher.caller,
         ) {
-            Ok(answer) => answer,
+            Ok(answers) => answers,
             Err(broken) => {
                 let status = slot.stub.take().map(Stub::kill).unwrap_or_default();
                 tracing::error!(
                     "Stub process '{instance}' is not healthy ({broken}{status}); it restarts for \
                      the next request"
                 );
-                Err(Error::Internal(format!(
+                every(Error::Internal(format!(
                     "Stub process '{instance}' is not healthy: {broken}{status}; it restarts for \
                      the next request"
                 )))
@@ -660,66 +757,97 @@ impl Stub {
         }
     }
 
-    /// Runs one request: `Err` when the stub is gone or broke the protocol, else the model's
-    /// answer.
+    /// Runs `requests` in one `execute` call: `Err` when the stub is gone or broke the
+    /// protocol, else the model's answer to each request. `all_outputs` is what a request that
+    /// names no outputs asks for.
     fn execute(
         &mut self,
-        request: &Request,
-        asked: &[String],
+        requests: &[&Request],
+        all_outputs: &[String],
         model: &str,
         instance: &str,
         caller: &ModelCaller,
-    ) -> std::io::Result<Result<Vec<Tensor>, Error>> {
-        let header = json!({"op": "execute", "requests": [{
-            "id": request.id,
-            "parameters": parameters_json(&request.parameters),
-            "outputs": asked,
-            "inputs": request.inputs.iter().map(channel::describe).collect::<Vec<_>>(),
-        }]});
-        let blobs: Vec<&[u8]> = request.inputs.iter().map(|t| t.data.as_ref()).collect();
-        channel::send(&mut self.input, header, &blobs)?;
+    ) -> std::io::Result<Vec<Result<Vec<Tensor>, Error>>> {
+        let described: Vec<Value> = requests
+            .iter()
+            .map(|request| {
+                let asked = if request.outputs.is_empty() {
+                    all_outputs
+                } else {
+                    &request.outputs
+                };
+                json!({
+                    "id": request.id,
+                    "parameters": parameters_json(&request.parameters),
+                    "outputs": asked,
+                    "inputs": request.inputs.iter().map(channel::describe).collect::<Vec<_>>(),
+                })
+            })
+            .collect();
+        let blobs: Vec<&[u8]> = requests
+            .iter()
+            .flat_map(|request| request.inputs.iter().map(|t| t.data.as_ref()))
+            .collect();
+        channel::send(
+            &mut self.input,
+            json!({"op": "execute", "requests": described}),
+            &blobs,
+        )?;
         let message = self.answer(model, instance, caller)?;
         let broken = |why: String| std::io::Error::new(std::io::ErrorKind::InvalidData, why);
         match message.header["op"].as_str() {
             Some("responses") => {}
             Some("error") => {
                 let why = message.header["message"].as_str().unwrap_or("");
-                return Ok(Err(Error::Internal(format!(
+                let error = Error::Internal(format!(
                     "Failed to process the request(s) for model '{instance}', message: {why}"
-                ))));
+                ));
+                return Ok(vec![Err(error); requests.len()]);
             }
             other => return Err(broken(format!("unexpected answer {other:?}"))),
         }
-        let response = &message.header["responses"][0];
-        if let Some(why) = response["error"].as_str() {
-            let code = response["code"].as_i64().unwrap_or(1);
-            return Ok(Err(model_error(why.to_string(), code)));
-        }
-        let described = response["outputs"]
+        let responses = message.header["responses"]
             .as_array()
-            .ok_or_else(|| broken("a response without outputs".into()))?;
-        if described.len() != message.blobs.len() {
+            .filter(|r| r.len() == requests.len())
+            .ok_or_else(|| broken("not one response per request".into()))?;
+        let mut data = message.blobs.into_iter();
+        let mut answers = Vec::with_capacity(requests.len());
+        for (request, response) in requests.iter().zip(responses) {
+            if let Some(why) = response["error"].as_str() {
+                let code = response["code"].as_i64().unwrap_or(1);
+                answers.push(Err(model_error(why.to_string(), code)));
+                continue;
+            }
+            let described = response["outputs"]
+                .as_array()
+                .ok_or_else(|| broken("a response without outputs".into()))?;
+            let mut outputs = Vec::with_capacity(described.len());
+            let mut bad = None;
+            for description in described {
+                let blob = data
+                    .next()
+                    .ok_or_else(|| broken("outputs and their data do not match".into()))?;
+                match channel::tensor(description, blob) {
+                    Ok(tensor) => outputs.push(tensor),
+                    Err(why) => bad = bad.or(Some(why)),
+                }
+            }
+            let missing = request
+                .outputs
+                .iter()
+                .find(|name| !outputs.iter().any(|o| &o.name == *name));
+            answers.push(match (bad, missing) {
+                (Some(why), _) => Err(Error::Internal(format!("model '{model}': {why}"))),
+                (None, Some(missing)) => Err(Error::Internal(format!(
+                    "model '{model}' did not return the requested output '{missing}'"
+                ))),
+                (None, None) => Ok(outputs),
+            });
+        }
+        if data.next().is_some() {
             return Err(broken("outputs and their data do not match".into()));
         }
-        let outputs = described
-            .iter()
-            .zip(message.blobs)
-            .map(|(description, data)| channel::tensor(description, data))
-            .collect::<Result<Vec<Tensor>, String>>();
-        let outputs = match outputs {
-            Ok(outputs) => outputs,
-            Err(why) => return Ok(Err(Error::Internal(format!("model '{model}': {why}")))),
-        };
-        if let Some(missing) = request
-            .outputs
-            .iter()
-            .find(|name| !outputs.iter().any(|o| &o.name == *name))
-        {
-            return Ok(Err(Error::Internal(format!(
-                "model '{model}' did not return the requested output '{missing}'"
-            ))));
-        }
-        Ok(Ok(outputs))
+        Ok(answers)
     }
 
     /// Asks the model to `finalize`, then ends the process (killed when it takes too long).
