@@ -269,6 +269,30 @@ dynamic_batching { }
 instance_group [ { count: 1 kind: KIND_CPU } ]
 '''
 
+# Declares its tensors in code, as newer Triton models do; its config.pbtxt names only the backend.
+PY_AUTO = '''
+import numpy as np
+import triton_python_backend_utils as pb_utils
+
+
+class TritonPythonModel:
+    @staticmethod
+    def auto_complete_config(auto_complete_model_config):
+        auto_complete_model_config.add_input({"name": "X", "data_type": "TYPE_FP32", "dims": [2]})
+        auto_complete_model_config.add_output({"name": "NEGATED", "data_type": "TYPE_FP32", "dims": [2]})
+        auto_complete_model_config.set_max_batch_size(4)
+        auto_complete_model_config.set_dynamic_batching()
+        return auto_complete_model_config
+
+    def execute(self, requests):
+        return [pb_utils.InferenceResponse([pb_utils.Tensor(
+            "NEGATED", -pb_utils.get_input_tensor_by_name(r, "X").as_numpy())]) for r in requests]
+'''
+
+# Its code and its config.pbtxt disagree on a tensor's type.
+PY_AUTO_CONFLICT = PY_AUTO.replace("TYPE_FP32\", \"dims\": [2]})\n        auto_complete_model_config.add_output",
+                                   "TYPE_INT32\", \"dims\": [2]})\n        auto_complete_model_config.add_output")
+
 README_CONFIG = '''
 name: "py_readme"
 backend: "python"
@@ -320,6 +344,9 @@ def python_server(tmp_path_factory):
     write_model(repo, "py_readme", README_CONFIG, readme_model())
     write_model(repo, "py_calls", PY_CALLS_CONFIG, PY_CALLS)
     write_model(repo, "py_batch", PY_BATCH_CONFIG, PY_BATCH)
+    write_model(repo, "py_auto", 'backend: "python"', PY_AUTO)
+    write_model(repo, "py_auto_conflict",
+                'backend: "python" input [ { name: "X" data_type: TYPE_FP32 dims: [ 2 ] } ]', PY_AUTO_CONFLICT)
     (repo / "double_then_add" / "1").mkdir(parents=True)
     (repo / "double_then_add" / "config.pbtxt").write_text(ENSEMBLE_CONFIG)
     shutil.copytree(BUNDLED_REPO / "add_sub", repo / "add_sub")
@@ -406,6 +433,22 @@ def test_requests_waiting_together_go_to_one_execute_call(python_server):
     stats = client.get_inference_statistics("py_batch").model_stats[0]
     assert stats.execution_count - before == 3
     assert {b.batch_size for b in stats.batch_stats} >= {1, 3}
+
+
+def test_auto_complete_config_declares_what_the_config_leaves_out(python_server):
+    server, _ = python_server
+    client = grpcclient.InferenceServerClient(server.grpc_url)
+    config = client.get_model_config("py_auto").config
+    assert config.max_batch_size == 4 and config.HasField("dynamic_batching")
+    assert [(i.name, i.data_type, list(i.dims)) for i in config.input] == [("X", 11, [2])]
+    assert [(o.name, list(o.dims)) for o in config.output] == [("NEGATED", [2])]
+    x = grpcclient.InferInput("X", [3, 2], "FP32")
+    x.set_data_from_numpy(np.arange(6, dtype=np.float32).reshape(3, 2))
+    np.testing.assert_array_equal(client.infer("py_auto", [x]).as_numpy("NEGATED"), -np.arange(6).reshape(3, 2))
+    entry = next(m for m in client.get_model_repository_index().models if m.name == "py_auto_conflict")
+    assert entry.state == "UNAVAILABLE"
+    assert "auto_complete_config of model 'py_auto_conflict' failed: ValueError: model input 'X' has data_type " \
+           "TYPE_FP32 in the configuration but TYPE_INT32 in auto-complete-config function" in entry.reason, entry.reason
 
 
 def test_the_readme_model_runs(python_server):

@@ -130,7 +130,7 @@ pub fn prepare(
         return prepare_ensemble(name, dir, config, selected);
     }
     if config::is_python(&config) {
-        return prepare_python(name, dir, config, selected, &options.python_calls);
+        return prepare_python(name, dir, config, selected, options);
     }
     let placed = placement::place(&mut config, &cuda::inventory, options.gpu_fallback_to_cpu)?;
     check_sessions(name, selected.len(), placed.devices.len())?;
@@ -285,15 +285,30 @@ fn prepare_python(
     dir: &Path,
     mut config: ModelConfig,
     versions: Vec<i64>,
-    calls: &crate::backend::python::ModelCaller,
+    options: &LoadOptions,
 ) -> Result<Prepared, String> {
+    if options.auto_complete {
+        // Triton completes the config with the newest selected version's model.py.
+        let newest = versions
+            .iter()
+            .rev()
+            .filter_map(|&v| model_path(dir, v, &config.default_model_filename).ok())
+            .find(|path| path.is_file());
+        // Only a model that defines the function needs a Python process to run it.
+        let defines = |path: &PathBuf| {
+            std::fs::read_to_string(path).is_ok_and(|code| code.contains("auto_complete_config"))
+        };
+        if let Some(path) = newest.filter(defines) {
+            crate::backend::python::auto_complete(&mut config, dir, &path)?;
+        }
+    }
     if config.input.is_empty() && config.output.is_empty() {
         return Err(format!(
-            "Python model '{name}' declares no inputs or outputs in config.pbtxt: kiln does not \
-             run auto_complete_config"
+            "Python model '{name}' declares no inputs or outputs (in config.pbtxt or with \
+             auto_complete_config)"
         ));
     }
-    let python = PythonSpec::from_config(&mut config, dir, calls)?;
+    let python = PythonSpec::from_config(&mut config, dir, &options.python_calls)?;
     config::validate_io(&config).map_err(|e| e.to_string())?;
     config::max_inflight_requests(&config).map_err(|e| e.to_string())?;
     if config::wants_response_cache(&config) {

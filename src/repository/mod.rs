@@ -47,7 +47,7 @@ pub use io::{IoSpec, TensorSpec};
 pub use lifecycle::{ControlMode, ModelRepository, RepositoryOptions, Slot, Snapshot, Status};
 pub use limits::{MAX_BATCH_SIZE, MAX_MODEL_DIR_ENTRIES};
 pub use loader::LoadFailure;
-pub use overrides::LoadParameter;
+pub use overrides::{config_from_json, LoadParameter};
 pub use remote::RemoteStore;
 pub use store::{LocalStore, ModelStore};
 

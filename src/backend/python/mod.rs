@@ -194,6 +194,53 @@ impl PythonSpec {
     }
 }
 
+/// Completes `config` with the model's `auto_complete_config(auto_complete_model_config)`, as
+/// Triton does before loading, when `model_file`'s `TritonPythonModel` has one. Blocking.
+///
+/// # Errors
+/// What the model raised, a config it made that does not parse or renames the model, or why
+/// Python did not run.
+pub fn auto_complete(config: &mut ModelConfig, dir: &Path, model_file: &Path) -> Result<(), String> {
+    let python = interpreter(config, dir)?;
+    let name = config.name.clone();
+    let mut stub = Stub::spawn(&python, model_file, &["--auto-complete"])?;
+    let current = crate::repository::config::config_to_json(config);
+    let answer = channel::send(
+        &mut stub.input,
+        json!({"op": "auto_complete", "config": current}),
+        &[],
+    )
+    .and_then(|()| stub.answer(&name, "auto-complete", &ModelCaller::default()));
+    let status = stub.kill();
+    let message = answer.map_err(|e| {
+        format!(
+            "the Python stub of model '{name}' ended before auto_complete_config answered              ({e}{status}): its error is in the log above; the stub needs numpy in '{}'",
+            python.display()
+        )
+    })?;
+    match (message.header["op"].as_str(), &message.header["config"]) {
+        (Some("config"), Value::Null) => Ok(()),
+        (Some("config"), completed) => {
+            let completed = crate::repository::config_from_json(&completed.to_string())
+                .map_err(|e| {
+                    format!("auto_complete_config of model '{name}' made a config kiln cannot read: {e}")
+                })?;
+            if completed.name != name {
+                return Err(format!(
+                    "auto_complete_config of model '{name}' renamed it '{}'",
+                    completed.name
+                ));
+            }
+            *config = completed;
+            Ok(())
+        }
+        _ => Err(format!(
+            "auto_complete_config of model '{name}' failed: {}",
+            message.header["message"].as_str().unwrap_or("")
+        )),
+    }
+}
+
 /// The interpreter a model runs under.
 fn interpreter(config: &ModelConfig, dir: &Path) -> Result<PathBuf, String> {
     let Some(env) = config
@@ -558,28 +605,7 @@ impl PythonModel {
 impl Launcher {
     /// Starts a stub for `instance` and runs the model's `initialize`. Blocking.
     fn start(&self, instance: &Instance) -> Result<Stub, String> {
-        let runtime = runtime_dir()?;
-        let mut path = std::ffi::OsString::from(runtime);
-        if let Some(existing) = std::env::var_os("PYTHONPATH").filter(|p| !p.is_empty()) {
-            path.push(":");
-            path.push(existing);
-        }
-        let mut child = Command::new(&self.python)
-            .arg(runtime.join("kiln_python_stub.py"))
-            .arg(&self.model_file)
-            .env("PYTHONPATH", path)
-            .stdin(Stdio::piped())
-            .stdout(Stdio::piped())
-            .stderr(Stdio::inherit())
-            .spawn()
-            .map_err(|e| format!("cannot start Python ('{}'): {e}", self.python.display()))?;
-        let input = child.stdin.take().expect("piped");
-        let output = child.stdout.take().expect("piped");
-        let mut stub = Stub {
-            child,
-            input: BufWriter::new(input),
-            output: BufReader::new(output),
-        };
+        let mut stub = Stub::spawn(&self.python, &self.model_file, &[])?;
         let mut args = self.args.clone();
         args.insert("model_instance_name".into(), json!(instance.name));
         args.insert("model_instance_kind".into(), json!(instance.kind));
@@ -728,6 +754,33 @@ fn model_error(message: String, code: i64) -> Error {
 }
 
 impl Stub {
+    /// Starts the stub for `model_file` under `python`, with `options` after the model file.
+    fn spawn(python: &Path, model_file: &Path, options: &[&str]) -> Result<Stub, String> {
+        let runtime = runtime_dir()?;
+        let mut path = std::ffi::OsString::from(runtime);
+        if let Some(existing) = std::env::var_os("PYTHONPATH").filter(|p| !p.is_empty()) {
+            path.push(":");
+            path.push(existing);
+        }
+        let mut child = Command::new(python)
+            .arg(runtime.join("kiln_python_stub.py"))
+            .arg(model_file)
+            .args(options)
+            .env("PYTHONPATH", path)
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::inherit())
+            .spawn()
+            .map_err(|e| format!("cannot start Python ('{}'): {e}", python.display()))?;
+        let input = child.stdin.take().expect("piped");
+        let output = child.stdout.take().expect("piped");
+        Ok(Stub {
+            child,
+            input: BufWriter::new(input),
+            output: BufReader::new(output),
+        })
+    }
+
     /// The next answer of the stub, its log lines passed on and its calls to other models run
     /// meanwhile.
     fn answer(

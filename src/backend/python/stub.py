@@ -163,14 +163,14 @@ def make_caller(channel):
     return call
 
 
-def load_model(path):
-    directory = os.path.dirname(path)
-    sys.path.insert(0, directory)
+def load_module(path):
+    """Imports model.py as `model`, its directory first on the path (as Triton's stub does)."""
+    sys.path.insert(0, os.path.dirname(path))
     spec = importlib.util.spec_from_file_location("model", path)
     module = importlib.util.module_from_spec(spec)
     sys.modules["model"] = module
     spec.loader.exec_module(module)
-    return module.TritonPythonModel()
+    return module
 
 
 def requests_of(header, blobs):
@@ -218,6 +218,23 @@ def answer(channel, requests, responses):
     channel.send({"op": "responses", "responses": described}, blobs)
 
 
+def auto_complete(channel, model_path):
+    """Runs the model class's `auto_complete_config` on the config kiln sends, if it has one."""
+    header, _ = channel.receive()
+    try:
+        model_class = load_module(model_path).TritonPythonModel
+        if not hasattr(model_class, "auto_complete_config"):
+            channel.send({"op": "config", "config": None})
+            return
+        completed = model_class.auto_complete_config(pb_utils.ModelConfig(header["config"]))
+        if not isinstance(completed, pb_utils.ModelConfig):
+            raise Misuse("auto_complete_config must return the ModelConfig it was given")
+        channel.send({"op": "config", "config": completed.as_dict()})
+    except BaseException as error:  # noqa: B036 - the load fails with whatever the model raised
+        traceback.print_exc()
+        channel.send({"op": "error", "message": describe(error)})
+
+
 def main():
     model_path = sys.argv[1]
     # The protocol keeps the process's stdin and stdout; the model's prints go to stderr and it
@@ -231,13 +248,16 @@ def main():
     pb_utils._state["log"] = lambda level, message: channel.send(
         {"op": "log", "level": level, "message": message})
     pb_utils._state["call"] = make_caller(channel)
+    if sys.argv[2:] == ["--auto-complete"]:
+        auto_complete(channel, model_path)
+        return
     loop = asyncio.new_event_loop()
 
     header, _ = channel.receive()
     args = header["args"]
     pb_utils._state["model_dir"] = args["model_repository"]
     try:
-        model = load_model(model_path)
+        model = load_module(model_path).TritonPythonModel()
         if hasattr(model, "initialize"):
             model.initialize(args)
     except BaseException as error:  # noqa: B036 - the load fails with whatever the model raised

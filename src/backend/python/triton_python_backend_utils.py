@@ -199,6 +199,66 @@ class InferenceRequest:
         return self.exec(decoupled)
 
 
+class ModelConfig:
+    """The config a model's `auto_complete_config(auto_complete_model_config)` completes."""
+
+    _TENSOR_KEYS = ("name", "data_type", "dims", "optional")
+
+    def __init__(self, model_config):
+        self._model_config = model_config
+
+    def as_dict(self):
+        return self._model_config
+
+    def set_max_batch_size(self, max_batch_size):
+        if not isinstance(max_batch_size, int) or max_batch_size < 0:
+            raise ValueError("max_batch_size must be an integer of at least 0")
+        current = self._model_config.get("max_batch_size", 0)
+        if current not in (0, max_batch_size):
+            raise ValueError(
+                f"configuration specified max_batch_size {current}, but in auto-complete-config function "
+                f"for model '{self._model_config.get('name')}' specified max_batch_size {max_batch_size}")
+        self._model_config["max_batch_size"] = max_batch_size
+
+    def set_dynamic_batching(self):
+        self._model_config.setdefault("dynamic_batching", {})
+
+    def set_model_transaction_policy(self, transaction_policy_dict):
+        policy = self._model_config.setdefault("model_transaction_policy", {})
+        for key, value in transaction_policy_dict.items():
+            if key != "decoupled":
+                raise ValueError(f"model transaction property in auto-complete-config function for model "
+                                 f"'{self._model_config.get('name')}' contains property other than 'decoupled'")
+            policy[key] = value
+
+    def _add(self, kind, tensor):
+        if not isinstance(tensor, dict):
+            raise ValueError(f"model {kind} must be a dictionary")
+        for key in tensor:
+            if key not in self._TENSOR_KEYS:
+                raise ValueError(f"model {kind} '{tensor.get('name')}' in auto-complete-config function contains "
+                                 f"unsupported property '{key}'")
+        if "name" not in tensor:
+            raise ValueError(f"model {kind} in auto-complete-config function must have 'name'")
+        tensors = self._model_config.setdefault(kind, [])
+        for existing in tensors:
+            if existing.get("name") != tensor["name"]:
+                continue
+            for key, value in tensor.items():
+                if key in existing and existing[key] not in (value, [], "TYPE_INVALID") and existing[key] != value:
+                    raise ValueError(f"model {kind} '{tensor['name']}' has {key} {existing[key]} in the configuration "
+                                     f"but {value} in auto-complete-config function")
+                existing[key] = value
+            return
+        tensors.append(dict(tensor))
+
+    def add_input(self, input):
+        self._add("input", input)
+
+    def add_output(self, output):
+        self._add("output", output)
+
+
 def get_input_tensor_by_name(request, name):
     return next((t for t in request.inputs() if t.name() == name), None)
 
