@@ -200,7 +200,11 @@ impl PythonSpec {
 /// # Errors
 /// What the model raised, a config it made that does not parse or renames the model, or why
 /// Python did not run.
-pub fn auto_complete(config: &mut ModelConfig, dir: &Path, model_file: &Path) -> Result<(), String> {
+pub fn auto_complete(
+    config: &mut ModelConfig,
+    dir: &Path,
+    model_file: &Path,
+) -> Result<(), String> {
     let python = interpreter(config, dir)?;
     let name = config.name.clone();
     let mut stub = Stub::spawn(&python, model_file, &["--auto-complete"])?;
@@ -563,9 +567,11 @@ impl PythonModel {
             Some(stub) => stub,
             None => match self.launcher.start(&slot.instance) {
                 Ok(stub) => slot.stub.insert(stub),
-                Err(why) => return every(Error::Internal(format!(
+                Err(why) => {
+                    return every(Error::Internal(format!(
                     "the Python stub of model instance '{instance}' could not be restarted: {why}"
-                ))),
+                )))
+                }
             },
         };
         match stub.execute(
