@@ -10,6 +10,7 @@ runs when the model unloads; an ensemble runs a Python step before an ONNX one."
 from __future__ import annotations
 
 import json
+import queue
 import re
 import shutil
 import sys
@@ -293,6 +294,37 @@ class TritonPythonModel:
 PY_AUTO_CONFLICT = PY_AUTO.replace("TYPE_FP32\", \"dims\": [2]})\n        auto_complete_model_config.add_output",
                                    "TYPE_INT32\", \"dims\": [2]})\n        auto_complete_model_config.add_output")
 
+# Decoupled: counts to N, one response each, from a thread of its own after execute has returned,
+# then says "final" alone; N = 0 sends only that, N = -1 an error response first.
+PY_COUNT = '''
+import threading
+import numpy as np
+import triton_python_backend_utils as pb_utils
+
+
+class TritonPythonModel:
+    def execute(self, requests):
+        for request in requests:
+            n = int(pb_utils.get_input_tensor_by_name(request, "N").as_numpy()[0])
+            threading.Thread(target=self.count, args=(request.get_response_sender(), n)).start()
+        return None
+
+    def count(self, sender, n):
+        if n == -1:
+            sender.send(pb_utils.InferenceResponse(error=pb_utils.TritonError("cannot count to -1")))
+        for i in range(n):
+            sender.send(pb_utils.InferenceResponse([pb_utils.Tensor("I", np.array([i], dtype=np.int32))]))
+        sender.send(flags=pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL)
+'''
+
+PY_COUNT_CONFIG = '''
+name: "py_count"
+backend: "python"
+input [ { name: "N" data_type: TYPE_INT32 dims: [ 1 ] } ]
+output [ { name: "I" data_type: TYPE_INT32 dims: [ 1 ] } ]
+model_transaction_policy { decoupled: true }
+'''
+
 README_CONFIG = '''
 name: "py_readme"
 backend: "python"
@@ -344,6 +376,7 @@ def python_server(tmp_path_factory):
     write_model(repo, "py_readme", README_CONFIG, readme_model())
     write_model(repo, "py_calls", PY_CALLS_CONFIG, PY_CALLS)
     write_model(repo, "py_batch", PY_BATCH_CONFIG, PY_BATCH)
+    write_model(repo, "py_count", PY_COUNT_CONFIG, PY_COUNT)
     write_model(repo, "py_auto", 'backend: "python"', PY_AUTO)
     write_model(repo, "py_auto_conflict",
                 'backend: "python" input [ { name: "X" data_type: TYPE_FP32 dims: [ 2 ] } ]', PY_AUTO_CONFLICT)
@@ -449,6 +482,49 @@ def test_auto_complete_config_declares_what_the_config_leaves_out(python_server)
     assert entry.state == "UNAVAILABLE"
     assert "auto_complete_config of model 'py_auto_conflict' failed: ValueError: model input 'X' has data_type " \
            "TYPE_FP32 in the configuration but TYPE_INT32 in auto-complete-config function" in entry.reason, entry.reason
+
+
+def counted(server, n, empty_final, expected):
+    """The responses py_count streams for `n`: (values or error, final flag) each."""
+    got = queue.Queue()
+    client = grpcclient.InferenceServerClient(server.grpc_url)
+    client.start_stream(callback=lambda result, error: got.put((result, error)))
+    try:
+        x = grpcclient.InferInput("N", [1], "INT32")
+        x.set_data_from_numpy(np.array([n], dtype=np.int32))
+        client.async_stream_infer("py_count", [x], request_id=f"count-{n}", enable_empty_final_response=empty_final)
+        answers = []
+        for _ in range(expected):
+            result, error = got.get(timeout=RPC_TIMEOUT)
+            if error is not None:
+                answers.append((str(error), None))
+                continue
+            response = result.get_response()
+            assert response.id == f"count-{n}"
+            final = response.parameters["triton_final_response"].bool_param
+            value = result.as_numpy("I")
+            answers.append((None if value is None else int(value[0]), final))
+        time.sleep(0.2)
+        assert got.empty(), "more responses than expected"
+        return answers
+    finally:
+        client.stop_stream()
+
+
+def test_a_decoupled_model_streams_its_responses(python_server):
+    server, _ = python_server
+    # Without empty final responses, the flag the model sends alone reaches nobody.
+    assert counted(server, 3, False, 3) == [(0, False), (1, False), (2, False)]
+    assert counted(server, 3, True, 4) == [(0, False), (1, False), (2, False), (None, True)]
+    assert counted(server, 0, True, 1) == [(None, True)]
+    error, final = counted(server, -1, True, 2)
+    assert "cannot count to -1" in error[0] and final == (None, True)
+    # Unary inference is refused, as Triton refuses it.
+    with pytest.raises(InferenceServerException) as e:
+        x = grpcclient.InferInput("N", [1], "INT32")
+        x.set_data_from_numpy(np.array([2], dtype=np.int32))
+        grpcclient.InferenceServerClient(server.grpc_url).infer("py_count", [x])
+    assert "doesn't support models with decoupled transaction policy" in e.value.message()
 
 
 def test_the_readme_model_runs(python_server):

@@ -12,6 +12,7 @@ mod lookup;
 pub mod raw_input;
 mod response;
 pub mod shared_memory;
+mod stream;
 mod traces;
 pub mod validate;
 
@@ -34,6 +35,7 @@ use std::collections::BTreeMap;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
+pub use stream::StreamedResponse;
 
 pub use crate::repository::{IndexEntry, LoadParameter};
 
@@ -460,6 +462,13 @@ impl Engine {
                     .map(|outputs| (outputs, Ran::Composed { rows }))
                     .map_err(|e| (e, FailureReason::Other))
             }
+            (Ok(_), _, Executor::Python(python)) if python.decoupled() => Err((
+                Error::Unsupported(format!(
+                    "model '{}' is decoupled: use ModelStreamInfer",
+                    model.name
+                )),
+                FailureReason::Other,
+            )),
             (Ok(job), _, Executor::Python(python)) => {
                 let rows = job.rows;
                 let request = crate::backend::python::Request {

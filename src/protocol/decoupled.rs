@@ -5,13 +5,15 @@
 //! stream (`stream` false) gets one response with the whole text. With
 //! `triton_enable_empty_final_response`, every data response says false and an extra response
 //! without outputs says true. A failed request gets `error_message`; the stream stays open.
-//! Responses of different requests interleave; clients match them by `id`.
+//! Responses of different requests interleave; clients match them by `id`. A decoupled Python
+//! model's responses go out as the model sends them, each with its outputs and the flag, true
+//! on the last ([`python_stream`]).
 
-use super::codec::request_from_wire;
+use super::codec::{request_from_wire, response_to_wire};
 use crate::core::tensor::frame_bytes;
-use crate::core::Error;
+use crate::core::{Error, ParamValue};
 use crate::engine::generate::Generation;
-use crate::engine::Engine;
+use crate::engine::{Engine, StreamedResponse};
 use crate::proto::inference::{
     infer_parameter::ParameterChoice, model_infer_response::InferOutputTensor, InferParameter,
     ModelInferRequest, ModelInferResponse, ModelStreamInferResponse,
@@ -43,19 +45,35 @@ pub async fn answer(
         id: wire.id.clone(),
         ..Default::default()
     };
-    let started = match engine.admit() {
-        Ok(admission) => match request_from_wire(wire) {
-            Ok(mut request) => {
-                request.trace = engine
-                    .tracer()
-                    .sample_with(&request.model_name, traceparent.as_deref());
-                if let Some(trace) = &request.trace {
-                    trace.record(Activity::GrpcWaitreadEnd, Instant::now());
+    let admitted = engine
+        .admit()
+        .and_then(|admission| Ok((admission, request_from_wire(wire)?)));
+    let started = match admitted {
+        Ok((admission, request))
+            if engine.is_decoupled_python(&request.model_name, &request.model_version) =>
+        {
+            let empty_final = request.parameters.get("triton_enable_empty_final_response")
+                == Some(&ParamValue::Bool(true));
+            match engine.infer_stream(admission, request).await {
+                Ok(stream) => tokio::select! {
+                    () = python_stream(stream, header, empty_final, &responses) => {}
+                    () = responses.closed() => {}
+                },
+                Err(error) => {
+                    let _ = responses.send(Ok(failure(header, &error))).await;
                 }
-                engine.generate(admission, request).await
             }
-            Err(e) => Err(e),
-        },
+            return;
+        }
+        Ok((admission, mut request)) => {
+            request.trace = engine
+                .tracer()
+                .sample_with(&request.model_name, traceparent.as_deref());
+            if let Some(trace) = &request.trace {
+                trace.record(Activity::GrpcWaitreadEnd, Instant::now());
+            }
+            engine.generate(admission, request).await
+        }
         Err(e) => Err(e),
     };
     let generation = match started {
@@ -83,6 +101,54 @@ async fn stream(mut generation: Generation, responses: &Responses) {
         if !send(&generation, chunk.map(|c| c.text), last, responses).await || last {
             return;
         }
+    }
+}
+
+/// Sends a decoupled Python model's responses as they come: each with its outputs and the final
+/// flag; with `empty_final` the flag goes on an extra response without outputs (as it does when
+/// the model sends the flag alone), else on the last data response.
+async fn python_stream(
+    mut stream: mpsc::UnboundedReceiver<StreamedResponse>,
+    header: ModelInferResponse,
+    empty_final: bool,
+    responses: &Responses,
+) {
+    while let Some(streamed) = stream.recv().await {
+        let mut messages = Vec::with_capacity(2);
+        match streamed.response {
+            Ok(Some(response)) => {
+                let mut wire = response_to_wire(response);
+                wire.parameters
+                    .extend([final_flag(streamed.last && !empty_final)]);
+                messages.push(ModelStreamInferResponse {
+                    error_message: String::new(),
+                    infer_response: Some(wire),
+                });
+                if streamed.last && empty_final {
+                    messages.push(flag_only(header.clone()));
+                }
+            }
+            Ok(None) if empty_final => messages.push(flag_only(header.clone())),
+            Ok(None) => {}
+            Err(error) => messages.push(flagged_failure(header.clone(), &error, streamed.last)),
+        }
+        for message in messages {
+            if responses.send(Ok(message)).await.is_err() {
+                return;
+            }
+        }
+        if streamed.last {
+            return;
+        }
+    }
+}
+
+/// A response without outputs that only says "final".
+fn flag_only(mut header: ModelInferResponse) -> ModelStreamInferResponse {
+    header.parameters.extend([final_flag(true)]);
+    ModelStreamInferResponse {
+        error_message: String::new(),
+        infer_response: Some(header),
     }
 }
 
@@ -145,16 +211,21 @@ fn text_response(generation: &Generation, text: &str, is_final: bool) -> ModelSt
 
 /// The empty response that only says "final".
 fn final_only(generation: &Generation) -> ModelStreamInferResponse {
-    let mut response = header(generation);
-    response.parameters.extend([final_flag(true)]);
-    ModelStreamInferResponse {
-        error_message: String::new(),
-        infer_response: Some(response),
-    }
+    flag_only(header(generation))
 }
 
-fn failure(mut header: ModelInferResponse, error: &Error) -> ModelStreamInferResponse {
-    header.parameters.extend([final_flag(true)]);
+/// A request's error, which ends it.
+fn failure(header: ModelInferResponse, error: &Error) -> ModelStreamInferResponse {
+    flagged_failure(header, error, true)
+}
+
+/// An error response, the last of its request when `last`.
+fn flagged_failure(
+    mut header: ModelInferResponse,
+    error: &Error,
+    last: bool,
+) -> ModelStreamInferResponse {
+    header.parameters.extend([final_flag(last)]);
     ModelStreamInferResponse {
         error_message: error.message().to_string(),
         infer_response: Some(header),

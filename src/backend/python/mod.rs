@@ -41,13 +41,13 @@ const STUB: &str = include_str!("stub.py");
 const UTILS: &str = include_str!("triton_python_backend_utils.py");
 
 /// Runs one request on any model of the server.
-type Call = dyn Fn(InferRequest) -> Result<InferResponse, Error> + Send + Sync;
+type RunRequest = dyn Fn(InferRequest) -> Result<InferResponse, Error> + Send + Sync;
 
 /// How a Python model's `InferenceRequest.exec()` (Triton's BLS: business logic scripting)
 /// reaches the server's models. The repository exists before the engine that serves it, so the
 /// server connects this once the engine does; every model loaded with the same options shares it.
 #[derive(Clone, Default)]
-pub struct ModelCaller(Arc<OnceLock<Box<Call>>>);
+pub struct ModelCaller(Arc<OnceLock<Box<RunRequest>>>);
 
 impl ModelCaller {
     /// Sets what runs the calls (the first setting stays).
@@ -107,22 +107,13 @@ impl PythonSpec {
     ///
     /// # Errors
     /// An `EXECUTION_ENV_PATH` that is not an unpacked environment, a BF16 tensor (numpy has no
-    /// such type), a decoupled model or sequence batching (not served yet).
+    /// such type), sequence batching (not served yet).
     pub fn from_config(
         config: &mut ModelConfig,
         dir: &Path,
         caller: &ModelCaller,
     ) -> Result<PythonSpec, String> {
         let name = config.name.clone();
-        if config
-            .model_transaction_policy
-            .as_ref()
-            .is_some_and(|p| p.decoupled)
-        {
-            return Err(format!(
-                "Python model '{name}' is decoupled: kiln does not serve decoupled Python models yet"
-            ));
-        }
         if matches!(
             config.scheduling_choice,
             Some(crate::proto::inference::model_config::SchedulingChoice::SequenceBatching(_))
@@ -353,6 +344,8 @@ pub struct PythonModel {
     batch_rows: usize,
     /// Requests no instance has taken yet, oldest first.
     pending: Mutex<VecDeque<Waiting>>,
+    /// `model_transaction_policy { decoupled: true }`: requests get any number of responses.
+    decoupled: bool,
     idle: Mutex<Vec<Slot>>,
     /// One per idle instance.
     permits: Arc<tokio::sync::Semaphore>,
@@ -365,7 +358,23 @@ struct Waiting {
     /// Its batch size (1 for a model that does not batch).
     rows: usize,
     arrived: Instant,
-    reply: tokio::sync::oneshot::Sender<Result<Executed, Error>>,
+    reply: Reply,
+}
+
+/// Where a request's answer goes.
+enum Reply {
+    /// The one answer of a model that is not decoupled.
+    Whole(tokio::sync::oneshot::Sender<Result<Executed, Error>>),
+    /// Each response of a decoupled model as it comes.
+    Stream(tokio::sync::mpsc::UnboundedSender<Streamed>),
+}
+
+/// One response to a request: its outputs (`None`: only the word that the response before was
+/// the last, which a decoupled model may send alone), or its error; `last` on the final one.
+#[derive(Debug)]
+pub struct Streamed {
+    pub outputs: Result<Option<Vec<Tensor>>, Error>,
+    pub last: bool,
 }
 
 impl std::fmt::Debug for PythonModel {
@@ -453,6 +462,10 @@ impl PythonModel {
                 0
             },
             pending: Mutex::new(VecDeque::new()),
+            decoupled: config
+                .model_transaction_policy
+                .as_ref()
+                .is_some_and(|p| p.decoupled),
             permits: Arc::new(tokio::sync::Semaphore::new(slots.len())),
             idle: Mutex::new(slots),
             stats,
@@ -468,6 +481,33 @@ impl PythonModel {
     /// for an exception, a stub that died or an answer kiln cannot read.
     pub async fn execute(self: &Arc<Self>, request: Request) -> Result<Executed, Error> {
         let (reply, answer) = tokio::sync::oneshot::channel();
+        self.submit(request, Reply::Whole(reply)).await?;
+        answer
+            .await
+            .map_err(|_| Error::Internal("the Python model dropped the request".into()))?
+    }
+
+    /// Whether the model is decoupled: its requests go through [`PythonModel::execute_stream`].
+    pub fn decoupled(&self) -> bool {
+        self.decoupled
+    }
+
+    /// Runs `request` on a decoupled model: its responses as the model sends them, the last
+    /// with `last` (or an error for the request, last too).
+    ///
+    /// # Errors
+    /// UNAVAILABLE while the model unloads.
+    pub async fn execute_stream(
+        self: &Arc<Self>,
+        request: Request,
+    ) -> Result<tokio::sync::mpsc::UnboundedReceiver<Streamed>, Error> {
+        let (sender, receiver) = tokio::sync::mpsc::unbounded_channel();
+        self.submit(request, Reply::Stream(sender)).await?;
+        Ok(receiver)
+    }
+
+    /// Queues `request`, then, once an instance is idle, runs the oldest requests on it.
+    async fn submit(self: &Arc<Self>, request: Request, reply: Reply) -> Result<(), Error> {
         let rows = match self.batch_rows {
             0 => 1,
             _ => request
@@ -500,9 +540,7 @@ impl PythonModel {
                 drop(permit);
             });
         }
-        answer
-            .await
-            .map_err(|_| Error::Internal("the Python model dropped the request".into()))?
+        Ok(())
     }
 
     fn lock_pending(&self) -> std::sync::MutexGuard<'_, VecDeque<Waiting>> {
@@ -536,7 +574,18 @@ impl PythonModel {
             .expect("a permit stands for an idle instance");
         let started = Instant::now();
         let requests: Vec<&Request> = batch.iter().map(|w| &w.request).collect();
-        let results = self.run(&mut slot, &requests);
+        let mut whole: Vec<Option<Result<Option<Vec<Tensor>>, Error>>> =
+            batch.iter().map(|_| None).collect();
+        self.run(
+            &mut slot,
+            &requests,
+            &mut |index, item| match &batch[index].reply {
+                Reply::Whole(_) => whole[index] = Some(item.outputs),
+                Reply::Stream(sender) => {
+                    let _ = sender.send(item);
+                }
+            },
+        );
         let compute = started.elapsed();
         self.idle
             .lock()
@@ -548,50 +597,95 @@ impl PythonModel {
             ..Default::default()
         };
         self.stats.record_execution(rows, times, None);
-        for (waiting, result) in batch.into_iter().zip(results) {
+        for (waiting, answer) in batch.into_iter().zip(whole) {
+            let Reply::Whole(reply) = waiting.reply else {
+                continue;
+            };
             let queue = started.saturating_duration_since(waiting.arrived);
-            let _ = waiting.reply.send(result.map(|outputs| Executed {
-                outputs,
-                queue,
-                compute,
-            }));
+            let answer = match answer {
+                Some(Ok(outputs)) => Ok(Executed {
+                    outputs: outputs.unwrap_or_default(),
+                    queue,
+                    compute,
+                }),
+                Some(Err(error)) => Err(error),
+                None => Err(Error::Internal("the Python model sent no response".into())),
+            };
+            let _ = reply.send(answer);
         }
     }
 
-    /// Runs `requests` in one `execute` call on `slot`'s stub, starting it first if it died:
-    /// one result per request. Blocking.
-    fn run(&self, slot: &mut Slot, requests: &[&Request]) -> Vec<Result<Vec<Tensor>, Error>> {
-        let every = |error: Error| vec![Err(error); requests.len()];
+    /// Runs `requests` in one `execute` call on `slot`'s stub, starting it first if it died, and
+    /// hands `deliver` each request's responses, the last with `last`. Blocking.
+    fn run(
+        &self,
+        slot: &mut Slot,
+        requests: &[&Request],
+        deliver: &mut dyn FnMut(usize, Streamed),
+    ) {
+        let every = |deliver: &mut dyn FnMut(usize, Streamed), error: Error| {
+            for index in 0..requests.len() {
+                deliver(
+                    index,
+                    Streamed {
+                        outputs: Err(error.clone()),
+                        last: true,
+                    },
+                );
+            }
+        };
         let instance = &slot.instance.name;
         let stub = match &mut slot.stub {
             Some(stub) => stub,
             None => match self.launcher.start(&slot.instance) {
                 Ok(stub) => slot.stub.insert(stub),
                 Err(why) => {
-                    return every(Error::Internal(format!(
-                    "the Python stub of model instance '{instance}' could not be restarted: {why}"
-                )))
+                    return every(
+                        deliver,
+                        Error::Internal(format!(
+                            "the Python stub of model instance '{instance}' could not be \
+                             restarted: {why}"
+                        )),
+                    );
                 }
             },
         };
-        match stub.execute(
-            requests,
-            &self.all_outputs,
-            &self.launcher.model,
+        let call = Call {
+            all_outputs: &self.all_outputs,
+            model: &self.launcher.model,
             instance,
-            &self.launcher.caller,
-        ) {
-            Ok(answers) => answers,
+            caller: &self.launcher.caller,
+        };
+        let ran = if self.decoupled {
+            stub.execute_decoupled(requests, &call, deliver)
+        } else {
+            stub.execute(requests, &call).map(|answers| {
+                for (index, answer) in answers.into_iter().enumerate() {
+                    deliver(
+                        index,
+                        Streamed {
+                            outputs: answer.map(Some),
+                            last: true,
+                        },
+                    );
+                }
+            })
+        };
+        match ran {
+            Ok(()) => {}
             Err(broken) => {
                 let status = slot.stub.take().map(Stub::kill).unwrap_or_default();
                 tracing::error!(
                     "Stub process '{instance}' is not healthy ({broken}{status}); it restarts for \
                      the next request"
                 );
-                every(Error::Internal(format!(
-                    "Stub process '{instance}' is not healthy: {broken}{status}; it restarts for \
-                     the next request"
-                )))
+                every(
+                    deliver,
+                    Error::Internal(format!(
+                        "Stub process '{instance}' is not healthy: {broken}{status}; it restarts \
+                         for the next request"
+                    )),
+                );
             }
         }
     }
@@ -729,6 +823,71 @@ fn call_request(message: channel::Message) -> Result<InferRequest, String> {
     Ok(request)
 }
 
+/// A protocol error: the stub said something kiln cannot read.
+fn broken(why: String) -> std::io::Error {
+    std::io::Error::new(std::io::ErrorKind::InvalidData, why)
+}
+
+/// What one `execute` call runs with.
+struct Call<'a> {
+    /// What a request that names no outputs asks for.
+    all_outputs: &'a [String],
+    model: &'a str,
+    instance: &'a str,
+    caller: &'a ModelCaller,
+}
+
+impl Call<'_> {
+    /// The error an exception in `execute` fails its requests with, in Triton's words.
+    fn failed(&self, message: &channel::Message) -> Error {
+        let why = message.header["message"].as_str().unwrap_or("");
+        Error::Internal(format!(
+            "Failed to process the request(s) for model '{}', message: {why}",
+            self.instance
+        ))
+    }
+
+    /// A response's outputs (their data taken from `data`), or its error; `Err` when the
+    /// message does not hold together.
+    fn outputs(
+        &self,
+        request: &Request,
+        response: &Value,
+        data: &mut impl Iterator<Item = bytes::Bytes>,
+    ) -> std::io::Result<Result<Vec<Tensor>, Error>> {
+        if let Some(why) = response["error"].as_str() {
+            let code = response["code"].as_i64().unwrap_or(1);
+            return Ok(Err(model_error(why.to_string(), code)));
+        }
+        let described = response["outputs"]
+            .as_array()
+            .ok_or_else(|| broken("a response without outputs".into()))?;
+        let mut outputs = Vec::with_capacity(described.len());
+        let mut bad = None;
+        for description in described {
+            let blob = data
+                .next()
+                .ok_or_else(|| broken("outputs and their data do not match".into()))?;
+            match channel::tensor(description, blob) {
+                Ok(tensor) => outputs.push(tensor),
+                Err(why) => bad = bad.or(Some(why)),
+            }
+        }
+        let missing = request
+            .outputs
+            .iter()
+            .find(|name| !outputs.iter().any(|o| &o.name == *name));
+        Ok(match (bad, missing) {
+            (Some(why), _) => Err(Error::Internal(format!("model '{}': {why}", self.model))),
+            (None, Some(missing)) => Err(Error::Internal(format!(
+                "model '{}' did not return the requested output '{missing}'",
+                self.model
+            ))),
+            (None, None) => Ok(outputs),
+        })
+    }
+}
+
 /// The parameters as the JSON object `request.parameters()` gives.
 fn parameters_json(parameters: &Parameters) -> String {
     let map: serde_json::Map<String, Value> = parameters
@@ -816,22 +975,13 @@ impl Stub {
         }
     }
 
-    /// Runs `requests` in one `execute` call: `Err` when the stub is gone or broke the
-    /// protocol, else the model's answer to each request. `all_outputs` is what a request that
-    /// names no outputs asks for.
-    fn execute(
-        &mut self,
-        requests: &[&Request],
-        all_outputs: &[String],
-        model: &str,
-        instance: &str,
-        caller: &ModelCaller,
-    ) -> std::io::Result<Vec<Result<Vec<Tensor>, Error>>> {
+    /// Sends `requests` to the model's `execute`.
+    fn send_requests(&mut self, requests: &[&Request], call: &Call<'_>) -> std::io::Result<()> {
         let described: Vec<Value> = requests
             .iter()
             .map(|request| {
                 let asked = if request.outputs.is_empty() {
-                    all_outputs
+                    call.all_outputs
                 } else {
                     &request.outputs
                 };
@@ -851,18 +1001,21 @@ impl Stub {
             &mut self.input,
             json!({"op": "execute", "requests": described}),
             &blobs,
-        )?;
-        let message = self.answer(model, instance, caller)?;
-        let broken = |why: String| std::io::Error::new(std::io::ErrorKind::InvalidData, why);
+        )
+    }
+
+    /// Runs `requests` in one `execute` call: `Err` when the stub is gone or broke the
+    /// protocol, else the model's answer to each request.
+    fn execute(
+        &mut self,
+        requests: &[&Request],
+        call: &Call<'_>,
+    ) -> std::io::Result<Vec<Result<Vec<Tensor>, Error>>> {
+        self.send_requests(requests, call)?;
+        let message = self.answer(call.model, call.instance, call.caller)?;
         match message.header["op"].as_str() {
             Some("responses") => {}
-            Some("error") => {
-                let why = message.header["message"].as_str().unwrap_or("");
-                let error = Error::Internal(format!(
-                    "Failed to process the request(s) for model '{instance}', message: {why}"
-                ));
-                return Ok(vec![Err(error); requests.len()]);
-            }
+            Some("error") => return Ok(vec![Err(call.failed(&message)); requests.len()]),
             other => return Err(broken(format!("unexpected answer {other:?}"))),
         }
         let responses = message.header["responses"]
@@ -872,41 +1025,65 @@ impl Stub {
         let mut data = message.blobs.into_iter();
         let mut answers = Vec::with_capacity(requests.len());
         for (request, response) in requests.iter().zip(responses) {
-            if let Some(why) = response["error"].as_str() {
-                let code = response["code"].as_i64().unwrap_or(1);
-                answers.push(Err(model_error(why.to_string(), code)));
-                continue;
-            }
-            let described = response["outputs"]
-                .as_array()
-                .ok_or_else(|| broken("a response without outputs".into()))?;
-            let mut outputs = Vec::with_capacity(described.len());
-            let mut bad = None;
-            for description in described {
-                let blob = data
-                    .next()
-                    .ok_or_else(|| broken("outputs and their data do not match".into()))?;
-                match channel::tensor(description, blob) {
-                    Ok(tensor) => outputs.push(tensor),
-                    Err(why) => bad = bad.or(Some(why)),
-                }
-            }
-            let missing = request
-                .outputs
-                .iter()
-                .find(|name| !outputs.iter().any(|o| &o.name == *name));
-            answers.push(match (bad, missing) {
-                (Some(why), _) => Err(Error::Internal(format!("model '{model}': {why}"))),
-                (None, Some(missing)) => Err(Error::Internal(format!(
-                    "model '{model}' did not return the requested output '{missing}'"
-                ))),
-                (None, None) => Ok(outputs),
-            });
+            answers.push(call.outputs(request, response, &mut data)?);
         }
         if data.next().is_some() {
             return Err(broken("outputs and their data do not match".into()));
         }
         Ok(answers)
+    }
+
+    /// Runs `requests` in one `execute` call of a decoupled model and hands `deliver` each
+    /// response as the model sends it, until `execute` has returned and every request had its
+    /// last response. `Err` when the stub is gone or broke the protocol.
+    fn execute_decoupled(
+        &mut self,
+        requests: &[&Request],
+        call: &Call<'_>,
+        deliver: &mut dyn FnMut(usize, Streamed),
+    ) -> std::io::Result<()> {
+        self.send_requests(requests, call)?;
+        let mut open = vec![true; requests.len()];
+        let mut executed = false;
+        while !executed || open.contains(&true) {
+            let message = self.answer(call.model, call.instance, call.caller)?;
+            match message.header["op"].as_str() {
+                Some("executed") => executed = true,
+                Some("response") => {
+                    let index = message.header["request"]
+                        .as_u64()
+                        .and_then(|i| usize::try_from(i).ok())
+                        .filter(|&i| open.get(i) == Some(&true))
+                        .ok_or_else(|| broken("a response to no open request".into()))?;
+                    let last = message.header["final"].as_bool().unwrap_or(false);
+                    let header = &message.header;
+                    let outputs = if header["outputs"].is_null() && header["error"].is_null() {
+                        Ok(None)
+                    } else {
+                        let mut data = message.blobs.into_iter();
+                        call.outputs(requests[index], header, &mut data)?.map(Some)
+                    };
+                    deliver(index, Streamed { outputs, last });
+                    open[index] &= !last;
+                }
+                Some("error") => {
+                    // `execute` raised: the requests still open end with its error.
+                    let error = call.failed(&message);
+                    for (index, _) in open.iter().enumerate().filter(|(_, open)| **open) {
+                        deliver(
+                            index,
+                            Streamed {
+                                outputs: Err(error.clone()),
+                                last: true,
+                            },
+                        );
+                    }
+                    return Ok(());
+                }
+                other => return Err(broken(format!("unexpected answer {other:?}"))),
+            }
+        }
+        Ok(())
     }
 
     /// Asks the model to `finalize`, then ends the process (killed when it takes too long).

@@ -186,6 +186,36 @@ def requests_of(header, blobs):
     return requests
 
 
+def encode_response(response):
+    """A response's header fields and its tensors' data."""
+    if response is None:
+        return {}, []
+    if not isinstance(response, pb_utils.InferenceResponse):
+        raise Misuse(f"a response must be an InferenceResponse, not {type(response).__name__}")
+    if response.has_error():
+        error = response.error()
+        message = error.message() if hasattr(error, "message") else str(error)
+        code = error.code() if hasattr(error, "code") else pb_utils.TritonError.INTERNAL
+        return {"error": message, "code": code}, []
+    outputs, blobs = [], []
+    for tensor in response.output_tensors():
+        array = tensor.as_numpy()
+        datatype, data = from_numpy(tensor.name(), array)
+        outputs.append({"name": tensor.name(), "datatype": datatype, "shape": list(array.shape)})
+        blobs.append(data)
+    return {"outputs": outputs}, blobs
+
+
+def stream_to(channel):
+    """What a decoupled model's response sender calls: each response goes to kiln at once."""
+
+    def send(request, response, final):
+        fields, blobs = encode_response(response)
+        channel.send({"op": "response", "request": request._index, "final": final, **fields}, blobs)
+
+    return send
+
+
 def answer(channel, requests, responses):
     if responses is None:
         responses = [request._sent for request in requests]
@@ -199,22 +229,11 @@ def answer(channel, requests, responses):
             f"InferenceRequest(s) size is:{len(requests)}, and InferenceResponse(s) size is:{len(responses)}\n")
     described, blobs = [], []
     for response in responses:
-        if not isinstance(response, pb_utils.InferenceResponse):
-            raise Misuse(
-                f"execute must return InferenceResponse objects, not {type(response).__name__}")
-        if response.has_error():
-            error = response.error()
-            message = error.message() if hasattr(error, "message") else str(error)
-            code = error.code() if hasattr(error, "code") else pb_utils.TritonError.INTERNAL
-            described.append({"error": message, "code": code})
-            continue
-        outputs = []
-        for tensor in response.output_tensors():
-            array = tensor.as_numpy()
-            datatype, data = from_numpy(tensor.name(), array)
-            outputs.append({"name": tensor.name(), "datatype": datatype, "shape": list(array.shape)})
-            blobs.append(data)
-        described.append({"outputs": outputs})
+        if response is None:
+            raise Misuse("execute must return InferenceResponse objects, not NoneType")
+        fields, data = encode_response(response)
+        described.append(fields)
+        blobs.extend(data)
     channel.send({"op": "responses", "responses": described}, blobs)
 
 
@@ -265,6 +284,9 @@ def main():
         channel.send({"op": "error", "message": describe(error)})
         return
     channel.send({"op": "ready"})
+    config = json.loads(args["model_config"])
+    decoupled = bool(config.get("model_transaction_policy", {}).get("decoupled", False))
+    stream = stream_to(channel)
     while True:
         try:
             header, blobs = channel.receive()
@@ -280,11 +302,20 @@ def main():
             return
         requests = requests_of(header, blobs)
         try:
+            if decoupled:
+                for index, request in enumerate(requests):
+                    request._stream, request._index = stream, index
             responses = model.execute(requests)
             # An `async def execute` (to await calls to other models) runs to its end here.
             if inspect.isawaitable(responses):
                 responses = loop.run_until_complete(responses)
-            answer(channel, requests, responses)
+            if not decoupled:
+                answer(channel, requests, responses)
+            elif responses is not None:
+                raise Misuse("a decoupled model's execute must return None: its responses go through "
+                             "the response sender")
+            else:
+                channel.send({"op": "executed"})
         except Exception as error:
             traceback.print_exc()
             channel.send({"op": "error", "message": describe(error)})

@@ -1,5 +1,5 @@
 use super::*;
-use crate::proto::inference::{ModelInstanceGroup, ModelParameter, ModelTransactionPolicy};
+use crate::proto::inference::{ModelInstanceGroup, ModelParameter};
 
 fn config(groups: Vec<ModelInstanceGroup>) -> ModelConfig {
     ModelConfig {
@@ -87,11 +87,15 @@ fn the_interpreter_is_the_environment_or_the_default() {
 
 #[test]
 fn what_is_not_served_yet_fails_the_load_with_its_name() {
-    let mut decoupled = config(Vec::new());
-    decoupled.model_transaction_policy = Some(ModelTransactionPolicy { decoupled: true });
-    let error = PythonSpec::from_config(&mut decoupled, Path::new("/m"), &ModelCaller::default())
+    let mut stateful = config(Vec::new());
+    stateful.scheduling_choice = Some(
+        crate::proto::inference::model_config::SchedulingChoice::SequenceBatching(
+            Default::default(),
+        ),
+    );
+    let error = PythonSpec::from_config(&mut stateful, Path::new("/m"), &ModelCaller::default())
         .unwrap_err();
-    assert!(error.contains("decoupled"), "{error}");
+    assert!(error.contains("sequence_batching"), "{error}");
     let mut bf16 = config(Vec::new());
     bf16.output.push(crate::proto::inference::ModelOutput {
         name: "y".into(),

@@ -118,21 +118,28 @@ class InferenceResponse:
 
 
 class InferenceResponseSender:
-    """Sends a request's one response from within execute (the model then returns None for it)."""
+    """Sends a request's responses: a decoupled model's any number of them, from any thread, the
+    last with the flag TRITONSERVER_RESPONSE_COMPLETE_FINAL (alone or with a response); a model
+    that is not decoupled sends its one response (and returns None from execute)."""
 
     def __init__(self, request):
         self._request = request
 
     def send(self, response=None, flags=0):
         request = self._request
+        final = bool(flags & TRITONSERVER_RESPONSE_COMPLETE_FINAL)
+        if request._complete:
+            raise TritonModelException("Unable to send response. Response sender has been closed.")
+        if request._stream is not None:
+            request._complete = final
+            request._stream(request, response, final)
+            return
         if response is not None:
             if request._sent is not None:
                 raise TritonModelException(
-                    "a model that is not decoupled sends one response per request: kiln does not "
-                    "serve decoupled Python models yet")
+                    "a model that is not decoupled sends one response per request")
             request._sent = response
-        if flags & TRITONSERVER_RESPONSE_COMPLETE_FINAL:
-            request._complete = True
+        request._complete = final
 
     def is_cancelled(self):
         return False
@@ -160,6 +167,9 @@ class InferenceRequest:
         self._kiln = _kiln
         self._sent = None
         self._complete = False
+        # Where a decoupled model's responses go (set by the stub).
+        self._stream = None
+        self._index = 0
 
     def inputs(self):
         return self._inputs

@@ -120,8 +120,19 @@ impl Generation {
 }
 
 impl Engine {
-    /// Whether the model (version) is a decoupled generation model. Unknown models are not.
+    /// Whether the model (version) is decoupled: a generation model, or a Python model with
+    /// `model_transaction_policy { decoupled: true }`. Unknown models are not.
     pub fn is_decoupled(&self, name: &str, version: &str) -> bool {
+        self.resolve(name, version)
+            .is_ok_and(|(_, serving)| match &serving.executor {
+                Executor::Generate(_) => true,
+                Executor::Python(model) => model.decoupled(),
+                Executor::Batched(_) | Executor::Ensemble(_) => false,
+            })
+    }
+
+    /// Whether the model (version) is a generation model, which generates text from a prompt.
+    pub fn generates_text(&self, name: &str, version: &str) -> bool {
         self.resolve(name, version)
             .is_ok_and(|(_, serving)| matches!(serving.executor, Executor::Generate(_)))
     }

@@ -421,7 +421,7 @@ async fn start(
     let admission = state.engine.admit()?;
     let body = body::read(body, headers, state.config.max_input_bytes).await?;
     let mut completion = read_request(kind, &body)?;
-    if !state.engine.is_decoupled(&completion.model, "") {
+    if !state.engine.generates_text(&completion.model, "") {
         return Err(OpenAiError::new(
             StatusCode::NOT_FOUND,
             format!(

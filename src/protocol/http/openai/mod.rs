@@ -175,7 +175,7 @@ fn model_object(name: &str) -> Value {
 
 /// Whether model `name` serves on this API: it generates text or makes embeddings of text.
 fn serves(engine: &Engine, name: &str) -> bool {
-    engine.is_decoupled(name, "") || engine.makes_embeddings(name)
+    engine.generates_text(name, "") || engine.makes_embeddings(name)
 }
 
 /// The models that serve on this API.

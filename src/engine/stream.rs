@@ -1,0 +1,115 @@
+//! Requests to decoupled Python models: any number of responses per request, as the model sends
+//! them (Triton's decoupled transaction policy), shaped for the client like any response.
+//! Generation models, the other decoupled kind, have their own path ([`super::generate`]).
+
+use super::{response, tensors, validate, Admission, Engine};
+use crate::backend::python;
+use crate::core::{Error, InferRequest, InferResponse};
+use crate::metrics::{ComputeTimes, FailureReason};
+use crate::repository::Executor;
+use std::sync::Arc;
+use std::time::Instant;
+use tokio::sync::mpsc;
+
+/// One response of a decoupled model's request: a response (`None`: only the word that the one
+/// before was the last), or the request's error; `last` on the final one.
+#[derive(Debug)]
+pub struct StreamedResponse {
+    pub response: Result<Option<InferResponse>, Error>,
+    pub last: bool,
+}
+
+impl Engine {
+    /// Whether `name` (the version given, or the newest) is a decoupled Python model, whose
+    /// requests go through [`Engine::infer_stream`].
+    pub fn is_decoupled_python(&self, name: &str, version: &str) -> bool {
+        self.resolve(name, version).is_ok_and(|(_, serving)| {
+            matches!(&serving.executor, Executor::Python(model) if model.decoupled())
+        })
+    }
+
+    /// Runs `request`, admitted earlier with [`Engine::admit`], on a decoupled Python model:
+    /// its responses as the model sends them. The admission ends with the last.
+    ///
+    /// # Errors
+    /// Lookup errors as [`Engine::model_metadata`]; UNSUPPORTED for a model that is not a
+    /// decoupled Python model; INVALID_ARGUMENT for a request that does not fit the model.
+    pub async fn infer_stream(
+        &self,
+        admission: Admission,
+        mut request: InferRequest,
+    ) -> Result<mpsc::UnboundedReceiver<StreamedResponse>, Error> {
+        let arrived = Instant::now();
+        let (model, serving) = self.resolve(&request.model_name, &request.model_version)?;
+        let python = match &serving.executor {
+            Executor::Python(python) if python.decoupled() => Arc::clone(python),
+            _ => {
+                return Err(Error::Unsupported(format!(
+                    "model '{}' is not a decoupled Python model",
+                    model.name
+                )))
+            }
+        };
+        let prefix = validate::request_prefix(&request.id);
+        let inputs = super::check_parameters(&request)
+            .and_then(|()| {
+                tensors::read_inputs(&self.shared_memory, &model.name, &prefix, &mut request)
+            })
+            .and_then(|()| validate::prepare_inputs(&model.name, &serving.io, &mut request));
+        let inputs = match inputs {
+            Ok(inputs) => inputs,
+            Err(error) => {
+                serving
+                    .stats
+                    .record_failure(arrived.elapsed(), FailureReason::Other);
+                return Err(error);
+            }
+        };
+        let rows = validate::rows(&serving.io, &inputs);
+        let mut responses = python
+            .execute_stream(python::Request {
+                id: request.id.clone(),
+                parameters: request.parameters.clone(),
+                outputs: request.outputs.iter().map(|o| o.name.clone()).collect(),
+                inputs,
+            })
+            .await?;
+        let (sender, receiver) = mpsc::unbounded_channel();
+        tokio::spawn(async move {
+            let _admission = admission;
+            while let Some(streamed) = responses.recv().await {
+                let last = streamed.last;
+                let shaped = streamed.outputs.and_then(|outputs| {
+                    outputs
+                        .map(|outputs| {
+                            response::response(&model, &serving, request.clone(), outputs)
+                        })
+                        .transpose()
+                });
+                if last {
+                    let total = arrived.elapsed();
+                    match &shaped {
+                        Ok(_) => serving.stats.record_success(
+                            rows,
+                            total,
+                            Default::default(),
+                            ComputeTimes::default(),
+                            None,
+                        ),
+                        Err(_) => serving.stats.record_failure(total, FailureReason::Backend),
+                    }
+                }
+                let gone = sender
+                    .send(StreamedResponse {
+                        response: shaped,
+                        last,
+                    })
+                    .is_err();
+                if last || gone {
+                    return;
+                }
+            }
+        });
+        Ok(receiver)
+    }
+}
