@@ -525,6 +525,10 @@ def test_a_decoupled_model_streams_its_responses(python_server):
         x.set_data_from_numpy(np.array([2], dtype=np.int32))
         grpcclient.InferenceServerClient(server.grpc_url).infer("py_count", [x])
     assert "doesn't support models with decoupled transaction policy" in e.value.message()
+    reply = requests.post(f"http://{server.http_url}/v2/models/py_count/infer", timeout=RPC_TIMEOUT,
+                          json={"inputs": [{"name": "N", "datatype": "INT32", "shape": [1], "data": [2]}]})
+    assert reply.status_code == 501
+    assert reply.json() == {"error": "HTTP end point doesn't support models with decoupled transaction policy"}
 
 
 def test_the_readme_model_runs(python_server):
