@@ -1,14 +1,19 @@
 //! Triton's Python backend: a model whose `<version>/model.py` defines `TritonPythonModel`
 //! (`initialize(args)`, `execute(requests)`, `finalize()`) runs in Python processes of its own,
-//! one per instance, as Triton runs it in its stub processes. kiln writes its stub (`stub.py`)
-//! and its `triton_python_backend_utils` (what models import as `pb_utils`) into a private
-//! directory and talks to each stub over its standard input and output ([`channel`]).
+//! one per instance, as Triton runs it in its stub processes. kiln sends each process its stub
+//! (`stub.py`) and its `triton_python_backend_utils` (what models import as `pb_utils`) over
+//! the process's standard input, then talks to it there and on its standard output
+//! ([`channel`]).
 //!
-//! Each request goes to an idle instance as a list of one request, with its id, its parameters
-//! (as the JSON text `request.parameters()` gives) and the outputs it asks for; a response's
-//! `TritonError` fails its request with that message, an exception fails it with Triton's
-//! "Failed to process the request(s)" message. A stub that dies (a crash, `os._exit`) fails the
-//! request it was running and is started again, `initialize` and all, for the next one.
+//! Requests wait in one queue per version; an idle instance takes the oldest (with
+//! `dynamic_batching`, every one waiting, up to `max_batch_size` rows) into one `execute` call,
+//! each with its id, its parameters (as the JSON text `request.parameters()` gives) and the
+//! outputs it asks for. A response's `TritonError` fails its request with that message, an
+//! exception fails the call's requests with Triton's "Failed to process the request(s)" message.
+//! A decoupled model's responses are passed on as the model sends them ([`Streamed`]). A stub
+//! that dies (a crash, `os._exit`) fails what it was running and is started again,
+//! `initialize` and all, for the next call. `InferenceRequest.exec()` in a model runs through
+//! the server's engine ([`ModelCaller`]).
 //!
 //! The interpreter is the config's `EXECUTION_ENV_PATH` (an unpacked environment: its
 //! `bin/python3`), else `$KILN_PYTHON`, else `python3` on the `PATH`; it needs numpy.
@@ -20,7 +25,7 @@ use crate::metrics::ModelStats;
 use crate::proto::inference::{model_instance_group::Kind, ModelConfig};
 use serde_json::{json, Value};
 use std::collections::VecDeque;
-use std::io::{BufReader, BufWriter};
+use std::io::{BufReader, BufWriter, Write};
 use std::path::{Path, PathBuf};
 use std::process::{Child, ChildStdin, ChildStdout, Command, Stdio};
 use std::sync::{Arc, Mutex, OnceLock};
@@ -101,9 +106,11 @@ pub struct PythonSpec {
 }
 
 impl PythonSpec {
-    /// Reads the interpreter and the instance groups (normalised in `config` as Triton shows
-    /// them: each group named `<model>_<index>` with a count, 1 by default). A `KIND_GPU` group
-    /// tells its instances their GPU; kiln does not check it (the model's own libraries use it).
+    /// Reads the interpreter and the instance groups, normalised in `config` as Triton shows
+    /// them: a config without groups gets one named after the model, an unnamed group is
+    /// `<model>_<index>`, counts are 1 by default; instances are `<group>_<n>`. A `KIND_GPU`
+    /// group tells its instances their GPU; kiln does not check it (the model's own libraries
+    /// use it).
     ///
     /// # Errors
     /// An `EXECUTION_ENV_PATH` that is not an unpacked environment, a BF16 tensor (numpy has no
@@ -209,7 +216,8 @@ pub fn auto_complete(
     let status = stub.kill();
     let message = answer.map_err(|e| {
         format!(
-            "the Python stub of model '{name}' ended before auto_complete_config answered              ({e}{status}): its error is in the log above; the stub needs numpy in '{}'",
+            "the Python stub of model '{name}' ended before auto_complete_config answered \
+             ({e}{status}): its error is in the log above; the stub needs numpy in '{}'",
             python.display()
         )
     })?;
@@ -266,29 +274,26 @@ fn interpreter(config: &ModelConfig, dir: &Path) -> Result<PathBuf, String> {
     Ok(python)
 }
 
-/// The directory holding the stub and `triton_python_backend_utils.py`, written once per
-/// process.
-fn runtime_dir() -> Result<&'static Path, String> {
-    static DIR: OnceLock<Result<PathBuf, String>> = OnceLock::new();
-    DIR.get_or_init(|| {
-        let dir = std::env::temp_dir().join(format!("kiln-python-{}", std::process::id()));
-        let write = || -> std::io::Result<()> {
-            std::fs::create_dir_all(&dir)?;
-            #[cfg(unix)]
-            {
-                use std::os::unix::fs::PermissionsExt;
-                std::fs::set_permissions(&dir, std::fs::Permissions::from_mode(0o700))?;
-            }
-            std::fs::write(dir.join("kiln_python_stub.py"), STUB)?;
-            std::fs::write(dir.join("triton_python_backend_utils.py"), UTILS)
-        };
-        write()
-            .map(|()| dir.clone())
-            .map_err(|e| format!("cannot write the Python stub to {}: {e}", dir.display()))
-    })
-    .as_deref()
-    .map_err(Clone::clone)
-}
+/// What `python -c` runs: it reads the two modules kiln sends first on the pipe (two
+/// little-endian `u64` lengths, then `triton_python_backend_utils.py` and the stub), makes them
+/// modules, and runs the stub. Nothing is written to disk, so nothing can be swapped in for it.
+const BOOTSTRAP: &str = r#"import os, struct, sys, types
+def read(n):
+    data = b""
+    while len(data) < n:
+        chunk = os.read(0, n - len(data))
+        if not chunk:
+            raise SystemExit("kiln closed the pipe before the stub arrived")
+        data += chunk
+    return data
+sizes = struct.unpack("<QQ", read(16))
+for name, size in zip(("triton_python_backend_utils", "kiln_python_stub"), sizes):
+    module = types.ModuleType(name)
+    module.__file__ = name + ".py"
+    sys.modules[name] = module
+    exec(compile(read(size), module.__file__, "exec"), module.__dict__)
+sys.modules["kiln_python_stub"].main()
+"#;
 
 /// One inference request for a Python model.
 #[derive(Debug, Clone, Default)]
@@ -919,19 +924,14 @@ fn model_error(message: String, code: i64) -> Error {
 }
 
 impl Stub {
-    /// Starts the stub for `model_file` under `python`, with `options` after the model file.
+    /// Starts the stub for `model_file` under `python`, with `options` after the model file,
+    /// and sends it its code.
     fn spawn(python: &Path, model_file: &Path, options: &[&str]) -> Result<Stub, String> {
-        let runtime = runtime_dir()?;
-        let mut path = std::ffi::OsString::from(runtime);
-        if let Some(existing) = std::env::var_os("PYTHONPATH").filter(|p| !p.is_empty()) {
-            path.push(":");
-            path.push(existing);
-        }
         let mut child = Command::new(python)
-            .arg(runtime.join("kiln_python_stub.py"))
+            .arg("-c")
+            .arg(BOOTSTRAP)
             .arg(model_file)
             .args(options)
-            .env("PYTHONPATH", path)
             .stdin(Stdio::piped())
             .stdout(Stdio::piped())
             .stderr(Stdio::inherit())
@@ -939,11 +939,23 @@ impl Stub {
             .map_err(|e| format!("cannot start Python ('{}'): {e}", python.display()))?;
         let input = child.stdin.take().expect("piped");
         let output = child.stdout.take().expect("piped");
-        Ok(Stub {
+        let mut stub = Stub {
             child,
             input: BufWriter::new(input),
             output: BufReader::new(output),
-        })
+        };
+        let mut code = Vec::with_capacity(16 + UTILS.len() + STUB.len());
+        code.extend_from_slice(&(UTILS.len() as u64).to_le_bytes());
+        code.extend_from_slice(&(STUB.len() as u64).to_le_bytes());
+        code.extend_from_slice(UTILS.as_bytes());
+        code.extend_from_slice(STUB.as_bytes());
+        // A Python that is not one ends at once: the code finds a closed pipe, and the first
+        // answer says why.
+        let _ = stub
+            .input
+            .write_all(&code)
+            .and_then(|()| stub.input.flush());
+        Ok(stub)
     }
 
     /// The next answer of the stub, its log lines passed on and its calls to other models run
@@ -1107,6 +1119,15 @@ impl Stub {
             Ok(status) => format!("; the process {status}"),
             Err(_) => String::new(),
         }
+    }
+}
+
+impl Drop for Stub {
+    /// A stub dropped without `finalize` (its version gone while it ran) is ended and reaped,
+    /// not left a zombie; after `finalize` or `kill` this finds it reaped already.
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
     }
 }
 
