@@ -1,5 +1,7 @@
 """kiln's Python backend stub: one instance of a Triton Python model (`model.py`), run in its own
-process and driven by kiln over the process's standard input and output.
+process and driven by kiln over the process's standard input and output. kiln starts it with
+`python -c` and a bootstrap that reads this module and `triton_python_backend_utils` from the
+pipe first (see BOOTSTRAP in mod.rs); the model file is `sys.argv[1]`.
 
 Every message, both ways, is a 12-byte head (the JSON header's length as a little-endian u32,
 then the length of the binary part as a u64), the JSON header, then the binary part: the data
@@ -9,20 +11,23 @@ Triton's wire format.
 
 kiln sends `init` (Triton's `initialize` arguments), then `execute` (a list of requests) as
 often as it has work, then `finalize`. The stub answers `ready`, `responses` (one per request)
-and `done`, or `error` with a message; `log` lines may come before any answer, and so may
-`call`s of other models (the model's `InferenceRequest.exec()`), which kiln answers with
-`called` before anything else. The model's own prints go to kiln's standard error, not into the
-protocol.
+and `done`, or `error` with a message. A decoupled model's answer to `execute` is instead a
+`response` message for each response its senders send (the request's index, `final`), and
+`executed` when `execute` returns; kiln reads on until both `executed` and every request's final
+response came. `log` lines may come before any answer, and so may `call`s of other models (the
+model's `InferenceRequest.exec()`), which kiln answers with `called` before anything else. With
+`--auto-complete` after the model file, the stub answers one `auto_complete` with `config`.
+The model's own prints go to kiln's standard error, not into the protocol.
 """
 
 import asyncio
 import importlib.util
 import inspect
 import json
-import threading
 import os
 import struct
 import sys
+import threading
 import traceback
 
 import numpy as np
@@ -318,6 +323,9 @@ def main():
                 channel.send({"op": "executed"})
         except Exception as error:
             traceback.print_exc()
+            # kiln ends the requests with this error: their senders are closed.
+            for request in requests:
+                request._complete = True
             channel.send({"op": "error", "message": describe(error)})
 
 
