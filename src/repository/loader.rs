@@ -259,27 +259,42 @@ fn prepare_ensemble(
         );
     }
     Ok(Prepared {
-        name: name.to_string(),
-        dir: dir.to_path_buf(),
-        labels: read_labels(dir, &config)?,
-        tuning: tuning::tuning(&config)?,
-        config,
-        versions,
-        devices: Vec::new(),
-        limits: Vec::new(),
-        rate_limiter: None,
-        intra_op_threads: 1,
-        fallback: None,
-        text: None,
-        cache_responses: false,
         ensemble: Some(Arc::new(plan)),
-        sequence: None,
-        python: None,
+        ..Prepared::without_sessions(name, dir, config, versions)?
     })
 }
 
-/// A Python model runs its own code: its config declares its tensors (kiln does not run
-/// `auto_complete_config`), and its instances are processes (see [`crate::backend::python`]).
+impl Prepared {
+    /// A model that runs no ONNX Runtime session of its own (an ensemble, a Python model).
+    fn without_sessions(
+        name: &str,
+        dir: &Path,
+        config: ModelConfig,
+        versions: Vec<i64>,
+    ) -> Result<Prepared, String> {
+        Ok(Prepared {
+            name: name.to_string(),
+            dir: dir.to_path_buf(),
+            labels: read_labels(dir, &config)?,
+            tuning: tuning::tuning(&config)?,
+            config,
+            versions,
+            devices: Vec::new(),
+            limits: Vec::new(),
+            rate_limiter: None,
+            intra_op_threads: 1,
+            fallback: None,
+            text: None,
+            cache_responses: false,
+            ensemble: None,
+            sequence: None,
+            python: None,
+        })
+    }
+}
+
+/// A Python model runs its own code in processes of its own (see [`crate::backend::python`]);
+/// its tensors come from its config, completed by its `auto_complete_config` when it has one.
 fn prepare_python(
     name: &str,
     dir: &Path,
@@ -317,22 +332,8 @@ fn prepare_python(
         );
     }
     Ok(Prepared {
-        name: name.to_string(),
-        dir: dir.to_path_buf(),
-        labels: read_labels(dir, &config)?,
-        tuning: tuning::tuning(&config)?,
-        config,
-        versions,
-        devices: Vec::new(),
-        limits: Vec::new(),
-        rate_limiter: None,
-        intra_op_threads: 1,
-        fallback: None,
-        text: None,
-        cache_responses: false,
-        ensemble: None,
-        sequence: None,
         python: Some(python),
+        ..Prepared::without_sessions(name, dir, config, versions)?
     })
 }
 

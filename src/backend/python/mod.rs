@@ -217,7 +217,8 @@ pub fn auto_complete(
     let message = answer.map_err(|e| {
         format!(
             "the Python stub of model '{name}' ended before auto_complete_config answered \
-             ({e}{status}): its error is in the log above; the stub needs numpy in '{}'",
+             ({}{status}): its error is in the log above; the stub needs numpy in '{}'",
+            pipe_error(&e),
             python.display()
         )
     })?;
@@ -679,6 +680,7 @@ impl PythonModel {
         match ran {
             Ok(()) => {}
             Err(broken) => {
+                let broken = pipe_error(&broken);
                 let status = slot.stub.take().map(Stub::kill).unwrap_or_default();
                 tracing::error!(
                     "Stub process '{instance}' is not healthy ({broken}{status}); it restarts for \
@@ -733,9 +735,10 @@ impl Launcher {
             Err(e) => {
                 let status = stub.kill();
                 Err(format!(
-                    "the Python stub of model instance '{}' ended before it was ready ({e}{status}): \
+                    "the Python stub of model instance '{}' ended before it was ready ({}{status}): \
                      its error is in the log above; the stub needs numpy in '{}'",
                     instance.name,
+                    pipe_error(&e),
                     self.python.display()
                 ))
             }
@@ -826,6 +829,16 @@ fn call_request(message: channel::Message) -> Result<InferRequest, String> {
         })
         .collect();
     Ok(request)
+}
+
+/// What went wrong on a stub's pipe, for messages: a closed pipe said as such.
+fn pipe_error(error: &std::io::Error) -> String {
+    match error.kind() {
+        std::io::ErrorKind::UnexpectedEof | std::io::ErrorKind::BrokenPipe => {
+            "its pipe closed".to_string()
+        }
+        _ => error.to_string(),
+    }
 }
 
 /// A protocol error: the stub said something kiln cannot read.
