@@ -468,6 +468,28 @@ def test_requests_waiting_together_go_to_one_execute_call(python_server):
     assert {b.batch_size for b in stats.batch_stats} >= {1, 3}
 
 
+def test_a_request_whose_client_left_while_it_waited_does_not_run(python_server):
+    server, _ = python_server
+    client = grpcclient.InferenceServerClient(server.grpc_url)
+
+    def send(value, timeout=None):
+        x = grpcclient.InferInput("X", [1, 1], "INT32")
+        x.set_data_from_numpy(np.full((1, 1), value, dtype=np.int32))
+        return client.infer("py_batch", [x], client_timeout=timeout).as_numpy("CALL_SIZE").reshape(-1).tolist()
+
+    before = client.get_inference_statistics("py_batch").model_stats[0].execution_count
+    with ThreadPoolExecutor(2) as pool:
+        holding = pool.submit(send, -1)
+        time.sleep(0.2)  # the only instance is busy
+        with pytest.raises(InferenceServerException) as e:
+            send(5, timeout=0.1)
+        assert "Deadline" in str(e.value) or "DEADLINE" in str(e.value), e.value
+        assert holding.result() == [1]
+    # Had the abandoned request stayed queued, it would share this call.
+    assert send(7) == [1]
+    assert client.get_inference_statistics("py_batch").model_stats[0].execution_count - before == 2
+
+
 def test_auto_complete_config_declares_what_the_config_leaves_out(python_server):
     server, _ = python_server
     client = grpcclient.InferenceServerClient(server.grpc_url)

@@ -375,6 +375,16 @@ enum Reply {
     Stream(tokio::sync::mpsc::UnboundedSender<Streamed>),
 }
 
+impl Reply {
+    /// Whether nobody waits for the answer any more.
+    fn is_closed(&self) -> bool {
+        match self {
+            Reply::Whole(reply) => reply.is_closed(),
+            Reply::Stream(sender) => sender.is_closed(),
+        }
+    }
+}
+
 /// One response to a request: its outputs (`None`: only the word that the response before was
 /// the last, which a decoupled model may send alone), or its error; `last` on the final one.
 #[derive(Debug)]
@@ -553,9 +563,11 @@ impl PythonModel {
         self.pending.lock().unwrap_or_else(|e| e.into_inner())
     }
 
-    /// The oldest waiting requests, as many as one call takes.
+    /// The oldest waiting requests, as many as one call takes; requests whose client went away
+    /// meanwhile (a deadline, a closed stream) are dropped, not run.
     fn take_batch(&self) -> Vec<Waiting> {
         let mut pending = self.lock_pending();
+        pending.retain(|waiting| !waiting.reply.is_closed());
         let mut batch = Vec::new();
         let mut rows = 0;
         while let Some(next) = pending.front() {
