@@ -325,6 +325,37 @@ output [ { name: "I" data_type: TYPE_INT32 dims: [ 1 ] } ]
 model_transaction_policy { decoupled: true }
 '''
 
+# Notes each execute call in a file its config names; raises on a negative input.
+PY_WARM = '''
+import json
+import numpy as np
+import triton_python_backend_utils as pb_utils
+
+
+class TritonPythonModel:
+    def initialize(self, args):
+        self.notes = json.loads(args["model_config"])["parameters"]["notes"]["string_value"]
+
+    def execute(self, requests):
+        for request in requests:
+            x = pb_utils.get_input_tensor_by_name(request, "X").as_numpy()
+            if (x < 0).any():
+                raise ValueError("negative warmup")
+            with open(self.notes, "a") as notes:
+                notes.write(f"{x.tolist()}\\n")
+        return [pb_utils.InferenceResponse([pb_utils.Tensor("Y", np.zeros((1, 1), np.float32))]) for _ in requests]
+'''
+
+
+def warm_config(name, notes, data):
+    return (f'name: "{name}" backend: "python" max_batch_size: 2 '
+            'input [ { name: "X" data_type: TYPE_FP32 dims: [ 1 ] } ] '
+            'output [ { name: "Y" data_type: TYPE_FP32 dims: [ 1 ] } ] '
+            f'parameters {{ key: "notes" value: {{ string_value: "{notes}" }} }} '
+            'model_warmup [ { name: "ones" batch_size: 2 count: 2 '
+            f'inputs {{ key: "X" value: {{ data_type: TYPE_FP32 dims: [ 1 ] input_data_file: "{data}" }} }} }} ]')
+
+
 README_CONFIG = '''
 name: "py_readme"
 backend: "python"
@@ -377,6 +408,13 @@ def python_server(tmp_path_factory):
     write_model(repo, "py_calls", PY_CALLS_CONFIG, PY_CALLS)
     write_model(repo, "py_batch", PY_BATCH_CONFIG, PY_BATCH)
     write_model(repo, "py_count", PY_COUNT_CONFIG, PY_COUNT)
+    notes = repo.parent / "warm_notes"
+    write_model(repo, "py_warm", warm_config("py_warm", notes, "one"), PY_WARM)
+    (repo / "py_warm" / "warmup").mkdir()
+    (repo / "py_warm" / "warmup" / "one").write_bytes(np.array([1.5], dtype=np.float32).tobytes())
+    write_model(repo, "py_warm_fail", warm_config("py_warm_fail", notes, "minus"), PY_WARM)
+    (repo / "py_warm_fail" / "warmup").mkdir()
+    (repo / "py_warm_fail" / "warmup" / "minus").write_bytes(np.array([-1], dtype=np.float32).tobytes())
     write_model(repo, "py_auto", 'backend: "python"', PY_AUTO)
     write_model(repo, "py_auto_conflict",
                 'backend: "python" input [ { name: "X" data_type: TYPE_FP32 dims: [ 2 ] } ]', PY_AUTO_CONFLICT)
@@ -551,6 +589,19 @@ def test_a_decoupled_model_streams_its_responses(python_server):
                           json={"inputs": [{"name": "N", "datatype": "INT32", "shape": [1], "data": [2]}]})
     assert reply.status_code == 501
     assert reply.json() == {"error": "HTTP end point doesn't support models with decoupled transaction policy"}
+
+
+def test_warmup_samples_run_before_the_model_serves(python_server):
+    server, _ = python_server
+    notes = server.repos[0].parent / "warm_notes"
+    # Sample "ones": batch 2 of the file's element, twice, on the one instance.
+    assert notes.read_text().splitlines() == ["[[1.5], [1.5]]", "[[1.5], [1.5]]"]
+    assert "model 'py_warm': 1 instance(s) warmed up with sample 'ones'" in server.log_text()
+    client = grpcclient.InferenceServerClient(server.grpc_url)
+    entry = next(m for m in client.get_model_repository_index().models if m.name == "py_warm_fail")
+    assert entry.state == "UNAVAILABLE"
+    assert ("failed to warm up model 'py_warm_fail' with sample 'ones': Failed to process the request(s) for "
+            "model 'py_warm_fail_0', message: ValueError: negative warmup") in entry.reason, entry.reason
 
 
 def test_the_readme_model_runs(python_server):

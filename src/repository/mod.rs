@@ -40,7 +40,7 @@ pub mod store;
 pub mod text;
 pub mod tuning;
 mod versions;
-mod warmup;
+pub mod warmup;
 
 pub use index::IndexEntry;
 pub use io::{IoSpec, TensorSpec};

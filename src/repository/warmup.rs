@@ -45,19 +45,14 @@ pub fn run(
             config.name
         ));
     }
-    for sample in &config.model_warmup {
-        let failed = |why: String| {
-            format!(
-                "failed to warm up model '{}' with sample '{}': {why}",
-                config.name, sample.name
-            )
-        };
-        let inputs = sample_inputs(model_dir, &config.name, io, sample).map_err(failed)?;
+    for sample in samples(model_dir, config, io)? {
         // Laid out as a batch of one request (ragged inputs flat, batch inputs added).
-        let inputs = layout.assemble(&[&inputs]);
+        let inputs = layout.assemble(&[&sample.inputs]);
         for backend in backends.iter_mut() {
-            for _ in 0..sample.count.max(1) {
-                backend.run(&inputs).map_err(|e| failed(e.to_string()))?;
+            for _ in 0..sample.count {
+                backend
+                    .run(&inputs)
+                    .map_err(|e| sample.failed(&config.name, &e.to_string()))?;
             }
         }
         tracing::info!(
@@ -68,6 +63,47 @@ pub fn run(
         );
     }
     Ok(())
+}
+
+/// One warmup sample, ready to run.
+#[derive(Debug, Clone)]
+pub struct Sample {
+    pub name: String,
+    /// Runs per instance (at least one).
+    pub count: u32,
+    /// Its inputs in the model's order and layout, checked as a request's would be.
+    pub inputs: Vec<Tensor>,
+}
+
+impl Sample {
+    /// The load error for this sample failing with `why`.
+    pub fn failed(&self, model: &str, why: &str) -> String {
+        format!(
+            "failed to warm up model '{model}' with sample '{}': {why}",
+            self.name
+        )
+    }
+}
+
+/// The warmup samples of `config`, made and checked.
+///
+/// # Errors
+/// A message naming the sample and what is wrong with it.
+pub fn samples(model_dir: &Path, config: &ModelConfig, io: &IoSpec) -> Result<Vec<Sample>, String> {
+    config
+        .model_warmup
+        .iter()
+        .map(|sample| {
+            let mut made = Sample {
+                name: sample.name.clone(),
+                count: sample.count.max(1),
+                inputs: Vec::new(),
+            };
+            made.inputs = sample_inputs(model_dir, &config.name, io, sample)
+                .map_err(|why| made.failed(&config.name, &why))?;
+            Ok(made)
+        })
+        .collect()
 }
 
 /// The sample's inputs in the model's order and layout, checked as a request's would be.

@@ -709,6 +709,41 @@ impl PythonModel {
         }
     }
 
+    /// Runs every warmup sample on every instance, `count` times each, before the version
+    /// serves (Triton's `model_warmup`). Blocking.
+    ///
+    /// # Errors
+    /// The first sample that fails, with the model's error.
+    pub fn warm_up(&self, samples: &[crate::repository::warmup::Sample]) -> Result<(), String> {
+        let mut idle = self.idle.lock().unwrap_or_else(|e| e.into_inner());
+        for sample in samples {
+            let request = Request {
+                inputs: sample.inputs.clone(),
+                ..Request::default()
+            };
+            for slot in idle.iter_mut() {
+                for _ in 0..sample.count {
+                    let mut failure = None;
+                    self.run(slot, &[&request], &mut |_, item| {
+                        if let Err(error) = item.outputs {
+                            failure.get_or_insert(error);
+                        }
+                    });
+                    if let Some(error) = failure {
+                        return Err(sample.failed(&self.launcher.model, error.message()));
+                    }
+                }
+            }
+            tracing::info!(
+                "model '{}': {} instance(s) warmed up with sample '{}'",
+                self.launcher.model,
+                idle.len(),
+                sample.name
+            );
+        }
+        Ok(())
+    }
+
     /// Calls every instance's `finalize` and ends its process. Blocking.
     pub fn stop(&self) {
         self.permits.close();
