@@ -52,10 +52,15 @@ pub fn place(
     inventory: &dyn Fn() -> GpuInventory,
     fallback_to_cpu: bool,
 ) -> Result<Placement, String> {
-    if config.instance_group.is_empty() {
-        config.instance_group.push(ModelInstanceGroup::default());
-    }
     let model = config.name.clone();
+    // As Triton: the group a config leaves out is named after the model; unnamed groups the
+    // config lists are `<model>_<index>`.
+    if config.instance_group.is_empty() {
+        config.instance_group.push(ModelInstanceGroup {
+            name: model.clone(),
+            ..ModelInstanceGroup::default()
+        });
+    }
     let mut known: Option<GpuInventory> = None;
     let mut usable = || known.get_or_insert_with(inventory).clone();
     // (group, count, GPU) per placement unit
@@ -386,7 +391,7 @@ mod tests {
         let group = &cpu.instance_group[0];
         assert_eq!(
             (group.name.as_str(), group.count, group.kind),
-            ("m_0", 2, Kind::Cpu as i32)
+            ("m", 2, Kind::Cpu as i32)
         );
         let mut gpu = config("");
         let placement = place(&mut gpu, &|| gpus(&[0, 1]), false).unwrap();
