@@ -461,6 +461,9 @@ def test_a_python_model_answers_what_the_onnx_model_answers(python_server):
     assert 0 < stats.execution_count <= 66
     config = grpc_client.get_model_config("py_add_sub").config
     assert config.backend == "python" and config.default_model_filename == "model.py"
+    # Triton's metadata names the backend of a model without a platform.
+    assert grpc_client.get_model_metadata("py_add_sub").platform == "python"
+    assert http_client.get_model_metadata("py_add_sub")["platform"] == "python"
     assert [g.name for g in config.instance_group] == ["py_add_sub_0"]
     assert [g.name for g in grpc_client.get_model_config("py_faulty").config.instance_group] == ["py_faulty"]
     log = server.log_text()

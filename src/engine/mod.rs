@@ -210,7 +210,13 @@ impl Engine {
         Ok(ModelMetadata {
             name: model.name.clone(),
             versions,
-            platform: model.config.platform.clone(),
+            // A backend model without a platform (a Python model) names its backend, as in
+            // Triton.
+            platform: if model.config.platform.is_empty() {
+                model.config.backend.clone()
+            } else {
+                model.config.platform.clone()
+            },
             inputs: serving.io.inputs.iter().map(describe).collect(),
             outputs: serving.io.outputs.iter().map(describe).collect(),
         })
