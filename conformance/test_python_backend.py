@@ -20,6 +20,7 @@ from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
 import pytest
+from prometheus_client.parser import text_string_to_metric_families
 import requests
 import tritonclient.grpc as grpcclient
 import tritonclient.http as httpclient
@@ -356,6 +357,42 @@ def warm_config(name, notes, data):
             f'inputs {{ key: "X" value: {{ data_type: TYPE_FP32 dims: [ 1 ] input_data_file: "{data}" }} }} }} ]')
 
 
+# Counts its requests and keeps its last input in custom metrics (Triton's pb_utils.MetricFamily).
+PY_METRICS = '''
+import numpy as np
+import triton_python_backend_utils as pb_utils
+
+
+class TritonPythonModel:
+    def initialize(self, args):
+        requests = pb_utils.MetricFamily("py_test_requests_total", "Requests the model saw", pb_utils.MetricFamily.COUNTER)
+        last = pb_utils.MetricFamily("py_test_last_value", "The last value seen", pb_utils.MetricFamily.GAUGE)
+        self.requests = requests.Metric(labels={"model": args["model_name"], "kind": "test"})
+        self.last = last.Metric(labels={"model": args["model_name"]})
+
+    def execute(self, requests):
+        responses = []
+        for request in requests:
+            x = float(pb_utils.get_input_tensor_by_name(request, "X").as_numpy()[0])
+            self.requests.increment(1)
+            self.last.set(x)
+            try:
+                self.requests.increment(-1)
+                refused = 0
+            except pb_utils.TritonModelException:
+                refused = 1
+            responses.append(pb_utils.InferenceResponse([pb_utils.Tensor(
+                "Y", np.array([self.requests.value(), refused], dtype=np.float32))]))
+        return responses
+'''
+
+PY_METRICS_CONFIG = '''
+name: "py_metrics"
+backend: "python"
+input [ { name: "X" data_type: TYPE_FP32 dims: [ 1 ] } ]
+output [ { name: "Y" data_type: TYPE_FP32 dims: [ 2 ] } ]
+'''
+
 README_CONFIG = '''
 name: "py_readme"
 backend: "python"
@@ -408,6 +445,7 @@ def python_server(tmp_path_factory):
     write_model(repo, "py_calls", PY_CALLS_CONFIG, PY_CALLS)
     write_model(repo, "py_batch", PY_BATCH_CONFIG, PY_BATCH)
     write_model(repo, "py_count", PY_COUNT_CONFIG, PY_COUNT)
+    write_model(repo, "py_metrics", PY_METRICS_CONFIG, PY_METRICS)
     notes = repo.parent / "warm_notes"
     write_model(repo, "py_warm", warm_config("py_warm", notes, "one"), PY_WARM)
     (repo / "py_warm" / "warmup").mkdir()
@@ -605,6 +643,25 @@ def test_warmup_samples_run_before_the_model_serves(python_server):
     assert entry.state == "UNAVAILABLE"
     assert ("failed to warm up model 'py_warm_fail' with sample 'ones': Failed to process the request(s) for "
             "model 'py_warm_fail_0', message: ValueError: negative warmup") in entry.reason, entry.reason
+
+
+def test_custom_metrics_reach_the_metrics_endpoint(python_server):
+    server, _ = python_server
+    client = grpcclient.InferenceServerClient(server.grpc_url)
+    for value, count in ((2.5, 1), (-7.0, 2), (4.0, 3)):
+        x = grpcclient.InferInput("X", [1], "FP32")
+        x.set_data_from_numpy(np.array([value], dtype=np.float32))
+        # The count so far, and the refusal of a negative increment.
+        assert client.infer("py_metrics", [x]).as_numpy("Y").tolist() == [count, 1]
+    text = requests.get(f"http://{server.metrics_url}/metrics", timeout=RPC_TIMEOUT).text
+    assert "# HELP py_test_requests_total Requests the model saw\n# TYPE py_test_requests_total counter\n" in text
+    assert 'py_test_requests_total{kind="test",model="py_metrics"} 3\n' in text, text
+    assert "# TYPE py_test_last_value gauge\n" in text
+    assert 'py_test_last_value{model="py_metrics"} 4\n' in text, text
+    # The whole text still parses as Prometheus' exposition format.
+    families = {f.name: f for f in text_string_to_metric_families(text)}
+    assert families["py_test_requests"].type == "counter"
+    assert families["py_test_last_value"].samples[0].value == 4.0
 
 
 def test_the_readme_model_runs(python_server):

@@ -23,6 +23,7 @@
 
 pub mod config;
 pub mod cpu;
+pub mod custom;
 pub mod gpu;
 pub mod histogram;
 
@@ -67,6 +68,7 @@ pub fn prometheus() -> Option<PrometheusHandle> {
 pub fn render(handle: &PrometheusHandle) -> String {
     let mut text = handle.render();
     histogram::render(&mut text);
+    custom::render(&mut text);
     text
 }
 

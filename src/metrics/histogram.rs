@@ -165,7 +165,7 @@ fn render_series(series: &[Series], out: &mut String) {
 }
 
 /// A label value as Prometheus' text format quotes it.
-fn escape(value: &str) -> String {
+pub(super) fn escape(value: &str) -> String {
     value
         .replace('\\', "\\\\")
         .replace('"', "\\\"")

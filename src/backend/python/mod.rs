@@ -878,6 +878,37 @@ fn call_request(message: channel::Message) -> Result<InferRequest, String> {
     Ok(request)
 }
 
+/// Applies a model's change to one of its custom metrics (`pb_utils.MetricFamily`); what the
+/// registry refuses is logged (the model has been told already when it could know).
+fn metric(model: &str, header: &Value) {
+    use crate::metrics::custom::{apply, Change, Kind};
+    let text = |key: &str| header[key].as_str().unwrap_or_default();
+    let kind = match text("kind") {
+        "counter" => Kind::Counter,
+        _ => Kind::Gauge,
+    };
+    let value = header["value"].as_f64().unwrap_or(f64::NAN);
+    let change = match text("action") {
+        "increment" => Change::Increment(value),
+        "set" => Change::Set(value),
+        _ => Change::Create,
+    };
+    let labels: Vec<(String, String)> = header["labels"]
+        .as_object()
+        .into_iter()
+        .flatten()
+        .map(|(key, value)| {
+            let value = value
+                .as_str()
+                .map_or_else(|| value.to_string(), str::to_string);
+            (key.clone(), value)
+        })
+        .collect();
+    if let Err(why) = apply(text("name"), text("description"), kind, &labels, &change) {
+        tracing::warn!(model, "custom metric not changed: {why}");
+    }
+}
+
 /// What went wrong on a stub's pipe, for messages: a closed pipe said as such.
 fn pipe_error(error: &std::io::Error) -> String {
     match error.kind() {
@@ -1032,6 +1063,10 @@ impl Stub {
                 let answer = call(caller, message);
                 let blobs: Vec<&[u8]> = answer.1.iter().map(|t| t.data.as_ref()).collect();
                 channel::send(&mut self.input, answer.0, &blobs)?;
+                continue;
+            }
+            if message.header["op"] == "metric" {
+                metric(model, &message.header);
                 continue;
             }
             if message.header["op"] != "log" {

@@ -14,7 +14,8 @@ often as it has work, then `finalize`. The stub answers `ready`, `responses` (on
 and `done`, or `error` with a message. A decoupled model's answer to `execute` is instead a
 `response` message for each response its senders send (the request's index, `final`), and
 `executed` when `execute` returns; kiln reads on until both `executed` and every request's final
-response came. `log` lines may come before any answer, and so may `call`s of other models (the
+response came. `log` lines and `metric` changes (the model's custom metrics) may come before
+any answer, and so may `call`s of other models (the
 model's `InferenceRequest.exec()`), which kiln answers with `called` before anything else. With
 `--auto-complete` after the model file, the stub answers one `auto_complete` with `config`.
 The model's own prints go to kiln's standard error, not into the protocol.
@@ -272,6 +273,7 @@ def main():
     pb_utils._state["log"] = lambda level, message: channel.send(
         {"op": "log", "level": level, "message": message})
     pb_utils._state["call"] = make_caller(channel)
+    pb_utils._state["metric"] = lambda change: channel.send({"op": "metric", **change})
     if sys.argv[2:] == ["--auto-complete"]:
         auto_complete(channel, model_path)
         return

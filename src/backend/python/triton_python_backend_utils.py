@@ -10,6 +10,7 @@ and decoupled calls) raises TritonModelException naming it, rather than doing so
 from __future__ import annotations
 
 import json
+import re
 import sys
 
 import numpy as np
@@ -293,6 +294,63 @@ def get_model_dir():
     return _state.get("model_dir", "")
 
 
+class MetricFamily:
+    """A family of custom metrics on kiln's /metrics (Triton's custom metrics API)."""
+
+    COUNTER = 0
+    GAUGE = 1
+    HISTOGRAM = 2
+
+    def __init__(self, name, description, kind):
+        if kind not in (MetricFamily.COUNTER, MetricFamily.GAUGE):
+            raise TritonModelException("only COUNTER and GAUGE metric families are served by kiln")
+        if not isinstance(name, str) or not _METRIC_NAME.fullmatch(name):
+            raise TritonModelException(f"'{name}' is not a valid metric name")
+        self._name = name
+        self._description = str(description)
+        self._kind = "counter" if kind == MetricFamily.COUNTER else "gauge"
+
+    def Metric(self, labels=None):
+        return Metric(self, dict(labels or {}))
+
+
+class Metric:
+    """One series of a MetricFamily, by its labels. `value()` is what this instance has counted."""
+
+    def __init__(self, family, labels):
+        for key in labels:
+            if not isinstance(key, str) or not _METRIC_NAME.fullmatch(key):
+                raise TritonModelException(f"'{key}' is not a valid label name")
+        self._family = family
+        self._labels = {key: str(value) for key, value in labels.items()}
+        self._value = 0.0
+        self._send("create", 0.0)
+
+    def _send(self, action, value):
+        family = self._family
+        _state["metric"]({"name": family._name, "description": family._description, "kind": family._kind,
+                          "labels": self._labels, "action": action, "value": value})
+
+    def increment(self, value):
+        value = float(value)
+        if self._family._kind == "counter" and value < 0:
+            raise TritonModelException("a counter can only be incremented by a non-negative value")
+        self._value += value
+        self._send("increment", value)
+
+    def set(self, value):
+        if self._family._kind == "counter":
+            raise TritonModelException("a counter cannot be set")
+        self._value = float(value)
+        self._send("set", self._value)
+
+    def value(self):
+        return self._value
+
+
+_METRIC_NAME = re.compile(r"[a-zA-Z_:][a-zA-Z0-9_:]*")
+
+
 class LogLevel:
     INFO = 0
     WARNING = 1
@@ -328,5 +386,7 @@ def _no_calls(request):
     raise TritonModelException("calls to other models are served only inside kiln")
 
 
-# Filled by the stub: the model directory, where log lines and calls to other models go.
-_state = {"log": lambda level, message: print(message, file=sys.stderr), "call": _no_calls}
+# Filled by the stub: the model directory, where log lines, calls to other models and metric
+# changes go.
+_state = {"log": lambda level, message: print(message, file=sys.stderr), "call": _no_calls,
+          "metric": lambda change: None}
