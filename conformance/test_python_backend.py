@@ -393,6 +393,46 @@ input [ { name: "X" data_type: TYPE_FP32 dims: [ 1 ] } ]
 output [ { name: "Y" data_type: TYPE_FP32 dims: [ 2 ] } ]
 '''
 
+# Collects decoupled models' responses: py_count's (a decoupled Python model) and tiny_decoder's
+# (a generation model, streaming), then a call to a model that is not there.
+PY_STREAMS = '''
+import numpy as np
+import triton_python_backend_utils as pb_utils
+
+
+class TritonPythonModel:
+    def execute(self, requests):
+        responses = []
+        for request in requests:
+            n = pb_utils.get_input_tensor_by_name(request, "N").as_numpy()
+            counted = [int(pb_utils.get_output_tensor_by_name(r, "I").as_numpy()[0])
+                       for r in pb_utils.InferenceRequest(model_name="py_count", requested_output_names=["I"],
+                                                          inputs=[pb_utils.Tensor("N", n)]).exec(decoupled=True)]
+            prompt = pb_utils.get_input_tensor_by_name(request, "PROMPT").as_numpy()
+            generated = pb_utils.InferenceRequest(
+                model_name="tiny_decoder", requested_output_names=["text_output"],
+                inputs=[pb_utils.Tensor("text_input", prompt),
+                        pb_utils.Tensor("max_tokens", np.array([6], dtype=np.int32)),
+                        pb_utils.Tensor("stream", np.array([True]))],
+                parameters={"temperature": 0}).exec(decoupled=True)
+            pieces = [pb_utils.get_output_tensor_by_name(r, "text_output").as_numpy()[0] for r in generated]
+            missing = list(pb_utils.InferenceRequest(model_name="nowhere", requested_output_names=["X"],
+                                                     inputs=[pb_utils.Tensor("N", n)]).exec(decoupled=True))
+            responses.append(pb_utils.InferenceResponse([
+                pb_utils.Tensor("COUNTED", np.array(counted, dtype=np.int32)),
+                pb_utils.Tensor("PIECES", np.array(pieces, dtype=np.object_)),
+                pb_utils.Tensor("MISSING", np.array([missing[0].error().message()], dtype=np.object_))]))
+        return responses
+'''
+
+PY_STREAMS_CONFIG = '''
+name: "py_streams"
+backend: "python"
+input [ { name: "N" data_type: TYPE_INT32 dims: [ 1 ] }, { name: "PROMPT" data_type: TYPE_STRING dims: [ 1 ] } ]
+output [ { name: "COUNTED" data_type: TYPE_INT32 dims: [ -1 ] }, { name: "PIECES" data_type: TYPE_STRING dims: [ -1 ] },
+         { name: "MISSING" data_type: TYPE_STRING dims: [ 1 ] } ]
+'''
+
 README_CONFIG = '''
 name: "py_readme"
 backend: "python"
@@ -459,6 +499,8 @@ def python_server(tmp_path_factory):
     (repo / "double_then_add" / "1").mkdir(parents=True)
     (repo / "double_then_add" / "config.pbtxt").write_text(ENSEMBLE_CONFIG)
     shutil.copytree(BUNDLED_REPO / "add_sub", repo / "add_sub")
+    shutil.copytree(BUNDLED_REPO / "tiny_decoder", repo / "tiny_decoder")
+    write_model(repo, "py_streams", PY_STREAMS_CONFIG, PY_STREAMS)
     # The stubs run under this interpreter (it has numpy).
     server = start_server([repo], name="kiln-python", env={"KILN_PYTHON": sys.executable},
                           extra_args=["--model-control-mode", "explicit", "--load-model", "*"])
@@ -662,6 +704,22 @@ def test_custom_metrics_reach_the_metrics_endpoint(python_server):
     families = {f.name: f for f in text_string_to_metric_families(text)}
     assert families["py_test_requests"].type == "counter"
     assert families["py_test_last_value"].samples[0].value == 4.0
+
+
+def test_a_python_model_collects_decoupled_models_responses(python_server):
+    server, _ = python_server
+    n = grpcclient.InferInput("N", [1], "INT32")
+    n.set_data_from_numpy(np.array([4], dtype=np.int32))
+    prompt = grpcclient.InferInput("PROMPT", [1], "BYTES")
+    prompt.set_data_from_numpy(np.array([b"The potter"], dtype=np.object_))
+    result = grpcclient.InferenceServerClient(server.grpc_url).infer("py_streams", [n, prompt])
+    assert result.as_numpy("COUNTED").tolist() == [0, 1, 2, 3]
+    # The pieces, joined, are what the generate extension answers for the same greedy request.
+    body = {"text_input": "The potter", "max_tokens": 6, "temperature": 0, "exclude_input_in_output": True}
+    reply = requests.post(f"http://{server.http_url}/v2/models/tiny_decoder/generate", json=body, timeout=RPC_TIMEOUT)
+    pieces = [p.decode() for p in result.as_numpy("PIECES")]
+    assert len(pieces) == 6 and "".join(pieces) == reply.json()["text_output"], (pieces, reply.text)
+    assert result.as_numpy("MISSING")[0].decode() == "Request for unknown model: 'nowhere' is not found"
 
 
 def test_the_readme_model_runs(python_server):

@@ -574,26 +574,50 @@ fn open_repository(config: &Config) -> Result<ModelRepository, ServerError> {
     ModelRepository::new(stores, options).map_err(|e| ServerError::Load(e.to_string()))
 }
 
-/// Lets Python models call the server's models (`InferenceRequest.exec()`, Triton's BLS): each
-/// call runs as the engine's own request, on the runtime, while the Python instance's blocking
-/// thread waits for it. The engine is held weakly: the repository it owns holds this.
+/// Lets Python models call the server's models (`InferenceRequest.exec()`, Triton's BLS;
+/// `exec(decoupled=True)` collects a decoupled model's responses). The engine is held weakly:
+/// the repository it owns holds this.
 fn connect_python_calls(engine: &Arc<Engine>) {
     let runtime = tokio::runtime::Handle::current();
-    let weak = Arc::downgrade(engine);
-    engine.repository().python_calls().connect(move |request| {
-        let engine = weak
-            .upgrade()
-            .ok_or_else(|| crate::core::Error::Unavailable("Server exiting".into()))?;
-        let (answer, answered) = std::sync::mpsc::channel();
-        runtime.spawn(async move {
-            let _ = answer.send(engine.infer(request).await);
-        });
-        answered.recv().unwrap_or_else(|_| {
-            Err(crate::core::Error::Internal(
-                "a Python model's call to another model was dropped".into(),
-            ))
-        })
+    let (weak, weak_decoupled) = (Arc::downgrade(engine), Arc::downgrade(engine));
+    let runtime_decoupled = runtime.clone();
+    engine.repository().python_calls().connect(
+        move |request| {
+            on_engine(&runtime, &weak, |engine| async move {
+                engine.infer(request).await
+            })
+        },
+        move |request| {
+            on_engine(&runtime_decoupled, &weak_decoupled, |engine| async move {
+                engine.infer_decoupled_all(request).await
+            })
+        },
+    );
+}
+
+/// Runs `work` on the engine, on the runtime, while this (blocking) thread waits for it.
+fn on_engine<T, F>(
+    runtime: &tokio::runtime::Handle,
+    engine: &std::sync::Weak<Engine>,
+    work: impl FnOnce(Arc<Engine>) -> F,
+) -> Result<T, crate::core::Error>
+where
+    F: Future<Output = Result<T, crate::core::Error>> + Send + 'static,
+    T: Send + 'static,
+{
+    let engine = engine
+        .upgrade()
+        .ok_or_else(|| crate::core::Error::Unavailable("Server exiting".into()))?;
+    let (answer, answered) = std::sync::mpsc::channel();
+    let work = work(engine);
+    runtime.spawn(async move {
+        let _ = answer.send(work.await);
     });
+    answered.recv().unwrap_or_else(|_| {
+        Err(crate::core::Error::Internal(
+            "a Python model's call to another model was dropped".into(),
+        ))
+    })
 }
 
 /// Runs the start-up load, then (poll mode) a poll every `interval`, each on a blocking thread.

@@ -4,7 +4,8 @@
 
 use super::{response, tensors, validate, Admission, Engine};
 use crate::backend::python;
-use crate::core::{Error, InferRequest, InferResponse};
+use crate::core::tensor::frame_bytes;
+use crate::core::{DataType, Error, InferRequest, InferResponse, Tensor};
 use crate::metrics::{ComputeTimes, FailureReason};
 use crate::repository::Executor;
 use std::sync::Arc;
@@ -20,6 +21,60 @@ pub struct StreamedResponse {
 }
 
 impl Engine {
+    /// Runs `request` on a decoupled model, a generation model or a decoupled Python model, and
+    /// collects every response: what a Python model's `exec(decoupled=True)` answers. A
+    /// generation model's responses carry `text_output` (one per generated piece when the
+    /// request streams, else one with the whole text).
+    ///
+    /// # Errors
+    /// Admission and lookup errors; UNSUPPORTED for a model that is not decoupled; the
+    /// request's errors before its first response. Errors after it are its last response.
+    pub async fn infer_decoupled_all(
+        &self,
+        request: InferRequest,
+    ) -> Result<Vec<Result<InferResponse, Error>>, Error> {
+        let admission = self.admit()?;
+        if !self.generates_text(&request.model_name, &request.model_version) {
+            let mut stream = self.infer_stream(admission, request).await?;
+            let mut responses = Vec::new();
+            while let Some(streamed) = stream.recv().await {
+                if let Some(response) = streamed.response.transpose() {
+                    responses.push(response);
+                }
+                if streamed.last {
+                    break;
+                }
+            }
+            return Ok(responses);
+        }
+        let mut generation = self.generate(admission, request).await?;
+        let text_response = |generation: &super::generate::Generation, text: &str| InferResponse {
+            model_name: generation.model_name.clone(),
+            model_version: generation.model_version.clone(),
+            id: generation.id.clone(),
+            outputs: vec![Tensor::new(
+                "text_output",
+                DataType::Bytes,
+                vec![1],
+                frame_bytes([text]),
+            )],
+            ..InferResponse::default()
+        };
+        if !generation.request.stream {
+            let text = generation.text().await;
+            return Ok(vec![text.map(|text| text_response(&generation, &text))]);
+        }
+        let mut responses = Vec::new();
+        while let Some(chunk) = generation.next().await {
+            let failed = chunk.is_err();
+            responses.push(chunk.map(|chunk| text_response(&generation, &chunk.text)));
+            if failed {
+                break;
+            }
+        }
+        Ok(responses)
+    }
+
     /// Whether `name` (the version given, or the newest) is a decoupled Python model, whose
     /// requests go through [`Engine::infer_stream`].
     pub fn is_decoupled_python(&self, name: &str, version: &str) -> bool {

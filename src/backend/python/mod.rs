@@ -47,29 +47,42 @@ const UTILS: &str = include_str!("triton_python_backend_utils.py");
 
 /// Runs one request on any model of the server.
 type RunRequest = dyn Fn(InferRequest) -> Result<InferResponse, Error> + Send + Sync;
+/// Runs one request on a decoupled model of the server: every response it sends.
+type RunDecoupled =
+    dyn Fn(InferRequest) -> Result<Vec<Result<InferResponse, Error>>, Error> + Send + Sync;
+
+/// What runs a Python model's calls to other models.
+struct Calls {
+    unary: Box<RunRequest>,
+    decoupled: Box<RunDecoupled>,
+}
 
 /// How a Python model's `InferenceRequest.exec()` (Triton's BLS: business logic scripting)
 /// reaches the server's models. The repository exists before the engine that serves it, so the
 /// server connects this once the engine does; every model loaded with the same options shares it.
 #[derive(Clone, Default)]
-pub struct ModelCaller(Arc<OnceLock<Box<RunRequest>>>);
+pub struct ModelCaller(Arc<OnceLock<Calls>>);
 
 impl ModelCaller {
-    /// Sets what runs the calls (the first setting stays).
+    /// Sets what runs the calls, `exec()` and `exec(decoupled=True)` (the first setting stays).
     pub fn connect(
         &self,
-        call: impl Fn(InferRequest) -> Result<InferResponse, Error> + Send + Sync + 'static,
+        unary: impl Fn(InferRequest) -> Result<InferResponse, Error> + Send + Sync + 'static,
+        decoupled: impl Fn(InferRequest) -> Result<Vec<Result<InferResponse, Error>>, Error>
+            + Send
+            + Sync
+            + 'static,
     ) {
-        let _ = self.0.set(Box::new(call));
+        let _ = self.0.set(Calls {
+            unary: Box::new(unary),
+            decoupled: Box::new(decoupled),
+        });
     }
 
-    fn call(&self, request: InferRequest) -> Result<InferResponse, Error> {
-        match self.0.get() {
-            Some(call) => call(request),
-            None => Err(Error::Unavailable(
-                "this server cannot run other models for a Python model".into(),
-            )),
-        }
+    fn calls(&self) -> Result<&Calls, Error> {
+        self.0.get().ok_or_else(|| {
+            Error::Unavailable("this server cannot run other models for a Python model".into())
+        })
     }
 }
 
@@ -793,35 +806,60 @@ impl Launcher {
     }
 }
 
-/// Runs a model's call to another model: the header and tensors to answer it with.
-fn call(caller: &ModelCaller, message: channel::Message) -> (Value, Vec<Tensor>) {
-    let failed = |error: Error| {
-        let code = match error {
-            Error::NotFound(_) => 2,
-            Error::InvalidArgument(_) => 3,
-            Error::Unavailable(_) => 4,
-            Error::Unsupported(_) => 5,
-            Error::AlreadyExists(_) => 6,
-            _ => 1,
-        };
-        (
-            json!({"op": "called", "error": error.message(), "code": code}),
-            Vec::new(),
-        )
-    };
-    let request = match call_request(message) {
-        Ok(request) => request,
-        Err(why) => return failed(Error::InvalidArgument(why)),
-    };
-    match caller.call(request) {
+/// Triton's code for an error a response carries (`pb_utils.TritonError`'s numbering).
+fn error_code(error: &Error) -> i64 {
+    match error {
+        Error::NotFound(_) => 2,
+        Error::InvalidArgument(_) => 3,
+        Error::Unavailable(_) => 4,
+        Error::Unsupported(_) => 5,
+        Error::AlreadyExists(_) => 6,
+        _ => 1,
+    }
+}
+
+/// A response (or its error) as a `called` message describes it; its outputs' data is
+/// appended to `data`.
+fn called_response(response: Result<InferResponse, Error>, data: &mut Vec<Tensor>) -> Value {
+    match response {
         Ok(response) => {
             let outputs: Vec<Value> = response.outputs.iter().map(channel::describe).collect();
-            (
-                json!({"op": "called", "outputs": outputs}),
-                response.outputs,
-            )
+            data.extend(response.outputs);
+            json!({ "outputs": outputs })
         }
-        Err(error) => failed(error),
+        Err(error) => json!({"error": error.message(), "code": error_code(&error)}),
+    }
+}
+
+/// Runs a model's call to another model: the header and tensors to answer it with. A decoupled
+/// call (`exec(decoupled=True)`) is answered with every response the called model sent.
+fn call(caller: &ModelCaller, message: channel::Message) -> (Value, Vec<Tensor>) {
+    let decoupled = message.header["request"]["decoupled"].as_bool() == Some(true);
+    let mut data = Vec::new();
+    let ran = call_request(message)
+        .map_err(Error::InvalidArgument)
+        .and_then(|request| {
+            let calls = caller.calls()?;
+            if decoupled {
+                (calls.decoupled)(request).map(|responses| {
+                    let described: Vec<Value> = responses
+                        .into_iter()
+                        .map(|response| called_response(response, &mut data))
+                        .collect();
+                    json!({"op": "called", "responses": described})
+                })
+            } else {
+                let mut answer = called_response((calls.unary)(request), &mut data);
+                answer["op"] = json!("called");
+                Ok(answer)
+            }
+        });
+    match ran {
+        Ok(answer) => (answer, data),
+        Err(error) => (
+            json!({"op": "called", "error": error.message(), "code": error_code(&error)}),
+            Vec::new(),
+        ),
     }
 }
 

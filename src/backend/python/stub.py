@@ -146,7 +146,14 @@ def make_caller(channel):
     """Runs a model's InferenceRequest on another model through kiln, one call at a time."""
     lock = threading.Lock()
 
-    def call(request):
+    def response_of(answer, parts):
+        if answer.get("error") is not None:
+            return pb_utils.InferenceResponse(error=pb_utils.TritonError(answer["error"], answer.get("code", 1)))
+        outputs = [pb_utils.Tensor(o["name"], to_numpy(o["datatype"], o["shape"], next(parts)))
+                   for o in answer["outputs"]]
+        return pb_utils.InferenceResponse(output_tensors=outputs)
+
+    def call(request, decoupled=False):
         inputs, blobs = [], []
         for tensor in request.inputs():
             datatype, data = from_numpy(tensor.name(), tensor.as_numpy())
@@ -156,15 +163,17 @@ def make_caller(channel):
         header = {"op": "call", "request": {
             "model": request._model_name, "version": "" if version in (-1, None) else str(version),
             "id": request.request_id(), "parameters": request.parameters(),
-            "outputs": request.requested_output_names(), "inputs": inputs}}
+            "outputs": request.requested_output_names(), "inputs": inputs, "decoupled": decoupled}}
         with lock:
             channel.send(header, blobs)
             answer, parts = channel.receive()
+        parts = iter(parts)
+        if not decoupled:
+            return response_of(answer, parts)
         if answer.get("error") is not None:
-            return pb_utils.InferenceResponse(error=pb_utils.TritonError(answer["error"], answer.get("code", 1)))
-        outputs = [pb_utils.Tensor(o["name"], to_numpy(o["datatype"], o["shape"], data))
-                   for o, data in zip(answer["outputs"], parts)]
-        return pb_utils.InferenceResponse(output_tensors=outputs)
+            # The call failed before its first response: one response with the error.
+            return [response_of(answer, parts)]
+        return [response_of(response, parts) for response in answer["responses"]]
 
     return call
 

@@ -3,8 +3,9 @@
 kiln writes this file beside its stub (see stub.py) and serves the part of Triton's module that
 models running on CPU use: tensors as numpy arrays, requests and responses, errors, the response
 sender of non-decoupled models, calls to other models (`InferenceRequest(...).exec()`, Triton's
-BLS), the logger and the config helpers. What kiln does not serve yet (DLPack, decoupled models
-and decoupled calls) raises TritonModelException naming it, rather than doing something else.
+BLS, decoupled calls included), custom metrics, the logger and the config helpers. What kiln
+does not serve yet (DLPack, histogram metrics) raises TritonModelException naming it, rather
+than doing something else.
 """
 
 from __future__ import annotations
@@ -200,10 +201,12 @@ class InferenceRequest:
         return InferenceResponseSender(self)
 
     def exec(self, decoupled=False):
-        if decoupled:
-            raise TritonModelException("decoupled calls to other models are not served by kiln yet")
+        """Runs the request on model `model_name`: its InferenceResponse, or with `decoupled`
+        an iterator over every response a decoupled model sends (collected before it returns)."""
         if not self._model_name:
             raise TritonModelException("an InferenceRequest needs a model_name to be run")
+        if decoupled:
+            return iter(_state["call"](self, True))
         return _state["call"](self)
 
     async def async_exec(self, decoupled=False):
@@ -382,7 +385,7 @@ class Logger:
         Logger.log(message, LogLevel.VERBOSE)
 
 
-def _no_calls(request):
+def _no_calls(request, decoupled=False):
     raise TritonModelException("calls to other models are served only inside kiln")
 
 
