@@ -22,6 +22,33 @@ impl ParamValue {
             _ => None,
         }
     }
+
+    /// A JSON scalar as a parameter (integers as `Int64`, or `Uint64` beyond it; other numbers
+    /// as `Double`); `None` for null, arrays and objects, which parameters cannot be.
+    pub fn from_json(value: serde_json::Value) -> Option<ParamValue> {
+        use serde_json::Value;
+        Some(match value {
+            Value::Bool(b) => ParamValue::Bool(b),
+            Value::String(s) => ParamValue::String(s),
+            Value::Number(n) => match (n.as_i64(), n.as_u64()) {
+                (Some(i), _) => ParamValue::Int64(i),
+                (None, Some(u)) => ParamValue::Uint64(u),
+                _ => ParamValue::Double(n.as_f64().unwrap_or(f64::NAN)),
+            },
+            Value::Null | Value::Array(_) | Value::Object(_) => return None,
+        })
+    }
+
+    /// The parameter as a JSON value.
+    pub fn to_json(&self) -> serde_json::Value {
+        match self {
+            ParamValue::Bool(b) => serde_json::Value::from(*b),
+            ParamValue::Int64(i) => serde_json::Value::from(*i),
+            ParamValue::Uint64(u) => serde_json::Value::from(*u),
+            ParamValue::Double(d) => serde_json::Value::from(*d),
+            ParamValue::String(s) => serde_json::Value::from(s.as_str()),
+        }
+    }
 }
 
 /// Named parameters of a request, a tensor or a response.

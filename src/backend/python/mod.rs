@@ -806,16 +806,26 @@ impl Launcher {
     }
 }
 
+/// Makes an error of one kind from its message.
+type MakeError = fn(String) -> Error;
+
+/// `pb_utils.TritonError`'s codes with the errors they stand for; any other code (1 is
+/// INTERNAL) is an internal error.
+const ERROR_CODES: [(i64, MakeError); 5] = [
+    (2, Error::NotFound),
+    (3, Error::InvalidArgument),
+    (4, Error::Unavailable),
+    (5, Error::Unsupported),
+    (6, Error::AlreadyExists),
+];
+
 /// Triton's code for an error a response carries (`pb_utils.TritonError`'s numbering).
 fn error_code(error: &Error) -> i64 {
-    match error {
-        Error::NotFound(_) => 2,
-        Error::InvalidArgument(_) => 3,
-        Error::Unavailable(_) => 4,
-        Error::Unsupported(_) => 5,
-        Error::AlreadyExists(_) => 6,
-        _ => 1,
-    }
+    let kind = std::mem::discriminant(error);
+    ERROR_CODES
+        .iter()
+        .find(|(_, make)| std::mem::discriminant(&make(String::new())) == kind)
+        .map_or(1, |(code, _)| *code)
 }
 
 /// A response (or its error) as a `called` message describes it; its outputs' data is
@@ -886,21 +896,8 @@ fn call_request(message: channel::Message) -> Result<InferRequest, String> {
         ..InferRequest::default()
     };
     for (key, value) in parameters {
-        let value = match value {
-            Value::Bool(b) => ParamValue::Bool(b),
-            Value::String(s) => ParamValue::String(s),
-            Value::Number(n) => match (n.as_i64(), n.as_u64(), n.as_f64()) {
-                (Some(i), _, _) => ParamValue::Int64(i),
-                (None, Some(u), _) => ParamValue::Uint64(u),
-                (_, _, Some(d)) => ParamValue::Double(d),
-                _ => continue,
-            },
-            _ => {
-                return Err(format!(
-                    "parameter '{key}' must be a bool, a number or a string"
-                ))
-            }
-        };
+        let value = ParamValue::from_json(value)
+            .ok_or_else(|| format!("parameter '{key}' must be a bool, a number or a string"))?;
         request.parameters.insert(key, value);
     }
     request.outputs = header["outputs"]
@@ -1026,29 +1023,16 @@ impl Call<'_> {
 fn parameters_json(parameters: &Parameters) -> String {
     let map: serde_json::Map<String, Value> = parameters
         .iter()
-        .map(|(key, value)| {
-            let value = match value {
-                ParamValue::Bool(b) => json!(b),
-                ParamValue::Int64(i) => json!(i),
-                ParamValue::Uint64(u) => json!(u),
-                ParamValue::Double(d) => json!(d),
-                ParamValue::String(s) => json!(s),
-            };
-            (key.clone(), value)
-        })
+        .map(|(key, value)| (key.clone(), value.to_json()))
         .collect();
     Value::Object(map).to_string()
 }
 
 /// The error a response's `TritonError` fails its request with.
 fn model_error(message: String, code: i64) -> Error {
-    match code {
-        2 => Error::NotFound(message),
-        3 => Error::InvalidArgument(message),
-        4 => Error::Unavailable(message),
-        5 => Error::Unsupported(message),
-        6 => Error::AlreadyExists(message),
-        _ => Error::Internal(message),
+    match ERROR_CODES.iter().find(|(known, _)| *known == code) {
+        Some((_, make)) => make(message),
+        None => Error::Internal(message),
     }
 }
 

@@ -121,4 +121,7 @@ fn parameters_reach_the_model_as_json_and_error_codes_keep_their_meaning() {
     ));
     assert!(matches!(model_error("m".into(), 1), Error::Internal(_)));
     assert!(matches!(model_error("m".into(), 99), Error::Internal(_)));
+    for code in 1..=6 {
+        assert_eq!(error_code(&model_error("m".into(), code)), code);
+    }
 }

@@ -171,20 +171,8 @@ fn strings(name: &str, texts: &[String]) -> Tensor {
 
 /// A JSON scalar as a request parameter (Triton's parameters are strings, numbers or booleans).
 fn scalar(key: &str, value: Value) -> Result<ParamValue, Error> {
-    Ok(match value {
-        Value::Bool(b) => ParamValue::Bool(b),
-        Value::String(s) => ParamValue::String(s),
-        Value::Number(n) => match (n.as_i64(), n.as_u64()) {
-            (Some(i), _) => ParamValue::Int64(i),
-            (None, Some(u)) => ParamValue::Uint64(u),
-            _ => ParamValue::Double(n.as_f64().unwrap_or(f64::NAN)),
-        },
-        Value::Null | Value::Array(_) | Value::Object(_) => {
-            return Err(invalid_arg!(
-                "parameter '{key}' must be a string, a number or a boolean"
-            ))
-        }
-    })
+    ParamValue::from_json(value)
+        .ok_or_else(|| invalid_arg!("parameter '{key}' must be a string, a number or a boolean"))
 }
 
 #[cfg(test)]
