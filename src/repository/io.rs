@@ -48,7 +48,7 @@ pub struct IoSpec {
 
 impl IoSpec {
     /// The contract clients see when there is no graph behind it (generation models,
-    /// ensembles): the config's tensors as declared.
+    /// ensembles, Python models): the config's tensors as declared, `optional` inputs included.
     ///
     /// # Errors
     /// A message naming a tensor without a valid data type.
@@ -63,7 +63,12 @@ impl IoSpec {
             inputs: config
                 .input
                 .iter()
-                .map(|i| spec(&i.name, i.data_type, &i.dims))
+                .map(|i| {
+                    spec(&i.name, i.data_type, &i.dims).map(|spec| TensorSpec {
+                        optional: i.optional,
+                        ..spec
+                    })
+                })
                 .collect::<Result<_, _>>()?,
             outputs: config
                 .output
@@ -445,6 +450,9 @@ mod tests {
         let bias = [info("bias", DataType::Fp32, &[2])];
         let y = [info("y", DataType::Fp32, &[2])];
         let io = IoSpec::with_defaults(&config, &BatchLayout::default(), &x, &bias, &y).unwrap();
+        assert!(!io.inputs[0].optional && io.inputs[1].optional);
+        // Without a graph (a Python model, an ensemble) the config's word is final.
+        let io = IoSpec::from_config(&config).unwrap();
         assert!(!io.inputs[0].optional && io.inputs[1].optional);
         // Without the default the model requires 'bias'.
         let both = [x[0].clone(), bias[0].clone()];

@@ -1,115 +1,45 @@
-//! Triton's generate extension: `POST /v2/models/{m}[/versions/{v}]/generate` answers one JSON
-//! object `{"model_name", "model_version", "text_output"}`; `.../generate_stream` answers
-//! `text/event-stream; charset=utf-8`, one `data: {...}` event per generated token (one with the
-//! whole text when the request sets `"stream": false`). The request is `{"text_input": "...",
-//! "parameters": {...}}`; other top-level keys are settings too (a list of strings, e.g. `stop`,
-//! becomes a BYTES tensor). Errors before generation starts are Triton's JSON errors with their
-//! status; an error after the stream started is an event `data: {"error": "..."}`. A client that
-//! closes the connection cancels its generation.
+//! The generate extension for generation models: the request is `{"text_input": "...",
+//! "parameters": {...}}`, other top-level keys are settings too (a list of strings, e.g. `stop`,
+//! becomes a BYTES tensor); each answer is `{"model_name", "model_version", "text_output"}`,
+//! one per generated token on `generate_stream` (one with the whole text when the request sets
+//! `"stream": false`), the whole text on `generate`.
 
-use super::body;
-use super::infer::sending;
-use super::routes::{AppState, ModelPath};
-use super::HttpError;
+use super::error_event;
 use crate::core::tensor::frame_bytes;
 use crate::core::{DataType, Error, InferRequest, ParamValue, Tensor};
 use crate::engine::generate::Generation;
 use crate::invalid_arg;
-use crate::trace::{Activity, Trace};
-use axum::body::{Body, Bytes};
-use axum::extract::State;
-use axum::http::{header, HeaderMap};
-use axum::response::{IntoResponse, Response};
+use futures_util::stream::{self, BoxStream, StreamExt};
 use serde_json::{json, Value};
-use std::sync::Arc;
-use std::time::Instant;
 
-/// `.../generate`: the whole text in one JSON answer.
-pub async fn handle(
-    State(state): State<Arc<AppState>>,
-    model: ModelPath,
-    headers: HeaderMap,
-    body: Body,
-) -> Response {
-    let result = async {
-        let (mut generation, trace) = start(&state, model, &headers, body).await?;
-        let text = generation.text().await?;
-        let response = axum::Json(event(&generation, &text)).into_response();
-        Ok::<_, HttpError>(sending(response, trace))
-    };
-    result.await.unwrap_or_else(IntoResponse::into_response)
-}
-
-/// `.../generate_stream`: server-sent events.
-pub async fn handle_stream(
-    State(state): State<Arc<AppState>>,
-    model: ModelPath,
-    headers: HeaderMap,
-    body: Body,
-) -> Response {
-    let (generation, trace) = match start(&state, model, &headers, body).await {
-        Ok(started) => started,
-        Err(error) => return error.into_response(),
-    };
-    let events = futures_util::stream::unfold(Some(generation), |state| async move {
+/// The events of `generate_stream`: one per generated token, or one with the whole text; an
+/// error event when generation fails.
+pub(super) fn events(generation: Generation) -> BoxStream<'static, Vec<u8>> {
+    stream::unfold(Some(generation), |state| async move {
         let mut generation = state?;
         let (data, more) = if generation.request.stream {
             match generation.next().await? {
                 Ok(chunk) => (event(&generation, &chunk.text), !chunk.last()),
-                Err(error) => (json!({ "error": error.message() }), false),
+                Err(error) => return Some((error_event(&error), None)),
             }
         } else {
             match generation.text().await {
                 Ok(text) => (event(&generation, &text), false),
-                Err(error) => (json!({ "error": error.message() }), false),
+                Err(error) => return Some((error_event(&error), None)),
             }
         };
-        let bytes = Bytes::from(format!("data: {data}\n\n"));
-        Some((
-            Ok::<_, std::convert::Infallible>(bytes),
-            more.then_some(generation),
-        ))
-    });
-    let response = (
-        [
-            (header::CONTENT_TYPE, "text/event-stream; charset=utf-8"),
-            (header::CACHE_CONTROL, "no-cache"),
-        ],
-        Body::from_stream(events),
-    )
-        .into_response();
-    sending(response, trace)
+        Some((data.to_string().into_bytes(), more.then_some(generation)))
+    })
+    .boxed()
 }
 
 /// One response object.
-fn event(generation: &Generation, text: &str) -> Value {
+pub(super) fn event(generation: &Generation, text: &str) -> Value {
     json!({
         "model_name": generation.model_name,
         "model_version": generation.model_version,
         "text_output": text,
     })
-}
-
-/// Admits the request, reads it and starts generating; with its trace when it is sampled.
-async fn start(
-    state: &AppState,
-    model: ModelPath,
-    headers: &HeaderMap,
-    body: Body,
-) -> Result<(Generation, Option<Arc<Trace>>), HttpError> {
-    let admission = state.engine.admit()?;
-    let traceparent = headers.get("traceparent").and_then(|v| v.to_str().ok());
-    let trace = state.engine.tracer().sample_with(&model.name, traceparent);
-    if let Some(trace) = &trace {
-        trace.record(Activity::HttpRecvStart, Instant::now());
-    }
-    let body = body::read(body, headers, state.config.max_input_bytes).await?;
-    if let Some(trace) = &trace {
-        trace.record(Activity::HttpRecvEnd, Instant::now());
-    }
-    let mut request = decode(&model.name, &model.version, &body)?;
-    request.trace = trace.clone();
-    Ok((state.engine.generate(admission, request).await?, trace))
 }
 
 /// A generate request as the engine takes it: `text_input` a BYTES tensor, `parameters` request

@@ -1,0 +1,305 @@
+"""Triton's generate extension on models that are not generation models: the generic mapping
+(keys naming inputs become inputs laid into the input's shape, the rest parameters; each response
+a flat object of its outputs, one element bare), compared with real Triton 2.51 answer for answer
+while it was built (the messages and shapes asserted here are Triton's):
+
+- an ONNX model and an ensemble answer `generate` as `infer` does;
+- a vLLM-style decoupled Python model (`text_input`, optional `stream` and `max_tokens`) streams
+  its responses on `generate_stream` and must send exactly one on `generate`;
+- request ids, parameters (top level and in `parameters`) and optional inputs reach the model;
+- bad bodies get Triton's texts, and the server stays up.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import shutil
+import subprocess
+import sys
+import textwrap
+
+import numpy as np
+import pytest
+import requests
+import tritonclient.http as httpclient
+
+from conftest import BUNDLED_REPO, REPO_ROOT, RPC_TIMEOUT, start_server, stop_server
+
+PY_GEN = '''
+import json
+import numpy as np
+import triton_python_backend_utils as pb_utils
+
+
+class TritonPythonModel:
+    def execute(self, requests):
+        for request in requests:
+            sender = request.get_response_sender()
+            text = pb_utils.get_input_tensor_by_name(request, "text_input").as_numpy()[0].decode()
+            stream = pb_utils.get_input_tensor_by_name(request, "stream")
+            stream = bool(stream.as_numpy()[0]) if stream is not None else False
+            limit = pb_utils.get_input_tensor_by_name(request, "max_tokens")
+            limit = int(limit.as_numpy()[0]) if limit is not None else 3
+            params = json.loads(request.parameters())
+            words = [w.upper() for w in text.split()[:limit]]
+            if "temperature" in params:
+                words.append("t=%s" % params["temperature"])
+            if text == "fail":
+                sender.send(pb_utils.InferenceResponse(error=pb_utils.TritonError("cannot generate")),
+                            flags=pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL)
+                continue
+            out = lambda s: pb_utils.InferenceResponse([pb_utils.Tensor("text_output", np.array([s.encode()], dtype=np.object_))])
+            if stream:
+                for word in words:
+                    sender.send(out(word))
+                if text.startswith("fail later"):
+                    sender.send(pb_utils.InferenceResponse(error=pb_utils.TritonError("gave up")))
+                sender.send(flags=pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL)
+            else:
+                sender.send(out(" ".join(words)), flags=pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL)
+        return None
+'''
+
+PY_GEN_CONFIG = '''
+name: "py_gen"
+backend: "python"
+max_batch_size: 0
+input [
+  { name: "text_input" data_type: TYPE_STRING dims: [ 1 ] },
+  { name: "stream" data_type: TYPE_BOOL dims: [ 1 ] optional: true },
+  { name: "max_tokens" data_type: TYPE_INT32 dims: [ 1 ] optional: true }
+]
+output [ { name: "text_output" data_type: TYPE_STRING dims: [ -1 ] } ]
+model_transaction_policy { decoupled: true }
+instance_group [ { count: 1 kind: KIND_CPU } ]
+'''
+
+PY_PARAMS = '''
+import json
+import numpy as np
+import triton_python_backend_utils as pb_utils
+
+
+class TritonPythonModel:
+    def execute(self, requests):
+        responses = []
+        for request in requests:
+            x = pb_utils.get_input_tensor_by_name(request, "x").as_numpy()
+            label = pb_utils.get_input_tensor_by_name(request, "label")
+            label = label.as_numpy() if label is not None else np.array([[b"none"]], dtype=np.object_)
+            params = json.dumps(json.loads(request.parameters()), sort_keys=True)
+            responses.append(pb_utils.InferenceResponse([
+                pb_utils.Tensor("sum", np.array([[x.sum()]], dtype=np.float64)),
+                pb_utils.Tensor("doubled", (2 * x).astype(np.float32)),
+                pb_utils.Tensor("params", np.array([[params.encode()]], dtype=np.object_)),
+                pb_utils.Tensor("label_out", label),
+            ]))
+        return responses
+'''
+
+PY_PARAMS_CONFIG = '''
+name: "py_params"
+backend: "python"
+max_batch_size: 8
+input [
+  { name: "x" data_type: TYPE_FP32 dims: [ -1 ] },
+  { name: "label" data_type: TYPE_STRING dims: [ 1 ] optional: true }
+]
+output [
+  { name: "sum" data_type: TYPE_FP64 dims: [ 1 ] },
+  { name: "doubled" data_type: TYPE_FP32 dims: [ -1 ] },
+  { name: "params" data_type: TYPE_STRING dims: [ 1 ] },
+  { name: "label_out" data_type: TYPE_STRING dims: [ 1 ] }
+]
+instance_group [ { count: 1 kind: KIND_CPU } ]
+'''
+
+ENSEMBLE_CONFIG = '''
+name: "echo_ensemble"
+platform: "ensemble"
+max_batch_size: 8
+input [ { name: "text" data_type: TYPE_STRING dims: [ -1 ] } ]
+output [ { name: "echoed" data_type: TYPE_STRING dims: [ -1 ] } ]
+ensemble_scheduling { step [
+  { model_name: "string_echo" model_version: -1
+    input_map { key: "input-1" value: "text" } output_map { key: "output-1" value: "echoed" } }
+] }
+'''
+
+
+@pytest.fixture(scope="module")
+def server(tmp_path_factory):
+    repo = tmp_path_factory.mktemp("generate") / "repo"
+    for name, config, code in [("py_gen", PY_GEN_CONFIG, PY_GEN), ("py_params", PY_PARAMS_CONFIG, PY_PARAMS)]:
+        (repo / name / "1").mkdir(parents=True)
+        (repo / name / "config.pbtxt").write_text(textwrap.dedent(config))
+        (repo / name / "1" / "model.py").write_text(textwrap.dedent(code))
+    (repo / "echo_ensemble" / "1").mkdir(parents=True)
+    (repo / "echo_ensemble" / "config.pbtxt").write_text(ENSEMBLE_CONFIG)
+    for bundled in ("add_sub", "string_echo"):
+        shutil.copytree(BUNDLED_REPO / bundled, repo / bundled)
+    srv = start_server([repo], name="kiln-generate-mapped", env={"KILN_PYTHON": sys.executable})
+    yield srv
+    stop_server(srv)
+
+
+def post(server, model: str, body, stream: bool = False) -> requests.Response:
+    endpoint = "generate_stream" if stream else "generate"
+    data = body if isinstance(body, (bytes, str)) else json.dumps(body)
+    return requests.post(f"http://{server.http_url}/v2/models/{model}/{endpoint}", data=data, timeout=RPC_TIMEOUT)
+
+
+def events(response: requests.Response) -> list[dict]:
+    """The `data:` events of a server-sent-events body, checking its framing."""
+    assert response.headers["content-type"] == "text/event-stream; charset=utf-8"
+    assert response.text.endswith("\n\n"), response.text
+    chunks = response.text[:-2].split("\n\n")
+    assert all(chunk.startswith("data: ") for chunk in chunks), response.text
+    return [json.loads(chunk[len("data: "):]) for chunk in chunks]
+
+
+def test_an_onnx_model_answers_generate_as_it_answers_infer(server):
+    rng = np.random.default_rng(11)
+    a, b = rng.standard_normal(16, dtype=np.float32), rng.standard_normal(16, dtype=np.float32)
+    client = httpclient.InferenceServerClient(server.http_url)
+    inputs = [httpclient.InferInput("INPUT0", [1, 16], "FP32"), httpclient.InferInput("INPUT1", [1, 16], "FP32")]
+    inputs[0].set_data_from_numpy(a[None])
+    inputs[1].set_data_from_numpy(b[None])
+    inferred = client.infer("add_sub", inputs)
+    body = {"INPUT0": a.tolist(), "INPUT1": b.tolist()}
+    answer = post(server, "add_sub", body)
+    assert answer.status_code == 200, answer.text
+    assert answer.headers["content-type"] == "application/json"
+    got = answer.json()
+    # Keys in alphabetical order, as Triton writes them; floats exactly as infer's.
+    assert list(got) == ["OUTPUT0", "OUTPUT1", "model_name", "model_version"]
+    assert (got["model_name"], got["model_version"]) == ("add_sub", "1")
+    assert np.array(got["OUTPUT0"], dtype=np.float32).tobytes() == inferred.as_numpy("OUTPUT0")[0].tobytes()
+    assert np.array(got["OUTPUT1"], dtype=np.float32).tobytes() == inferred.as_numpy("OUTPUT1")[0].tobytes()
+    # generate_stream: the one response as one event.
+    assert events(post(server, "add_sub", body, stream=True)) == [got]
+    # 16 elements fill the fixed dimension and the batch is 1; 15 cannot.
+    short = post(server, "add_sub", {"INPUT0": a[:15].tolist(), "INPUT1": b.tolist()})
+    assert short.status_code == 400
+    assert short.json() == {"error": "The schema can not convert input 'INPUT0' to tensor with proper shape"}
+
+
+def test_strings_go_through_an_onnx_model_and_an_ensemble(server):
+    for model, key, out in [("string_echo", "input-1", "output-1"), ("echo_ensemble", "text", "echoed")]:
+        several = post(server, model, {key: ["kiln", "日本", ""]})
+        assert several.status_code == 200, several.text
+        assert several.json()[out] == ["kiln", "日本", ""]
+        one = post(server, model, {key: "alone"})
+        assert one.json()[out] == "alone"  # one element: bare, not a list
+
+
+def test_a_decoupled_python_model_streams_its_responses(server):
+    body = {"text_input": "what is triton server", "max_tokens": 4, "parameters": {"stream": True}}
+    answer = post(server, "py_gen", body, stream=True)
+    assert answer.status_code == 200, answer.text
+    assert events(answer) == [
+        {"model_name": "py_gen", "model_version": "1", "text_output": word}
+        for word in ["WHAT", "IS", "TRITON", "SERVER"]
+    ]
+    # Not streaming: one response, so generate answers it; parameters reach the model, and the
+    # optional inputs it was not sent take its defaults.
+    whole = post(server, "py_gen", {"text_input": "what is triton server", "parameters": {"temperature": 0.5}})
+    assert whole.status_code == 200, whole.text
+    assert whole.json() == {"model_name": "py_gen", "model_version": "1", "text_output": "WHAT IS TRITON t=0.5"}
+    # The request's id comes back on every response.
+    tagged = post(server, "py_gen", {"text_input": "hello there", "id": "req-8", "stream": True}, stream=True)
+    assert [e["id"] for e in events(tagged)] == ["req-8", "req-8"]
+
+
+def test_generate_needs_exactly_one_response(server):
+    answer = post(server, "py_gen", {"text_input": "what is triton server", "stream": True})
+    assert answer.status_code == 400
+    assert answer.json() == {
+        "error": "generate expects model to produce exactly 1 response, use generate stream for model that "
+                 "generates various number of responses"
+    }
+
+
+def test_model_errors_end_the_stream_with_an_error_event(server):
+    # The first response an error: the stream's status and its only event.
+    first = post(server, "py_gen", {"text_input": "fail", "stream": True}, stream=True)
+    assert first.status_code == 500
+    assert events(first) == [{"error": "cannot generate"}]
+    later = post(server, "py_gen", {"text_input": "fail later", "stream": True}, stream=True)
+    assert later.status_code == 200
+    assert [e.get("text_output", e.get("error")) for e in events(later)] == ["FAIL", "LATER", "gave up"]
+    whole = post(server, "py_gen", {"text_input": "fail"})
+    assert whole.status_code == 500
+    assert whole.json() == {"error": "cannot generate"}
+
+
+def test_ids_parameters_and_single_elements(server):
+    body = {"x": [1, 2, 3], "label": "hi", "id": "abc", "seed": 18446744073709551615, "big": -5, "f": 1e300,
+            "flag": True, "parameters": {"nested": "yes", "label2": 2.5}}
+    answer = post(server, "py_params", body)
+    assert answer.status_code == 200, answer.text
+    got = answer.json()
+    assert list(got) == ["doubled", "id", "label_out", "model_name", "model_version", "params", "sum"]
+    assert got["id"] == "abc"
+    assert got["doubled"] == [2.0, 4.0, 6.0]
+    assert got["sum"] == 6.0 and got["label_out"] == "hi"  # one element each: bare
+    # Every key that is not an input is a parameter (`id` too); integers beyond int64 are numbers.
+    assert json.loads(got["params"]) == {"big": -5, "f": 1e300, "flag": True, "id": "abc", "label2": 2.5,
+                                         "nested": "yes", "seed": 1.8446744073709552e19}
+    scalar = post(server, "py_params", {"x": 4, "label": "one"}).json()
+    assert (scalar["doubled"], scalar["sum"], scalar["params"]) == (8.0, 4.0, "{}")
+    empty = post(server, "py_params", {"x": [], "label": "e"}).json()
+    assert (empty["doubled"], empty["sum"]) == ([], 0.0)
+
+
+@pytest.mark.parametrize("model,body,status,message", [
+    ("py_gen", {"text_input": ["a", "b"]}, 400, "The schema can not convert input 'text_input' to tensor with proper shape"),
+    ("py_gen", {"text_input": 3}, 400, "Unable to parse 'data': expected a string for BYTES input 'text_input', got 3"),
+    ("py_gen", {"text_input": "x", "parameters": 3}, 400, "Expected JSON object for keyword: 'parameters'"),
+    ("py_gen", {"text_input": "x", "parameters": {"a": None}}, 400,
+     "Converting keyword: 'parameters': parameter 'a' has invalid type. It should be either 'int', 'bool', or 'string'."),
+    ("py_gen", {"text_input": "x", "junk": [1, 2]}, 400,
+     "parameter 'junk' has invalid type. It should be either 'int', 'bool', or 'string'."),
+    ("py_gen", {"text_input": "x", "max_tokens": 2.5}, 400,
+     "Unable to parse 'data': expected a signed integer in range for INT32 input 'max_tokens', got 2.5"),
+    ("py_gen", {"stream": True}, 400, "missing required input(s) ['text_input']"),
+    ("py_params", {"x": [[1, 2], [3, 4]], "label": "n"}, 400,
+     "Unable to parse 'data': Shape does not match true shape of 'data' field for input 'x'"),
+    ("py_params", {"x": 1, "label": "i", "id": 5}, 400, "Unable to parse 'id'"),
+    ("py_params", "not json", 400, "failed to parse the request JSON buffer"),
+    ("py_params", [1, 2], 400, "the generate request must be a JSON object"),
+    ("nope", {"x": 1}, 404, "Request for unknown model: 'nope' is not found"),
+])
+def test_bad_requests_get_tritons_texts(server, model, body, status, message):
+    for stream in (False, True):
+        answer = post(server, model, body, stream=stream)
+        assert answer.status_code == status, answer.text
+        assert answer.headers["content-type"] == "application/json"
+        assert message in answer.json()["error"]
+    server.assert_alive()
+
+
+def test_optional_inputs_of_a_python_model_may_be_left_out(server):
+    client = httpclient.InferenceServerClient(server.http_url)
+    x = httpclient.InferInput("x", [1, 2], "FP32")
+    x.set_data_from_numpy(np.array([[1.0, 2.5]], dtype=np.float32))
+    result = client.infer("py_params", [x])
+    assert result.as_numpy("label_out").tolist() == [[b"none"]]
+    assert result.as_numpy("sum").tolist() == [[3.5]]
+    assert post(server, "py_params", {"x": 1}).json()["label_out"] == "none"
+    # A required one may not.
+    label = httpclient.InferInput("label", [1, 1], "BYTES")
+    label.set_data_from_numpy(np.array([[b"l"]], dtype=np.object_))
+    with pytest.raises(Exception, match=r"missing required input\(s\) \['x'\]"):
+        client.infer("py_params", [label])
+
+
+def test_the_readme_example_answers_what_it_shows(server):
+    text = (REPO_ROOT / "README.md").read_text()
+    start = text.index("### The generate extension on any model\n")
+    (block,) = re.findall(r"```\n(curl .*?)```", text[start:text.index("\n### ", start + 4)], flags=re.S)
+    command, shown = block.strip().split("\n# ")
+    command = command.replace("localhost:8000", server.http_url)
+    answer = subprocess.run(["bash", "-c", command], capture_output=True, text=True, timeout=RPC_TIMEOUT, check=True)
+    assert answer.stdout.strip() == shown.strip()  # byte for byte, key order too

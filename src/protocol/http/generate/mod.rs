@@ -1,0 +1,220 @@
+//! Triton's generate extension: `POST /v2/models/{m}[/versions/{v}]/generate` answers one JSON
+//! object; `.../generate_stream` answers `text/event-stream; charset=utf-8`, one `data: {...}`
+//! event per response. Errors before the first response are Triton's JSON errors with their
+//! status; an error after the stream started is an event `data: {"error": "..."}`. A client that
+//! closes the connection cancels its request.
+//!
+//! Two kinds of model answer it:
+//! - generation models (a decoder and a tokenizer, run by kiln's generation loop, see [`text`]):
+//!   `{"text_input": "...", "parameters": {...}}` in, `{"model_name", "model_version",
+//!   "text_output"}` out, one event per generated token;
+//! - every other model, by Triton's generic mapping ([`mapped`]): keys naming inputs become
+//!   inputs, the rest parameters; each response becomes a flat object of its outputs. A
+//!   decoupled Python model streams its responses on `generate_stream`; on `generate` it must
+//!   send exactly one.
+
+mod mapped;
+mod text;
+
+use super::body;
+use super::infer::sending;
+use super::routes::{AppState, ModelPath};
+use super::HttpError;
+use crate::core::Error;
+use crate::engine::generate::Generation;
+use crate::engine::StreamedResponse;
+use crate::trace::{Activity, Trace};
+use axum::body::{Body, Bytes};
+use axum::extract::State;
+use axum::http::{header, HeaderMap, StatusCode};
+use axum::response::{IntoResponse, Response};
+use futures_util::stream::{self, BoxStream, StreamExt};
+use std::sync::Arc;
+use std::time::Instant;
+use tokio::sync::mpsc;
+
+/// What a started request answers with.
+enum Started {
+    /// A generation model's text.
+    Text(Generation),
+    /// A model's one response, as its generate object.
+    One(Vec<u8>),
+    /// A decoupled model's responses, the first already received (`None`: it sent none; an
+    /// error: the request's).
+    Stream {
+        first: Result<Option<Vec<u8>>, Error>,
+        rest: mpsc::UnboundedReceiver<StreamedResponse>,
+    },
+}
+
+/// `.../generate`: one JSON answer.
+pub async fn handle(
+    State(state): State<Arc<AppState>>,
+    model: ModelPath,
+    headers: HeaderMap,
+    body: Body,
+) -> Response {
+    let result = async {
+        let (started, trace) = start(&state, model, &headers, body).await?;
+        let body = match started {
+            Started::Text(mut generation) => {
+                let text = generation.text().await?;
+                text::event(&generation, &text).to_string().into_bytes()
+            }
+            Started::One(body) => body,
+            Started::Stream { first, rest } => exactly_one(first?, rest).await?,
+        };
+        let response = ([(header::CONTENT_TYPE, "application/json")], body).into_response();
+        Ok::<_, HttpError>(sending(response, trace))
+    };
+    result.await.unwrap_or_else(IntoResponse::into_response)
+}
+
+/// `.../generate_stream`: server-sent events.
+pub async fn handle_stream(
+    State(state): State<Arc<AppState>>,
+    model: ModelPath,
+    headers: HeaderMap,
+    body: Body,
+) -> Response {
+    let (started, trace) = match start(&state, model, &headers, body).await {
+        Ok(started) => started,
+        Err(error) => return error.into_response(),
+    };
+    let mut status = StatusCode::OK;
+    let events: BoxStream<'static, Vec<u8>> = match started {
+        Started::Text(generation) => text::events(generation),
+        Started::One(body) => stream::iter([body]).boxed(),
+        Started::Stream {
+            first: Ok(first),
+            rest,
+        } => responses(first, rest),
+        // As Triton: the error of the first response is the stream's status, and its one event.
+        Started::Stream {
+            first: Err(error), ..
+        } => {
+            status = super::status(&error);
+            stream::iter([error_event(&error)]).boxed()
+        }
+    };
+    let events = events.map(|data| {
+        let mut event = Vec::with_capacity(data.len() + 8);
+        event.extend_from_slice(b"data: ");
+        event.extend_from_slice(&data);
+        event.extend_from_slice(b"\n\n");
+        Ok::<_, std::convert::Infallible>(Bytes::from(event))
+    });
+    let response = (
+        status,
+        [
+            (header::CONTENT_TYPE, "text/event-stream; charset=utf-8"),
+            (header::CACHE_CONTROL, "no-cache"),
+        ],
+        Body::from_stream(events),
+    )
+        .into_response();
+    sending(response, trace)
+}
+
+/// Admits the request, reads it and starts it; with its trace when it is sampled.
+async fn start(
+    state: &AppState,
+    model: ModelPath,
+    headers: &HeaderMap,
+    body: Body,
+) -> Result<(Started, Option<Arc<Trace>>), HttpError> {
+    let admission = state.engine.admit()?;
+    let traceparent = headers.get("traceparent").and_then(|v| v.to_str().ok());
+    let trace = state.engine.tracer().sample_with(&model.name, traceparent);
+    if let Some(trace) = &trace {
+        trace.record(Activity::HttpRecvStart, Instant::now());
+    }
+    let body = body::read(body, headers, state.config.max_input_bytes).await?;
+    if let Some(trace) = &trace {
+        trace.record(Activity::HttpRecvEnd, Instant::now());
+    }
+    let engine = &state.engine;
+    if engine.generates_text(&model.name, &model.version) {
+        let mut request = text::decode(&model.name, &model.version, &body)?;
+        request.trace = trace.clone();
+        let generation = engine.generate(admission, request).await?;
+        return Ok((Started::Text(generation), trace));
+    }
+    let metadata = engine.model_metadata(&model.name, &model.version)?;
+    let mut request = mapped::request(&metadata, &model.version, &body)?;
+    request.trace = trace.clone();
+    let started = if engine.is_decoupled_python(&model.name, &model.version) {
+        let mut rest = engine.infer_stream(admission, request).await?;
+        let first = next_response(&mut rest).await;
+        Started::Stream { first, rest }
+    } else {
+        let response = engine.infer_admitted(&admission, request).await?;
+        Started::One(mapped::response(&response)?)
+    };
+    Ok((started, trace))
+}
+
+/// The next response of a decoupled model, as its generate object; `None` after the last.
+///
+/// # Errors
+/// The request's error, when the model sent one.
+async fn next_response(
+    responses: &mut mpsc::UnboundedReceiver<StreamedResponse>,
+) -> Result<Option<Vec<u8>>, Error> {
+    while let Some(streamed) = responses.recv().await {
+        match streamed.response? {
+            Some(response) => return mapped::response(&response).map(Some),
+            // A flag alone: the response before was the last.
+            None if streamed.last => break,
+            None => {}
+        }
+    }
+    Ok(None)
+}
+
+/// The one response `generate` answers with, from a decoupled model.
+///
+/// # Errors
+/// The model's error; INVALID_ARGUMENT when it sent no response or more than one (Triton's
+/// text; Triton answers it with status 200 when the first response was fine).
+async fn exactly_one(
+    first: Option<Vec<u8>>,
+    mut rest: mpsc::UnboundedReceiver<StreamedResponse>,
+) -> Result<Vec<u8>, Error> {
+    let not_one = || {
+        Error::InvalidArgument(
+            "generate expects model to produce exactly 1 response, use generate stream for \
+             model that generates various number of responses"
+                .into(),
+        )
+    };
+    let first = first.ok_or_else(not_one)?;
+    match next_response(&mut rest).await? {
+        None => Ok(first),
+        Some(_) => Err(not_one()),
+    }
+}
+
+/// A decoupled model's responses as events: each response, and an error event when the model
+/// fails mid-stream.
+fn responses(
+    first: Option<Vec<u8>>,
+    rest: mpsc::UnboundedReceiver<StreamedResponse>,
+) -> BoxStream<'static, Vec<u8>> {
+    let rest = stream::unfold(Some(rest), |state| async move {
+        let mut rest = state?;
+        match next_response(&mut rest).await {
+            Ok(Some(data)) => Some((data, Some(rest))),
+            Ok(None) => None,
+            Err(error) => Some((error_event(&error), None)),
+        }
+    });
+    stream::iter(first).chain(rest).boxed()
+}
+
+/// `{"error": "..."}`: an error after the stream started.
+fn error_event(error: &Error) -> Vec<u8> {
+    serde_json::json!({ "error": error.message() })
+        .to_string()
+        .into_bytes()
+}
