@@ -303,3 +303,97 @@ def test_the_readme_example_answers_what_it_shows(server):
     command = command.replace("localhost:8000", server.http_url)
     answer = subprocess.run(["bash", "-c", command], capture_output=True, text=True, timeout=RPC_TIMEOUT, check=True)
     assert answer.stdout.strip() == shown.strip()  # byte for byte, key order too
+
+
+# A Python-based backend as vLLM's is built: one model.py in <backend-directory>/toy_llm/ serves
+# every model whose config says `backend: "toy_llm"`, reading its settings from the model's own
+# <version>/model.json, completing the config itself, and importing a module beside it.
+TOY_LLM = '''
+import json
+import os
+import numpy as np
+import triton_python_backend_utils as pb_utils
+from toy_helpers import shout
+
+
+class TritonPythonModel:
+    @staticmethod
+    def auto_complete_config(config):
+        config.add_input({"name": "text_input", "data_type": "TYPE_STRING", "dims": [1]})
+        config.add_input({"name": "stream", "data_type": "TYPE_BOOL", "dims": [1], "optional": True})
+        config.add_input({"name": "sampling_parameters", "data_type": "TYPE_STRING", "dims": [1], "optional": True})
+        config.add_output({"name": "text_output", "data_type": "TYPE_STRING", "dims": [-1]})
+        config.set_model_transaction_policy({"decoupled": True})
+        return config
+
+    def initialize(self, args):
+        path = os.path.join(args["model_repository"], args["model_version"], "model.json")
+        with open(path) as f:
+            self.prefix = json.load(f)["prefix"]
+
+    def execute(self, requests):
+        for request in requests:
+            sender = request.get_response_sender()
+            text = pb_utils.get_input_tensor_by_name(request, "text_input").as_numpy()[0].decode()
+            stream = pb_utils.get_input_tensor_by_name(request, "stream")
+            stream = stream is not None and bool(stream.as_numpy()[0])
+            sampling = pb_utils.get_input_tensor_by_name(request, "sampling_parameters")
+            sampling = json.loads(sampling.as_numpy()[0]) if sampling is not None else {}
+            words = [self.prefix] + [shout(w) for w in text.split()][: int(sampling.get("max_tokens", 16))]
+            out = lambda s: pb_utils.InferenceResponse(
+                [pb_utils.Tensor("text_output", np.array([s.encode()], dtype=np.object_))])
+            if stream:
+                for word in words:
+                    sender.send(out(word))
+                sender.send(flags=pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL)
+            else:
+                sender.send(out(" ".join(words)), flags=pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL)
+        return None
+'''
+
+
+@pytest.fixture(scope="module")
+def backend_server(tmp_path_factory):
+    root = tmp_path_factory.mktemp("python-based")
+    (root / "backends" / "toy_llm").mkdir(parents=True)
+    (root / "backends" / "toy_llm" / "model.py").write_text(textwrap.dedent(TOY_LLM))
+    (root / "backends" / "toy_llm" / "toy_helpers.py").write_text("def shout(word):\n    return word.upper()\n")
+    for name, prefix in [("llm_a", "A:"), ("llm_b", "B:")]:
+        (root / "repo" / name / "1").mkdir(parents=True)
+        (root / "repo" / name / "config.pbtxt").write_text('backend: "toy_llm"\n')
+        (root / "repo" / name / "1" / "model.json").write_text(json.dumps({"prefix": prefix}))
+    srv = start_server([root / "repo"], name="kiln-python-based", env={"KILN_PYTHON": sys.executable},
+                       extra_args=["--backend-directory", str(root / "backends")])
+    yield srv
+    stop_server(srv)
+
+
+def test_a_python_based_backend_serves_every_model_that_names_it(backend_server):
+    for model, prefix in [("llm_a", "A:"), ("llm_b", "B:")]:
+        body = {"text_input": "what is kiln", "parameters": {"stream": True}}
+        answer = post(backend_server, model, body, stream=True)
+        assert answer.status_code == 200, answer.text
+        assert [e["text_output"] for e in events(answer)] == [prefix, "WHAT", "IS", "KILN"]
+        whole = post(backend_server, model, {"text_input": "what is kiln",
+                                             "sampling_parameters": json.dumps({"max_tokens": 1})})
+        assert whole.json()["text_output"] == f"{prefix} WHAT"
+        # The config the backend completed, and the backend as the platform, as Triton shows them.
+        metadata = requests.get(f"http://{backend_server.http_url}/v2/models/{model}", timeout=RPC_TIMEOUT).json()
+        assert metadata["platform"] == "toy_llm"
+        assert [i["name"] for i in metadata["inputs"]] == ["text_input", "stream", "sampling_parameters"]
+        config = requests.get(f"http://{backend_server.http_url}/v2/models/{model}/config", timeout=RPC_TIMEOUT).json()
+        assert config["backend"] == "toy_llm" and config["model_transaction_policy"]["decoupled"] is True
+
+
+def test_a_backend_without_model_py_is_refused_by_name(tmp_path):
+    (tmp_path / "repo" / "m" / "1").mkdir(parents=True)
+    (tmp_path / "repo" / "m" / "config.pbtxt").write_text('backend: "toy_llm"\n')
+    (tmp_path / "backends").mkdir()
+    srv = start_server([tmp_path / "repo"], name="kiln-no-backend",
+                       extra_args=["--backend-directory", str(tmp_path / "backends")])
+    try:
+        index = requests.post(f"http://{srv.http_url}/v2/repository/index", timeout=RPC_TIMEOUT).json()
+        assert index[0]["state"] == "UNAVAILABLE"
+        assert "backend 'toy_llm'" in index[0]["reason"] and "model.py" in index[0]["reason"]
+    finally:
+        stop_server(srv)

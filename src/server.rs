@@ -81,6 +81,8 @@ pub struct Config {
     pub gpu_fallback_to_cpu: bool,
     /// `--allowed-op-library`: the custom-operator libraries models may load.
     pub op_libraries: crate::repository::op_library::AllowedOpLibraries,
+    /// `--backend-directory`: where Python-based backends' `model.py` files live.
+    pub backend_directory: std::path::PathBuf,
     /// `--allow-sagemaker`: what SageMaker's `/invocations` runs.
     pub sagemaker: Option<http::sagemaker::SageMakerConfig>,
     /// `--allow-vertex-ai`: Vertex AI's routes and default model.
@@ -559,6 +561,7 @@ fn open_repository(config: &Config) -> Result<ModelRepository, ServerError> {
             cores: std::thread::available_parallelism().map_or(1, |n| n.get()),
             gpu_fallback_to_cpu: config.gpu_fallback_to_cpu,
             op_libraries: config.op_libraries.clone(),
+            backend_directory: config.backend_directory.clone(),
             response_cache: config.response_cache.is_some(),
             default_max_batch_size: config.default_max_batch_size,
             config_name: config.model_config_name.clone(),

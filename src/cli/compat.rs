@@ -171,9 +171,6 @@ pub struct TritonOnlyFlags {
     /// No effect (see --grpc-keepalive-permit-without-calls).
     #[arg(long, value_name = "N")]
     pub grpc_http2_max_ping_strikes: Option<u32>,
-    /// No effect: the ONNX Runtime backend is built in.
-    #[arg(long, value_name = "DIR")]
-    pub backend_directory: Option<PathBuf>,
     /// No effect: kiln has no repository agents.
     #[arg(long, value_name = "DIR")]
     pub repoagent_directory: Option<PathBuf>,
@@ -302,12 +299,7 @@ impl TritonOnlyFlags {
             self.grpc_http2_max_ping_strikes.is_some(),
             pings,
         );
-        let built_in = "kiln's backend (ONNX Runtime) and local cache are built in";
-        note(
-            "backend-directory",
-            self.backend_directory.is_some(),
-            built_in,
-        );
+        let built_in = "kiln's local cache is built in";
         note(
             "repoagent-directory",
             self.repoagent_directory.is_some(),

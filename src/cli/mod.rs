@@ -13,6 +13,7 @@ mod tests;
 
 pub use compat::{BackendSettings, CompressionLevel};
 
+use crate::backend::python::DEFAULT_BACKEND_DIRECTORY;
 use crate::engine::CacheConfig;
 use crate::logging::{LogFormat, LogSettings};
 use crate::metrics::MetricsConfig;
@@ -340,6 +341,11 @@ pub struct Args {
     #[arg(long, env = "KILN_GPU_FALLBACK_TO_CPU", num_args = 0..=1, default_value_t = false, default_missing_value = "true", value_parser = bool_value, action = clap::ArgAction::Set)]
     pub gpu_fallback_to_cpu: bool,
 
+    /// Where Python-based backends live: a model with `backend: "<name>"` (not onnxruntime or
+    /// python) runs `<DIR>/<name>/model.py` in the Python backend, as in Triton.
+    #[arg(long, value_name = "DIR", default_value = DEFAULT_BACKEND_DIRECTORY)]
+    pub backend_directory: PathBuf,
+
     /// A custom-operator library, or a directory of them, that models may load with
     /// `model_operations { op_library_filename: ... }` (repeatable). A model repository does not
     /// choose the native code kiln runs: a model naming any other library fails its load.
@@ -636,6 +642,7 @@ impl Args {
             strict_readiness: self.strict_readiness,
             gpu_fallback_to_cpu: self.gpu_fallback_to_cpu,
             op_libraries: AllowedOpLibraries::from_flags(&self.allowed_op_libraries)?,
+            backend_directory: self.backend_directory,
             rate_limit,
             sagemaker: cloud.sagemaker,
             vertex: cloud.vertex,

@@ -181,8 +181,13 @@ pub fn datatype_to_config(datatype: DataType) -> ConfigDataType {
 /// # Errors
 /// [`ConfigError::Invalid`] when the name differs from the directory, the platform is not ONNX
 /// or the config asks for a scheduler kiln does not have (ensemble scheduling outside an
-/// ensemble, sequence batching of an ensemble).
-pub fn normalize_identity(config: &mut ModelConfig, dir_name: &str) -> Result<(), ConfigError> {
+/// ensemble, sequence batching of an ensemble). `python_based`: the backend is a Python-based
+/// one (see [`crate::backend::python::backend_code`]), served like `backend: "python"`.
+pub fn normalize_identity(
+    config: &mut ModelConfig,
+    dir_name: &str,
+    python_based: bool,
+) -> Result<(), ConfigError> {
     if config.name.is_empty() {
         config.name = dir_name.to_string();
     } else if config.name != dir_name {
@@ -192,7 +197,7 @@ pub fn normalize_identity(config: &mut ModelConfig, dir_name: &str) -> Result<()
         )));
     }
     let ensemble = super::ensemble::is_ensemble(config);
-    let python = is_python(config);
+    let python = is_python(config) || python_based;
     let platform_ok = ensemble
         || (python && config.platform.is_empty())
         || matches!(config.platform.as_str(), "" | ONNX_PLATFORM);
@@ -205,7 +210,8 @@ pub fn normalize_identity(config: &mut ModelConfig, dir_name: &str) -> Result<()
         return Err(ConfigError::Invalid(format!(
             "unsupported platform '{}' / backend '{}' for model '{}': kiln serves ONNX models \
              (platform \"{ONNX_PLATFORM}\" or backend \"{ONNX_BACKEND}\"), Python models (backend \
-             \"{PYTHON_BACKEND}\") and ensembles (platform \"{}\")",
+             \"{PYTHON_BACKEND}\", or a Python-based backend's <backend-directory>/<backend>/model.py) \
+             and ensembles (platform \"{}\")",
             config.platform,
             config.backend,
             config.name,

@@ -118,7 +118,9 @@ pub fn prepare(
     if directory != name {
         config.name = name.to_string();
     }
-    config::normalize_identity(&mut config, name).map_err(|e| e.to_string())?;
+    let backend_code = crate::backend::python::backend_code(&config, &options.backend_directory);
+    config::normalize_identity(&mut config, name, backend_code.is_some())
+        .map_err(|e| e.to_string())?;
     agents::run(&config, dir)?;
     let selected = versions::select(dir, &config)?;
     if selected.is_empty() {
@@ -129,8 +131,8 @@ pub fn prepare(
     if ensemble::is_ensemble(&config) {
         return prepare_ensemble(name, dir, config, selected);
     }
-    if config::is_python(&config) {
-        return prepare_python(name, dir, config, selected, options);
+    if config::is_python(&config) || backend_code.is_some() {
+        return prepare_python(name, dir, config, selected, options, backend_code);
     }
     let placed = placement::place(&mut config, &cuda::inventory, options.gpu_fallback_to_cpu)?;
     check_sessions(name, selected.len(), placed.devices.len())?;
@@ -293,22 +295,26 @@ impl Prepared {
     }
 }
 
-/// A Python model runs its own code in processes of its own (see [`crate::backend::python`]);
-/// its tensors come from its config, completed by its `auto_complete_config` when it has one.
+/// A Python model runs its own code in processes of its own (see [`crate::backend::python`]):
+/// each version's `model.py`, or `code`, the one `model.py` of its Python-based backend. Its
+/// tensors come from its config, completed by its `auto_complete_config` when it has one.
 fn prepare_python(
     name: &str,
     dir: &Path,
     mut config: ModelConfig,
     versions: Vec<i64>,
     options: &LoadOptions,
+    code: Option<PathBuf>,
 ) -> Result<Prepared, String> {
     if options.auto_complete {
         // Triton completes the config with the newest selected version's model.py.
-        let newest = versions
-            .iter()
-            .rev()
-            .filter_map(|&v| model_path(dir, v, &config.default_model_filename).ok())
-            .find(|path| path.is_file());
+        let newest = code.clone().or_else(|| {
+            versions
+                .iter()
+                .rev()
+                .filter_map(|&v| model_path(dir, v, &config.default_model_filename).ok())
+                .find(|path| path.is_file())
+        });
         // Only a model that defines the function needs a Python process to run it.
         let defines = |path: &PathBuf| {
             std::fs::read_to_string(path).is_ok_and(|code| code.contains("auto_complete_config"))
@@ -323,7 +329,10 @@ fn prepare_python(
              auto_complete_config)"
         ));
     }
-    let python = PythonSpec::from_config(&mut config, dir, &options.python_calls)?;
+    let python = PythonSpec {
+        code,
+        ..PythonSpec::from_config(&mut config, dir, &options.python_calls)?
+    };
     config::validate_io(&config).map_err(|e| e.to_string())?;
     config::max_inflight_requests(&config).map_err(|e| e.to_string())?;
     if config::wants_response_cache(&config) {
@@ -395,7 +404,11 @@ pub fn build(prepared: Prepared, reuse: Reuse<'_>) -> Result<Model, LoadFailure>
             }
             continue;
         }
-        let started = model_path(&dir, version, &config.default_model_filename).and_then(|path| {
+        let file = match python.as_ref().and_then(|spec| spec.code.clone()) {
+            Some(code) => Ok(code),
+            None => model_path(&dir, version, &config.default_model_filename),
+        };
+        let started = file.and_then(|path| {
             if let Some(spec) = &python {
                 return start_python(&name, version, &dir, &path, &config, spec);
             }

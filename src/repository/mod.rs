@@ -82,6 +82,9 @@ pub struct LoadOptions {
     pub op_libraries: op_library::AllowedOpLibraries,
     /// How Python models call other models (connected to the engine by the server).
     pub python_calls: crate::backend::python::ModelCaller,
+    /// `--backend-directory`: a model whose backend is `<name>` runs `<dir>/<name>/model.py`
+    /// (Triton's Python-based backends).
+    pub backend_directory: std::path::PathBuf,
 }
 
 impl Default for LoadOptions {
@@ -98,6 +101,7 @@ impl Default for LoadOptions {
             rate_limiter: None,
             op_libraries: op_library::AllowedOpLibraries::default(),
             python_calls: crate::backend::python::ModelCaller::default(),
+            backend_directory: crate::backend::python::DEFAULT_BACKEND_DIRECTORY.into(),
         }
     }
 }

@@ -35,6 +35,21 @@ use std::time::{Duration, Instant};
 pub const BACKEND: &str = "python";
 /// Its model file when the config names none.
 pub const DEFAULT_MODEL_FILENAME: &str = "model.py";
+/// Where Python-based backends live unless `--backend-directory` says otherwise (Triton's).
+pub const DEFAULT_BACKEND_DIRECTORY: &str = "/opt/tritonserver/backends";
+
+/// The `model.py` of the Python-based backend `config` names: `<backend_dir>/<backend>/model.py`
+/// when the backend is neither ONNX Runtime nor Python and the file exists (Triton's Python-based
+/// backends: one `model.py` serves every model naming the backend). A backend name that is not a
+/// plain directory name names none.
+pub fn backend_code(config: &ModelConfig, backend_dir: &Path) -> Option<PathBuf> {
+    let backend = config.backend.as_str();
+    let plain = !backend.is_empty()
+        && !matches!(backend, "." | ".." | BACKEND | "onnxruntime")
+        && !backend.contains(['/', '\\', '\0']);
+    let code = backend_dir.join(backend).join(DEFAULT_MODEL_FILENAME);
+    (plain && code.is_file()).then_some(code)
+}
 /// The config parameter naming the model's Python environment (Triton's).
 const EXECUTION_ENV_PATH: &str = "EXECUTION_ENV_PATH";
 /// The environment variable naming the default interpreter.
@@ -116,6 +131,9 @@ pub struct PythonSpec {
     pub instances: Vec<Instance>,
     /// What the model's calls to other models go through.
     pub caller: ModelCaller,
+    /// The `model.py` of a Python-based backend, which every version runs (`None`: each
+    /// version's own).
+    pub code: Option<PathBuf>,
 }
 
 impl PythonSpec {
@@ -201,6 +219,7 @@ impl PythonSpec {
             python,
             instances,
             caller: caller.clone(),
+            code: None,
         })
     }
 }

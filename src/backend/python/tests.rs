@@ -125,3 +125,38 @@ fn parameters_reach_the_model_as_json_and_error_codes_keep_their_meaning() {
         assert_eq!(error_code(&model_error("m".into(), code)), code);
     }
 }
+
+#[test]
+fn a_backend_with_a_model_py_in_the_backend_directory_is_python_based() {
+    let dir = std::env::temp_dir().join(format!("kiln-backends-{}", std::process::id()));
+    std::fs::create_dir_all(dir.join("echo_llm")).unwrap();
+    std::fs::write(
+        dir.join("echo_llm/model.py"),
+        "class TritonPythonModel: pass\n",
+    )
+    .unwrap();
+    std::fs::create_dir_all(dir.join("empty")).unwrap();
+    let with = |backend: &str| ModelConfig {
+        backend: backend.into(),
+        ..Default::default()
+    };
+    assert_eq!(
+        backend_code(&with("echo_llm"), &dir),
+        Some(dir.join("echo_llm/model.py"))
+    );
+    // Built-in backends, a backend without model.py, and names that are not a plain directory
+    // name have none.
+    for backend in [
+        "",
+        "python",
+        "onnxruntime",
+        "empty",
+        "missing",
+        "..",
+        "echo_llm/",
+        "../backends/echo_llm",
+    ] {
+        assert_eq!(backend_code(&with(backend), &dir), None, "{backend}");
+    }
+    std::fs::remove_dir_all(&dir).unwrap();
+}

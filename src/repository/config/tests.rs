@@ -153,7 +153,7 @@ fn adaptive_batching_delay_parameter() {
 #[test]
 fn identity_takes_directory_name_and_fills_platform() {
     let mut config = parse_config("backend: \"onnxruntime\"").unwrap();
-    normalize_identity(&mut config, "m").unwrap();
+    normalize_identity(&mut config, "m", false).unwrap();
     assert_eq!(config.name, "m");
     assert_eq!(config.platform, ONNX_PLATFORM);
     assert_eq!(config.backend, ONNX_BACKEND);
@@ -169,15 +169,15 @@ fn identity_takes_directory_name_and_fills_platform() {
 #[test]
 fn identity_rejects_mismatched_name_and_foreign_platform() {
     let mut config = parse_config("name: \"other\"").unwrap();
-    assert!(normalize_identity(&mut config, "m").is_err());
+    assert!(normalize_identity(&mut config, "m", false).is_err());
     let mut config = parse_config("platform: \"tensorflow_savedmodel\"").unwrap();
-    assert!(normalize_identity(&mut config, "m").is_err());
+    assert!(normalize_identity(&mut config, "m", false).is_err());
     let mut config = parse_config("platform: \"onnxruntime_onnx\"").unwrap();
-    normalize_identity(&mut config, "m").unwrap();
+    normalize_identity(&mut config, "m", false).unwrap();
     assert_eq!(config.backend, ONNX_BACKEND);
     // Ensembles keep their platform and have no backend or model file.
     let mut config = parse_config("platform: \"ensemble\"").unwrap();
-    normalize_identity(&mut config, "m").unwrap();
+    normalize_identity(&mut config, "m", false).unwrap();
     assert_eq!(
         (
             config.platform.as_str(),
@@ -187,7 +187,7 @@ fn identity_rejects_mismatched_name_and_foreign_platform() {
         ("ensemble", "", "")
     );
     let mut config = parse_config("platform: \"ensemble\" backend: \"onnxruntime\"").unwrap();
-    assert!(normalize_identity(&mut config, "m").is_err());
+    assert!(normalize_identity(&mut config, "m", false).is_err());
 }
 
 #[test]
@@ -204,7 +204,7 @@ fn identity_rejects_schedulers_kiln_does_not_have() {
     ] {
         let mut config = parse_config(text).unwrap();
         assert_eq!(
-            normalize_identity(&mut config, "m")
+            normalize_identity(&mut config, "m", false)
                 .unwrap_err()
                 .to_string(),
             format!("{what} is not supported: kiln cannot serve model 'm'")
@@ -272,10 +272,10 @@ fn absurd_dims_and_counts_are_refused() {
 #[test]
 fn max_batch_size_is_bounded() {
     let mut config = parse_config(&format!("max_batch_size: {MAX_BATCH_SIZE}")).unwrap();
-    normalize_identity(&mut config, "m").unwrap();
+    normalize_identity(&mut config, "m", false).unwrap();
     let mut config = parse_config("max_batch_size: 2147483647").unwrap();
     assert_eq!(
-        normalize_identity(&mut config, "m")
+        normalize_identity(&mut config, "m", false)
             .unwrap_err()
             .to_string(),
         "max_batch_size 2147483647 of model 'm' is larger than the 1048576 kiln allows"
