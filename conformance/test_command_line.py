@@ -101,7 +101,7 @@ def test_a_triton_command_line_serves_and_notes_what_it_does_not_use(tmp_path):
         http = httpclient.InferenceServerClient(server.http_url)
         assert http.get_server_metadata()["name"] == "triton-7"
         log = server.log_text()
-        for flag in ("backend-directory", "pinned-memory-pool-byte-size", "cuda-memory-pool-byte-size"):
+        for flag in ("pinned-memory-pool-byte-size", "cuda-memory-pool-byte-size"):
             assert f"--{flag} has no effect: " in log, flag
         assert "nv_cpu_utilization" not in metrics_text(server)
     finally:
