@@ -22,6 +22,7 @@ import textwrap
 import numpy as np
 import pytest
 import requests
+import tritonclient.grpc as grpcclient
 import tritonclient.http as httpclient
 
 from conftest import BUNDLED_REPO, REPO_ROOT, RPC_TIMEOUT, start_server, stop_server
@@ -88,13 +89,18 @@ class TritonPythonModel:
             x = pb_utils.get_input_tensor_by_name(request, "x").as_numpy()
             label = pb_utils.get_input_tensor_by_name(request, "label")
             label = label.as_numpy() if label is not None else np.array([[b"none"]], dtype=np.object_)
-            params = json.dumps(json.loads(request.parameters()), sort_keys=True)
+            asked = json.loads(request.parameters())
+            params = json.dumps(asked, sort_keys=True)
+            # Asked to, the response carries parameters of its own (a float when asked wrongly).
+            given = {"rows": int(x.size), "label": label[0][0].decode(), "ok": True} if "give" in asked else None
+            if asked.get("give") == "float":
+                given["ratio"] = 0.5
             responses.append(pb_utils.InferenceResponse([
                 pb_utils.Tensor("sum", np.array([[x.sum()]], dtype=np.float64)),
                 pb_utils.Tensor("doubled", (2 * x).astype(np.float32)),
                 pb_utils.Tensor("params", np.array([[params.encode()]], dtype=np.object_)),
                 pb_utils.Tensor("label_out", label),
-            ]))
+            ], parameters=given))
         return responses
 '''
 
@@ -251,6 +257,30 @@ def test_ids_parameters_and_single_elements(server):
     assert (scalar["doubled"], scalar["sum"], scalar["params"]) == (8.0, 4.0, "{}")
     empty = post(server, "py_params", {"x": [], "label": "e"}).json()
     assert (empty["doubled"], empty["sum"]) == ([], 0.0)
+
+
+
+def test_a_python_models_response_parameters_reach_every_client(server):
+    # generate: among the outputs, flat.
+    got = post(server, "py_params", {"x": [1, 2], "label": "p", "give": "yes"}).json()
+    assert (got["rows"], got["label"], got["ok"]) == (2, "p", True)
+    # REST infer: the response's parameters.
+    body = {"inputs": [{"name": "x", "shape": [1, 3], "datatype": "FP32", "data": [1, 2, 3]}],
+            "parameters": {"give": "yes"}}
+    answer = requests.post(f"http://{server.http_url}/v2/models/py_params/infer", json=body, timeout=RPC_TIMEOUT)
+    assert answer.status_code == 200, answer.text
+    assert answer.json()["parameters"] == {"rows": 3, "label": "none", "ok": True}
+    # gRPC, through tritonclient.
+    client = grpcclient.InferenceServerClient(server.grpc_url)
+    x = grpcclient.InferInput("x", [1, 1], "FP32")
+    x.set_data_from_numpy(np.array([[4.0]], dtype=np.float32))
+    parameters = client.infer("py_params", [x], parameters={"give": "yes"}).get_response().parameters
+    assert (parameters["rows"].int64_param, parameters["label"].string_param, parameters["ok"].bool_param) == \
+        (1, "none", True)
+    # Only bool, int and str values, as in Triton: the model's execute raises.
+    wrong = post(server, "py_params", {"x": 1, "give": "float"})
+    assert wrong.status_code == 500
+    assert "Expect parameters values to have type bool/int/str, found type <class 'float'>" in wrong.json()["error"]
 
 
 @pytest.mark.parametrize("model,body,status,message", [

@@ -401,6 +401,8 @@ impl Engine {
             }
             _ => None,
         };
+        // Parameters a Python model gave its response.
+        let mut model_parameters = crate::core::Parameters::new();
         let result = match (scheduled, lookup, &serving.executor) {
             (Ok(_), Some((_, _, Some(outputs), started)), _) => Ok((
                 outputs.to_vec(),
@@ -497,7 +499,8 @@ impl Engine {
                             compute,
                             gpu: None,
                         };
-                        (executed.outputs, ran)
+                        model_parameters = executed.outputs.parameters;
+                        (executed.outputs.tensors, ran)
                     })
                     .map_err(|e| (e, FailureReason::Backend))
             }
@@ -525,6 +528,7 @@ impl Engine {
         let answer =
             response::response(&model, &serving, request, outputs).and_then(|mut answer| {
                 tensors::write_outputs(&output_slots, &mut answer)?;
+                answer.parameters.extend(model_parameters);
                 Ok(answer)
             });
         let total = arrived.elapsed();

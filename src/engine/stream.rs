@@ -137,7 +137,14 @@ impl Engine {
                 let shaped = streamed.outputs.and_then(|outputs| {
                     outputs
                         .map(|outputs| {
-                            response::response(&model, &serving, request.clone(), outputs)
+                            let mut answer = response::response(
+                                &model,
+                                &serving,
+                                request.clone(),
+                                outputs.tensors,
+                            )?;
+                            answer.parameters.extend(outputs.parameters);
+                            Ok(answer)
                         })
                         .transpose()
                 });

@@ -338,10 +338,18 @@ pub struct Request {
     pub inputs: Vec<Tensor>,
 }
 
-/// A request's outputs and where its time went.
+/// What one response carries: its output tensors and the parameters the model gave it
+/// (`InferenceResponse(..., parameters=...)`).
+#[derive(Debug, Default, Clone, PartialEq)]
+pub struct Outputs {
+    pub tensors: Vec<Tensor>,
+    pub parameters: Parameters,
+}
+
+/// A request's response and where its time went.
 #[derive(Debug)]
 pub struct Executed {
-    pub outputs: Vec<Tensor>,
+    pub outputs: Outputs,
     /// Waiting for an idle instance.
     pub queue: Duration,
     /// In the model.
@@ -421,7 +429,7 @@ impl Reply {
 /// the last, which a decoupled model may send alone), or its error; `last` on the final one.
 #[derive(Debug)]
 pub struct Streamed {
-    pub outputs: Result<Option<Vec<Tensor>>, Error>,
+    pub outputs: Result<Option<Outputs>, Error>,
     pub last: bool,
 }
 
@@ -624,7 +632,7 @@ impl PythonModel {
             .expect("a permit stands for an idle instance");
         let started = Instant::now();
         let requests: Vec<&Request> = batch.iter().map(|w| &w.request).collect();
-        let mut whole: Vec<Option<Result<Option<Vec<Tensor>>, Error>>> =
+        let mut whole: Vec<Option<Result<Option<Outputs>, Error>>> =
             batch.iter().map(|_| None).collect();
         self.run(
             &mut slot,
@@ -847,6 +855,23 @@ fn error_code(error: &Error) -> i64 {
         .map_or(1, |(code, _)| *code)
 }
 
+/// A response's parameters as the stub sends them (`null`: none); the stub checks their types.
+fn response_parameters(parameters: &Value) -> Result<Parameters, String> {
+    let Some(parameters) = parameters.as_object() else {
+        return match parameters {
+            Value::Null => Ok(Parameters::new()),
+            _ => Err("response parameters are not an object".into()),
+        };
+    };
+    parameters
+        .iter()
+        .map(|(key, value)| match ParamValue::from_json(value.clone()) {
+            Some(value) => Ok((key.clone(), value)),
+            None => Err(format!("response parameter '{key}' is not a scalar")),
+        })
+        .collect()
+}
+
 /// A response (or its error) as a `called` message describes it; its outputs' data is
 /// appended to `data`.
 fn called_response(response: Result<InferResponse, Error>, data: &mut Vec<Tensor>) -> Value {
@@ -854,7 +879,12 @@ fn called_response(response: Result<InferResponse, Error>, data: &mut Vec<Tensor
         Ok(response) => {
             let outputs: Vec<Value> = response.outputs.iter().map(channel::describe).collect();
             data.extend(response.outputs);
-            json!({ "outputs": outputs })
+            let parameters: serde_json::Map<String, Value> = response
+                .parameters
+                .iter()
+                .map(|(key, value)| (key.clone(), value.to_json()))
+                .collect();
+            json!({ "outputs": outputs, "parameters": parameters })
         }
         Err(error) => json!({"error": error.message(), "code": error_code(&error)}),
     }
@@ -997,14 +1027,14 @@ impl Call<'_> {
         ))
     }
 
-    /// A response's outputs (their data taken from `data`), or its error; `Err` when the
-    /// message does not hold together.
+    /// A response's outputs (their data taken from `data`) and parameters, or its error; `Err`
+    /// when the message does not hold together.
     fn outputs(
         &self,
         request: &Request,
         response: &Value,
         data: &mut impl Iterator<Item = bytes::Bytes>,
-    ) -> std::io::Result<Result<Vec<Tensor>, Error>> {
+    ) -> std::io::Result<Result<Outputs, Error>> {
         if let Some(why) = response["error"].as_str() {
             let code = response["code"].as_i64().unwrap_or(1);
             return Ok(Err(model_error(why.to_string(), code)));
@@ -1027,13 +1057,18 @@ impl Call<'_> {
             .outputs
             .iter()
             .find(|name| !outputs.iter().any(|o| &o.name == *name));
+        let parameters = response_parameters(&response["parameters"])
+            .map_err(|why| broken(format!("model '{}': {why}", self.model)))?;
         Ok(match (bad, missing) {
             (Some(why), _) => Err(Error::Internal(format!("model '{}': {why}", self.model))),
             (None, Some(missing)) => Err(Error::Internal(format!(
                 "model '{}' did not return the requested output '{missing}'",
                 self.model
             ))),
-            (None, None) => Ok(outputs),
+            (None, None) => Ok(Outputs {
+                tensors: outputs,
+                parameters,
+            }),
         })
     }
 }
@@ -1158,7 +1193,7 @@ impl Stub {
         &mut self,
         requests: &[&Request],
         call: &Call<'_>,
-    ) -> std::io::Result<Vec<Result<Vec<Tensor>, Error>>> {
+    ) -> std::io::Result<Vec<Result<Outputs, Error>>> {
         self.send_requests(requests, call)?;
         let message = self.answer(call.model, call.instance, call.caller)?;
         match message.header["op"].as_str() {

@@ -151,7 +151,8 @@ def make_caller(channel):
             return pb_utils.InferenceResponse(error=pb_utils.TritonError(answer["error"], answer.get("code", 1)))
         outputs = [pb_utils.Tensor(o["name"], to_numpy(o["datatype"], o["shape"], next(parts)))
                    for o in answer["outputs"]]
-        return pb_utils.InferenceResponse(output_tensors=outputs)
+        parameters = {k: v for k, v in answer.get("parameters", {}).items() if isinstance(v, (bool, int, str))}
+        return pb_utils.InferenceResponse(output_tensors=outputs, parameters=parameters)
 
     def call(request, decoupled=False):
         inputs, blobs = [], []
@@ -218,7 +219,10 @@ def encode_response(response):
         datatype, data = from_numpy(tensor.name(), array)
         outputs.append({"name": tensor.name(), "datatype": datatype, "shape": list(array.shape)})
         blobs.append(data)
-    return {"outputs": outputs}, blobs
+    fields = {"outputs": outputs}
+    if response._parameters:
+        fields["parameters"] = response._parameters
+    return fields, blobs
 
 
 def stream_to(channel):

@@ -102,15 +102,32 @@ class Tensor:
 
 
 class InferenceResponse:
-    """A request's answer: its output tensors, or an error."""
+    """A request's answer: its output tensors (and parameters for the client: a dict, or its JSON
+    text, of str keys and bool, int or str values), or an error."""
 
     def __init__(self, output_tensors=None, error=None, parameters=None):
         self._outputs = list(output_tensors or [])
         self._error = error
+        if parameters is None:
+            parameters = {}
+        elif isinstance(parameters, str):
+            parameters = json.loads(parameters)
+        if not isinstance(parameters, dict):
+            raise TritonModelException(
+                f"Expect parameters to be a dict or its JSON string, found type {type(parameters)}")
+        for key, value in parameters.items():
+            if not isinstance(key, str):
+                raise TritonModelException(f"Expect parameters keys to have type str, found type {type(key)}")
+            if not isinstance(value, (bool, int, str)):
+                raise TritonModelException(
+                    f"Expect parameters values to have type bool/int/str, found type {type(value)}")
         self._parameters = parameters
 
     def output_tensors(self):
         return self._outputs
+
+    def parameters(self):
+        return json.dumps(self._parameters)
 
     def has_error(self):
         return self._error is not None
