@@ -181,15 +181,27 @@ input [ { name: "X" data_type: TYPE_FP32 dims: [ 16 ] } ]
 output [ { name: "DOUBLED" data_type: TYPE_FP32 dims: [ 16 ] } ]
 '''
 
-# Hands every input back, whatever its type.
+# Hands every input back, whatever its type; with parameter via=dlpack, numeric tensors go through
+# DLPack (a capsule from to_dlpack(), or the array itself as the exporter).
 PY_IDENTITY = '''
+import json
 import triton_python_backend_utils as pb_utils
 
 
 class TritonPythonModel:
     def execute(self, requests):
-        return [pb_utils.InferenceResponse(output_tensors=[
-            pb_utils.Tensor("OUT_" + t.name()[3:], t.as_numpy()) for t in r.inputs()]) for r in requests]
+        responses = []
+        for r in requests:
+            dlpack = json.loads(r.parameters()).get("via") == "dlpack"
+            outputs = []
+            for i, t in enumerate(r.inputs()):
+                name = "OUT_" + t.name()[3:]
+                if dlpack and t.as_numpy().dtype != object:
+                    outputs.append(pb_utils.Tensor.from_dlpack(name, t.to_dlpack() if i % 2 else t.as_numpy()))
+                else:
+                    outputs.append(pb_utils.Tensor(name, t.as_numpy()))
+            responses.append(pb_utils.InferenceResponse(output_tensors=outputs))
+        return responses
 '''
 
 TYPES = ["BOOL", "UINT8", "UINT16", "UINT32", "UINT64", "INT8", "INT16", "INT32", "INT64", "FP16", "FP32", "FP64",
@@ -730,7 +742,8 @@ def test_the_readme_model_runs(python_server):
     np.testing.assert_array_equal(result.as_numpy("OUTPUT0"), [2, 5, -8])
 
 
-def test_every_datatype_goes_through_numpy_and_back(python_server):
+@pytest.mark.parametrize("via", ["numpy", "dlpack"])
+def test_every_datatype_goes_through_numpy_and_back(python_server, via):
     server, _ = python_server
     rng = np.random.default_rng(3)
     inputs, expected = [], {}
@@ -747,7 +760,7 @@ def test_every_datatype_goes_through_numpy_and_back(python_server):
         tensor.set_data_from_numpy(value)
         inputs.append(tensor)
         expected[f"OUT_{t}"] = value
-    result = grpcclient.InferenceServerClient(server.grpc_url).infer("py_identity", inputs)
+    result = grpcclient.InferenceServerClient(server.grpc_url).infer("py_identity", inputs, parameters={"via": via})
     for name, value in expected.items():
         np.testing.assert_array_equal(result.as_numpy(name), value, err_msg=name)
 

@@ -91,14 +91,38 @@ class Tensor:
         return True
 
     def to_dlpack(self):
-        raise TritonModelException("DLPack tensors are not served by kiln: use as_numpy()")
+        """The tensor as a DLPack capsule, sharing its memory (e.g. for torch.from_dlpack)."""
+        if self._data.dtype == np.object_:
+            raise TritonModelException(f"tensor '{self._name}': DLPack cannot carry BYTES tensors")
+        return self._data.__dlpack__()
 
     @staticmethod
     def from_dlpack(name, capsule):
-        raise TritonModelException("DLPack tensors are not served by kiln: use pb_utils.Tensor(name, array)")
+        """A tensor sharing the memory of a DLPack capsule, or of an object that exports one (a
+        torch tensor, ...). kiln's tensors live on the CPU: a GPU tensor must be moved first."""
+        exporter = capsule if hasattr(capsule, "__dlpack__") else _Capsule(capsule)
+        if not hasattr(np, "from_dlpack"):
+            raise TritonModelException("DLPack needs numpy 1.22 or later")
+        try:
+            return Tensor(name, np.from_dlpack(exporter))
+        except (BufferError, RuntimeError, TypeError, ValueError) as error:
+            raise TritonModelException(f"tensor '{name}' cannot be read from DLPack: {error}") from None
 
     def __repr__(self):
         return f"Tensor({self._name!r}, {self._data!r})"
+
+
+class _Capsule:
+    """A bare DLPack capsule as the exporter numpy's from_dlpack asks for (CPU memory)."""
+
+    def __init__(self, capsule):
+        self._capsule = capsule
+
+    def __dlpack__(self, stream=None, **_):
+        return self._capsule
+
+    def __dlpack_device__(self):
+        return (1, 0)  # kDLCPU, device 0
 
 
 class InferenceResponse:
