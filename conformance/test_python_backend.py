@@ -407,6 +407,58 @@ output [ { name: "Y" data_type: TYPE_FP32 dims: [ 2 ] } ]
 
 # Collects decoupled models' responses: py_count's (a decoupled Python model) and tiny_decoder's
 # (a generation model, streaming), then a call to a model that is not there.
+# Works on a request until its client goes away, then notes how it ended in NOTES/<id>: the
+# decoupled one sends a tick every 20 ms, the other answers nothing until cancelled. Neither
+# stops on its own for 20 s.
+PY_PATIENT = '''
+import json
+import os
+import time
+import numpy as np
+import triton_python_backend_utils as pb_utils
+
+
+class TritonPythonModel:
+    def initialize(self, args):
+        config = json.loads(args["model_config"])
+        self.notes = config["parameters"]["notes"]["string_value"]
+        self.decoupled = config.get("model_transaction_policy", {}).get("decoupled", False)
+
+    def note(self, request, text):
+        with open(os.path.join(self.notes, request.request_id()), "w") as f:
+            f.write(text)
+
+    def execute(self, requests):
+        (request,) = requests
+        sender = request.get_response_sender()
+        deadline, ticks = time.monotonic() + 20, 0
+        while time.monotonic() < deadline:
+            if request.is_cancelled() and sender.is_cancelled():
+                self.note(request, "cancelled after %d ticks" % ticks)
+                if self.decoupled:
+                    sender.send(flags=pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL)
+                    return None
+                return [pb_utils.InferenceResponse([pb_utils.Tensor("TICKS", np.array([ticks], dtype=np.int32))])]
+            if self.decoupled:
+                sender.send(pb_utils.InferenceResponse([pb_utils.Tensor("TICKS", np.array([ticks], dtype=np.int32))]))
+            ticks += 1
+            time.sleep(0.02)
+        self.note(request, "never cancelled")
+        raise pb_utils.TritonModelException("never cancelled")
+'''
+
+
+def patient_config(name, notes, decoupled):
+    return f'''
+name: "{name}"
+backend: "python"
+input [ {{ name: "X" data_type: TYPE_INT32 dims: [ 1 ] }} ]
+output [ {{ name: "TICKS" data_type: TYPE_INT32 dims: [ 1 ] }} ]
+parameters {{ key: "notes" value: {{ string_value: "{notes}" }} }}
+model_transaction_policy {{ decoupled: {str(decoupled).lower()} }}
+'''
+
+
 PY_STREAMS = '''
 import numpy as np
 import triton_python_backend_utils as pb_utils
@@ -513,6 +565,10 @@ def python_server(tmp_path_factory):
     shutil.copytree(BUNDLED_REPO / "add_sub", repo / "add_sub")
     shutil.copytree(BUNDLED_REPO / "tiny_decoder", repo / "tiny_decoder")
     write_model(repo, "py_streams", PY_STREAMS_CONFIG, PY_STREAMS)
+    patient_notes = repo.parent / "patient_notes"
+    patient_notes.mkdir()
+    write_model(repo, "py_patient", patient_config("py_patient", patient_notes, False), PY_PATIENT)
+    write_model(repo, "py_ticker", patient_config("py_ticker", patient_notes, True), PY_PATIENT)
     # The stubs run under this interpreter (it has numpy).
     server = start_server([repo], name="kiln-python", env={"KILN_PYTHON": sys.executable},
                           extra_args=["--model-control-mode", "explicit", "--load-model", "*"])
@@ -621,6 +677,43 @@ def test_a_request_whose_client_left_while_it_waited_does_not_run(python_server)
     # Had the abandoned request stayed queued, it would share this call.
     assert send(7) == [1]
     assert client.get_inference_statistics("py_batch").model_stats[0].execution_count - before == 2
+
+
+def wait_for_note(server, request_id, timeout=10.0):
+    path = server.repos[0].parent / "patient_notes" / request_id
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if path.exists() and path.read_text():
+            return path.read_text()
+        time.sleep(0.02)
+    pytest.fail(f"the model noted nothing for request {request_id}")
+
+
+def test_a_model_hears_that_its_requests_client_went_away(python_server):
+    server, _ = python_server
+    x = grpcclient.InferInput("X", [1], "INT32")
+    x.set_data_from_numpy(np.array([1], dtype=np.int32))
+    # A call whose deadline passes: the model, still in execute, sees is_cancelled() (at once:
+    # well before the 20 s it would otherwise go on for).
+    client = grpcclient.InferenceServerClient(server.grpc_url)
+    with pytest.raises(InferenceServerException, match="(?i)deadline"):
+        client.infer("py_patient", [x], request_id="unary-1", client_timeout=0.3)
+    note = wait_for_note(server, "unary-1")
+    assert re.fullmatch(r"cancelled after \d+ ticks", note) and int(note.split()[2]) < 150, note
+    # A stream the client closes after three responses: the decoupled model stops sending.
+    body = {"X": 1, "id": "stream-1"}
+    events = []
+    with requests.post(f"http://{server.http_url}/v2/models/py_ticker/generate_stream", json=body,
+                       stream=True, timeout=RPC_TIMEOUT) as answer:
+        for line in answer.iter_lines():
+            if line.startswith(b"data: "):
+                events.append(json.loads(line[len(b"data: "):]))
+                if len(events) == 3:
+                    break
+    assert [e["TICKS"] for e in events] == [0, 1, 2]
+    note = wait_for_note(server, "stream-1")
+    assert re.fullmatch(r"cancelled after \d+ ticks", note) and int(note.split()[2]) < 150, note
+    server.assert_alive()
 
 
 def test_auto_complete_config_declares_what_the_config_leaves_out(python_server):

@@ -12,12 +12,14 @@
 //! exception fails the call's requests with Triton's "Failed to process the request(s)" message.
 //! A decoupled model's responses are passed on as the model sends them ([`Streamed`]). A stub
 //! that dies (a crash, `os._exit`) fails what it was running and is started again,
-//! `initialize` and all, for the next call. `InferenceRequest.exec()` in a model runs through
+//! `initialize` and all, for the next call. A request whose client goes away while it runs is
+//! reported to the stub ([`cancel`]): the model's `is_cancelled()`. `InferenceRequest.exec()` in a model runs through
 //! the server's engine ([`ModelCaller`]).
 //!
 //! The interpreter is the config's `EXECUTION_ENV_PATH` (an unpacked environment: its
 //! `bin/python3`), else `$KILN_PYTHON`, else `python3` on the `PATH`; it needs numpy.
 
+mod cancel;
 mod channel;
 
 use crate::core::{Error, InferRequest, InferResponse, ParamValue, Parameters, Tensor};
@@ -372,6 +374,10 @@ struct Stub {
     child: Child,
     input: BufWriter<ChildStdin>,
     output: BufReader<ChildStdout>,
+    /// Where the stub hears that a request was cancelled.
+    notices: Arc<cancel::Notices>,
+    /// `execute` calls sent so far (the stub counts them too).
+    calls: u64,
 }
 
 /// An instance, its stub running or (after a crash) to be started again.
@@ -405,6 +411,8 @@ struct Waiting {
     rows: usize,
     arrived: Instant,
     reply: Reply,
+    /// Resolves when its client goes away (then `is_cancelled()` says so in the model).
+    gone: cancel::Gone,
 }
 
 /// Where a request's answer goes.
@@ -537,7 +545,12 @@ impl PythonModel {
     /// for an exception, a stub that died or an answer kiln cannot read.
     pub async fn execute(self: &Arc<Self>, request: Request) -> Result<Executed, Error> {
         let (reply, answer) = tokio::sync::oneshot::channel();
-        self.submit(request, Reply::Whole(reply)).await?;
+        // Held while this waits: a caller that goes away drops it, and the model hears so.
+        let (_waiting, gone) = tokio::sync::oneshot::channel::<()>();
+        let gone = Box::pin(async move {
+            let _ = gone.await;
+        });
+        self.submit(request, Reply::Whole(reply), gone).await?;
         answer
             .await
             .map_err(|_| Error::Internal("the Python model dropped the request".into()))?
@@ -558,12 +571,19 @@ impl PythonModel {
         request: Request,
     ) -> Result<tokio::sync::mpsc::UnboundedReceiver<Streamed>, Error> {
         let (sender, receiver) = tokio::sync::mpsc::unbounded_channel();
-        self.submit(request, Reply::Stream(sender)).await?;
+        let watched = sender.clone();
+        let gone = Box::pin(async move { watched.closed().await });
+        self.submit(request, Reply::Stream(sender), gone).await?;
         Ok(receiver)
     }
 
     /// Queues `request`, then, once an instance is idle, runs the oldest requests on it.
-    async fn submit(self: &Arc<Self>, request: Request, reply: Reply) -> Result<(), Error> {
+    async fn submit(
+        self: &Arc<Self>,
+        request: Request,
+        reply: Reply,
+        gone: cancel::Gone,
+    ) -> Result<(), Error> {
         let rows = match self.batch_rows {
             0 => 1,
             _ => request
@@ -577,6 +597,7 @@ impl PythonModel {
             rows,
             arrived: Instant::now(),
             reply,
+            gone,
         });
         // Every request queued is taken by the time its own caller gets an instance: by that
         // caller, or by one before it.
@@ -623,7 +644,7 @@ impl PythonModel {
     }
 
     /// Runs one batch on an idle instance and answers each request. Blocking.
-    fn run_batch(&self, batch: Vec<Waiting>) {
+    fn run_batch(&self, mut batch: Vec<Waiting>) {
         let mut slot = self
             .idle
             .lock()
@@ -631,12 +652,22 @@ impl PythonModel {
             .pop()
             .expect("a permit stands for an idle instance");
         let started = Instant::now();
+        let gone = batch
+            .iter_mut()
+            .map(|w| {
+                Some(std::mem::replace(
+                    &mut w.gone,
+                    Box::pin(std::future::pending()),
+                ))
+            })
+            .collect();
         let requests: Vec<&Request> = batch.iter().map(|w| &w.request).collect();
         let mut whole: Vec<Option<Result<Option<Outputs>, Error>>> =
             batch.iter().map(|_| None).collect();
         self.run(
             &mut slot,
             &requests,
+            gone,
             &mut |index, item| match &batch[index].reply {
                 Reply::Whole(_) => whole[index] = Some(item.outputs),
                 Reply::Stream(sender) => {
@@ -679,6 +710,7 @@ impl PythonModel {
         &self,
         slot: &mut Slot,
         requests: &[&Request],
+        gone: Vec<Option<cancel::Gone>>,
         deliver: &mut dyn FnMut(usize, Streamed),
     ) {
         let every = |deliver: &mut dyn FnMut(usize, Streamed), error: Error| {
@@ -714,6 +746,8 @@ impl PythonModel {
             instance,
             caller: &self.launcher.caller,
         };
+        // Watched while the call runs; the watch ends with it.
+        let _watch = cancel::Watch::start(&stub.notices, stub.calls + 1, gone);
         let ran = if self.decoupled {
             stub.execute_decoupled(requests, &call, deliver)
         } else {
@@ -764,7 +798,7 @@ impl PythonModel {
             for slot in idle.iter_mut() {
                 for _ in 0..sample.count {
                     let mut failure = None;
-                    self.run(slot, &[&request], &mut |_, item| {
+                    self.run(slot, &[&request], Vec::new(), &mut |_, item| {
                         if let Err(error) = item.outputs {
                             failure.get_or_insert(error);
                         }
@@ -1094,22 +1128,29 @@ impl Stub {
     /// Starts the stub for `model_file` under `python`, with `options` after the model file,
     /// and sends it its code.
     fn spawn(python: &Path, model_file: &Path, options: &[&str]) -> Result<Stub, String> {
-        let mut child = Command::new(python)
+        let mut command = Command::new(python);
+        command
             .arg("-c")
             .arg(BOOTSTRAP)
             .arg(model_file)
             .args(options)
             .stdin(Stdio::piped())
             .stdout(Stdio::piped())
-            .stderr(Stdio::inherit())
-            .spawn()
-            .map_err(|e| format!("cannot start Python ('{}'): {e}", python.display()))?;
+            .stderr(Stdio::inherit());
+        let (notices, stub_end) = cancel::Notices::attach(&mut command)
+            .map_err(|e| format!("cannot make a pipe for a Python stub: {e}"))?;
+        let spawned = command.spawn();
+        drop(stub_end);
+        let mut child =
+            spawned.map_err(|e| format!("cannot start Python ('{}'): {e}", python.display()))?;
         let input = child.stdin.take().expect("piped");
         let output = child.stdout.take().expect("piped");
         let mut stub = Stub {
             child,
             input: BufWriter::new(input),
             output: BufReader::new(output),
+            notices: Arc::new(notices),
+            calls: 0,
         };
         let mut code = Vec::with_capacity(16 + UTILS.len() + STUB.len());
         code.extend_from_slice(&(UTILS.len() as u64).to_le_bytes());
@@ -1180,6 +1221,7 @@ impl Stub {
             .iter()
             .flat_map(|request| request.inputs.iter().map(|t| t.data.as_ref()))
             .collect();
+        self.calls += 1;
         channel::send(
             &mut self.input,
             json!({"op": "execute", "requests": described}),

@@ -18,10 +18,12 @@ response came. `log` lines and `metric` changes (the model's custom metrics) may
 any answer, and so may `call`s of other models (the
 model's `InferenceRequest.exec()`), which kiln answers with `called` before anything else. With
 `--auto-complete` after the model file, the stub answers one `auto_complete` with `config`.
+Cancelled requests are told on a pipe of their own, descriptor 3 (see `Cancellations`).
 The model's own prints go to kiln's standard error, not into the protocol.
 """
 
 import asyncio
+import functools
 import importlib.util
 import inspect
 import json
@@ -140,6 +142,48 @@ def describe(error):
     if frames:
         text += "\n\nAt:\n" + "".join(f"  {f.filename}({f.lineno}): {f.name}\n" for f in reversed(frames))
     return text
+
+
+class Cancellations:
+    """Which requests kiln cancelled while their `execute` call ran (their clients went away).
+    kiln writes each as 16 bytes on file descriptor 3, the call's number (calls counted from 1)
+    and the request's index, little-endian u64s; a thread of its own reads them, so the word
+    reaches a model while it still runs."""
+
+    def __init__(self):
+        self.lock = threading.Lock()
+        self.call = 0
+        self.cancelled = {}  # call number -> indices
+        try:
+            os.set_inheritable(3, False)  # not for the model's own subprocesses
+        except OSError:
+            return  # started without the pipe (an older kiln, a test): nothing is cancelled
+        threading.Thread(target=self._read, name="kiln-cancellations", daemon=True).start()
+
+    def _read(self):
+        with os.fdopen(3, "rb", buffering=0) as pipe:
+            while True:
+                notice = b""
+                while len(notice) < 16:
+                    chunk = pipe.read(16 - len(notice))
+                    if not chunk:
+                        return
+                    notice += chunk
+                call, index = struct.unpack("<QQ", notice)
+                with self.lock:
+                    if call >= self.call:
+                        self.cancelled.setdefault(call, set()).add(index)
+
+    def next_call(self):
+        """Counts an `execute` call and forgets what was cancelled before it."""
+        with self.lock:
+            self.call += 1
+            self.cancelled = {c: i for c, i in self.cancelled.items() if c >= self.call}
+            return self.call
+
+    def is_cancelled(self, call, index):
+        with self.lock:
+            return index in self.cancelled.get(call, ())
 
 
 def make_caller(channel):
@@ -307,6 +351,7 @@ def main():
     config = json.loads(args["model_config"])
     decoupled = bool(config.get("model_transaction_policy", {}).get("decoupled", False))
     stream = stream_to(channel)
+    cancellations = Cancellations()
     while True:
         try:
             header, blobs = channel.receive()
@@ -321,10 +366,14 @@ def main():
             channel.send({"op": "done"})
             return
         requests = requests_of(header, blobs)
+        call = cancellations.next_call()
+        for index, request in enumerate(requests):
+            request._index = index
+            request._cancelled = functools.partial(cancellations.is_cancelled, call, index)
         try:
             if decoupled:
-                for index, request in enumerate(requests):
-                    request._stream, request._index = stream, index
+                for request in requests:
+                    request._stream = stream
             responses = model.execute(requests)
             # An `async def execute` (to await calls to other models) runs to its end here.
             if inspect.isawaitable(responses):

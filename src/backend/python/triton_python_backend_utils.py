@@ -185,7 +185,8 @@ class InferenceResponseSender:
         request._complete = final
 
     def is_cancelled(self):
-        return False
+        """Whether the request's client went away: the model may stop working on it."""
+        return self._request.is_cancelled()
 
 
 class InferenceRequest:
@@ -213,6 +214,8 @@ class InferenceRequest:
         # Where a decoupled model's responses go (set by the stub).
         self._stream = None
         self._index = 0
+        # Asks kiln's word on cancellation (set by the stub for the requests kiln sends).
+        self._cancelled = None
 
     def inputs(self):
         return self._inputs
@@ -233,7 +236,9 @@ class InferenceRequest:
         return self._requested
 
     def is_cancelled(self):
-        return False
+        """Whether the request's client went away (a closed connection, a cancelled stream or
+        call): the model may stop working on it. Requests a model builds are never cancelled."""
+        return self._cancelled is not None and self._cancelled()
 
     def timeout(self):
         return 0
