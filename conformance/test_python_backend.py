@@ -408,11 +408,12 @@ output [ { name: "Y" data_type: TYPE_FP32 dims: [ 2 ] } ]
 # Collects decoupled models' responses: py_count's (a decoupled Python model) and tiny_decoder's
 # (a generation model, streaming), then a call to a model that is not there.
 # Works on a request until its client goes away, then notes how it ended in NOTES/<id>: the
-# decoupled one sends a tick every 20 ms, the other answers nothing until cancelled. Neither
-# stops on its own for 20 s.
+# decoupled one sends a tick every 20 ms from a thread of its own (execute returns at once),
+# the other answers nothing until cancelled. Neither stops on its own for 20 s.
 PY_PATIENT = '''
 import json
 import os
+import threading
 import time
 import numpy as np
 import triton_python_backend_utils as pb_utils
@@ -430,21 +431,77 @@ class TritonPythonModel:
 
     def execute(self, requests):
         (request,) = requests
+        if self.decoupled:
+            # Answered from a thread of its own: execute returns at once.
+            threading.Thread(target=self.work, args=(request,)).start()
+            return None
+        return [self.work(request)]
+
+    def work(self, request):
         sender = request.get_response_sender()
         deadline, ticks = time.monotonic() + 20, 0
+        tick = lambda: pb_utils.InferenceResponse([pb_utils.Tensor("TICKS", np.array([ticks], dtype=np.int32))])
         while time.monotonic() < deadline:
             if request.is_cancelled() and sender.is_cancelled():
                 self.note(request, "cancelled after %d ticks" % ticks)
                 if self.decoupled:
                     sender.send(flags=pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL)
-                    return None
-                return [pb_utils.InferenceResponse([pb_utils.Tensor("TICKS", np.array([ticks], dtype=np.int32))])]
+                return tick()
             if self.decoupled:
-                sender.send(pb_utils.InferenceResponse([pb_utils.Tensor("TICKS", np.array([ticks], dtype=np.int32))]))
+                sender.send(tick())
             ticks += 1
             time.sleep(0.02)
         self.note(request, "never cancelled")
-        raise pb_utils.TritonModelException("never cancelled")
+        error = pb_utils.TritonError("never cancelled")
+        if self.decoupled:
+            sender.send(pb_utils.InferenceResponse(error=error), flags=pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL)
+        return pb_utils.InferenceResponse(error=error)
+'''
+
+
+# Decoupled: answers from a thread of its own after execute has returned, with what add_sub
+# (ONNX) makes of its input, asked through exec() from that thread.
+PY_RELAY = '''
+import os
+import threading
+import time
+import numpy as np
+import triton_python_backend_utils as pb_utils
+
+
+class TritonPythonModel:
+    def execute(self, requests):
+        for request in requests:
+            threading.Thread(target=self.relay, args=(request,)).start()
+        return None
+
+    def relay(self, request):
+        x = pb_utils.get_input_tensor_by_name(request, "X").as_numpy()
+        if x[0][0] == -99:
+            # One response, then the process dies with the request still open.
+            request.get_response_sender().send(pb_utils.InferenceResponse([pb_utils.Tensor("SUM", x)]))
+            time.sleep(0.2)
+            os._exit(3)
+        called = pb_utils.InferenceRequest(
+            model_name="add_sub", requested_output_names=["OUTPUT0"],
+            inputs=[pb_utils.Tensor("INPUT0", x), pb_utils.Tensor("INPUT1", x)]).exec()
+        sender = request.get_response_sender()
+        if called.has_error():
+            sender.send(pb_utils.InferenceResponse(error=called.error()),
+                        flags=pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL)
+            return
+        out = pb_utils.get_output_tensor_by_name(called, "OUTPUT0").as_numpy()
+        sender.send(pb_utils.InferenceResponse([pb_utils.Tensor("SUM", out)]),
+                    flags=pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL)
+'''
+
+PY_RELAY_CONFIG = '''
+name: "py_relay"
+backend: "python"
+max_batch_size: 8
+input [ { name: "X" data_type: TYPE_FP32 dims: [ 16 ] } ]
+output [ { name: "SUM" data_type: TYPE_FP32 dims: [ 16 ] } ]
+model_transaction_policy { decoupled: true }
 '''
 
 
@@ -569,6 +626,7 @@ def python_server(tmp_path_factory):
     patient_notes.mkdir()
     write_model(repo, "py_patient", patient_config("py_patient", patient_notes, False), PY_PATIENT)
     write_model(repo, "py_ticker", patient_config("py_ticker", patient_notes, True), PY_PATIENT)
+    write_model(repo, "py_relay", PY_RELAY_CONFIG, PY_RELAY)
     # The stubs run under this interpreter (it has numpy).
     server = start_server([repo], name="kiln-python", env={"KILN_PYTHON": sys.executable},
                           extra_args=["--model-control-mode", "explicit", "--load-model", "*"])
@@ -714,6 +772,70 @@ def test_a_model_hears_that_its_requests_client_went_away(python_server):
     note = wait_for_note(server, "stream-1")
     assert re.fullmatch(r"cancelled after \d+ ticks", note) and int(note.split()[2]) < 150, note
     server.assert_alive()
+
+
+def test_a_decoupled_instance_takes_new_requests_while_it_answers_earlier_ones(python_server):
+    # py_ticker has one instance, and a request it works on ticks until its client goes away:
+    # a second request is taken (and answered) while the first still runs, as in Triton.
+    server, _ = python_server
+    url = f"http://{server.http_url}/v2/models/py_ticker/generate_stream"
+
+    def ticks(lines, n):
+        got = []
+        for line in lines:
+            if line.startswith(b"data: "):
+                got.append(json.loads(line[len(b"data: "):])["TICKS"])
+                if len(got) == n:
+                    break
+        return got
+
+    with requests.post(url, json={"X": 1, "id": "first"}, stream=True, timeout=RPC_TIMEOUT) as first:
+        first_lines = first.iter_lines()
+        assert ticks(first_lines, 2) == [0, 1]
+        started = time.monotonic()
+        with requests.post(url, json={"X": 1, "id": "second"}, stream=True, timeout=RPC_TIMEOUT) as second:
+            assert ticks(second.iter_lines(), 3) == [0, 1, 2]
+        assert time.monotonic() - started < 5, "the second request waited for the first"
+        # The first request streamed on meanwhile.
+        later = ticks(first_lines, 1)
+        assert later and later[0] >= 2, later
+    for request_id in ("first", "second"):
+        assert wait_for_note(server, request_id).startswith("cancelled after")
+
+
+def test_a_decoupled_models_thread_calls_other_models_after_execute_returned(python_server):
+    server, _ = python_server
+    client = grpcclient.InferenceServerClient(server.grpc_url)
+    answers = queue.Queue()
+    client.start_stream(callback=lambda result, error: answers.put((result, error)))
+    try:
+        for value in (1.0, 2.5, -4.0):
+            x = grpcclient.InferInput("X", [1, 16], "FP32")
+            x.set_data_from_numpy(np.full((1, 16), value, dtype=np.float32))
+            client.async_stream_infer("py_relay", [x], request_id=str(value))
+        got = {}
+        for _ in range(3):
+            result, error = answers.get(timeout=RPC_TIMEOUT)
+            assert error is None, error
+            got[result.get_response().id] = result.as_numpy("SUM")
+        for value in (1.0, 2.5, -4.0):
+            np.testing.assert_array_equal(got[str(value)], np.full((1, 16), 2 * value, dtype=np.float32))
+        # A stub that dies mid-request: the response it sent arrives, then the request's error;
+        # the next request finds the instance started again.
+        x = grpcclient.InferInput("X", [1, 16], "FP32")
+        x.set_data_from_numpy(np.full((1, 16), -99, dtype=np.float32))
+        client.async_stream_infer("py_relay", [x], request_id="dies")
+        result, error = answers.get(timeout=RPC_TIMEOUT)
+        assert error is None and result.get_response().id == "dies"
+        result, error = answers.get(timeout=RPC_TIMEOUT)
+        assert error is not None and "is not healthy" in str(error), error
+        x.set_data_from_numpy(np.full((1, 16), 3, dtype=np.float32))
+        client.async_stream_infer("py_relay", [x], request_id="after")
+        result, error = answers.get(timeout=RPC_TIMEOUT)
+        assert error is None, error
+        np.testing.assert_array_equal(result.as_numpy("SUM"), np.full((1, 16), 6, dtype=np.float32))
+    finally:
+        client.stop_stream()
 
 
 def test_auto_complete_config_declares_what_the_config_leaves_out(python_server):

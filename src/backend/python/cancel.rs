@@ -91,23 +91,37 @@ impl Watch {
     /// Starts watching call `call`'s requests (`gone[i]` for request `i`; `None`: not watched).
     /// Outside a Tokio runtime (a warm-up at load) nothing is watched.
     pub fn start(notices: &Arc<Notices>, call: u64, gone: Vec<Option<Gone>>) -> Watch {
-        let Ok(runtime) = tokio::runtime::Handle::try_current() else {
-            return Watch { tasks: Vec::new() };
-        };
         let tasks = gone
             .into_iter()
             .enumerate()
-            .filter_map(|(index, gone)| {
-                let gone = gone?;
-                let notices = Arc::clone(notices);
-                Some(runtime.spawn(async move {
-                    gone.await;
-                    notices.cancel(call, index);
-                }))
-            })
+            .filter_map(|(index, gone)| spawn(notices, call, index, gone?))
             .collect();
         Watch { tasks }
     }
+
+    /// Starts watching request `index` of call `call` alone.
+    pub fn one(notices: &Arc<Notices>, call: u64, index: usize, gone: Option<Gone>) -> Watch {
+        let tasks = gone
+            .and_then(|gone| spawn(notices, call, index, gone))
+            .into_iter()
+            .collect();
+        Watch { tasks }
+    }
+}
+
+/// A task that sends the notice when `gone` resolves; none outside a Tokio runtime.
+fn spawn(
+    notices: &Arc<Notices>,
+    call: u64,
+    index: usize,
+    gone: Gone,
+) -> Option<tokio::task::JoinHandle<()>> {
+    let runtime = tokio::runtime::Handle::try_current().ok()?;
+    let notices = Arc::clone(notices);
+    Some(runtime.spawn(async move {
+        gone.await;
+        notices.cancel(call, index);
+    }))
 }
 
 impl Drop for Watch {

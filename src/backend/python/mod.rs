@@ -21,6 +21,7 @@
 
 mod cancel;
 mod channel;
+mod decoupled;
 
 use crate::core::{Error, InferRequest, InferResponse, ParamValue, Parameters, Tensor};
 use crate::metrics::ModelStats;
@@ -241,12 +242,9 @@ pub fn auto_complete(
     let name = config.name.clone();
     let mut stub = Stub::spawn(&python, model_file, &["--auto-complete"])?;
     let current = crate::repository::config::config_to_json(config);
-    let answer = channel::send(
-        &mut stub.input,
-        json!({"op": "auto_complete", "config": current}),
-        &[],
-    )
-    .and_then(|()| stub.answer(&name, "auto-complete", &ModelCaller::default()));
+    let answer = stub
+        .send(json!({"op": "auto_complete", "config": current}), &[])
+        .and_then(|()| stub.answer(&name, "auto-complete", &ModelCaller::default()));
     let status = stub.kill();
     let message = answer.map_err(|e| {
         format!(
@@ -362,6 +360,8 @@ pub struct Executed {
 #[derive(Debug)]
 struct Launcher {
     model: String,
+    /// A decoupled model's stubs are read by threads of their own (see [`decoupled`]).
+    decoupled: bool,
     caller: ModelCaller,
     python: PathBuf,
     model_file: PathBuf,
@@ -372,12 +372,15 @@ struct Launcher {
 /// A running stub.
 struct Stub {
     child: Child,
-    input: BufWriter<ChildStdin>,
-    output: BufReader<ChildStdout>,
+    /// Shared with the reader of a decoupled model's stub, which writes its calls' answers.
+    input: Arc<Mutex<BufWriter<ChildStdin>>>,
+    /// Read here, or by `reader` (a decoupled model's stub, once `initialize` has run).
+    output: Option<BufReader<ChildStdout>>,
+    reader: Option<decoupled::Reader>,
     /// Where the stub hears that a request was cancelled.
     notices: Arc<cancel::Notices>,
     /// `execute` calls sent so far (the stub counts them too).
-    calls: u64,
+    calls: std::cell::Cell<u64>,
 }
 
 /// An instance, its stub running or (after a crash) to be started again.
@@ -433,6 +436,36 @@ impl Reply {
     }
 }
 
+/// Ends a stub (it restarts for the next call); how its process ended, for messages.
+fn discard(stub: &mut Option<Stub>) -> String {
+    stub.take().map(Stub::kill).unwrap_or_default()
+}
+
+/// Where a call's responses go.
+enum Deliver<'a> {
+    /// Handed over as the call answers (a model that is not decoupled).
+    Now(&'a mut dyn FnMut(usize, Streamed)),
+    /// Sent to each request's channel by the stub's reader, whenever the model answers (a
+    /// decoupled model), one sender per request.
+    Later(Vec<tokio::sync::mpsc::UnboundedSender<Streamed>>),
+}
+
+impl Deliver<'_> {
+    /// Ends each of `count` requests with `error`.
+    fn fail(self, count: usize, error: &Error) {
+        let item = || Streamed {
+            outputs: Err(error.clone()),
+            last: true,
+        };
+        match self {
+            Deliver::Now(deliver) => (0..count).for_each(|index| deliver(index, item())),
+            Deliver::Later(senders) => senders.iter().for_each(|sender| {
+                let _ = sender.send(item());
+            }),
+        }
+    }
+}
+
 /// One response to a request: its outputs (`None`: only the word that the response before was
 /// the last, which a decoupled model may send alone), or its error; `last` on the final one.
 #[derive(Debug)]
@@ -474,8 +507,13 @@ impl PythonModel {
         ] {
             args.insert(key.into(), Value::String(value));
         }
+        let decoupled = config
+            .model_transaction_policy
+            .as_ref()
+            .is_some_and(|p| p.decoupled);
         let launcher = Launcher {
             model: config.name.clone(),
+            decoupled,
             caller: spec.caller.clone(),
             python: spec.python.clone(),
             model_file: model_file.to_path_buf(),
@@ -526,10 +564,7 @@ impl PythonModel {
                 0
             },
             pending: Mutex::new(VecDeque::new()),
-            decoupled: config
-                .model_transaction_policy
-                .as_ref()
-                .is_some_and(|p| p.decoupled),
+            decoupled,
             permits: Arc::new(tokio::sync::Semaphore::new(slots.len())),
             idle: Mutex::new(slots),
             stats,
@@ -544,6 +579,12 @@ impl PythonModel {
     /// The model's error for the request (its `TritonError`, with the code it gave), INTERNAL
     /// for an exception, a stub that died or an answer kiln cannot read.
     pub async fn execute(self: &Arc<Self>, request: Request) -> Result<Executed, Error> {
+        if self.decoupled {
+            return Err(Error::Unsupported(format!(
+                "model '{}' is decoupled: its requests go through execute_stream",
+                self.launcher.model
+            )));
+        }
         let (reply, answer) = tokio::sync::oneshot::channel();
         // Held while this waits: a caller that goes away drops it, and the model hears so.
         let (_waiting, gone) = tokio::sync::oneshot::channel::<()>();
@@ -643,7 +684,9 @@ impl PythonModel {
         batch
     }
 
-    /// Runs one batch on an idle instance and answers each request. Blocking.
+    /// Runs one batch on an idle instance and answers each request. Blocking. A decoupled model's
+    /// instance is idle again once `execute` has returned: its responses reach the requests
+    /// through the stub's reader, whenever the model sends them.
     fn run_batch(&self, mut batch: Vec<Waiting>) {
         let mut slot = self
             .idle
@@ -664,17 +707,17 @@ impl PythonModel {
         let requests: Vec<&Request> = batch.iter().map(|w| &w.request).collect();
         let mut whole: Vec<Option<Result<Option<Outputs>, Error>>> =
             batch.iter().map(|_| None).collect();
-        self.run(
-            &mut slot,
-            &requests,
-            gone,
-            &mut |index, item| match &batch[index].reply {
-                Reply::Whole(_) => whole[index] = Some(item.outputs),
-                Reply::Stream(sender) => {
-                    let _ = sender.send(item);
-                }
-            },
-        );
+        let mut answer = |index: usize, item: Streamed| whole[index] = Some(item.outputs);
+        let deliver = if self.decoupled {
+            let senders = batch.iter().filter_map(|w| match &w.reply {
+                Reply::Stream(sender) => Some(sender.clone()),
+                Reply::Whole(_) => None,
+            });
+            Deliver::Later(senders.collect())
+        } else {
+            Deliver::Now(&mut answer)
+        };
+        self.run(&mut slot, &requests, gone, deliver);
         let compute = started.elapsed();
         self.idle
             .lock()
@@ -705,40 +748,19 @@ impl PythonModel {
     }
 
     /// Runs `requests` in one `execute` call on `slot`'s stub, starting it first if it died, and
-    /// hands `deliver` each request's responses, the last with `last`. Blocking.
+    /// delivers each request's responses, the last with `last`. Blocking until `execute` has
+    /// returned (and, for a model that is not decoupled, answered).
     fn run(
         &self,
         slot: &mut Slot,
         requests: &[&Request],
         gone: Vec<Option<cancel::Gone>>,
-        deliver: &mut dyn FnMut(usize, Streamed),
+        deliver: Deliver<'_>,
     ) {
-        let every = |deliver: &mut dyn FnMut(usize, Streamed), error: Error| {
-            for index in 0..requests.len() {
-                deliver(
-                    index,
-                    Streamed {
-                        outputs: Err(error.clone()),
-                        last: true,
-                    },
-                );
-            }
-        };
         let instance = &slot.instance.name;
-        let stub = match &mut slot.stub {
-            Some(stub) => stub,
-            None => match self.launcher.start(&slot.instance) {
-                Ok(stub) => slot.stub.insert(stub),
-                Err(why) => {
-                    return every(
-                        deliver,
-                        Error::Internal(format!(
-                            "the Python stub of model instance '{instance}' could not be \
-                             restarted: {why}"
-                        )),
-                    );
-                }
-            },
+        let stub = match self.stub_of(&slot.instance, &mut slot.stub) {
+            Ok(stub) => stub,
+            Err(error) => return deliver.fail(requests.len(), &error),
         };
         let call = Call {
             all_outputs: &self.all_outputs,
@@ -746,40 +768,104 @@ impl PythonModel {
             instance,
             caller: &self.launcher.caller,
         };
-        // Watched while the call runs; the watch ends with it.
-        let _watch = cancel::Watch::start(&stub.notices, stub.calls + 1, gone);
-        let ran = if self.decoupled {
-            stub.execute_decoupled(requests, &call, deliver)
-        } else {
-            stub.execute(requests, &call).map(|answers| {
-                for (index, answer) in answers.into_iter().enumerate() {
-                    deliver(
-                        index,
-                        Streamed {
-                            outputs: answer.map(Some),
-                            last: true,
-                        },
-                    );
+        let number = stub.calls.get() + 1;
+        let broken = match deliver {
+            Deliver::Now(deliver) => {
+                // Watched while the call runs; the watch ends with it.
+                let _watch = cancel::Watch::start(&stub.notices, number, gone);
+                match stub.execute(requests, &call) {
+                    Ok(answers) => {
+                        for (index, answer) in answers.into_iter().enumerate() {
+                            let outputs = answer.map(Some);
+                            deliver(
+                                index,
+                                Streamed {
+                                    outputs,
+                                    last: true,
+                                },
+                            );
+                        }
+                        return;
+                    }
+                    Err(broken) => {
+                        let (why, status) = (pipe_error(&broken), discard(&mut slot.stub));
+                        Deliver::Now(deliver).fail(
+                            requests.len(),
+                            &Error::Internal(format!(
+                                "Stub process '{instance}' is not healthy: {why}{status}; it \
+                                 restarts for the next request"
+                            )),
+                        );
+                        (why, status)
+                    }
                 }
-            })
-        };
-        match ran {
-            Ok(()) => {}
-            Err(broken) => {
-                let broken = pipe_error(&broken);
-                let status = slot.stub.take().map(Stub::kill).unwrap_or_default();
-                tracing::error!(
-                    "Stub process '{instance}' is not healthy ({broken}{status}); it restarts for \
-                     the next request"
-                );
-                every(
-                    deliver,
-                    Error::Internal(format!(
-                        "Stub process '{instance}' is not healthy: {broken}{status}; it restarts \
-                         for the next request"
-                    )),
-                );
             }
+            Deliver::Later(senders) => {
+                let Some(reader) = &stub.reader else {
+                    return Deliver::Later(senders).fail(
+                        requests.len(),
+                        &Error::Internal("a decoupled model's stub has no reader".into()),
+                    );
+                };
+                let mut gone = gone.into_iter();
+                for (index, (request, sender)) in requests.iter().zip(senders).enumerate() {
+                    let watch =
+                        cancel::Watch::one(&stub.notices, number, index, gone.next().flatten());
+                    let asked = request.outputs.clone();
+                    let open = decoupled::Open {
+                        asked,
+                        sender,
+                        _watch: watch,
+                    };
+                    reader.open(number, index, open);
+                }
+                let sent = stub.send_requests(requests, &call);
+                match sent
+                    .map_err(|e| pipe_error(&e))
+                    .and_then(|()| reader.returned(number))
+                {
+                    Ok(()) => return,
+                    // Ending the stub ends its reader, which fails the requests still open.
+                    Err(why) => (why, discard(&mut slot.stub)),
+                }
+            }
+        };
+        let (why, status) = broken;
+        tracing::error!(
+            "Stub process '{instance}' is not healthy ({why}{status}); it restarts for the next \
+             request"
+        );
+    }
+
+    /// `slot`'s stub, started again if it died.
+    ///
+    /// # Errors
+    /// INTERNAL when it cannot be started.
+    fn stub_of<'s>(
+        &self,
+        instance: &Instance,
+        stub: &'s mut Option<Stub>,
+    ) -> Result<&'s mut Stub, Error> {
+        let dead = stub
+            .as_ref()
+            .and_then(|s| s.reader.as_ref())
+            .and_then(decoupled::Reader::dead);
+        if let Some(why) = dead {
+            let status = stub.take().map(Stub::kill).unwrap_or_default();
+            tracing::warn!(
+                "Stub process '{}' stopped ({why}{status}); starting it again",
+                instance.name
+            );
+        }
+        if let Some(stub) = stub {
+            return Ok(stub);
+        }
+        match self.launcher.start(instance) {
+            Ok(started) => Ok(stub.insert(started)),
+            Err(why) => Err(Error::Internal(format!(
+                "the Python stub of model instance '{}' could not be restarted: {why}",
+                instance.name
+            ))),
         }
     }
 
@@ -798,11 +884,26 @@ impl PythonModel {
             for slot in idle.iter_mut() {
                 for _ in 0..sample.count {
                     let mut failure = None;
-                    self.run(slot, &[&request], Vec::new(), &mut |_, item| {
-                        if let Err(error) = item.outputs {
-                            failure.get_or_insert(error);
+                    if self.decoupled {
+                        // Every response of the sample, until its last.
+                        let (sender, mut responses) = tokio::sync::mpsc::unbounded_channel();
+                        self.run(slot, &[&request], Vec::new(), Deliver::Later(vec![sender]));
+                        while let Some(item) = responses.blocking_recv() {
+                            if let Err(error) = item.outputs {
+                                failure.get_or_insert(error);
+                            }
+                            if item.last {
+                                break;
+                            }
                         }
-                    });
+                    } else {
+                        let mut note = |_, item: Streamed| {
+                            if let Err(error) = item.outputs {
+                                failure.get_or_insert(error);
+                            }
+                        };
+                        self.run(slot, &[&request], Vec::new(), Deliver::Now(&mut note));
+                    }
                     if let Some(error) = failure {
                         return Err(sample.failed(&self.launcher.model, error.message()));
                     }
@@ -818,7 +919,6 @@ impl PythonModel {
         Ok(())
     }
 
-    /// Calls every instance's `finalize` and ends its process. Blocking.
     pub fn stop(&self) {
         self.permits.close();
         let slots = std::mem::take(&mut *self.idle.lock().unwrap_or_else(|e| e.into_inner()));
@@ -841,10 +941,20 @@ impl Launcher {
             "model_instance_device_id".into(),
             json!(instance.device.to_string()),
         );
-        let started = channel::send(&mut stub.input, json!({"op": "init", "args": args}), &[])
+        let started = stub
+            .send(json!({"op": "init", "args": args}), &[])
             .and_then(|()| stub.answer(&self.model, &instance.name, &self.caller));
         match started {
-            Ok(message) if message.header["op"] == "ready" => Ok(stub),
+            Ok(message) if message.header["op"] == "ready" => {
+                if self.decoupled {
+                    stub.read_apart(decoupled::Names {
+                        model: self.model.clone(),
+                        instance: instance.name.clone(),
+                        caller: self.caller.clone(),
+                    });
+                }
+                Ok(stub)
+            }
             Ok(message) => {
                 let why = message.header["message"].as_str().unwrap_or("").to_string();
                 stub.kill();
@@ -1054,11 +1164,7 @@ struct Call<'a> {
 impl Call<'_> {
     /// The error an exception in `execute` fails its requests with, in Triton's words.
     fn failed(&self, message: &channel::Message) -> Error {
-        let why = message.header["message"].as_str().unwrap_or("");
-        Error::Internal(format!(
-            "Failed to process the request(s) for model '{}', message: {why}",
-            self.instance
-        ))
+        execute_failed(self.instance, message)
     }
 
     /// A response's outputs (their data taken from `data`) and parameters, or its error; `Err`
@@ -1069,41 +1175,71 @@ impl Call<'_> {
         response: &Value,
         data: &mut impl Iterator<Item = bytes::Bytes>,
     ) -> std::io::Result<Result<Outputs, Error>> {
-        if let Some(why) = response["error"].as_str() {
-            let code = response["code"].as_i64().unwrap_or(1);
-            return Ok(Err(model_error(why.to_string(), code)));
+        read_outputs(self.model, &request.outputs, response, data)
+    }
+}
+
+/// The error an exception in `execute` (an `error` message) fails its requests with, in
+/// Triton's words.
+fn execute_failed(instance: &str, message: &channel::Message) -> Error {
+    let why = message.header["message"].as_str().unwrap_or("");
+    Error::Internal(format!(
+        "Failed to process the request(s) for model '{instance}', message: {why}"
+    ))
+}
+
+/// A response of `model` to a request asking for outputs `asked` (empty: all): its outputs
+/// (their data taken from `data`) and parameters, or its error; `Err` when the message does
+/// not hold together.
+fn read_outputs(
+    model: &str,
+    asked: &[String],
+    response: &Value,
+    data: &mut impl Iterator<Item = bytes::Bytes>,
+) -> std::io::Result<Result<Outputs, Error>> {
+    if let Some(why) = response["error"].as_str() {
+        let code = response["code"].as_i64().unwrap_or(1);
+        return Ok(Err(model_error(why.to_string(), code)));
+    }
+    let described = response["outputs"]
+        .as_array()
+        .ok_or_else(|| broken("a response without outputs".into()))?;
+    let mut outputs = Vec::with_capacity(described.len());
+    let mut bad = None;
+    for description in described {
+        let blob = data
+            .next()
+            .ok_or_else(|| broken("outputs and their data do not match".into()))?;
+        match channel::tensor(description, blob) {
+            Ok(tensor) => outputs.push(tensor),
+            Err(why) => bad = bad.or(Some(why)),
         }
-        let described = response["outputs"]
-            .as_array()
-            .ok_or_else(|| broken("a response without outputs".into()))?;
-        let mut outputs = Vec::with_capacity(described.len());
-        let mut bad = None;
-        for description in described {
-            let blob = data
-                .next()
-                .ok_or_else(|| broken("outputs and their data do not match".into()))?;
-            match channel::tensor(description, blob) {
-                Ok(tensor) => outputs.push(tensor),
-                Err(why) => bad = bad.or(Some(why)),
-            }
-        }
-        let missing = request
-            .outputs
-            .iter()
-            .find(|name| !outputs.iter().any(|o| &o.name == *name));
-        let parameters = response_parameters(&response["parameters"])
-            .map_err(|why| broken(format!("model '{}': {why}", self.model)))?;
-        Ok(match (bad, missing) {
-            (Some(why), _) => Err(Error::Internal(format!("model '{}': {why}", self.model))),
-            (None, Some(missing)) => Err(Error::Internal(format!(
-                "model '{}' did not return the requested output '{missing}'",
-                self.model
-            ))),
-            (None, None) => Ok(Outputs {
-                tensors: outputs,
-                parameters,
-            }),
-        })
+    }
+    let missing = asked
+        .iter()
+        .find(|name| !outputs.iter().any(|o| &o.name == *name));
+    let parameters = response_parameters(&response["parameters"])
+        .map_err(|why| broken(format!("model '{model}': {why}")))?;
+    Ok(match (bad, missing) {
+        (Some(why), _) => Err(Error::Internal(format!("model '{model}': {why}"))),
+        (None, Some(missing)) => Err(Error::Internal(format!(
+            "model '{model}' did not return the requested output '{missing}'"
+        ))),
+        (None, None) => Ok(Outputs {
+            tensors: outputs,
+            parameters,
+        }),
+    })
+}
+
+/// A stub's `log` message, in kiln's log.
+fn log_line(model: &str, instance: &str, header: &Value) {
+    let text = header["message"].as_str().unwrap_or("");
+    match header["level"].as_i64() {
+        Some(1) => tracing::warn!(model, instance, "{text}"),
+        Some(2) => tracing::error!(model, instance, "{text}"),
+        Some(3) => tracing::debug!(model, instance, "{text}"),
+        _ => tracing::info!(model, instance, "{text}"),
     }
 }
 
@@ -1145,12 +1281,13 @@ impl Stub {
             spawned.map_err(|e| format!("cannot start Python ('{}'): {e}", python.display()))?;
         let input = child.stdin.take().expect("piped");
         let output = child.stdout.take().expect("piped");
-        let mut stub = Stub {
+        let stub = Stub {
             child,
-            input: BufWriter::new(input),
-            output: BufReader::new(output),
+            input: Arc::new(Mutex::new(BufWriter::new(input))),
+            output: Some(BufReader::new(output)),
+            reader: None,
             notices: Arc::new(notices),
-            calls: 0,
+            calls: std::cell::Cell::new(0),
         };
         let mut code = Vec::with_capacity(16 + UTILS.len() + STUB.len());
         code.extend_from_slice(&(UTILS.len() as u64).to_le_bytes());
@@ -1159,15 +1296,25 @@ impl Stub {
         code.extend_from_slice(STUB.as_bytes());
         // A Python that is not one ends at once: the code finds a closed pipe, and the first
         // answer says why.
-        let _ = stub
-            .input
-            .write_all(&code)
-            .and_then(|()| stub.input.flush());
+        {
+            let mut input = stub.writer();
+            let _ = input.write_all(&code).and_then(|()| input.flush());
+        }
         Ok(stub)
     }
 
+    /// The stub's input, for one message.
+    fn writer(&self) -> std::sync::MutexGuard<'_, BufWriter<ChildStdin>> {
+        self.input.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// Sends one message to the stub.
+    fn send(&self, header: Value, blobs: &[&[u8]]) -> std::io::Result<()> {
+        channel::send(&mut *self.writer(), header, blobs)
+    }
+
     /// The next answer of the stub, its log lines passed on and its calls to other models run
-    /// meanwhile.
+    /// meanwhile (a stub whose answers a reader thread takes has none here).
     fn answer(
         &mut self,
         model: &str,
@@ -1175,32 +1322,38 @@ impl Stub {
         caller: &ModelCaller,
     ) -> std::io::Result<channel::Message> {
         loop {
-            let message = channel::receive(&mut self.output)?;
-            if message.header["op"] == "call" {
-                let answer = call(caller, message);
-                let blobs: Vec<&[u8]> = answer.1.iter().map(|t| t.data.as_ref()).collect();
-                channel::send(&mut self.input, answer.0, &blobs)?;
-                continue;
-            }
-            if message.header["op"] == "metric" {
-                metric(model, &message.header);
-                continue;
-            }
-            if message.header["op"] != "log" {
-                return Ok(message);
-            }
-            let text = message.header["message"].as_str().unwrap_or("");
-            match message.header["level"].as_i64() {
-                Some(1) => tracing::warn!(model, instance, "{text}"),
-                Some(2) => tracing::error!(model, instance, "{text}"),
-                Some(3) => tracing::debug!(model, instance, "{text}"),
-                _ => tracing::info!(model, instance, "{text}"),
+            let output = self
+                .output
+                .as_mut()
+                .ok_or_else(|| broken("the stub's answers go to its reader".into()))?;
+            let message = channel::receive(output)?;
+            match message.header["op"].as_str() {
+                Some("call") => {
+                    let answer = call(caller, message);
+                    let blobs: Vec<&[u8]> = answer.1.iter().map(|t| t.data.as_ref()).collect();
+                    self.send(answer.0, &blobs)?;
+                }
+                Some("metric") => metric(model, &message.header),
+                Some("log") => log_line(model, instance, &message.header),
+                _ => return Ok(message),
             }
         }
     }
 
+    /// Hands the stub's answers to a reader thread from now on (a decoupled model's, once its
+    /// `initialize` has run).
+    fn read_apart(&mut self, names: decoupled::Names) {
+        if let Some(output) = self.output.take() {
+            self.reader = Some(decoupled::Reader::start(
+                output,
+                Arc::clone(&self.input),
+                names,
+            ));
+        }
+    }
+
     /// Sends `requests` to the model's `execute`.
-    fn send_requests(&mut self, requests: &[&Request], call: &Call<'_>) -> std::io::Result<()> {
+    fn send_requests(&self, requests: &[&Request], call: &Call<'_>) -> std::io::Result<()> {
         let described: Vec<Value> = requests
             .iter()
             .map(|request| {
@@ -1221,12 +1374,8 @@ impl Stub {
             .iter()
             .flat_map(|request| request.inputs.iter().map(|t| t.data.as_ref()))
             .collect();
-        self.calls += 1;
-        channel::send(
-            &mut self.input,
-            json!({"op": "execute", "requests": described}),
-            &blobs,
-        )
+        self.calls.set(self.calls.get() + 1);
+        self.send(json!({"op": "execute", "requests": described}), &blobs)
     }
 
     /// Runs `requests` in one `execute` call: `Err` when the stub is gone or broke the
@@ -1258,62 +1407,18 @@ impl Stub {
         Ok(answers)
     }
 
-    /// Runs `requests` in one `execute` call of a decoupled model and hands `deliver` each
-    /// response as the model sends it, until `execute` has returned and every request had its
-    /// last response. `Err` when the stub is gone or broke the protocol.
-    fn execute_decoupled(
-        &mut self,
-        requests: &[&Request],
-        call: &Call<'_>,
-        deliver: &mut dyn FnMut(usize, Streamed),
-    ) -> std::io::Result<()> {
-        self.send_requests(requests, call)?;
-        let mut open = vec![true; requests.len()];
-        let mut executed = false;
-        while !executed || open.contains(&true) {
-            let message = self.answer(call.model, call.instance, call.caller)?;
-            match message.header["op"].as_str() {
-                Some("executed") => executed = true,
-                Some("response") => {
-                    let index = message.header["request"]
-                        .as_u64()
-                        .and_then(|i| usize::try_from(i).ok())
-                        .filter(|&i| open.get(i) == Some(&true))
-                        .ok_or_else(|| broken("a response to no open request".into()))?;
-                    let last = message.header["final"].as_bool().unwrap_or(false);
-                    let header = &message.header;
-                    let outputs = if header["outputs"].is_null() && header["error"].is_null() {
-                        Ok(None)
-                    } else {
-                        let mut data = message.blobs.into_iter();
-                        call.outputs(requests[index], header, &mut data)?.map(Some)
-                    };
-                    deliver(index, Streamed { outputs, last });
-                    open[index] &= !last;
-                }
-                Some("error") => {
-                    // `execute` raised: the requests still open end with its error.
-                    let error = call.failed(&message);
-                    for (index, _) in open.iter().enumerate().filter(|(_, open)| **open) {
-                        deliver(
-                            index,
-                            Streamed {
-                                outputs: Err(error.clone()),
-                                last: true,
-                            },
-                        );
-                    }
-                    return Ok(());
-                }
-                other => return Err(broken(format!("unexpected answer {other:?}"))),
-            }
-        }
-        Ok(())
-    }
-
     /// Asks the model to `finalize`, then ends the process (killed when it takes too long).
     fn finalize(mut self) {
-        let sent = channel::send(&mut self.input, json!({"op": "finalize"}), &[]);
+        let sent = self.send(json!({"op": "finalize"}), &[]);
+        if let Some(reader) = &self.reader {
+            // The reader sees `done`; the process then ends when its threads do.
+            if sent.is_ok() && reader.finalized(FINALIZE_TIMEOUT) {
+                let _ = self.child.wait();
+                return;
+            }
+            self.kill();
+            return;
+        }
         let deadline = Instant::now() + FINALIZE_TIMEOUT;
         while sent.is_ok() && Instant::now() < deadline {
             match self.child.try_wait() {

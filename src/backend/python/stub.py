@@ -11,12 +11,14 @@ Triton's wire format.
 
 kiln sends `init` (Triton's `initialize` arguments), then `execute` (a list of requests) as
 often as it has work, then `finalize`. The stub answers `ready`, `responses` (one per request)
-and `done`, or `error` with a message. A decoupled model's answer to `execute` is instead a
-`response` message for each response its senders send (the request's index, `final`), and
-`executed` when `execute` returns; kiln reads on until both `executed` and every request's final
-response came. `log` lines and `metric` changes (the model's custom metrics) may come before
-any answer, and so may `call`s of other models (the
-model's `InferenceRequest.exec()`), which kiln answers with `called` before anything else. With
+and `done`, or `error` with a message (and the call's number: `execute` calls are counted from
+1). A decoupled model's answer to `execute` is instead `executed` when `execute` returns, and a
+`response` message for each response its senders send (the call's number, the request's index
+in it, `final`), whenever they send it: kiln sends the next `execute` as soon as `executed`
+came, and a thread of its own reads every answer. `log` lines and `metric` changes (the model's
+custom metrics) may come before any answer, and so may `call`s of other models (the model's
+`InferenceRequest.exec()`), which kiln answers with `called` (for a decoupled model, whose
+threads may call while the main loop waits, an `Inbox` thread sorts kiln's messages). With
 `--auto-complete` after the model file, the stub answers one `auto_complete` with `config`.
 Cancelled requests are told on a pipe of their own, descriptor 3 (see `Cancellations`).
 The model's own prints go to kiln's standard error, not into the protocol.
@@ -28,6 +30,7 @@ import importlib.util
 import inspect
 import json
 import os
+import queue
 import struct
 import sys
 import threading
@@ -145,15 +148,17 @@ def describe(error):
 
 
 class Cancellations:
-    """Which requests kiln cancelled while their `execute` call ran (their clients went away).
-    kiln writes each as 16 bytes on file descriptor 3, the call's number (calls counted from 1)
-    and the request's index, little-endian u64s; a thread of its own reads them, so the word
-    reaches a model while it still runs."""
+    """Which requests kiln cancelled while the model works on them (their clients went away).
+    kiln writes each as 16 bytes on file descriptor 3, the `execute` call's number (calls
+    counted from 1) and the request's index in it, little-endian u64s; a thread of its own reads
+    them, so the word reaches a model while it still runs. A request is open from its call until
+    its last response (a decoupled model's requests outlive their call)."""
 
     def __init__(self):
         self.lock = threading.Lock()
         self.call = 0
-        self.cancelled = {}  # call number -> indices
+        self.open = set()  # (call, index)
+        self.cancelled = set()
         try:
             os.set_inheritable(3, False)  # not for the model's own subprocesses
         except OSError:
@@ -169,26 +174,69 @@ class Cancellations:
                     if not chunk:
                         return
                     notice += chunk
-                call, index = struct.unpack("<QQ", notice)
+                key = struct.unpack("<QQ", notice)
                 with self.lock:
-                    if call >= self.call:
-                        self.cancelled.setdefault(call, set()).add(index)
+                    # A notice may overtake its call (another pipe): kept for it.
+                    if key in self.open or key[0] > self.call:
+                        self.cancelled.add(key)
 
-    def next_call(self):
-        """Counts an `execute` call and forgets what was cancelled before it."""
+    def begin(self, count):
+        """Counts an `execute` call of `count` requests; its number."""
         with self.lock:
             self.call += 1
-            self.cancelled = {c: i for c, i in self.cancelled.items() if c >= self.call}
+            self.open.update((self.call, index) for index in range(count))
             return self.call
+
+    def end(self, call, index):
+        """The request's last response went: nothing to cancel any more."""
+        with self.lock:
+            self.open.discard((call, index))
+            self.cancelled.discard((call, index))
 
     def is_cancelled(self, call, index):
         with self.lock:
-            return index in self.cancelled.get(call, ())
+            return (call, index) in self.cancelled
 
 
-def make_caller(channel):
-    """Runs a model's InferenceRequest on another model through kiln, one call at a time."""
+class Inbox:
+    """A decoupled model's messages from kiln. Its threads may call other models while the
+    main loop waits for the next `execute`, so one thread reads the channel and hands the calls'
+    answers to the caller waiting for one and everything else to the main loop."""
+
+    def __init__(self, channel):
+        self.main = queue.SimpleQueue()
+        self.answers = queue.SimpleQueue()
+        threading.Thread(target=self._read, args=(channel,), name="kiln-inbox", daemon=True).start()
+
+    def _read(self, channel):
+        while True:
+            try:
+                header, blobs = channel.receive()
+            except EOFError:
+                self.main.put(None)
+                self.answers.put(None)
+                return
+            (self.answers if header.get("op") == "called" else self.main).put((header, blobs))
+
+    @staticmethod
+    def _take(messages):
+        message = messages.get()
+        if message is None:
+            raise EOFError("kiln closed the channel")
+        return message
+
+    def receive(self):
+        return self._take(self.main)
+
+    def receive_answer(self):
+        return self._take(self.answers)
+
+
+def make_caller(channel, receive=None):
+    """Runs a model's InferenceRequest on another model through kiln, one call at a time;
+    `receive` reads the answer (the channel itself unless an Inbox reads it)."""
     lock = threading.Lock()
+    receive = receive or channel.receive
 
     def response_of(answer, parts):
         if answer.get("error") is not None:
@@ -211,7 +259,7 @@ def make_caller(channel):
             "outputs": request.requested_output_names(), "inputs": inputs, "decoupled": decoupled}}
         with lock:
             channel.send(header, blobs)
-            answer, parts = channel.receive()
+            answer, parts = receive()
         parts = iter(parts)
         if not decoupled:
             return response_of(answer, parts)
@@ -269,12 +317,15 @@ def encode_response(response):
     return fields, blobs
 
 
-def stream_to(channel):
+def stream_to(channel, cancellations):
     """What a decoupled model's response sender calls: each response goes to kiln at once."""
 
     def send(request, response, final):
         fields, blobs = encode_response(response)
-        channel.send({"op": "response", "request": request._index, "final": final, **fields}, blobs)
+        channel.send({"op": "response", "call": request._call, "request": request._index, "final": final,
+                      **fields}, blobs)
+        if final:
+            cancellations.end(request._call, request._index)
 
     return send
 
@@ -347,14 +398,21 @@ def main():
         traceback.print_exc()
         channel.send({"op": "error", "message": describe(error)})
         return
-    channel.send({"op": "ready"})
     config = json.loads(args["model_config"])
     decoupled = bool(config.get("model_transaction_policy", {}).get("decoupled", False))
-    stream = stream_to(channel)
+    receive = channel.receive
+    if decoupled:
+        # kiln sends the next `execute` while earlier requests are still answered from the
+        # model's threads, which may call other models meanwhile.
+        inbox = Inbox(channel)
+        receive = inbox.receive
+        pb_utils._state["call"] = make_caller(channel, inbox.receive_answer)
+    channel.send({"op": "ready"})
     cancellations = Cancellations()
+    stream = stream_to(channel, cancellations)
     while True:
         try:
-            header, blobs = channel.receive()
+            header, blobs = receive()
         except EOFError:
             return
         if header["op"] == "finalize":
@@ -366,9 +424,9 @@ def main():
             channel.send({"op": "done"})
             return
         requests = requests_of(header, blobs)
-        call = cancellations.next_call()
+        call = cancellations.begin(len(requests))
         for index, request in enumerate(requests):
-            request._index = index
+            request._call, request._index = call, index
             request._cancelled = functools.partial(cancellations.is_cancelled, call, index)
         try:
             if decoupled:
@@ -380,17 +438,20 @@ def main():
                 responses = loop.run_until_complete(responses)
             if not decoupled:
                 answer(channel, requests, responses)
+                for request in requests:
+                    cancellations.end(call, request._index)
             elif responses is not None:
                 raise Misuse("a decoupled model's execute must return None: its responses go through "
                              "the response sender")
             else:
-                channel.send({"op": "executed"})
+                channel.send({"op": "executed", "call": call})
         except Exception as error:
             traceback.print_exc()
             # kiln ends the requests with this error: their senders are closed.
             for request in requests:
                 request._complete = True
-            channel.send({"op": "error", "message": describe(error)})
+                cancellations.end(call, request._index)
+            channel.send({"op": "error", "call": call, "message": describe(error)})
 
 
 if __name__ == "__main__":

@@ -213,6 +213,7 @@ class InferenceRequest:
         self._complete = False
         # Where a decoupled model's responses go (set by the stub).
         self._stream = None
+        self._call = 0
         self._index = 0
         # Asks kiln's word on cancellation (set by the stub for the requests kiln sends).
         self._cancelled = None

@@ -1,0 +1,286 @@
+//! Decoupled Python models as Triton runs them: an instance takes its next `execute` call as
+//! soon as the one before has returned, while the model still answers earlier requests from its
+//! own threads (a vLLM-style model keeps every request in its engine at once). So the stub's
+//! answers are read by a thread of their own, which hands each response to its request wherever
+//! it waits, tells the calling thread when `execute` has returned, answers the model's calls to
+//! other models, and fails every open request if the stub dies.
+
+use super::cancel::Watch;
+use super::ModelCaller;
+use super::{call, channel, log_line, metric, pipe_error, read_outputs, Streamed};
+use crate::core::Error;
+use serde_json::Value;
+use std::collections::HashMap;
+use std::io::{BufReader, BufWriter};
+use std::process::{ChildStdin, ChildStdout};
+use std::sync::{Arc, Condvar, Mutex, MutexGuard};
+use std::time::{Duration, Instant};
+use tokio::sync::mpsc::UnboundedSender;
+
+/// A request whose last response has not come yet.
+pub(super) struct Open {
+    /// The outputs it asks for (empty: all).
+    pub asked: Vec<String>,
+    pub sender: UnboundedSender<Streamed>,
+    /// Tells the model if its client goes away; ends with the last response (dropped with this).
+    pub _watch: Watch,
+}
+
+/// What the reader thread knows, shared with the threads that run calls.
+#[derive(Default)]
+struct State {
+    /// Open requests by (call number, index in the call).
+    open: HashMap<(u64, usize), Open>,
+    /// The last call whose `execute` returned (or raised).
+    returned: u64,
+    /// `finalize` has run.
+    finalized: bool,
+    /// Why the stub stopped answering.
+    dead: Option<String>,
+}
+
+struct Shared {
+    state: Mutex<State>,
+    changed: Condvar,
+}
+
+impl Shared {
+    fn lock(&self) -> MutexGuard<'_, State> {
+        self.state.lock().unwrap_or_else(|e| e.into_inner())
+    }
+}
+
+/// The thread reading a decoupled model's stub, and what it shares.
+pub(super) struct Reader {
+    shared: Arc<Shared>,
+    thread: Option<std::thread::JoinHandle<()>>,
+}
+
+/// Who the reader reads for (names for messages, and where calls to other models go).
+pub(super) struct Names {
+    pub model: String,
+    pub instance: String,
+    pub caller: ModelCaller,
+}
+
+impl Reader {
+    /// Starts reading `output`; answers to the model's calls are written to `input`.
+    pub fn start(
+        output: BufReader<ChildStdout>,
+        input: Arc<Mutex<BufWriter<ChildStdin>>>,
+        names: Names,
+    ) -> Reader {
+        let shared = Arc::new(Shared {
+            state: Mutex::new(State::default()),
+            changed: Condvar::new(),
+        });
+        let reading = Arc::clone(&shared);
+        let thread = std::thread::Builder::new()
+            .name(format!("py-{}", names.instance))
+            .spawn(move || read(output, &input, &names, &reading))
+            .ok();
+        if thread.is_none() {
+            let mut state = shared.lock();
+            state.dead = Some("its reader thread could not start".into());
+        }
+        Reader { shared, thread }
+    }
+
+    /// Registers request `index` of call `call` before the call is sent.
+    pub fn open(&self, call: u64, index: usize, open: Open) {
+        self.shared.lock().open.insert((call, index), open);
+    }
+
+    /// Waits until call `call`'s `execute` has returned.
+    ///
+    /// # Errors
+    /// Why the stub stopped answering first (its open requests have been failed).
+    pub fn returned(&self, call: u64) -> Result<(), String> {
+        let mut state = self.shared.lock();
+        loop {
+            if let Some(why) = &state.dead {
+                return Err(why.clone());
+            }
+            if state.returned >= call {
+                return Ok(());
+            }
+            state = self
+                .shared
+                .changed
+                .wait(state)
+                .unwrap_or_else(|e| e.into_inner());
+        }
+    }
+
+    /// Waits up to `timeout` for `finalize` to have run; false if it did not.
+    pub fn finalized(&self, timeout: Duration) -> bool {
+        let deadline = Instant::now() + timeout;
+        let mut state = self.shared.lock();
+        while !state.finalized && state.dead.is_none() {
+            let Some(left) = deadline.checked_duration_since(Instant::now()) else {
+                return false;
+            };
+            state = self
+                .shared
+                .changed
+                .wait_timeout(state, left)
+                .unwrap_or_else(|e| e.into_inner())
+                .0;
+        }
+        state.finalized
+    }
+
+    /// Why the stub stopped answering, if it did.
+    pub fn dead(&self) -> Option<String> {
+        self.shared.lock().dead.clone()
+    }
+}
+
+impl Drop for Reader {
+    /// The stub's process is gone by now (see `Stub`'s drop), so the thread has ended or ends
+    /// at once.
+    fn drop(&mut self) {
+        if let Some(thread) = self.thread.take() {
+            let _ = thread.join();
+        }
+    }
+}
+
+/// The reader thread: every message of the stub until its pipe closes.
+fn read(
+    mut output: BufReader<ChildStdout>,
+    input: &Arc<Mutex<BufWriter<ChildStdin>>>,
+    names: &Names,
+    shared: &Shared,
+) {
+    let why = loop {
+        let message = match channel::receive(&mut output) {
+            Ok(message) => message,
+            Err(error) => break pipe_error(&error),
+        };
+        let header = &message.header;
+        match header["op"].as_str() {
+            Some("call") => answer_call(input, &names.caller, message),
+            Some("metric") => metric(&names.model, header),
+            Some("log") => log_line(&names.model, &names.instance, header),
+            Some("response") => {
+                if let Err(why) = respond(shared, &names.model, message) {
+                    break why;
+                }
+            }
+            Some("executed") => {
+                let mut state = shared.lock();
+                state.returned = state.returned.max(header["call"].as_u64().unwrap_or(0));
+                shared.changed.notify_all();
+            }
+            Some("error") => {
+                // `execute` raised: the call's requests still open end with its error.
+                let call = header["call"].as_u64().unwrap_or(0);
+                let error = super::execute_failed(&names.instance, &message);
+                let mut state = shared.lock();
+                let failed: Vec<(u64, usize)> = state
+                    .open
+                    .keys()
+                    .filter(|key| key.0 == call)
+                    .copied()
+                    .collect();
+                for key in failed {
+                    if let Some(open) = state.open.remove(&key) {
+                        let _ = open.sender.send(Streamed {
+                            outputs: Err(error.clone()),
+                            last: true,
+                        });
+                    }
+                }
+                state.returned = state.returned.max(call);
+                shared.changed.notify_all();
+            }
+            Some("done") => {
+                shared.lock().finalized = true;
+                shared.changed.notify_all();
+            }
+            other => tracing::warn!(
+                model = names.model,
+                instance = names.instance,
+                "ignoring an unexpected message from the Python stub: {other:?}"
+            ),
+        }
+    };
+    // The stub is gone (or broke the protocol): every request still open ends with why.
+    let message = format!(
+        "Stub process '{}' is not healthy ({why}); it restarts for the next request",
+        names.instance
+    );
+    let mut state = shared.lock();
+    for (_, open) in state.open.drain() {
+        let _ = open.sender.send(Streamed {
+            outputs: Err(Error::Internal(message.clone())),
+            last: true,
+        });
+    }
+    state.dead = Some(why);
+    shared.changed.notify_all();
+}
+
+/// Hands one response to its request; `Err` when the message does not hold together.
+fn respond(shared: &Shared, model: &str, message: channel::Message) -> Result<(), String> {
+    let header = &message.header;
+    let key = (
+        header["call"].as_u64().unwrap_or(0),
+        header["request"]
+            .as_u64()
+            .and_then(|i| usize::try_from(i).ok())
+            .unwrap_or(usize::MAX),
+    );
+    let last = header["final"].as_bool().unwrap_or(false);
+    let mut state = shared.lock();
+    let Some(open) = state.open.get(&key) else {
+        // The stub refuses a response after the last, so this is a request failed already
+        // (its call raised): nothing waits for it.
+        return Ok(());
+    };
+    let outputs = if header["outputs"].is_null() && header["error"].is_null() {
+        Ok(None)
+    } else {
+        let mut data = message.blobs.into_iter();
+        read_outputs(model, &open.asked, header, &mut data)
+            .map_err(|e| e.to_string())?
+            .map(Some)
+    };
+    // A client that went away does not stop the others.
+    let _ = open.sender.send(Streamed { outputs, last });
+    if last {
+        state.open.remove(&key);
+    }
+    Ok(())
+}
+
+/// Runs the model's call of another model on a thread of its own (it may take a while, and the
+/// model's other requests go on meanwhile) and writes the answer to the stub.
+fn answer_call(
+    input: &Arc<Mutex<BufWriter<ChildStdin>>>,
+    caller: &ModelCaller,
+    message: channel::Message,
+) {
+    let write = |input: &Mutex<BufWriter<ChildStdin>>, (header, tensors): (Value, Vec<_>)| {
+        let blobs: Vec<&[u8]> = tensors
+            .iter()
+            .map(|t: &crate::core::Tensor| t.data.as_ref())
+            .collect();
+        let mut input = input.lock().unwrap_or_else(|e| e.into_inner());
+        let _ = channel::send(&mut *input, header, &blobs);
+    };
+    let (running, caller) = (Arc::clone(input), caller.clone());
+    let spawned = std::thread::Builder::new()
+        .name("py-call".into())
+        .spawn(move || write(&running, call(&caller, message)));
+    if let Err(error) = spawned {
+        // The model waits for an answer: it gets one.
+        let refusal = serde_json::json!({
+            "op": "called",
+            "error": format!("kiln cannot run the call: {error}"),
+            "code": 1,
+        });
+        write(input, (refusal, Vec::new()));
+    }
+}
