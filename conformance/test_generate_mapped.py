@@ -20,12 +20,13 @@ import sys
 import textwrap
 
 import numpy as np
+import openai
 import pytest
 import requests
 import tritonclient.grpc as grpcclient
 import tritonclient.http as httpclient
 
-from conftest import BUNDLED_REPO, REPO_ROOT, RPC_TIMEOUT, start_server, stop_server
+from conftest import BUNDLED_REPO, REPO_ROOT, RPC_TIMEOUT, find_free_port, start_server, stop_server
 
 PY_GEN = '''
 import json
@@ -145,7 +146,11 @@ def server(tmp_path_factory):
     (repo / "echo_ensemble" / "config.pbtxt").write_text(ENSEMBLE_CONFIG)
     for bundled in ("add_sub", "string_echo"):
         shutil.copytree(BUNDLED_REPO / bundled, repo / bundled)
-    srv = start_server([repo], name="kiln-generate-mapped", env={"KILN_PYTHON": sys.executable})
+    port = find_free_port()
+    srv = start_server([repo], name="kiln-generate-mapped", env={"KILN_PYTHON": sys.executable},
+                       extra_args=["--openai-port", str(port)])
+    srv.openai = openai.OpenAI(base_url=f"http://127.0.0.1:{port}/v1", api_key="unused", timeout=RPC_TIMEOUT,
+                               max_retries=0)
     yield srv
     stop_server(srv)
 
@@ -352,7 +357,13 @@ class TritonPythonModel:
         config.add_input({"name": "text_input", "data_type": "TYPE_STRING", "dims": [1]})
         config.add_input({"name": "stream", "data_type": "TYPE_BOOL", "dims": [1], "optional": True})
         config.add_input({"name": "sampling_parameters", "data_type": "TYPE_STRING", "dims": [1], "optional": True})
+        for flag in ("exclude_input_in_output", "return_num_input_tokens", "return_num_output_tokens",
+                     "return_finish_reason"):
+            config.add_input({"name": flag, "data_type": "TYPE_BOOL", "dims": [1], "optional": True})
         config.add_output({"name": "text_output", "data_type": "TYPE_STRING", "dims": [-1]})
+        config.add_output({"name": "num_input_tokens", "data_type": "TYPE_UINT32", "dims": [1]})
+        config.add_output({"name": "num_output_tokens", "data_type": "TYPE_UINT32", "dims": [-1]})
+        config.add_output({"name": "finish_reason", "data_type": "TYPE_STRING", "dims": [-1]})
         config.set_model_transaction_policy({"decoupled": True})
         return config
 
@@ -365,19 +376,41 @@ class TritonPythonModel:
         for request in requests:
             sender = request.get_response_sender()
             text = pb_utils.get_input_tensor_by_name(request, "text_input").as_numpy()[0].decode()
-            stream = pb_utils.get_input_tensor_by_name(request, "stream")
-            stream = stream is not None and bool(stream.as_numpy()[0])
+            flag = lambda name: (pb_utils.get_input_tensor_by_name(request, name) is not None
+                                 and bool(pb_utils.get_input_tensor_by_name(request, name).as_numpy()[0]))
             sampling = pb_utils.get_input_tensor_by_name(request, "sampling_parameters")
             sampling = json.loads(sampling.as_numpy()[0]) if sampling is not None else {}
-            words = [self.prefix] + [shout(w) for w in text.split()][: int(sampling.get("max_tokens", 16))]
-            out = lambda s: pb_utils.InferenceResponse(
-                [pb_utils.Tensor("text_output", np.array([s.encode()], dtype=np.object_))])
-            if stream:
-                for word in words:
-                    sender.send(out(word))
+            # A word is a token; generation shouts the prompt's words back after the prefix (which
+            # counts as none).
+            limit, stop = int(sampling.get("max_tokens", 16)), sampling.get("stop", [])
+            words, reason = [self.prefix], "length"
+            for word in text.split():
+                if shout(word) in stop:
+                    reason = "stop"
+                    break
+                if len(words) - 1 == limit:
+                    break
+                words.append(shout(word))
+            else:
+                reason = "stop"
+
+            def out(pieces, last):
+                tensors = [pb_utils.Tensor("text_output", np.array([" ".join(pieces).encode()], dtype=np.object_))]
+                generated = len([p for p in pieces if p != self.prefix])
+                if flag("return_num_input_tokens"):
+                    tensors.append(pb_utils.Tensor("num_input_tokens", np.array([len(text.split())], dtype=np.uint32)))
+                if flag("return_num_output_tokens"):
+                    tensors.append(pb_utils.Tensor("num_output_tokens", np.array([generated], dtype=np.uint32)))
+                if flag("return_finish_reason") and last:
+                    tensors.append(pb_utils.Tensor("finish_reason", np.array([reason.encode()], dtype=np.object_)))
+                return pb_utils.InferenceResponse(tensors)
+
+            if flag("stream"):
+                for i, word in enumerate(words):
+                    sender.send(out([word], i == len(words) - 1))
                 sender.send(flags=pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL)
             else:
-                sender.send(out(" ".join(words)), flags=pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL)
+                sender.send(out(words, True), flags=pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL)
         return None
 '''
 
@@ -392,8 +425,11 @@ def backend_server(tmp_path_factory):
         (root / "repo" / name / "1").mkdir(parents=True)
         (root / "repo" / name / "config.pbtxt").write_text('backend: "toy_llm"\n')
         (root / "repo" / name / "1" / "model.json").write_text(json.dumps({"prefix": prefix}))
+    port = find_free_port()
     srv = start_server([root / "repo"], name="kiln-python-based", env={"KILN_PYTHON": sys.executable},
-                       extra_args=["--backend-directory", str(root / "backends")])
+                       extra_args=["--backend-directory", str(root / "backends"), "--openai-port", str(port)])
+    srv.openai = openai.OpenAI(base_url=f"http://127.0.0.1:{port}/v1", api_key="unused", timeout=RPC_TIMEOUT,
+                               max_retries=0)
     yield srv
     stop_server(srv)
 
@@ -410,7 +446,7 @@ def test_a_python_based_backend_serves_every_model_that_names_it(backend_server)
         # The config the backend completed, and the backend as the platform, as Triton shows them.
         metadata = requests.get(f"http://{backend_server.http_url}/v2/models/{model}", timeout=RPC_TIMEOUT).json()
         assert metadata["platform"] == "toy_llm"
-        assert [i["name"] for i in metadata["inputs"]] == ["text_input", "stream", "sampling_parameters"]
+        assert [i["name"] for i in metadata["inputs"]][:3] == ["text_input", "stream", "sampling_parameters"]
         config = requests.get(f"http://{backend_server.http_url}/v2/models/{model}/config", timeout=RPC_TIMEOUT).json()
         assert config["backend"] == "toy_llm" and config["model_transaction_policy"]["decoupled"] is True
 
@@ -427,3 +463,47 @@ def test_a_backend_without_model_py_is_refused_by_name(tmp_path):
         assert "backend 'toy_llm'" in index[0]["reason"] and "model.py" in index[0]["reason"]
     finally:
         stop_server(srv)
+
+
+def test_the_openai_api_drives_a_vllm_style_model(backend_server):
+    client = backend_server.openai
+    assert [m.id for m in client.models.list().data] == ["llm_a", "llm_b"]
+    # Whole: the settings travel in sampling_parameters; usage and finish reason from the model.
+    answer = client.completions.create(model="llm_a", prompt="what is a kiln", max_tokens=3)
+    assert answer.choices[0].text == "A: WHAT IS A"
+    assert answer.choices[0].finish_reason == "length"
+    assert (answer.usage.prompt_tokens, answer.usage.completion_tokens, answer.usage.total_tokens) == (4, 3, 7)
+    # The same as the generate extension answers.
+    same = post(backend_server, "llm_a", {"text_input": "what is a kiln",
+                                          "sampling_parameters": json.dumps({"max_tokens": 3})})
+    assert same.json()["text_output"] == answer.choices[0].text
+    # Streamed: a chunk per response, the reason on the last, then the usage.
+    chunks = list(client.completions.create(model="llm_b", prompt="what is a kiln", stream=True, stop=["A"],
+                                            stream_options={"include_usage": True}))
+    assert "".join(c.choices[0].text for c in chunks if c.choices) == "B:WHATIS"
+    assert [c.choices[0].finish_reason for c in chunks if c.choices][-1] == "stop"
+    assert (chunks[-1].usage.prompt_tokens, chunks[-1].usage.completion_tokens) == (4, 2)
+    # echo puts the prompt first; a chat has no template to lay its messages out with.
+    echoed = client.completions.create(model="llm_a", prompt="kiln", echo=True)
+    assert echoed.choices[0].text == "kilnA: KILN"
+    with pytest.raises(openai.BadRequestError, match="no chat template"):
+        client.chat.completions.create(model="llm_a", messages=[{"role": "user", "content": "hi"}])
+
+
+def test_the_openai_api_drives_a_model_with_an_input_per_setting(server):
+    # py_gen takes max_tokens as an input of its own (TensorRT-LLM's way); temperature, which it
+    # has no input for, is left out; it reports no token counts.
+    client = server.openai
+    assert [m.id for m in client.models.list().data] == ["py_gen"]
+    answer = client.completions.create(model="py_gen", prompt="what is triton server", max_tokens=2, temperature=0.5)
+    assert answer.choices[0].text == "WHAT IS"
+    assert (answer.choices[0].finish_reason, answer.usage.total_tokens) == ("stop", 0)
+    chunks = list(client.completions.create(model="py_gen", prompt="what is triton server", max_tokens=3,
+                                            stream=True))
+    assert [c.choices[0].text for c in chunks] == ["WHAT", "IS", "TRITON", ""]
+    assert chunks[-1].choices[0].finish_reason == "stop"
+    # The model's error, as OpenAI's error.
+    with pytest.raises(openai.InternalServerError, match="cannot generate"):
+        client.completions.create(model="py_gen", prompt="fail")
+    with pytest.raises(openai.NotFoundError):
+        client.completions.create(model="py_params", prompt="x")

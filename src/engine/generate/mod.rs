@@ -137,6 +137,26 @@ impl Engine {
             .is_ok_and(|(_, serving)| matches!(serving.executor, Executor::Generate(_)))
     }
 
+    /// Whether the model (version) takes Triton's LLM tensors without being a generation model:
+    /// a Python model or an ensemble with a BYTES `text_input` input and a BYTES `text_output`
+    /// output (a vLLM-style `model.py`, a TensorRT-LLM-style ensemble), which the OpenAI API
+    /// drives through them.
+    pub fn takes_llm_tensors(&self, name: &str, version: &str) -> bool {
+        use crate::core::DataType;
+        self.resolve(name, version).is_ok_and(|(_, serving)| {
+            let bytes = |specs: &[crate::repository::TensorSpec], name: &str| {
+                specs
+                    .iter()
+                    .any(|s| s.name == name && s.datatype == DataType::Bytes)
+            };
+            matches!(
+                serving.executor,
+                Executor::Python(_) | Executor::Ensemble(_)
+            ) && bytes(&serving.io.inputs, "text_input")
+                && bytes(&serving.io.outputs, "text_output")
+        })
+    }
+
     /// The prompt the generation model `name`'s chat template makes of `messages`, on a
     /// blocking thread (a template may compute for a while, within its bounds).
     ///

@@ -13,7 +13,7 @@
 //!   decoupled Python model streams its responses on `generate_stream`; on `generate` it must
 //!   send exactly one.
 
-mod mapped;
+pub(super) mod mapped;
 mod text;
 
 use super::body;

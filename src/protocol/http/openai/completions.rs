@@ -1,12 +1,13 @@
 //! `/v1/completions` and `/v1/chat/completions`: a prompt, or messages laid out by the model's
-//! chat template, generated from by a generation model, answered whole or streamed as
-//! server-sent events.
+//! chat template, generated from by a generation model (or, prompts only, by a model that takes
+//! Triton's LLM tensors: [`super::llm`]), answered whole or streamed as server-sent events.
 
 use super::super::body;
+use super::llm;
 use super::{completion_id, now_secs, read_model, read_object, AppState, OpenAiError};
 use crate::core::tensor::frame_bytes;
-use crate::core::{DataType, InferRequest, ParamValue, Tensor};
-use crate::engine::generate::{Finish, Finished, Generation, Message};
+use crate::core::{DataType, Error, InferRequest, ParamValue, Tensor};
+use crate::engine::generate::{Chunk, Finish, Finished, Generation, Message};
 use axum::body::{Body, Bytes};
 use axum::extract::State;
 use axum::http::{header, HeaderMap, StatusCode};
@@ -402,6 +403,23 @@ pub(super) async fn chat_completions(
     answer(Kind::Chat, &state, &headers, body).await
 }
 
+/// Where an answer's text comes from.
+enum Texts {
+    /// kiln's generation loop (a generation model).
+    Generation(Generation),
+    /// A model that takes Triton's LLM tensors.
+    Llm(llm::Texts),
+}
+
+impl Texts {
+    async fn next(&mut self) -> Option<Result<Chunk, Error>> {
+        match self {
+            Texts::Generation(generation) => generation.next().await,
+            Texts::Llm(texts) => texts.next().await,
+        }
+    }
+}
+
 async fn answer(kind: Kind, state: &AppState, headers: &HeaderMap, body: Body) -> Response {
     match start(kind, state, headers, body).await {
         Ok((completion, generation)) if completion.stream => stream(completion, generation),
@@ -417,10 +435,32 @@ async fn start(
     state: &AppState,
     headers: &HeaderMap,
     body: Body,
-) -> Result<(Completion, Generation), OpenAiError> {
+) -> Result<(Completion, Texts), OpenAiError> {
     let admission = state.engine.admit()?;
     let body = body::read(body, headers, state.config.max_input_bytes).await?;
     let mut completion = read_request(kind, &body)?;
+    if state.engine.takes_llm_tensors(&completion.model, "") {
+        if kind == Kind::Chat {
+            return Err(OpenAiError::invalid(
+                "messages",
+                format!(
+                    "model '{}' takes Triton's LLM tensors, and kiln has no chat template for \
+                     it: send the formatted prompt to /v1/completions",
+                    completion.model
+                ),
+            ));
+        }
+        let ask = llm::Ask {
+            model: &completion.model,
+            id: &completion.id,
+            prompt: &completion.prompt,
+            stream: completion.stream,
+            parameters: &completion.parameters,
+            stop: &completion.stop,
+        };
+        let texts = llm::start(&state.engine, admission, &ask).await?;
+        return Ok((completion, Texts::Llm(texts)));
+    }
     if !state.engine.generates_text(&completion.model, "") {
         return Err(OpenAiError::new(
             StatusCode::NOT_FOUND,
@@ -440,13 +480,10 @@ async fn start(
     }
     let request = generation_request(&completion);
     let generation = state.engine.generate(admission, request).await?;
-    Ok((completion, generation))
+    Ok((completion, Texts::Generation(generation)))
 }
 
-async fn whole(
-    completion: Completion,
-    mut generation: Generation,
-) -> Result<Response, OpenAiError> {
+async fn whole(completion: Completion, mut generation: Texts) -> Result<Response, OpenAiError> {
     let mut text = if completion.echo {
         completion.prompt.clone()
     } else {
@@ -474,7 +511,7 @@ async fn whole(
 /// Server-sent events: a chunk per generated piece of text (the prompt first with `echo`; a
 /// chat's first chunk carries the assistant's role), the last with its `finish_reason`, a usage
 /// chunk when asked, then `[DONE]`.
-fn stream(completion: Completion, generation: Generation) -> Response {
+fn stream(completion: Completion, generation: Texts) -> Response {
     let answer = Answer::new(&completion);
     let event =
         |data: String| Ok::<_, std::convert::Infallible>(Bytes::from(format!("data: {data}\n\n")));
@@ -482,7 +519,7 @@ fn stream(completion: Completion, generation: Generation) -> Response {
         event(Value::Object(answer.object(true, false, &completion.prompt, None)).to_string())
     });
     struct Streaming {
-        generation: Generation,
+        generation: Texts,
         answer: Answer,
         include_usage: bool,
         first: bool,

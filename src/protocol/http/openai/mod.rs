@@ -1,4 +1,5 @@
-//! An OpenAI-compatible API for the generation and text-embedding models (`--openai-port`), as
+//! An OpenAI-compatible API for the generation models, the models that take Triton's LLM tensors
+//! (see [`llm`]) and the text-embedding models (`--openai-port`), as
 //! Triton's OpenAI frontend offers one beside KServe's, so that OpenAI clients and LLM benchmarks
 //! (the `openai` package, genai-perf's and vLLM's `completions` endpoints) drive kiln unchanged:
 //!
@@ -26,6 +27,7 @@
 
 mod completions;
 mod embeddings;
+mod llm;
 
 use super::routes::AppState;
 use super::HttpConfig;
@@ -175,7 +177,9 @@ fn model_object(name: &str) -> Value {
 
 /// Whether model `name` serves on this API: it generates text or makes embeddings of text.
 fn serves(engine: &Engine, name: &str) -> bool {
-    engine.generates_text(name, "") || engine.makes_embeddings(name)
+    engine.generates_text(name, "")
+        || engine.takes_llm_tensors(name, "")
+        || engine.makes_embeddings(name)
 }
 
 /// The models that serve on this API.
