@@ -14,7 +14,6 @@ use std::collections::HashMap;
 use std::io::{BufReader, BufWriter};
 use std::process::{ChildStdin, ChildStdout};
 use std::sync::{Arc, Condvar, Mutex, MutexGuard};
-use std::time::{Duration, Instant};
 use tokio::sync::mpsc::UnboundedSender;
 
 /// A request whose last response has not come yet.
@@ -33,8 +32,6 @@ struct State {
     open: HashMap<(u64, usize), Open>,
     /// The last call whose `execute` returned (or raised).
     returned: u64,
-    /// `finalize` has run.
-    finalized: bool,
     /// Why the stub stopped answering.
     dead: Option<String>,
 }
@@ -112,24 +109,6 @@ impl Reader {
         }
     }
 
-    /// Waits up to `timeout` for `finalize` to have run; false if it did not.
-    pub fn finalized(&self, timeout: Duration) -> bool {
-        let deadline = Instant::now() + timeout;
-        let mut state = self.shared.lock();
-        while !state.finalized && state.dead.is_none() {
-            let Some(left) = deadline.checked_duration_since(Instant::now()) else {
-                return false;
-            };
-            state = self
-                .shared
-                .changed
-                .wait_timeout(state, left)
-                .unwrap_or_else(|e| e.into_inner())
-                .0;
-        }
-        state.finalized
-    }
-
     /// Why the stub stopped answering, if it did.
     pub fn dead(&self) -> Option<String> {
         self.shared.lock().dead.clone()
@@ -195,10 +174,8 @@ fn read(
                 state.returned = state.returned.max(call);
                 shared.changed.notify_all();
             }
-            Some("done") => {
-                shared.lock().finalized = true;
-                shared.changed.notify_all();
-            }
+            // `finalize` ran; the process ends next.
+            Some("done") => {}
             other => tracing::warn!(
                 model = names.model,
                 instance = names.instance,
