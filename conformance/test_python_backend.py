@@ -505,6 +505,51 @@ model_transaction_policy { decoupled: true }
 '''
 
 
+# Manages the server's models for its client (pb_utils.load_model, unload_model, is_model_ready):
+# parameter "action" with "model"; answers READY (is_model_ready after the action).
+PY_MANAGER = '''
+import json
+import numpy as np
+import triton_python_backend_utils as pb_utils
+
+DYNAMIC = \'\'\'
+import numpy as np
+import triton_python_backend_utils as pb_utils
+
+
+class TritonPythonModel:
+    def execute(self, requests):
+        return [pb_utils.InferenceResponse([pb_utils.Tensor("Y", -pb_utils.get_input_tensor_by_name(r, "X").as_numpy())])
+                for r in requests]
+\'\'\'
+
+
+class TritonPythonModel:
+    def execute(self, requests):
+        responses = []
+        for request in requests:
+            asked = json.loads(request.parameters())
+            model, action = asked["model"], asked["action"]
+            if action == "load":
+                config = {"backend": "python", "max_batch_size": 4,
+                          "input": [{"name": "X", "data_type": "TYPE_FP32", "dims": [2]}],
+                          "output": [{"name": "Y", "data_type": "TYPE_FP32", "dims": [2]}]}
+                pb_utils.load_model(model, config=json.dumps(config), files={"file:1/model.py": DYNAMIC.encode()})
+            elif action == "unload":
+                pb_utils.unload_model(model)
+            ready = pb_utils.is_model_ready(model)
+            responses.append(pb_utils.InferenceResponse([pb_utils.Tensor("READY", np.array([ready]))]))
+        return responses
+'''
+
+PY_MANAGER_CONFIG = '''
+name: "py_manager"
+backend: "python"
+input [ { name: "X" data_type: TYPE_INT32 dims: [ 1 ] } ]
+output [ { name: "READY" data_type: TYPE_BOOL dims: [ 1 ] } ]
+'''
+
+
 def patient_config(name, notes, decoupled):
     return f'''
 name: "{name}"
@@ -627,6 +672,7 @@ def python_server(tmp_path_factory):
     write_model(repo, "py_patient", patient_config("py_patient", patient_notes, False), PY_PATIENT)
     write_model(repo, "py_ticker", patient_config("py_ticker", patient_notes, True), PY_PATIENT)
     write_model(repo, "py_relay", PY_RELAY_CONFIG, PY_RELAY)
+    write_model(repo, "py_manager", PY_MANAGER_CONFIG, PY_MANAGER)
     # The stubs run under this interpreter (it has numpy).
     server = start_server([repo], name="kiln-python", env={"KILN_PYTHON": sys.executable},
                           extra_args=["--model-control-mode", "explicit", "--load-model", "*"])
@@ -836,6 +882,35 @@ def test_a_decoupled_models_thread_calls_other_models_after_execute_returned(pyt
         np.testing.assert_array_equal(result.as_numpy("SUM"), np.full((1, 16), 6, dtype=np.float32))
     finally:
         client.stop_stream()
+
+
+def test_a_model_loads_unloads_and_asks_after_other_models(python_server):
+    server, _ = python_server
+    client = httpclient.InferenceServerClient(server.http_url)
+    x = httpclient.InferInput("X", [1], "INT32")
+    x.set_data_from_numpy(np.array([0], dtype=np.int32))
+
+    def manage(action, model):
+        result = client.infer("py_manager", [x], parameters={"action": action, "model": model})
+        return bool(result.as_numpy("READY")[0])
+
+    assert manage("ready", "add_sub") is True
+    assert manage("ready", "py_dynamic") is False
+    # Loaded from the config and model.py the model hands over, and served.
+    assert manage("load", "py_dynamic") is True
+    y = httpclient.InferInput("X", [1, 2], "FP32")
+    y.set_data_from_numpy(np.array([[1.5, -2]], dtype=np.float32))
+    np.testing.assert_array_equal(client.infer("py_dynamic", [y]).as_numpy("Y"), [[-1.5, 2]])
+    # The unload is not waited for (a model may unload itself): it happens soon after.
+    manage("unload", "py_dynamic")
+    deadline = time.monotonic() + 10
+    while client.is_model_ready("py_dynamic") and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert not client.is_model_ready("py_dynamic")
+    # What the repository refuses reaches the model as an exception, and its client as the error.
+    with pytest.raises(InferenceServerException) as refused:
+        manage("load", "bad name/../x")
+    assert "TritonModelException: invalid model name 'bad name/../x'" in str(refused.value)
 
 
 def test_auto_complete_config_declares_what_the_config_leaves_out(python_server):

@@ -581,9 +581,14 @@ fn open_repository(config: &Config) -> Result<ModelRepository, ServerError> {
 /// `exec(decoupled=True)` collects a decoupled model's responses). The engine is held weakly:
 /// the repository it owns holds this.
 fn connect_python_calls(engine: &Arc<Engine>) {
+    use crate::backend::python::Management;
     let runtime = tokio::runtime::Handle::current();
-    let (weak, weak_decoupled) = (Arc::downgrade(engine), Arc::downgrade(engine));
-    let runtime_decoupled = runtime.clone();
+    let (weak, weak_decoupled, weak_manage) = (
+        Arc::downgrade(engine),
+        Arc::downgrade(engine),
+        Arc::downgrade(engine),
+    );
+    let (runtime_decoupled, runtime_manage) = (runtime.clone(), runtime.clone());
     engine.repository().python_calls().connect(
         move |request| {
             on_engine(&runtime, &weak, |engine| async move {
@@ -593,6 +598,27 @@ fn connect_python_calls(engine: &Arc<Engine>) {
         move |request| {
             on_engine(&runtime_decoupled, &weak_decoupled, |engine| async move {
                 engine.infer_decoupled_all(request).await
+            })
+        },
+        move |asked| {
+            on_engine(&runtime_manage, &weak_manage, |engine| async move {
+                match asked {
+                    Management::Load { model, parameters } => {
+                        engine.load_model(&model, parameters).await.map(|()| true)
+                    }
+                    // Not waited for, as in Triton: a model may unload itself.
+                    Management::Unload { model, dependents } => {
+                        tokio::spawn(async move {
+                            if let Err(error) = engine.unload_model(&model, dependents).await {
+                                warn!("a Python model's unload of '{model}' failed: {error}");
+                            }
+                        });
+                        Ok(true)
+                    }
+                    Management::Ready { model, version } => {
+                        Ok(engine.model_ready(&model, &version))
+                    }
+                }
             })
         },
     );

@@ -7,7 +7,7 @@
 
 use super::cancel::Watch;
 use super::ModelCaller;
-use super::{call, channel, log_line, metric, pipe_error, read_outputs, Streamed};
+use super::{call, channel, log_line, manage, metric, pipe_error, read_outputs, Streamed};
 use crate::core::Error;
 use serde_json::Value;
 use std::collections::HashMap;
@@ -139,7 +139,7 @@ fn read(
         };
         let header = &message.header;
         match header["op"].as_str() {
-            Some("call") => answer_call(input, &names.caller, message),
+            Some("call" | "manage") => answer_call(input, &names.caller, message),
             Some("metric") => metric(&names.model, header),
             Some("log") => log_line(&names.model, &names.instance, header),
             Some("response") => {
@@ -250,7 +250,14 @@ fn answer_call(
     let (running, caller) = (Arc::clone(input), caller.clone());
     let spawned = std::thread::Builder::new()
         .name("py-call".into())
-        .spawn(move || write(&running, call(&caller, message)));
+        .spawn(move || {
+            let answer = if message.header["op"] == "manage" {
+                (manage(&caller, &message), Vec::new())
+            } else {
+                call(&caller, message)
+            };
+            write(&running, answer);
+        });
     if let Err(error) = spawned {
         // The model waits for an answer: it gets one.
         let refusal = serde_json::json!({

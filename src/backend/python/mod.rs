@@ -69,10 +69,33 @@ type RunRequest = dyn Fn(InferRequest) -> Result<InferResponse, Error> + Send + 
 type RunDecoupled =
     dyn Fn(InferRequest) -> Result<Vec<Result<InferResponse, Error>>, Error> + Send + Sync;
 
+/// Loads, unloads or asks after a model of the server: whether it is ready (for `Ready`).
+type Manage = dyn Fn(Management) -> Result<bool, Error> + Send + Sync;
+
+/// What a Python model asks of the server's model repository (`pb_utils.load_model`,
+/// `unload_model`, `is_model_ready`).
+#[derive(Debug, Clone, PartialEq)]
+pub enum Management {
+    /// Loads or reloads `model`, with the repository API's `config` / `file:` parameters.
+    Load {
+        model: String,
+        parameters: std::collections::BTreeMap<String, crate::repository::LoadParameter>,
+    },
+    Unload {
+        model: String,
+        dependents: bool,
+    },
+    Ready {
+        model: String,
+        version: String,
+    },
+}
+
 /// What runs a Python model's calls to other models.
 struct Calls {
     unary: Box<RunRequest>,
     decoupled: Box<RunDecoupled>,
+    manage: Box<Manage>,
 }
 
 /// How a Python model's `InferenceRequest.exec()` (Triton's BLS: business logic scripting)
@@ -82,7 +105,8 @@ struct Calls {
 pub struct ModelCaller(Arc<OnceLock<Calls>>);
 
 impl ModelCaller {
-    /// Sets what runs the calls, `exec()` and `exec(decoupled=True)` (the first setting stays).
+    /// Sets what runs the calls, `exec()` and `exec(decoupled=True)`, and the model management
+    /// requests (the first setting stays).
     pub fn connect(
         &self,
         unary: impl Fn(InferRequest) -> Result<InferResponse, Error> + Send + Sync + 'static,
@@ -90,10 +114,12 @@ impl ModelCaller {
             + Send
             + Sync
             + 'static,
+        manage: impl Fn(Management) -> Result<bool, Error> + Send + Sync + 'static,
     ) {
         let _ = self.0.set(Calls {
             unary: Box::new(unary),
             decoupled: Box::new(decoupled),
+            manage: Box::new(manage),
         });
     }
 
@@ -1066,6 +1092,54 @@ fn call(caller: &ModelCaller, message: channel::Message) -> (Value, Vec<Tensor>)
     }
 }
 
+/// Runs a model's management request (a `manage` message): the `managed` header to answer with.
+fn manage(caller: &ModelCaller, message: &channel::Message) -> Value {
+    let header = &message.header;
+    let text = |key: &str| header[key].as_str().unwrap_or_default().to_string();
+    let model = text("model");
+    let asked = match header["action"].as_str() {
+        Some("load") => {
+            let mut parameters = std::collections::BTreeMap::new();
+            let config = text("config");
+            if !config.is_empty() {
+                parameters.insert(
+                    "config".to_string(),
+                    crate::repository::LoadParameter::String(config),
+                );
+            }
+            let names = header["files"].as_array().cloned().unwrap_or_default();
+            if names.len() == message.blobs.len() {
+                for (name, data) in names.iter().zip(&message.blobs) {
+                    let name = name.as_str().unwrap_or_default().to_string();
+                    parameters.insert(name, crate::repository::LoadParameter::Bytes(data.clone()));
+                }
+                Ok(Management::Load { model, parameters })
+            } else {
+                Err(Error::InvalidArgument(
+                    "the load's files and their data do not match".into(),
+                ))
+            }
+        }
+        Some("unload") => Ok(Management::Unload {
+            model,
+            dependents: header["unload_dependents"].as_bool() == Some(true),
+        }),
+        Some("ready") => Ok(Management::Ready {
+            model,
+            version: text("version"),
+        }),
+        other => Err(Error::InvalidArgument(format!(
+            "unknown model management action {other:?}"
+        ))),
+    };
+    match asked.and_then(|asked| (caller.calls()?.manage)(asked)) {
+        Ok(ready) => json!({"op": "managed", "ready": ready}),
+        Err(error) => {
+            json!({"op": "managed", "error": error.message(), "code": error_code(&error)})
+        }
+    }
+}
+
 /// The request a stub's `call` message describes.
 fn call_request(message: channel::Message) -> Result<InferRequest, String> {
     let header = &message.header["request"];
@@ -1333,6 +1407,7 @@ impl Stub {
                     let blobs: Vec<&[u8]> = answer.1.iter().map(|t| t.data.as_ref()).collect();
                     self.send(answer.0, &blobs)?;
                 }
+                Some("manage") => self.send(manage(caller, &message), &[])?,
                 Some("metric") => metric(model, &message.header),
                 Some("log") => log_line(model, instance, &message.header),
                 _ => return Ok(message),

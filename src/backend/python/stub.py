@@ -17,8 +17,10 @@ and `done`, or `error` with a message (and the call's number: `execute` calls ar
 in it, `final`), whenever they send it: kiln sends the next `execute` as soon as `executed`
 came, and a thread of its own reads every answer. `log` lines and `metric` changes (the model's
 custom metrics) may come before any answer, and so may `call`s of other models (the model's
-`InferenceRequest.exec()`), which kiln answers with `called` (for a decoupled model, whose
-threads may call while the main loop waits, an `Inbox` thread sorts kiln's messages). With
+`InferenceRequest.exec()`), which kiln answers with `called`, and `manage` requests
+(`pb_utils.load_model`, `unload_model`, `is_model_ready`), answered with `managed` (for a
+decoupled model, whose threads may ask while the main loop waits, an `Inbox` thread sorts
+kiln's messages). With
 `--auto-complete` after the model file, the stub answers one `auto_complete` with `config`.
 Cancelled requests are told on a pipe of their own, descriptor 3 (see `Cancellations`).
 The model's own prints go to kiln's standard error, not into the protocol.
@@ -216,7 +218,8 @@ class Inbox:
                 self.main.put(None)
                 self.answers.put(None)
                 return
-            (self.answers if header.get("op") == "called" else self.main).put((header, blobs))
+            answer = header.get("op") in ("called", "managed")
+            (self.answers if answer else self.main).put((header, blobs))
 
     @staticmethod
     def _take(messages):
@@ -232,11 +235,38 @@ class Inbox:
         return self._take(self.answers)
 
 
-def make_caller(channel, receive=None):
-    """Runs a model's InferenceRequest on another model through kiln, one call at a time;
-    `receive` reads the answer (the channel itself unless an Inbox reads it)."""
+def make_exchange(channel, receive=None):
+    """Sends kiln one question and reads its answer, one exchange at a time (a model's threads
+    may ask at once); `receive` reads the answer (the channel itself unless an Inbox reads it)."""
     lock = threading.Lock()
     receive = receive or channel.receive
+
+    def exchange(header, blobs=()):
+        with lock:
+            channel.send(header, blobs)
+            return receive()
+
+    return exchange
+
+
+def make_manager(exchange):
+    """Loads, unloads and asks after the server's models for the model (pb_utils.load_model,
+    unload_model, is_model_ready)."""
+
+    def manage(action, model, version, config, files, unload_dependents=False):
+        names = list(files)
+        header = {"op": "manage", "action": action, "model": str(model), "version": version, "config": config,
+                  "files": names, "unload_dependents": bool(unload_dependents)}
+        answer, _ = exchange(header, [bytes(files[name]) for name in names])
+        if answer.get("error") is not None:
+            raise pb_utils.TritonModelException(answer["error"])
+        return answer.get("ready", False)
+
+    return manage
+
+
+def make_caller(exchange):
+    """Runs a model's InferenceRequest on another model through kiln."""
 
     def response_of(answer, parts):
         if answer.get("error") is not None:
@@ -257,9 +287,7 @@ def make_caller(channel, receive=None):
             "model": request._model_name, "version": "" if version in (-1, None) else str(version),
             "id": request.request_id(), "parameters": request.parameters(),
             "outputs": request.requested_output_names(), "inputs": inputs, "decoupled": decoupled}}
-        with lock:
-            channel.send(header, blobs)
-            answer, parts = receive()
+        answer, parts = exchange(header, blobs)
         parts = iter(parts)
         if not decoupled:
             return response_of(answer, parts)
@@ -380,7 +408,9 @@ def main():
 
     pb_utils._state["log"] = lambda level, message: channel.send(
         {"op": "log", "level": level, "message": message})
-    pb_utils._state["call"] = make_caller(channel)
+    exchange = make_exchange(channel)
+    pb_utils._state["call"] = make_caller(exchange)
+    pb_utils._state["manage"] = make_manager(exchange)
     pb_utils._state["metric"] = lambda change: channel.send({"op": "metric", **change})
     if sys.argv[2:] == ["--auto-complete"]:
         auto_complete(channel, model_path)
@@ -406,7 +436,9 @@ def main():
         # model's threads, which may call other models meanwhile.
         inbox = Inbox(channel)
         receive = inbox.receive
-        pb_utils._state["call"] = make_caller(channel, inbox.receive_answer)
+        exchange = make_exchange(channel, inbox.receive_answer)
+        pb_utils._state["call"] = make_caller(exchange)
+        pb_utils._state["manage"] = make_manager(exchange)
     channel.send({"op": "ready"})
     cancellations = Cancellations()
     stream = stream_to(channel, cancellations)

@@ -160,3 +160,77 @@ fn a_backend_with_a_model_py_in_the_backend_directory_is_python_based() {
     }
     std::fs::remove_dir_all(&dir).unwrap();
 }
+
+#[test]
+fn management_messages_become_requests_to_the_repository() {
+    use crate::repository::LoadParameter;
+    let asked = Arc::new(Mutex::new(Vec::new()));
+    let caller = ModelCaller::default();
+    let noted = Arc::clone(&asked);
+    caller.connect(
+        |_| Err(Error::Internal("no calls here".into())),
+        |_| Err(Error::Internal("no calls here".into())),
+        move |management| {
+            let ready = matches!(&management, Management::Ready { model, .. } if model == "up");
+            noted.lock().unwrap().push(management);
+            Ok(ready)
+        },
+    );
+    let message = |header: Value, blobs: Vec<&'static [u8]>| channel::Message {
+        header,
+        blobs: blobs.into_iter().map(bytes::Bytes::from_static).collect(),
+    };
+    let load = json!({"op": "manage", "action": "load", "model": "m", "config": "{}",
+                      "files": ["file:1/model.py"]});
+    assert_eq!(
+        manage(&caller, &message(load, vec![b"code"])),
+        json!({"op": "managed", "ready": false})
+    );
+    let ready = json!({"op": "manage", "action": "ready", "model": "up", "version": "2"});
+    assert_eq!(
+        manage(&caller, &message(ready, vec![]))["ready"],
+        json!(true)
+    );
+    let unload =
+        json!({"op": "manage", "action": "unload", "model": "m", "unload_dependents": true});
+    manage(&caller, &message(unload, vec![]));
+    assert_eq!(
+        *asked.lock().unwrap(),
+        [
+            Management::Load {
+                model: "m".into(),
+                parameters: [
+                    ("config".to_string(), LoadParameter::String("{}".into())),
+                    (
+                        "file:1/model.py".to_string(),
+                        LoadParameter::Bytes(bytes::Bytes::from_static(b"code"))
+                    ),
+                ]
+                .into_iter()
+                .collect(),
+            },
+            Management::Ready {
+                model: "up".into(),
+                version: "2".into()
+            },
+            Management::Unload {
+                model: "m".into(),
+                dependents: true
+            },
+        ]
+    );
+    // Files without their data, and actions kiln does not know, are answered with an error.
+    for (header, blobs) in [
+        (
+            json!({"op": "manage", "action": "load", "model": "m", "files": ["file:a"]}),
+            vec![],
+        ),
+        (
+            json!({"op": "manage", "action": "explode", "model": "m"}),
+            vec![],
+        ),
+    ] {
+        let answer = manage(&caller, &message(header, blobs));
+        assert_eq!(answer["code"], json!(3), "{answer}");
+    }
+}

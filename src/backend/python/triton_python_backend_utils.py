@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import json
 import re
+import struct
 import sys
 
 import numpy as np
@@ -86,6 +87,9 @@ class Tensor:
 
     def shape(self):
         return list(self._data.shape)
+
+    def triton_dtype(self):
+        return numpy_to_triton_type(self._data.dtype)
 
     def is_cpu(self):
         return True
@@ -340,6 +344,82 @@ def triton_string_to_numpy(triton_type_string):
     return _NUMPY_OF_TRITON[triton_type_string]
 
 
+# TRITONSERVER_DataType numbering (BOOL 1 ... FP64 12, BYTES 13).
+_TRITON_TYPE_NUMBERS = [np.bool_, np.uint8, np.uint16, np.uint32, np.uint64, np.int8, np.int16, np.int32,
+                        np.int64, np.float16, np.float32, np.float64, np.object_]
+
+
+def triton_to_numpy_type(data_type):
+    """The numpy type of a TRITONSERVER_DataType number (None for one numpy has no type for)."""
+    if isinstance(data_type, int) and 1 <= data_type <= len(_TRITON_TYPE_NUMBERS):
+        return _TRITON_TYPE_NUMBERS[data_type - 1]
+    return None
+
+
+def numpy_to_triton_type(data_type):
+    """The TRITONSERVER_DataType number of a numpy type (np.bytes_ is BYTES too)."""
+    if data_type in (np.bytes_, np.dtype(np.bytes_).type):
+        return 13
+    for number, known in enumerate(_TRITON_TYPE_NUMBERS, start=1):
+        if np.dtype(data_type) == np.dtype(known):
+            return number
+    return None
+
+
+def serialize_byte_tensor(input_tensor):
+    """A BYTES tensor in Triton's wire form (a 0-d object array holding it, as Triton's utilities
+    give it): each element (bytes as they are, anything else as its UTF-8 text) after its 4-byte
+    little-endian length, in C order; None for an empty tensor or one that is not bytes or
+    objects."""
+    if input_tensor.size == 0 or not (input_tensor.dtype == np.object_ or input_tensor.dtype.type == np.bytes_):
+        return None
+    parts = []
+    for element in input_tensor.flatten(order="C"):
+        data = element if isinstance(element, bytes) else str(element).encode("utf-8")
+        parts.append(struct.pack("<I", len(data)))
+        parts.append(data)
+    return np.asarray(b"".join(parts), dtype=np.object_)
+
+
+def deserialize_bytes_tensor(encoded_tensor):
+    """The elements of a BYTES tensor in Triton's wire form (bytes, or an array holding them), as
+    a 1-D object array of bytes."""
+    if isinstance(encoded_tensor, np.ndarray):
+        encoded_tensor = encoded_tensor.item() if encoded_tensor.dtype == np.object_ else encoded_tensor.tobytes()
+    data = bytes(encoded_tensor)
+    elements, offset = [], 0
+    while offset < len(data):
+        (length,) = struct.unpack_from("<I", data, offset)
+        offset += 4
+        if offset + length > len(data):
+            raise TritonModelException("a BYTES element runs past the end of the tensor")
+        elements.append(data[offset:offset + length])
+        offset += length
+    return np.array(elements, dtype=np.object_)
+
+
+def using_decoupled_model_transaction_policy(model_config):
+    """Whether the model's config makes it decoupled."""
+    return bool(model_config.get("model_transaction_policy", {}).get("decoupled", False))
+
+
+def load_model(model_name, config="", files=None):
+    """Loads (or reloads) a model of the server, as the repository API's load does: `config` a
+    JSON config to use instead of the model's own, `files` {"file:<version>/<name>": bytes}.
+    Needs the server in explicit model control mode."""
+    _state["manage"]("load", model_name, "", config or "", files or {})
+
+
+def unload_model(model_name, unload_dependents=False):
+    """Unloads a model of the server, as the repository API's unload does."""
+    _state["manage"]("unload", model_name, "", "", {}, unload_dependents)
+
+
+def is_model_ready(model_name, model_version=""):
+    """Whether a model (version) of the server is ready."""
+    return bool(_state["manage"]("ready", model_name, str(model_version), "", {}))
+
+
 def get_model_dir():
     return _state.get("model_dir", "")
 
@@ -436,7 +516,11 @@ def _no_calls(request, decoupled=False):
     raise TritonModelException("calls to other models are served only inside kiln")
 
 
+def _no_management(*_):
+    raise TritonModelException("managing models is served only inside kiln")
+
+
 # Filled by the stub: the model directory, where log lines, calls to other models and metric
 # changes go.
 _state = {"log": lambda level, message: print(message, file=sys.stderr), "call": _no_calls,
-          "metric": lambda change: None}
+          "manage": _no_management, "metric": lambda change: None}
