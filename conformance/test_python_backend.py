@@ -381,6 +381,9 @@ class TritonPythonModel:
         last = pb_utils.MetricFamily("py_test_last_value", "The last value seen", pb_utils.MetricFamily.GAUGE)
         self.requests = requests.Metric(labels={"model": args["model_name"], "kind": "test"})
         self.last = last.Metric(labels={"model": args["model_name"]})
+        # vLLM's backend names its metrics with colons, and times with histograms.
+        sizes = pb_utils.MetricFamily("py_test:value_size", "Sizes of the values seen", pb_utils.MetricFamily.HISTOGRAM)
+        self.sizes = sizes.Metric(labels={"model": args["model_name"]}, buckets=[1.0, 5.0, 10.0])
 
     def execute(self, requests):
         responses = []
@@ -388,6 +391,7 @@ class TritonPythonModel:
             x = float(pb_utils.get_input_tensor_by_name(request, "X").as_numpy()[0])
             self.requests.increment(1)
             self.last.set(x)
+            self.sizes.observe(abs(x))
             try:
                 self.requests.increment(-1)
                 refused = 0
@@ -1006,6 +1010,13 @@ def test_custom_metrics_reach_the_metrics_endpoint(python_server):
     families = {f.name: f for f in text_string_to_metric_families(text)}
     assert families["py_test_requests"].type == "counter"
     assert families["py_test_last_value"].samples[0].value == 4.0
+    # Observations 2.5, 7 and 4: cumulative buckets, sum and count.
+    sizes = families["py_test:value_size"]
+    assert sizes.type == "histogram"
+    got = {(s.name, s.labels.get("le")): s.value for s in sizes.samples}
+    assert got == {("py_test:value_size_bucket", "1"): 0, ("py_test:value_size_bucket", "5"): 2,
+                   ("py_test:value_size_bucket", "10"): 3, ("py_test:value_size_bucket", "+Inf"): 3,
+                   ("py_test:value_size_sum", None): 13.5, ("py_test:value_size_count", None): 3}, got
 
 
 def test_a_python_model_collects_decoupled_models_responses(python_server):

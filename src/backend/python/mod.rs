@@ -1187,13 +1187,22 @@ fn metric(model: &str, header: &Value) {
     let text = |key: &str| header[key].as_str().unwrap_or_default();
     let kind = match text("kind") {
         "counter" => Kind::Counter,
+        "histogram" => Kind::Histogram,
         _ => Kind::Gauge,
     };
     let value = header["value"].as_f64().unwrap_or(f64::NAN);
     let change = match text("action") {
         "increment" => Change::Increment(value),
         "set" => Change::Set(value),
-        _ => Change::Create,
+        "observe" => Change::Observe(value),
+        _ => Change::Create {
+            buckets: header["buckets"]
+                .as_array()
+                .into_iter()
+                .flatten()
+                .map(|bound| bound.as_f64().unwrap_or(f64::NAN))
+                .collect(),
+        },
     };
     let labels: Vec<(String, String)> = header["labels"]
         .as_object()

@@ -11,6 +11,7 @@ than doing something else.
 from __future__ import annotations
 
 import json
+import math
 import re
 import struct
 import sys
@@ -430,51 +431,72 @@ class MetricFamily:
     COUNTER = 0
     GAUGE = 1
     HISTOGRAM = 2
+    _KINDS = {COUNTER: "counter", GAUGE: "gauge", HISTOGRAM: "histogram"}
 
     def __init__(self, name, description, kind):
-        if kind not in (MetricFamily.COUNTER, MetricFamily.GAUGE):
-            raise TritonModelException("only COUNTER and GAUGE metric families are served by kiln")
+        if kind not in MetricFamily._KINDS:
+            raise TritonModelException(f"'{kind}' is not a metric family kind (COUNTER, GAUGE or HISTOGRAM)")
         if not isinstance(name, str) or not _METRIC_NAME.fullmatch(name):
             raise TritonModelException(f"'{name}' is not a valid metric name")
         self._name = name
         self._description = str(description)
-        self._kind = "counter" if kind == MetricFamily.COUNTER else "gauge"
+        self._kind = MetricFamily._KINDS[kind]
 
-    def Metric(self, labels=None):
-        return Metric(self, dict(labels or {}))
+    def Metric(self, labels=None, buckets=None):
+        return Metric(self, dict(labels or {}), buckets)
 
 
 class Metric:
-    """One series of a MetricFamily, by its labels. `value()` is what this instance has counted."""
+    """One series of a MetricFamily, by its labels (a histogram's with its buckets' upper bounds).
+    `value()` is what this instance has counted."""
 
-    def __init__(self, family, labels):
+    def __init__(self, family, labels, buckets=None):
         for key in labels:
             if not isinstance(key, str) or not _METRIC_NAME.fullmatch(key):
                 raise TritonModelException(f"'{key}' is not a valid label name")
         self._family = family
         self._labels = {key: str(value) for key, value in labels.items()}
         self._value = 0.0
-        self._send("create", 0.0)
+        extra = {}
+        if family._kind == "histogram":
+            if buckets is None:
+                raise TritonModelException("a histogram metric needs its buckets")
+            bounds = [float(b) for b in buckets]
+            if any(a >= b for a, b in zip(bounds, bounds[1:])) or not all(map(math.isfinite, bounds)):
+                raise TritonModelException("histogram buckets must be finite and increasing")
+            extra["buckets"] = bounds
+        elif buckets is not None:
+            raise TritonModelException("only a histogram metric has buckets")
+        self._send("create", 0.0, **extra)
 
-    def _send(self, action, value):
+    def _send(self, action, value, **extra):
         family = self._family
         _state["metric"]({"name": family._name, "description": family._description, "kind": family._kind,
-                          "labels": self._labels, "action": action, "value": value})
+                          "labels": self._labels, "action": action, "value": value, **extra})
 
     def increment(self, value):
         value = float(value)
+        if self._family._kind == "histogram":
+            raise TritonModelException("a histogram can only observe values")
         if self._family._kind == "counter" and value < 0:
             raise TritonModelException("a counter can only be incremented by a non-negative value")
         self._value += value
         self._send("increment", value)
 
     def set(self, value):
-        if self._family._kind == "counter":
-            raise TritonModelException("a counter cannot be set")
+        if self._family._kind != "gauge":
+            raise TritonModelException(f"a {self._family._kind} cannot be set")
         self._value = float(value)
         self._send("set", self._value)
 
+    def observe(self, value):
+        if self._family._kind != "histogram":
+            raise TritonModelException(f"a {self._family._kind} cannot observe values")
+        self._send("observe", float(value))
+
     def value(self):
+        if self._family._kind == "histogram":
+            raise TritonModelException("a histogram has no single value")
         return self._value
 
 
