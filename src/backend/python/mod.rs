@@ -148,7 +148,7 @@ impl Eq for ModelCaller {}
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Instance {
     pub name: String,
-    /// `CPU` or `GPU`, as `args["model_instance_kind"]` tells the model.
+    /// `CPU`, `GPU` or `MODEL`, as `args["model_instance_kind"]` tells the model.
     pub kind: &'static str,
     pub device: i32,
 }
@@ -228,6 +228,9 @@ impl PythonSpec {
                     group.gpus.clone()
                 };
                 ("GPU", gpus)
+            } else if group.kind == Kind::Model as i32 {
+                // The model places itself (vLLM's multi-GPU engines ask for this).
+                ("MODEL", vec![0])
             } else {
                 group.kind = Kind::Cpu as i32;
                 ("CPU", vec![0])

@@ -38,6 +38,11 @@ fn instance_groups_become_named_instances() {
             gpus: vec![1, 3],
             ..Default::default()
         },
+        ModelInstanceGroup {
+            name: "placed".into(),
+            kind: Kind::Model as i32,
+            ..Default::default()
+        },
     ]);
     let spec =
         PythonSpec::from_config(&mut groups, Path::new("/m"), &ModelCaller::default()).unwrap();
@@ -52,10 +57,12 @@ fn instance_groups_become_named_instances() {
             ("py_0_0", "CPU", 0),
             ("py_0_1", "CPU", 0),
             ("gpus_0", "GPU", 1),
-            ("gpus_1", "GPU", 3)
+            ("gpus_1", "GPU", 3),
+            ("placed_0", "MODEL", 0)
         ]
     );
     assert_eq!(groups.instance_group[0].kind, Kind::Cpu as i32);
+    assert_eq!(groups.instance_group[2].kind, Kind::Model as i32);
 }
 
 #[test]
