@@ -425,6 +425,10 @@ def backend_server(tmp_path_factory):
         (root / "repo" / name / "1").mkdir(parents=True)
         (root / "repo" / name / "config.pbtxt").write_text('backend: "toy_llm"\n')
         (root / "repo" / name / "1" / "model.json").write_text(json.dumps({"prefix": prefix}))
+    # llm_b ships a chat template beside its config, for the OpenAI chat API.
+    (root / "repo" / "llm_b" / "chat_template.jinja").write_text(
+        "{% for m in messages %}{{ m['role'] }} {{ m['content'] }} {% endfor %}{% if add_generation_prompt %}"
+        "assistant{% endif %}")
     port = find_free_port()
     srv = start_server([root / "repo"], name="kiln-python-based", env={"KILN_PYTHON": sys.executable},
                        extra_args=["--backend-directory", str(root / "backends"), "--openai-port", str(port)])
@@ -483,10 +487,18 @@ def test_the_openai_api_drives_a_vllm_style_model(backend_server):
     assert "".join(c.choices[0].text for c in chunks if c.choices) == "B:WHATIS"
     assert [c.choices[0].finish_reason for c in chunks if c.choices][-1] == "stop"
     assert (chunks[-1].usage.prompt_tokens, chunks[-1].usage.completion_tokens) == (4, 2)
-    # echo puts the prompt first; a chat has no template to lay its messages out with.
+    # echo puts the prompt first.
     echoed = client.completions.create(model="llm_a", prompt="kiln", echo=True)
     assert echoed.choices[0].text == "kilnA: KILN"
-    with pytest.raises(openai.BadRequestError, match="no chat template"):
+    # A chat is laid out by the template beside the model's config: llm_b has one, llm_a not.
+    chat = client.chat.completions.create(model="llm_b", messages=[{"role": "user", "content": "hello kiln"}])
+    assert chat.choices[0].message.content == "B: USER HELLO KILN ASSISTANT"
+    assert (chat.choices[0].message.role, chat.usage.prompt_tokens) == ("assistant", 4)
+    pieces = list(client.chat.completions.create(model="llm_b", messages=[{"role": "user", "content": "hi"}],
+                                                 stream=True))
+    assert pieces[0].choices[0].delta.role == "assistant"
+    assert "".join(p.choices[0].delta.content or "" for p in pieces) == "B:USERHIASSISTANT"
+    with pytest.raises(openai.BadRequestError, match="no chat template .*beside its config.pbtxt"):
         client.chat.completions.create(model="llm_a", messages=[{"role": "user", "content": "hi"}])
 
 

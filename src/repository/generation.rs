@@ -229,6 +229,7 @@ pub fn start_version(
         cache: false,
         sequences: None,
         tokenizer: None,
+        chat: None,
     })
 }
 

@@ -78,6 +78,17 @@ impl IoSpec {
         })
     }
 
+    /// Whether this is Triton's LLM contract: a BYTES `text_input` input and a BYTES
+    /// `text_output` output (what vLLM's and TensorRT-LLM's models take and give).
+    pub fn is_llm(&self) -> bool {
+        let bytes = |specs: &[TensorSpec], name: &str| {
+            specs
+                .iter()
+                .any(|s| s.name == name && s.datatype == DataType::Bytes)
+        };
+        bytes(&self.inputs, "text_input") && bytes(&self.outputs, "text_output")
+    }
+
     /// Checks the config against the graph and records the shape mapping.
     ///
     /// # Errors

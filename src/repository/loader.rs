@@ -387,6 +387,7 @@ pub fn build(prepared: Prepared, reuse: Reuse<'_>) -> Result<Model, LoadFailure>
         if let Some(plan) = &ensemble {
             match IoSpec::from_config(&config) {
                 Ok(io) => {
+                    let chat = llm_chat_template(&name, &dir, &io);
                     let serving = ServingVersion {
                         version,
                         io,
@@ -395,6 +396,7 @@ pub fn build(prepared: Prepared, reuse: Reuse<'_>) -> Result<Model, LoadFailure>
                         cache: false,
                         sequences: None,
                         tokenizer: None,
+                        chat,
                     };
                     built.insert(version, Arc::new(serving));
                 }
@@ -643,6 +645,7 @@ fn start_version(
         cache: cache_responses,
         sequences: sequence.map(|spec| Arc::new(Sequences::new(spec.clone()))),
         tokenizer: text_input.map(|text| Arc::clone(text.tokenizer())),
+        chat: None,
     })
 }
 
@@ -670,6 +673,7 @@ fn start_python(
     stats.record_load(started.elapsed());
     Ok(ServingVersion {
         version,
+        chat: llm_chat_template(name, dir, &io),
         io,
         executor: Executor::Python(Arc::new(model)),
         stats,
@@ -677,6 +681,26 @@ fn start_python(
         sequences: None,
         tokenizer: None,
     })
+}
+
+/// The chat template in `dir` of a model whose contract is Triton's LLM tensors (BYTES
+/// `text_input` in, BYTES `text_output` out); none for other models. A template that cannot be
+/// used is logged and kept as the reason chats are refused.
+fn llm_chat_template(
+    name: &str,
+    dir: &Path,
+    io: &IoSpec,
+) -> Option<Result<Arc<crate::generate::chat::ChatTemplate>, String>> {
+    if !io.is_llm() {
+        return None;
+    }
+    match crate::generate::chat::ChatTemplate::load(dir) {
+        Ok(template) => template.map(|template| Ok(Arc::new(template))),
+        Err(why) => {
+            tracing::warn!("model '{name}': its chat template cannot be used: {why}");
+            Some(Err(why))
+        }
+    }
 }
 
 /// The version's contract, checked against its graph; a text model's text input is bound to the

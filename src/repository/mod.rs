@@ -123,6 +123,10 @@ pub struct ServingVersion {
     /// A text model's tokenizer, which its instances share (see
     /// [`crate::backend::tokenize`]), for counting what a request's texts cost in tokens.
     pub tokenizer: Option<Arc<crate::backend::tokenize::TextTokenizer>>,
+    /// The chat template of a model that takes Triton's LLM tensors (a Python model or an
+    /// ensemble), from its model directory, for the OpenAI chat API (`Err`: why it cannot be
+    /// used). Generation models keep theirs in their generator.
+    pub chat: Option<Result<Arc<crate::generate::chat::ChatTemplate>, String>>,
 }
 
 /// What runs a version's requests: the scheduler and its instances for ordinary models, the

@@ -142,18 +142,11 @@ impl Engine {
     /// output (a vLLM-style `model.py`, a TensorRT-LLM-style ensemble), which the OpenAI API
     /// drives through them.
     pub fn takes_llm_tensors(&self, name: &str, version: &str) -> bool {
-        use crate::core::DataType;
         self.resolve(name, version).is_ok_and(|(_, serving)| {
-            let bytes = |specs: &[crate::repository::TensorSpec], name: &str| {
-                specs
-                    .iter()
-                    .any(|s| s.name == name && s.datatype == DataType::Bytes)
-            };
             matches!(
                 serving.executor,
                 Executor::Python(_) | Executor::Ensemble(_)
-            ) && bytes(&serving.io.inputs, "text_input")
-                && bytes(&serving.io.outputs, "text_output")
+            ) && serving.io.is_llm()
         })
     }
 
@@ -166,13 +159,24 @@ impl Engine {
     pub async fn chat_prompt(&self, name: &str, messages: Vec<Message>) -> Result<String, Error> {
         let (model, serving) = self.resolve(name, "")?;
         tokio::task::spawn_blocking(move || {
-            let Executor::Generate(generator) = &serving.executor else {
-                return Err(invalid_arg!(
-                    "model '{}' does not generate text",
-                    model.name
-                ));
+            let (template, beside) = match &serving.executor {
+                Executor::Generate(generator) => (generator.chat_template(), "its tokenizer"),
+                // A model that takes Triton's LLM tensors: its model directory's.
+                Executor::Python(_) | Executor::Ensemble(_) if serving.io.is_llm() => (
+                    serving
+                        .chat
+                        .as_ref()
+                        .map(|chat| chat.as_deref().map_err(String::as_str)),
+                    "its config.pbtxt",
+                ),
+                _ => {
+                    return Err(invalid_arg!(
+                        "model '{}' does not generate text",
+                        model.name
+                    ))
+                }
             };
-            match generator.chat_template() {
+            match template {
                 Some(Ok(template)) => template.render(&messages).map_err(Error::InvalidArgument),
                 Some(Err(why)) => Err(invalid_arg!(
                     "the chat template of model '{}' cannot be used: {why}",
@@ -180,7 +184,7 @@ impl Engine {
                 )),
                 None => Err(invalid_arg!(
                     "model '{}' has no chat template (a tokenizer_config.json with \
-                     chat_template, or a chat_template.jinja, beside its tokenizer): send the \
+                     chat_template, or a chat_template.jinja, beside {beside}): send the \
                      formatted prompt to /v1/completions",
                     model.name
                 )),

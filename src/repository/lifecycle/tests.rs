@@ -72,6 +72,7 @@ fn serving_model(name: &str, versions: &[i64]) -> Arc<Model> {
                 cache: false,
                 sequences: None,
                 tokenizer: None,
+                chat: None,
             };
             (version, Arc::new(serving))
         })

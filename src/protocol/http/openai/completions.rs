@@ -1,6 +1,6 @@
 //! `/v1/completions` and `/v1/chat/completions`: a prompt, or messages laid out by the model's
-//! chat template, generated from by a generation model (or, prompts only, by a model that takes
-//! Triton's LLM tensors: [`super::llm`]), answered whole or streamed as server-sent events.
+//! chat template, generated from by a generation model (or by a model that takes Triton's LLM
+//! tensors: [`super::llm`]), answered whole or streamed as server-sent events.
 
 use super::super::body;
 use super::llm;
@@ -441,14 +441,11 @@ async fn start(
     let mut completion = read_request(kind, &body)?;
     if state.engine.takes_llm_tensors(&completion.model, "") {
         if kind == Kind::Chat {
-            return Err(OpenAiError::invalid(
-                "messages",
-                format!(
-                    "model '{}' takes Triton's LLM tensors, and kiln has no chat template for \
-                     it: send the formatted prompt to /v1/completions",
-                    completion.model
-                ),
-            ));
+            let messages = std::mem::take(&mut completion.messages);
+            completion.prompt = state
+                .engine
+                .chat_prompt(&completion.model, messages)
+                .await?;
         }
         let ask = llm::Ask {
             model: &completion.model,
