@@ -13,6 +13,7 @@ while it was built (the messages and shapes asserted here are Triton's):
 from __future__ import annotations
 
 import json
+import queue
 import re
 import shutil
 import subprocess
@@ -47,7 +48,7 @@ class TritonPythonModel:
             words = [w.upper() for w in text.split()[:limit]]
             if "temperature" in params:
                 words.append("t=%s" % params["temperature"])
-            if text == "fail":
+            if text.lower() == "fail":
                 sender.send(pb_utils.InferenceResponse(error=pb_utils.TritonError("cannot generate")),
                             flags=pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL)
                 continue
@@ -55,7 +56,7 @@ class TritonPythonModel:
             if stream:
                 for word in words:
                     sender.send(out(word))
-                if text.startswith("fail later"):
+                if text.lower().startswith("fail later"):
                     sender.send(pb_utils.InferenceResponse(error=pb_utils.TritonError("gave up")))
                 sender.send(flags=pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL)
             else:
@@ -122,6 +123,48 @@ output [
 instance_group [ { count: 1 kind: KIND_CPU } ]
 '''
 
+# A TensorRT-LLM-shaped pipeline: preprocessing, the decoupled py_gen, postprocessing.
+PY_UPPER = '''
+import numpy as np
+import triton_python_backend_utils as pb_utils
+
+
+class TritonPythonModel:
+    def execute(self, requests):
+        return [pb_utils.InferenceResponse([pb_utils.Tensor("UPPER", np.array(
+            [t.upper() for t in pb_utils.get_input_tensor_by_name(r, "TEXT").as_numpy()], dtype=np.object_))])
+            for r in requests]
+'''
+
+PY_EXCLAIM = '''
+import numpy as np
+import triton_python_backend_utils as pb_utils
+
+
+class TritonPythonModel:
+    def execute(self, requests):
+        return [pb_utils.InferenceResponse([pb_utils.Tensor("LOUD", np.array(
+            [t + b"!" for t in pb_utils.get_input_tensor_by_name(r, "TEXT").as_numpy()], dtype=np.object_))])
+            for r in requests]
+'''
+
+PIPELINE_CONFIG = '''
+name: "llm_pipeline"
+platform: "ensemble"
+input [ { name: "text_input" data_type: TYPE_STRING dims: [ 1 ] },
+        { name: "stream" data_type: TYPE_BOOL dims: [ 1 ] optional: true } ]
+output [ { name: "text_output" data_type: TYPE_STRING dims: [ -1 ] } ]
+ensemble_scheduling { step [
+  { model_name: "py_upper" model_version: -1
+    input_map { key: "TEXT" value: "text_input" } output_map { key: "UPPER" value: "upper" } },
+  { model_name: "py_gen" model_version: -1
+    input_map { key: "text_input" value: "upper" } input_map { key: "stream" value: "stream" }
+    output_map { key: "text_output" value: "generated" } },
+  { model_name: "py_exclaim" model_version: -1
+    input_map { key: "TEXT" value: "generated" } output_map { key: "LOUD" value: "text_output" } }
+] }
+'''
+
 ENSEMBLE_CONFIG = '''
 name: "echo_ensemble"
 platform: "ensemble"
@@ -142,6 +185,14 @@ def server(tmp_path_factory):
         (repo / name / "1").mkdir(parents=True)
         (repo / name / "config.pbtxt").write_text(textwrap.dedent(config))
         (repo / name / "1" / "model.py").write_text(textwrap.dedent(code))
+    for name, io, code in [("py_upper", ("TEXT", "UPPER", "1"), PY_UPPER), ("py_exclaim", ("TEXT", "LOUD", "-1"), PY_EXCLAIM)]:
+        (repo / name / "1").mkdir(parents=True)
+        (repo / name / "config.pbtxt").write_text(
+            f'backend: "python" input [ {{ name: "{io[0]}" data_type: TYPE_STRING dims: [ {io[2]} ] }} ] '
+            f'output [ {{ name: "{io[1]}" data_type: TYPE_STRING dims: [ {io[2]} ] }} ]')
+        (repo / name / "1" / "model.py").write_text(textwrap.dedent(code))
+    (repo / "llm_pipeline" / "1").mkdir(parents=True)
+    (repo / "llm_pipeline" / "config.pbtxt").write_text(PIPELINE_CONFIG)
     (repo / "echo_ensemble" / "1").mkdir(parents=True)
     (repo / "echo_ensemble" / "config.pbtxt").write_text(ENSEMBLE_CONFIG)
     for bundled in ("add_sub", "string_echo"):
@@ -506,7 +557,7 @@ def test_the_openai_api_drives_a_model_with_an_input_per_setting(server):
     # py_gen takes max_tokens as an input of its own (TensorRT-LLM's way); temperature, which it
     # has no input for, is left out; it reports no token counts.
     client = server.openai
-    assert [m.id for m in client.models.list().data] == ["py_gen"]
+    assert [m.id for m in client.models.list().data] == ["llm_pipeline", "py_gen"]
     answer = client.completions.create(model="py_gen", prompt="what is triton server", max_tokens=2, temperature=0.5)
     assert answer.choices[0].text == "WHAT IS"
     assert (answer.choices[0].finish_reason, answer.usage.total_tokens) == ("stop", 0)
@@ -519,3 +570,45 @@ def test_the_openai_api_drives_a_model_with_an_input_per_setting(server):
         client.completions.create(model="py_gen", prompt="fail")
     with pytest.raises(openai.NotFoundError):
         client.completions.create(model="py_params", prompt="x")
+
+
+def test_an_ensemble_with_a_decoupled_step_streams_a_response_per_step_response(server):
+    # Each response of py_gen runs the postprocessing and is one response of the ensemble.
+    answer = post(server, "llm_pipeline", {"text_input": "what is triton server", "stream": True}, stream=True)
+    assert answer.status_code == 200, answer.text
+    assert events(answer) == [{"model_name": "llm_pipeline", "model_version": "1", "text_output": word}
+                              for word in ("WHAT!", "IS!", "TRITON!")]
+    whole = post(server, "llm_pipeline", {"text_input": "what is triton server"})
+    assert whole.json()["text_output"] == "WHAT IS TRITON!"
+    # gRPC streams it too; plain inference refuses it as Triton refuses decoupled models.
+    client = grpcclient.InferenceServerClient(server.grpc_url)
+    got = queue.Queue()
+    client.start_stream(callback=lambda result, error: got.put((result, error)))
+    try:
+        text = grpcclient.InferInput("text_input", [1], "BYTES")
+        text.set_data_from_numpy(np.array([b"a kiln"], dtype=np.object_))
+        stream = grpcclient.InferInput("stream", [1], "BOOL")
+        stream.set_data_from_numpy(np.array([True]))
+        client.async_stream_infer("llm_pipeline", [text, stream], enable_empty_final_response=True)
+        pieces = []
+        while True:
+            result, error = got.get(timeout=RPC_TIMEOUT)
+            assert error is None, error
+            response = result.get_response()
+            if response.outputs:
+                pieces.append(result.as_numpy("text_output").tolist())
+            if response.parameters["triton_final_response"].bool_param:
+                break
+        assert pieces == [[b"A!"], [b"KILN!"]]
+    finally:
+        client.stop_stream()
+    refused = requests.post(f"http://{server.http_url}/v2/models/llm_pipeline/infer", timeout=RPC_TIMEOUT, json={
+        "inputs": [{"name": "text_input", "shape": [1], "datatype": "BYTES", "data": ["x"]}]})
+    assert refused.status_code == 501
+    assert refused.json() == {"error": "HTTP end point doesn't support models with decoupled transaction policy"}
+    # The step's error mid-stream ends the ensemble's, named.
+    failing = events(post(server, "llm_pipeline", {"text_input": "fail later", "stream": True}, stream=True))
+    assert failing[-1] == {"error": "ensemble 'llm_pipeline', step 'py_gen': gave up"}, failing
+    # And the OpenAI API drives it as a TensorRT-LLM ensemble.
+    chunks = list(server.openai.completions.create(model="llm_pipeline", prompt="what is kiln", stream=True))
+    assert "".join(c.choices[0].text for c in chunks) == "WHAT!IS!KILN!"

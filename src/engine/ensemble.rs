@@ -43,56 +43,32 @@ impl Engine {
         let mut tensors: HashMap<String, Tensor> =
             inputs.into_iter().map(|t| (t.name.clone(), t)).collect();
         for wave in &plan.waves {
-            let runs = wave.iter().map(|step| {
-                let mut step_request = step_request(step, &tensors, request);
-                step_request.trace = trace.map(Trace::child);
-                let answer = self.run_request(step_request, depth + 1);
-                async move {
-                    answer.await.map_err(|e| {
-                        let message =
-                            format!("ensemble '{name}', step '{}': {}", step.model, e.message());
-                        e.with_message(message)
-                    })
-                }
-            });
-            let answers = futures_util::future::try_join_all(runs).await?;
-            for (step, answer) in wave.iter().zip(answers) {
-                let mut outputs = answer.outputs;
-                for (output, tensor) in &step.outputs {
-                    let index =
-                        outputs
-                            .iter()
-                            .position(|o| &o.name == output)
-                            .ok_or_else(|| {
-                                Error::Internal(format!(
-                                    "ensemble '{name}': step '{}' returned no output '{output}'",
-                                    step.model
-                                ))
-                            })?;
-                    let mut made = outputs.swap_remove(index);
-                    made.name = tensor.clone();
-                    made.parameters.clear();
-                    tensors.insert(tensor.clone(), made);
-                }
-            }
+            self.run_wave(name, wave, &mut tensors, (request, trace), depth)
+                .await?;
         }
-        io.outputs
-            .iter()
-            .map(|spec| {
-                let tensor = tensors.remove(&spec.name).ok_or_else(|| {
-                    Error::Internal(format!("ensemble '{name}' made no output '{}'", spec.name))
-                })?;
-                if tensor.datatype != spec.datatype {
-                    return Err(Error::Internal(format!(
-                        "ensemble '{name}': output '{}' is {}, the config declares {}",
-                        spec.name,
-                        tensor.datatype.as_wire(),
-                        spec.datatype.as_wire()
-                    )));
-                }
-                Ok(tensor)
-            })
-            .collect()
+        ensemble_outputs(name, io, tensors)
+    }
+
+    /// Runs the steps of one wave at the same time, their outputs renamed into `tensors`.
+    pub(super) async fn run_wave(
+        &self,
+        name: &str,
+        wave: &[Step],
+        tensors: &mut HashMap<String, Tensor>,
+        (request, trace): (&InferRequest, Option<&Arc<Trace>>),
+        depth: usize,
+    ) -> Result<(), Error> {
+        let runs = wave.iter().map(|step| {
+            let mut step_request = step_request(step, tensors, request);
+            step_request.trace = trace.map(Trace::child);
+            let answer = self.run_request(step_request, depth + 1);
+            async move { answer.await.map_err(|e| step_error(name, step, e)) }
+        });
+        let answers = futures_util::future::try_join_all(runs).await?;
+        for (step, answer) in wave.iter().zip(answers) {
+            take_outputs(name, step, answer.outputs, tensors)?;
+        }
+        Ok(())
     }
 
     /// [`Engine::run`] behind a pointer, so that an ensemble's steps can be requests themselves.
@@ -114,9 +90,75 @@ impl Engine {
     }
 }
 
+/// A step's error, its kind kept and its message prefixed with the ensemble and step.
+pub(super) fn step_error(name: &str, step: &Step, error: Error) -> Error {
+    let message = format!(
+        "ensemble '{name}', step '{}': {}",
+        step.model,
+        error.message()
+    );
+    error.with_message(message)
+}
+
+/// Renames the outputs `step` maps into ensemble tensors.
+///
+/// # Errors
+/// INTERNAL when the step returned no output it maps.
+pub(super) fn take_outputs(
+    name: &str,
+    step: &Step,
+    mut outputs: Vec<Tensor>,
+    tensors: &mut HashMap<String, Tensor>,
+) -> Result<(), Error> {
+    for (output, tensor) in &step.outputs {
+        let index = outputs
+            .iter()
+            .position(|o| &o.name == output)
+            .ok_or_else(|| {
+                Error::Internal(format!(
+                    "ensemble '{name}': step '{}' returned no output '{output}'",
+                    step.model
+                ))
+            })?;
+        let mut made = outputs.swap_remove(index);
+        made.name = tensor.clone();
+        made.parameters.clear();
+        tensors.insert(tensor.clone(), made);
+    }
+    Ok(())
+}
+
+/// The ensemble's outputs, in the order of `io`, from its tensors.
+///
+/// # Errors
+/// INTERNAL for an output no step made, or one of another type than the config's.
+pub(super) fn ensemble_outputs(
+    name: &str,
+    io: &IoSpec,
+    mut tensors: HashMap<String, Tensor>,
+) -> Result<Vec<Tensor>, Error> {
+    io.outputs
+        .iter()
+        .map(|spec| {
+            let tensor = tensors.remove(&spec.name).ok_or_else(|| {
+                Error::Internal(format!("ensemble '{name}' made no output '{}'", spec.name))
+            })?;
+            if tensor.datatype != spec.datatype {
+                return Err(Error::Internal(format!(
+                    "ensemble '{name}': output '{}' is {}, the config declares {}",
+                    spec.name,
+                    tensor.datatype.as_wire(),
+                    spec.datatype.as_wire()
+                )));
+            }
+            Ok(tensor)
+        })
+        .collect()
+}
+
 /// A step's request: its model's inputs from the ensemble tensors, only its mapped outputs, and
 /// the ensemble request's sequence parameters.
-fn step_request(
+pub(super) fn step_request(
     step: &Step,
     tensors: &HashMap<String, Tensor>,
     request: &InferRequest,

@@ -7,6 +7,7 @@ mod cache;
 mod classification;
 mod embed;
 mod ensemble;
+mod ensemble_stream;
 pub mod generate;
 mod lookup;
 pub mod raw_input;

@@ -30,7 +30,7 @@ impl Engine {
     /// Admission and lookup errors; UNSUPPORTED for a model that is not decoupled; the
     /// request's errors before its first response. Errors after it are its last response.
     pub async fn infer_decoupled_all(
-        &self,
+        self: &Arc<Self>,
         request: InferRequest,
     ) -> Result<Vec<Result<InferResponse, Error>>, Error> {
         let admission = self.admit()?;
@@ -75,35 +75,33 @@ impl Engine {
         Ok(responses)
     }
 
-    /// Whether `name` (the version given, or the newest) is a decoupled Python model, whose
-    /// requests go through [`Engine::infer_stream`].
-    pub fn is_decoupled_python(&self, name: &str, version: &str) -> bool {
-        self.resolve(name, version).is_ok_and(|(_, serving)| {
-            matches!(&serving.executor, Executor::Python(model) if model.decoupled())
-        })
+    /// Whether `name` (the version given, or the newest) answers through
+    /// [`Engine::infer_stream`]: a decoupled Python model, or an ensemble with a decoupled step.
+    pub fn streams(&self, name: &str, version: &str) -> bool {
+        self.is_decoupled(name, version) && !self.generates_text(name, version)
     }
 
-    /// Runs `request`, admitted earlier with [`Engine::admit`], on a decoupled Python model:
-    /// its responses as the model sends them. The admission ends with the last.
+    /// Runs `request`, admitted earlier with [`Engine::admit`], on a decoupled Python model or
+    /// an ensemble with a decoupled step (see [`super::ensemble_stream`]): its responses as the
+    /// model sends them. The admission ends with the last.
     ///
     /// # Errors
-    /// Lookup errors as [`Engine::model_metadata`]; UNSUPPORTED for a model that is not a
-    /// decoupled Python model; INVALID_ARGUMENT for a request that does not fit the model.
+    /// Lookup errors as [`Engine::model_metadata`]; UNSUPPORTED for a model that does not
+    /// stream so; INVALID_ARGUMENT for a request that does not fit the model.
     pub async fn infer_stream(
-        &self,
+        self: &Arc<Self>,
         admission: Admission,
         mut request: InferRequest,
     ) -> Result<mpsc::UnboundedReceiver<StreamedResponse>, Error> {
         let arrived = Instant::now();
         let (model, serving) = self.resolve(&request.model_name, &request.model_version)?;
-        let python = match &serving.executor {
-            Executor::Python(python) if python.decoupled() => Arc::clone(python),
-            _ => {
-                return Err(Error::Unsupported(format!(
-                    "model '{}' is not a decoupled Python model",
-                    model.name
-                )))
-            }
+        let runs = match &serving.executor {
+            Executor::Python(python) if python.decoupled() => Ok(Arc::clone(python)),
+            Executor::Ensemble(plan) => match self.decoupled_step(plan) {
+                Some(at) => Err((Arc::clone(plan), at)),
+                None => return Err(not_streaming(&model.name)),
+            },
+            _ => return Err(not_streaming(&model.name)),
         };
         let prefix = validate::request_prefix(&request.id);
         let inputs = super::check_parameters(&request)
@@ -121,6 +119,22 @@ impl Engine {
             }
         };
         let rows = validate::rows(&serving.io, &inputs);
+        let python = match runs {
+            Ok(python) => python,
+            Err((plan, at)) => {
+                let streaming = super::ensemble_stream::Streaming {
+                    model,
+                    serving,
+                    plan,
+                    at,
+                    inputs,
+                    request,
+                    rows,
+                    arrived,
+                };
+                return Ok(self.stream_ensemble(streaming, admission));
+            }
+        };
         let mut responses = python
             .execute_stream(python::Request {
                 id: request.id.clone(),
@@ -174,4 +188,11 @@ impl Engine {
         });
         Ok(receiver)
     }
+}
+
+/// The refusal of a model that does not stream its responses.
+fn not_streaming(model: &str) -> Error {
+    Error::Unsupported(format!(
+        "model '{model}' is not a decoupled Python model or an ensemble with a decoupled step"
+    ))
 }

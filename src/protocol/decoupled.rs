@@ -49,9 +49,7 @@ pub async fn answer(
         .admit()
         .and_then(|admission| Ok((admission, request_from_wire(wire)?)));
     let started = match admitted {
-        Ok((admission, request))
-            if engine.is_decoupled_python(&request.model_name, &request.model_version) =>
-        {
+        Ok((admission, request)) if engine.streams(&request.model_name, &request.model_version) => {
             let empty_final = request.parameters.get("triton_enable_empty_final_response")
                 == Some(&ParamValue::Bool(true));
             match engine.infer_stream(admission, request).await {

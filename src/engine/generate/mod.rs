@@ -127,7 +127,8 @@ impl Engine {
             .is_ok_and(|(_, serving)| match &serving.executor {
                 Executor::Generate(_) => true,
                 Executor::Python(model) => model.decoupled(),
-                Executor::Batched(_) | Executor::Ensemble(_) => false,
+                Executor::Ensemble(plan) => self.decoupled_step(plan).is_some(),
+                Executor::Batched(_) => false,
             })
     }
 

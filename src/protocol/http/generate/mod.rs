@@ -143,7 +143,7 @@ async fn start(
     let metadata = engine.model_metadata(&model.name, &model.version)?;
     let mut request = mapped::request(&metadata, &model.version, &body)?;
     request.trace = trace.clone();
-    let started = if engine.is_decoupled_python(&model.name, &model.version) {
+    let started = if engine.streams(&model.name, &model.version) {
         let mut rest = engine.infer_stream(admission, request).await?;
         let first = next_response(&mut rest).await;
         Started::Stream { first, rest }

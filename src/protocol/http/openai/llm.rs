@@ -15,6 +15,7 @@ use crate::core::{DataType, Error, InferResponse, ParamValue, Tensor};
 use crate::engine::generate::{Chunk, Finish, Finished};
 use crate::engine::{Admission, Engine, StreamedResponse};
 use serde_json::{json, Map, Value};
+use std::sync::Arc;
 use tokio::sync::mpsc;
 
 /// What a completion asks of the model.
@@ -50,7 +51,7 @@ enum Responses {
 /// Lookup errors; INVALID_ARGUMENT when a setting does not fit the model's input; the model's
 /// error when it fails before its first response.
 pub(super) async fn start(
-    engine: &Engine,
+    engine: &Arc<Engine>,
     admission: Admission,
     ask: &Ask<'_>,
 ) -> Result<Texts, Error> {
@@ -100,7 +101,7 @@ pub(super) async fn start(
         .map_err(|e| Error::Internal(format!("cannot write JSON: {e}")))?;
     let mut request = mapped::request(&metadata, "", &encoded)?;
     request.id = ask.id.to_string();
-    let responses = if engine.is_decoupled_python(ask.model, "") {
+    let responses = if engine.streams(ask.model, "") {
         Responses::Stream(engine.infer_stream(admission, request).await?)
     } else {
         Responses::One(Some(engine.infer_admitted(&admission, request).await?))
