@@ -191,6 +191,14 @@ def server(tmp_path_factory):
             f'backend: "python" input [ {{ name: "{io[0]}" data_type: TYPE_STRING dims: [ {io[2]} ] }} ] '
             f'output [ {{ name: "{io[1]}" data_type: TYPE_STRING dims: [ {io[2]} ] }} ]')
         (repo / name / "1" / "model.py").write_text(textwrap.dedent(code))
+    # Two ensembles that run each other: looking up whether they stream must end.
+    for name, other in (("cycle_a", "cycle_b"), ("cycle_b", "cycle_a")):
+        (repo / name / "1").mkdir(parents=True)
+        (repo / name / "config.pbtxt").write_text(
+            f'platform: "ensemble" input [ {{ name: "x" data_type: TYPE_STRING dims: [ 1 ] }} ] '
+            f'output [ {{ name: "y" data_type: TYPE_STRING dims: [ 1 ] }} ] ensemble_scheduling {{ step [ '
+            f'{{ model_name: "{other}" model_version: -1 input_map {{ key: "x" value: "x" }} '
+            f'output_map {{ key: "y" value: "y" }} }} ] }}')
     (repo / "llm_pipeline" / "1").mkdir(parents=True)
     (repo / "llm_pipeline" / "config.pbtxt").write_text(PIPELINE_CONFIG)
     (repo / "echo_ensemble" / "1").mkdir(parents=True)
@@ -612,3 +620,12 @@ def test_an_ensemble_with_a_decoupled_step_streams_a_response_per_step_response(
     # And the OpenAI API drives it as a TensorRT-LLM ensemble.
     chunks = list(server.openai.completions.create(model="llm_pipeline", prompt="what is kiln", stream=True))
     assert "".join(c.choices[0].text for c in chunks) == "WHAT!IS!KILN!"
+
+
+def test_ensembles_that_run_each_other_are_refused_not_followed_forever(server):
+    for endpoint in ("generate", "generate_stream"):
+        answer = requests.post(f"http://{server.http_url}/v2/models/cycle_a/{endpoint}", json={"x": "a"},
+                               timeout=RPC_TIMEOUT)
+        assert answer.status_code == 400, answer.text
+        assert answer.json()["error"].endswith("ensemble 'cycle_a' nests ensembles more than 8 deep")
+    server.assert_alive()

@@ -6,12 +6,12 @@
 //! them (gRPC `ModelStreamInfer`, REST `generate_stream`); a client that goes away cancels the
 //! decoupled step's request.
 
-use super::ensemble::{ensemble_outputs, step_error, step_request, take_outputs};
+use super::ensemble::{ensemble_outputs, step_error, step_request, take_outputs, MAX_DEPTH};
 use super::{response, Admission, Engine, StreamedResponse};
 use crate::core::{Error, InferRequest, Tensor};
 use crate::metrics::{ComputeTimes, FailureReason};
 use crate::repository::ensemble::EnsemblePlan;
-use crate::repository::{Model, ServingVersion};
+use crate::repository::{Executor, Model, ServingVersion};
 use std::collections::HashMap;
 use std::sync::Arc;
 use std::time::Instant;
@@ -32,14 +32,34 @@ pub(super) struct Streaming {
 
 impl Engine {
     /// Where ensemble `plan`'s decoupled step is (the first, if several): its wave and its index
-    /// in the wave; `None` for an ensemble whose steps all answer once.
-    pub(super) fn decoupled_step(&self, plan: &EnsemblePlan) -> Option<(usize, usize)> {
+    /// in the wave; `None` for an ensemble whose steps all answer once. A step streams if it is
+    /// a decoupled Python model or such an ensemble itself, looked up at most [`MAX_DEPTH`] deep
+    /// (ensembles may name each other; running them stops there too).
+    pub(super) fn decoupled_step(
+        &self,
+        plan: &EnsemblePlan,
+        depth: usize,
+    ) -> Option<(usize, usize)> {
+        if depth >= MAX_DEPTH {
+            return None;
+        }
         plan.waves.iter().enumerate().find_map(|(wave, steps)| {
             steps
                 .iter()
-                .position(|step| self.is_decoupled(&step.model, &step.version))
+                .position(|step| self.streams_within(&step.model, &step.version, depth + 1))
                 .map(|step| (wave, step))
         })
+    }
+
+    /// Whether the model streams its responses through [`Engine::infer_stream`], `depth`
+    /// ensembles down.
+    pub(super) fn streams_within(&self, name: &str, version: &str, depth: usize) -> bool {
+        self.resolve(name, version)
+            .is_ok_and(|(_, serving)| match &serving.executor {
+                Executor::Python(python) => python.decoupled(),
+                Executor::Ensemble(plan) => self.decoupled_step(plan, depth).is_some(),
+                Executor::Batched(_) | Executor::Generate(_) => false,
+            })
     }
 
     /// Starts `streaming`, admitted earlier: its responses as the decoupled step sends them. The

@@ -78,7 +78,7 @@ impl Engine {
     /// Whether `name` (the version given, or the newest) answers through
     /// [`Engine::infer_stream`]: a decoupled Python model, or an ensemble with a decoupled step.
     pub fn streams(&self, name: &str, version: &str) -> bool {
-        self.is_decoupled(name, version) && !self.generates_text(name, version)
+        self.streams_within(name, version, 0)
     }
 
     /// Runs `request`, admitted earlier with [`Engine::admit`], on a decoupled Python model or
@@ -97,7 +97,7 @@ impl Engine {
         let (model, serving) = self.resolve(&request.model_name, &request.model_version)?;
         let runs = match &serving.executor {
             Executor::Python(python) if python.decoupled() => Ok(Arc::clone(python)),
-            Executor::Ensemble(plan) => match self.decoupled_step(plan) {
+            Executor::Ensemble(plan) => match self.decoupled_step(plan, 0) {
                 Some(at) => Err((Arc::clone(plan), at)),
                 None => return Err(not_streaming(&model.name)),
             },
