@@ -439,26 +439,8 @@ async fn start(
     let admission = state.engine.admit()?;
     let body = body::read(body, headers, state.config.max_input_bytes).await?;
     let mut completion = read_request(kind, &body)?;
-    if state.engine.takes_llm_tensors(&completion.model, "") {
-        if kind == Kind::Chat {
-            let messages = std::mem::take(&mut completion.messages);
-            completion.prompt = state
-                .engine
-                .chat_prompt(&completion.model, messages)
-                .await?;
-        }
-        let ask = llm::Ask {
-            model: &completion.model,
-            id: &completion.id,
-            prompt: &completion.prompt,
-            stream: completion.stream,
-            parameters: &completion.parameters,
-            stop: &completion.stop,
-        };
-        let texts = llm::start(&state.engine, admission, &ask).await?;
-        return Ok((completion, Texts::Llm(texts)));
-    }
-    if !state.engine.generates_text(&completion.model, "") {
+    let llm = state.engine.takes_llm_tensors(&completion.model, "");
+    if !llm && !state.engine.generates_text(&completion.model, "") {
         return Err(OpenAiError::new(
             StatusCode::NOT_FOUND,
             format!(
@@ -474,6 +456,18 @@ async fn start(
             .engine
             .chat_prompt(&completion.model, messages)
             .await?;
+    }
+    if llm {
+        let ask = llm::Ask {
+            model: &completion.model,
+            id: &completion.id,
+            prompt: &completion.prompt,
+            stream: completion.stream,
+            parameters: &completion.parameters,
+            stop: &completion.stop,
+        };
+        let texts = llm::start(&state.engine, admission, &ask).await?;
+        return Ok((completion, Texts::Llm(texts)));
     }
     let request = generation_request(&completion);
     let generation = state.engine.generate(admission, request).await?;
