@@ -47,10 +47,11 @@ impl Shared {
     }
 }
 
-/// The thread reading a decoupled model's stub, and what it shares.
+/// The thread reading a decoupled model's stub, and what it shares. The thread is not joined: it
+/// ends when the stub's pipe closes, which a process the model forked (holding the pipe) may
+/// delay past the stub's own end.
 pub(super) struct Reader {
     shared: Arc<Shared>,
-    thread: Option<std::thread::JoinHandle<()>>,
 }
 
 /// Who the reader reads for (names for messages, and where calls to other models go).
@@ -72,15 +73,13 @@ impl Reader {
             changed: Condvar::new(),
         });
         let reading = Arc::clone(&shared);
-        let thread = std::thread::Builder::new()
+        let spawned = std::thread::Builder::new()
             .name(format!("py-{}", names.instance))
-            .spawn(move || read(output, &input, &names, &reading))
-            .ok();
-        if thread.is_none() {
-            let mut state = shared.lock();
-            state.dead = Some("its reader thread could not start".into());
+            .spawn(move || read(output, &input, &names, &reading));
+        if spawned.is_err() {
+            shared.lock().dead = Some("its reader thread could not start".into());
         }
-        Reader { shared, thread }
+        Reader { shared }
     }
 
     /// Registers request `index` of call `call` before the call is sent.
@@ -112,16 +111,6 @@ impl Reader {
     /// Why the stub stopped answering, if it did.
     pub fn dead(&self) -> Option<String> {
         self.shared.lock().dead.clone()
-    }
-}
-
-impl Drop for Reader {
-    /// The stub's process is gone by now (see `Stub`'s drop), so the thread has ended or ends
-    /// at once.
-    fn drop(&mut self) {
-        if let Some(thread) = self.thread.take() {
-            let _ = thread.join();
-        }
     }
 }
 
