@@ -443,6 +443,8 @@ class TritonPythonModel:
 
     def work(self, request):
         sender = request.get_response_sender()
+        # Asked to be quiet, the decoupled one sends nothing until the end.
+        quiet = json.loads(request.parameters()).get("quiet", False)
         deadline, ticks = time.monotonic() + 20, 0
         tick = lambda: pb_utils.InferenceResponse([pb_utils.Tensor("TICKS", np.array([ticks], dtype=np.int32))])
         while time.monotonic() < deadline:
@@ -451,7 +453,7 @@ class TritonPythonModel:
                 if self.decoupled:
                     sender.send(flags=pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL)
                 return tick()
-            if self.decoupled:
+            if self.decoupled and not quiet:
                 sender.send(tick())
             ticks += 1
             time.sleep(0.02)
@@ -820,6 +822,12 @@ def test_a_model_hears_that_its_requests_client_went_away(python_server):
                     break
     assert [e["TICKS"] for e in events] == [0, 1, 2]
     note = wait_for_note(server, "stream-1")
+    assert re.fullmatch(r"cancelled after \d+ ticks", note) and int(note.split()[2]) < 150, note
+    # A stream whose model has sent nothing yet: its client's leaving is noticed all the same.
+    with pytest.raises(requests.exceptions.ReadTimeout):
+        requests.post(f"http://{server.http_url}/v2/models/py_ticker/generate_stream",
+                      json={"X": 1, "id": "quiet-1", "quiet": True}, timeout=(RPC_TIMEOUT, 0.5))
+    note = wait_for_note(server, "quiet-1")
     assert re.fullmatch(r"cancelled after \d+ ticks", note) and int(note.split()[2]) < 150, note
     server.assert_alive()
 

@@ -133,7 +133,15 @@ impl Engine {
             .infer_stream(self.admit()?, step)
             .await
             .map_err(|e| step_error(name, decoupled, e))?;
-        while let Some(streamed) = responses.recv().await {
+        loop {
+            let streamed = tokio::select! {
+                streamed = responses.recv() => match streamed {
+                    Some(streamed) => streamed,
+                    None => break,
+                },
+                // The client went away: dropping `responses` cancels the step's request.
+                () = sender.closed() => return Ok(()),
+            };
             let answer = match streamed.response {
                 Err(error) => return Err(step_error(name, decoupled, error)),
                 // The word alone that the response before was the last.

@@ -146,7 +146,16 @@ impl Engine {
         let (sender, receiver) = mpsc::unbounded_channel();
         tokio::spawn(async move {
             let _admission = admission;
-            while let Some(streamed) = responses.recv().await {
+            loop {
+                // A client that goes away is noticed at once, not at the next response: the
+                // model's `is_cancelled()` turns true when `responses` is dropped.
+                let streamed = tokio::select! {
+                    streamed = responses.recv() => match streamed {
+                        Some(streamed) => streamed,
+                        None => return,
+                    },
+                    () = sender.closed() => return,
+                };
                 let last = streamed.last;
                 let shaped = streamed.outputs.and_then(|outputs| {
                     outputs
