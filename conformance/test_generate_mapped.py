@@ -201,6 +201,22 @@ def server(tmp_path_factory):
             f'output_map {{ key: "y" value: "y" }} }} ] }}')
     (repo / "llm_pipeline" / "1").mkdir(parents=True)
     (repo / "llm_pipeline" / "config.pbtxt").write_text(PIPELINE_CONFIG)
+    # An LLM-shaped model that answers once (not decoupled): the text reversed word by word.
+    (repo / "py_reverse" / "1").mkdir(parents=True)
+    (repo / "py_reverse" / "config.pbtxt").write_text(
+        'backend: "python" input [ { name: "text_input" data_type: TYPE_STRING dims: [ 1 ] } ] '
+        'output [ { name: "text_output" data_type: TYPE_STRING dims: [ 1 ] } ]')
+    (repo / "py_reverse" / "1" / "model.py").write_text(textwrap.dedent('''
+        import numpy as np
+        import triton_python_backend_utils as pb_utils
+
+
+        class TritonPythonModel:
+            def execute(self, requests):
+                out = lambda r: b" ".join(pb_utils.get_input_tensor_by_name(r, "text_input").as_numpy()[0].split()[::-1])
+                return [pb_utils.InferenceResponse([pb_utils.Tensor("text_output", np.array([out(r)], dtype=np.object_))])
+                        for r in requests]
+    '''))
     (repo / "echo_ensemble" / "1").mkdir(parents=True)
     (repo / "echo_ensemble" / "config.pbtxt").write_text(ENSEMBLE_CONFIG)
     for bundled in ("add_sub", "string_echo"):
@@ -565,7 +581,7 @@ def test_the_openai_api_drives_a_model_with_an_input_per_setting(server):
     # py_gen takes max_tokens as an input of its own (TensorRT-LLM's way); temperature, which it
     # has no input for, is left out; it reports no token counts.
     client = server.openai
-    assert [m.id for m in client.models.list().data] == ["llm_pipeline", "py_gen"]
+    assert [m.id for m in client.models.list().data] == ["llm_pipeline", "py_gen", "py_reverse"]
     answer = client.completions.create(model="py_gen", prompt="what is triton server", max_tokens=2, temperature=0.5)
     assert answer.choices[0].text == "WHAT IS"
     assert (answer.choices[0].finish_reason, answer.usage.total_tokens) == ("stop", 0)
@@ -629,3 +645,12 @@ def test_ensembles_that_run_each_other_are_refused_not_followed_forever(server):
         assert answer.status_code == 400, answer.text
         assert answer.json()["error"].endswith("ensemble 'cycle_a' nests ensembles more than 8 deep")
     server.assert_alive()
+
+
+def test_the_openai_api_drives_an_llm_shaped_model_that_answers_once(server):
+    client = server.openai
+    answer = client.completions.create(model="py_reverse", prompt="one two three")
+    assert (answer.choices[0].text, answer.choices[0].finish_reason) == ("three two one", "stop")
+    chunks = list(client.completions.create(model="py_reverse", prompt="a b", stream=True))
+    assert [c.choices[0].text for c in chunks] == ["b a"]
+    assert chunks[-1].choices[0].finish_reason == "stop"
