@@ -48,8 +48,8 @@ enum Responses {
 /// Sends `ask` to its model, admitted earlier with [`Engine::admit`].
 ///
 /// # Errors
-/// Lookup errors; INVALID_ARGUMENT when a setting does not fit the model's input; the model's
-/// error when it fails before its first response.
+/// Lookup errors; INVALID_ARGUMENT when a setting does not fit the model's input; the error of
+/// a model that answers once (a decoupled model's come from [`Texts::next`]).
 pub(super) async fn start(
     engine: &Arc<Engine>,
     admission: Admission,
