@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import re
+import sys
 import urllib.request
 
 import numpy as np
@@ -22,7 +23,7 @@ T = RPC_TIMEOUT
 
 @pytest.fixture(scope="module")
 def cached():
-    srv = start_server([BUNDLED_REPO], name="kiln-cache",
+    srv = start_server([BUNDLED_REPO], name="kiln-cache", env={"KILN_PYTHON": sys.executable},
                        extra_args=["--model-control-mode", "explicit", "--load-model", "mlp_classifier",
                                    "--cache-config", "local,size=1048576"])
     http = httpclient.InferenceServerClient(srv.http_url, network_timeout=T)
@@ -95,3 +96,60 @@ def test_models_without_the_setting_always_run(cached):
     after = stats(http, "mlp_classifier")
     assert (after["hit"], after["miss"], after["executions"] - before["executions"]) == (0, 0, 3)
     assert metric(cached, "nv_cache_num_hits_per_model", "mlp_classifier") == 0
+
+
+# Counts its executions: a cached answer repeats the count of the execution that made it. With
+# parameter "also" it answers only what was asked, and with "tag" it gives its response a
+# parameter of its own.
+PY_COUNTING = '''
+import json
+import numpy as np
+import triton_python_backend_utils as pb_utils
+
+
+class TritonPythonModel:
+    def initialize(self, args):
+        self.runs = 0
+
+    def execute(self, requests):
+        responses = []
+        for request in requests:
+            self.runs += 1
+            x = pb_utils.get_input_tensor_by_name(request, "X").as_numpy()
+            outputs = [pb_utils.Tensor("RUNS", np.array([[self.runs]], dtype=np.int32)),
+                       pb_utils.Tensor("TWICE", 2 * x)]
+            asked = request.requested_output_names()
+            outputs = [o for o in outputs if o.name() in asked]
+            tag = json.loads(request.parameters()).get("tag")
+            responses.append(pb_utils.InferenceResponse(outputs, parameters={"tag": tag} if tag else None))
+        return responses
+'''
+
+
+def test_a_python_models_answers_are_cached_too(cached):
+    http = httpclient.InferenceServerClient(cached.http_url, network_timeout=T)
+    http.load_model("py_counting", config=json.dumps({
+        "name": "py_counting", "backend": "python", "max_batch_size": 4,
+        "input": [{"name": "X", "data_type": "TYPE_FP32", "dims": [2]}],
+        "output": [{"name": "RUNS", "data_type": "TYPE_INT32", "dims": [1]},
+                   {"name": "TWICE", "data_type": "TYPE_FP32", "dims": [2]}],
+        "response_cache": {"enable": True},
+    }), files={"file:1/model.py": PY_COUNTING.encode()})
+
+    def ask(value, outputs=None, parameters=None):
+        x = httpclient.InferInput("X", [1, 2], "FP32")
+        x.set_data_from_numpy(np.full((1, 2), value, dtype=np.float32))
+        wanted = [httpclient.InferRequestedOutput(o) for o in outputs] if outputs else None
+        return http.infer("py_counting", [x], outputs=wanted, parameters=parameters)
+
+    # Asking for one output: the model leaves the other out, so that answer is not cached.
+    assert ask(1.0, outputs=["TWICE"]).as_numpy("TWICE").tolist() == [[2.0, 2.0]]
+    assert ask(1.0).as_numpy("RUNS").tolist() == [[2]]
+    # The whole answer is: the same request again is the cache's, the run count unchanged.
+    again = ask(1.0)
+    assert again.as_numpy("RUNS").tolist() == [[2]] and again.as_numpy("TWICE").tolist() == [[2.0, 2.0]]
+    assert ask(1.0, outputs=["TWICE"]).get_response()["outputs"][0]["name"] == "TWICE"
+    assert stats(http, "py_counting")["hit"] == 2
+    # A response with parameters of its own is not cached (the cache keeps tensors only).
+    assert ask(3.0, parameters={"tag": "t"}).get_response()["parameters"] == {"tag": "t"}
+    assert ask(3.0).as_numpy("RUNS").tolist() == [[4]]

@@ -478,32 +478,44 @@ impl Engine {
                 )),
                 FailureReason::Other,
             )),
-            (Ok(job), _, Executor::Python(python)) => {
+            (Ok(job), lookup, Executor::Python(python)) => {
+                let looked = lookup.as_ref().map(|(.., started)| started.elapsed());
                 let rows = job.rows;
+                let asked_all = request.outputs.is_empty();
                 let request = crate::backend::python::Request {
                     id: request.id.clone(),
                     parameters: request.parameters.clone(),
                     outputs: request.outputs.iter().map(|o| o.name.clone()).collect(),
                     inputs: job.inputs,
                 };
-                python
-                    .execute(request)
-                    .await
-                    .map(|executed| {
-                        let compute = crate::metrics::ComputeTimes {
-                            infer: executed.compute,
-                            ..Default::default()
-                        };
-                        let ran = Ran::Executed {
-                            rows,
-                            queue: executed.queue,
-                            compute,
-                            gpu: None,
-                        };
-                        model_parameters = executed.outputs.parameters;
-                        (executed.outputs.tensors, ran)
-                    })
-                    .map_err(|e| (e, FailureReason::Backend))
+                let ran = python.execute(request).await;
+                // Cached: a response with every output (the model may leave out outputs a
+                // request did not ask for) and no parameters of its own (the cache keeps
+                // tensors only).
+                if let (Some((cache, key, None, _)), Some(looked), Ok(executed), true) =
+                    (lookup, looked, &ran, asked_all)
+                {
+                    if executed.outputs.parameters.is_empty() {
+                        let stored = Instant::now();
+                        cache.insert(key, Arc::from(executed.outputs.tensors.clone()));
+                        serving.stats.record_cache_miss(looked + stored.elapsed());
+                    }
+                }
+                ran.map(|executed| {
+                    let compute = crate::metrics::ComputeTimes {
+                        infer: executed.compute,
+                        ..Default::default()
+                    };
+                    let ran = Ran::Executed {
+                        rows,
+                        queue: executed.queue,
+                        compute,
+                        gpu: None,
+                    };
+                    model_parameters = executed.outputs.parameters;
+                    (executed.outputs.tensors, ran)
+                })
+                .map_err(|e| (e, FailureReason::Backend))
             }
             (Ok(_), _, Executor::Generate(_)) => Err((
                 Error::Unsupported(format!(

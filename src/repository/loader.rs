@@ -335,13 +335,24 @@ fn prepare_python(
     };
     config::validate_io(&config).map_err(|e| e.to_string())?;
     config::max_inflight_requests(&config).map_err(|e| e.to_string())?;
-    if config::wants_response_cache(&config) {
-        tracing::warn!(
-            "Python model '{name}': response_cache is enabled but Python models are not cached"
-        );
+    // As Triton: a decoupled model's responses are not cached.
+    let decoupled = config
+        .model_transaction_policy
+        .as_ref()
+        .is_some_and(|p| p.decoupled);
+    let wants_cache = config::wants_response_cache(&config);
+    let cache_responses = wants_cache && options.response_cache && !decoupled;
+    if wants_cache && !cache_responses {
+        let why = if decoupled {
+            "decoupled models are not cached"
+        } else {
+            "the server was started without --cache-config"
+        };
+        tracing::warn!("Python model '{name}': response_cache is enabled but {why}");
     }
     Ok(Prepared {
         python: Some(python),
+        cache_responses,
         ..Prepared::without_sessions(name, dir, config, versions)?
     })
 }
@@ -412,7 +423,12 @@ pub fn build(prepared: Prepared, reuse: Reuse<'_>) -> Result<Model, LoadFailure>
         };
         let started = file.and_then(|path| {
             if let Some(spec) = &python {
-                return start_python(&name, version, &dir, &path, &config, spec);
+                return start_python(&name, version, &dir, &path, &config, spec).map(|serving| {
+                    ServingVersion {
+                        cache: cache_responses,
+                        ..serving
+                    }
+                });
             }
             if generation::is_generation(&config) {
                 let options = SessionOptions {
