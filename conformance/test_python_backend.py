@@ -556,6 +556,55 @@ output [ { name: "READY" data_type: TYPE_BOOL dims: [ 1 ] } ]
 '''
 
 
+# Stateful: adds up each sequence's values, keeping the totals itself by correlation_id(), and
+# says where it ran and what the sequence batcher told it (flags and its control inputs).
+PY_ACCUMULATE = '''
+import json
+import numpy as np
+import triton_python_backend_utils as pb_utils
+
+
+class TritonPythonModel:
+    def initialize(self, args):
+        self.instance = args["model_instance_name"]
+        self.totals = {}
+
+    def execute(self, requests):
+        responses = []
+        for request in requests:
+            corrid, flags = request.correlation_id(), request.flags()
+            if flags & pb_utils.TRITONSERVER_REQUEST_FLAG_SEQUENCE_START:
+                self.totals[corrid] = 0.0
+            first = lambda name: pb_utils.get_input_tensor_by_name(request, name).as_numpy().reshape(-1)[0]
+            self.totals[corrid] += float(first("X"))
+            total = self.totals[corrid]
+            if flags & pb_utils.TRITONSERVER_REQUEST_FLAG_SEQUENCE_END:
+                del self.totals[corrid]
+            note = json.dumps({"instance": self.instance, "flags": flags, "corrid": corrid,
+                               "start": float(first("START")), "control": int(first("CORRID"))})
+            responses.append(pb_utils.InferenceResponse([
+                pb_utils.Tensor("TOTAL", np.array([[total]], dtype=np.float32)),
+                pb_utils.Tensor("NOTE", np.array([[note.encode()]], dtype=np.object_))]))
+        return responses
+'''
+
+PY_ACCUMULATE_CONFIG = '''
+name: "py_accumulate"
+backend: "python"
+max_batch_size: 4
+input [ { name: "X" data_type: TYPE_FP32 dims: [ 1 ] } ]
+output [ { name: "TOTAL" data_type: TYPE_FP32 dims: [ 1 ] }, { name: "NOTE" data_type: TYPE_STRING dims: [ 1 ] } ]
+instance_group [ { count: 2 kind: KIND_CPU } ]
+sequence_batching {
+  max_sequence_idle_microseconds: 5000000
+  control_input [
+    { name: "START" control [ { kind: CONTROL_SEQUENCE_START fp32_false_true: [ 0, 1 ] } ] },
+    { name: "CORRID" control [ { kind: CONTROL_SEQUENCE_CORRID data_type: TYPE_UINT64 } ] }
+  ]
+}
+'''
+
+
 def patient_config(name, notes, decoupled):
     return f'''
 name: "{name}"
@@ -679,6 +728,11 @@ def python_server(tmp_path_factory):
     write_model(repo, "py_ticker", patient_config("py_ticker", patient_notes, True), PY_PATIENT)
     write_model(repo, "py_relay", PY_RELAY_CONFIG, PY_RELAY)
     write_model(repo, "py_manager", PY_MANAGER_CONFIG, PY_MANAGER)
+    write_model(repo, "py_accumulate", PY_ACCUMULATE_CONFIG, PY_ACCUMULATE)
+    # Implicit state is not served for Python models: the load says so.
+    write_model(repo, "py_implicit_state", PY_ACCUMULATE_CONFIG.replace('"py_accumulate"', '"py_implicit_state"').replace(
+        "  max_sequence_idle_microseconds: 5000000",
+        '  state [ { input_name: "S_IN" output_name: "S_OUT" data_type: TYPE_FP32 dims: [ 1 ] } ]'), PY_ACCUMULATE)
     # The stubs run under this interpreter (it has numpy).
     server = start_server([repo], name="kiln-python", env={"KILN_PYTHON": sys.executable},
                           extra_args=["--model-control-mode", "explicit", "--load-model", "*"])
@@ -923,6 +977,44 @@ def test_a_model_loads_unloads_and_asks_after_other_models(python_server):
     with pytest.raises(InferenceServerException) as refused:
         manage("load", "bad name/../x")
     assert "TritonModelException: invalid model name 'bad name/../x'" in str(refused.value)
+
+
+def test_a_stateful_model_gets_its_sequences_in_order_each_on_one_instance(python_server):
+    server, _ = python_server
+    client = grpcclient.InferenceServerClient(server.grpc_url)
+
+    def step(sequence, value, start=False, end=False):
+        x = grpcclient.InferInput("X", [1, 1], "FP32")
+        x.set_data_from_numpy(np.array([[value]], dtype=np.float32))
+        result = client.infer("py_accumulate", [x], sequence_id=sequence, sequence_start=start,
+                              sequence_end=end)
+        return float(result.as_numpy("TOTAL")[0][0]), json.loads(result.as_numpy("NOTE")[0][0])
+
+    # Eight sequences interleaved, from threads: each adds up its own values, on one instance.
+    def sequence(n):
+        seen = [step(n, 1.0, start=True)]
+        seen += [step(n, float(k)) for k in range(2, 5)]
+        seen.append(step(n, 10.0, end=True))
+        return seen
+
+    with ThreadPoolExecutor(4) as pool:
+        runs = dict(zip(range(100, 108), pool.map(sequence, range(100, 108))))
+    instances = set()
+    for n, seen in runs.items():
+        assert [total for total, _ in seen] == [1.0, 3.0, 6.0, 10.0, 20.0], (n, seen)
+        notes = [note for _, note in seen]
+        assert len({note["instance"] for note in notes}) == 1, notes
+        instances |= {note["instance"] for note in notes}
+        assert [note["flags"] for note in notes] == [1, 0, 0, 0, 2]
+        assert [note["start"] for note in notes] == [1.0, 0.0, 0.0, 0.0, 0.0]
+        assert {note["corrid"] for note in notes} == {n} and {note["control"] for note in notes} == {n}
+    assert instances == {"py_accumulate_0_0", "py_accumulate_0_1"}, "sequences spread over both instances"
+    # A request of a sequence that never started is refused, as Triton refuses it.
+    with pytest.raises(InferenceServerException, match="must specify the START flag"):
+        step(999, 1.0)
+    entry = next(m for m in client.get_model_repository_index().models if m.name == "py_implicit_state")
+    assert entry.state == "UNAVAILABLE"
+    assert "sequence_batching state (implicit state) is not served for Python models" in entry.reason, entry.reason
 
 
 def test_auto_complete_config_declares_what_the_config_leaves_out(python_server):

@@ -478,17 +478,43 @@ impl Engine {
                 )),
                 FailureReason::Other,
             )),
-            (Ok(job), lookup, Executor::Python(python)) => {
+            (Ok(mut job), lookup, Executor::Python(python)) => {
                 let looked = lookup.as_ref().map(|(.., started)| started.elapsed());
                 let rows = job.rows;
                 let asked_all = request.outputs.is_empty();
+                // A sequence's requests run one at a time, in order, on one instance, with the
+                // control inputs the config asks for; its state is the model's to keep.
+                let turn = match (&serving.sequences, &flags) {
+                    (Some(sequences), Ok(Some(flags))) => {
+                        match sequences.begin(flags.clone(), rows, &model.name).await {
+                            Ok(turn) => {
+                                job.inputs.extend(sequences.inputs(&turn));
+                                Some((sequences, turn, python_sequence(flags)))
+                            }
+                            Err(e) => {
+                                serving
+                                    .stats
+                                    .record_failure(arrived.elapsed(), FailureReason::Other);
+                                record.finished = true;
+                                return Err(e);
+                            }
+                        }
+                    }
+                    _ => None,
+                };
                 let request = crate::backend::python::Request {
                     id: request.id.clone(),
                     parameters: request.parameters.clone(),
                     outputs: request.outputs.iter().map(|o| o.name.clone()).collect(),
                     inputs: job.inputs,
+                    sequence: turn.as_ref().map(|(.., of)| of.clone()),
                 };
-                let ran = python.execute(request).await;
+                let mut ran = python.execute(request).await;
+                if let Some((sequences, turn, _)) = turn {
+                    if let Ok(executed) = &mut ran {
+                        sequences.finish(turn, &mut executed.outputs.tensors);
+                    }
+                }
                 // Cached: a response with every output (the model may leave out outputs a
                 // request did not ask for) and no parameters of its own (the cache keeps
                 // tensors only).
@@ -666,6 +692,24 @@ fn schedule_error(error: ScheduleError, prefix: &str, model: &str) -> (Error, Fa
 
 /// Rejects reserved `triton_*` keys and malformed `classification` counts before the model runs.
 /// Triton's other reserved keys (`priority`, `timeout`, `sequence_*`) are accepted.
+/// Where a stateful Python model's request stands in its sequence: its correlation ID, its
+/// START / END flags (Triton's `TRITONSERVER_REQUEST_FLAG_SEQUENCE_*`), and a hash of the ID
+/// that picks its instance.
+fn python_sequence(flags: &SequenceFlags) -> crate::backend::python::SequenceOf {
+    use crate::repository::sequence::CorrId;
+    use std::hash::{Hash, Hasher};
+    let mut hasher = std::collections::hash_map::DefaultHasher::new();
+    flags.id.hash(&mut hasher);
+    crate::backend::python::SequenceOf {
+        correlation_id: match &flags.id {
+            CorrId::Number(n) => serde_json::json!(n),
+            CorrId::Text(s) => serde_json::json!(s),
+        },
+        flags: u32::from(flags.start) | (u32::from(flags.end) << 1),
+        affinity: hasher.finish(),
+    }
+}
+
 fn check_parameters(request: &InferRequest) -> Result<(), Error> {
     for key in request.parameters.keys() {
         if key.starts_with("triton_") && key != "triton_enable_empty_final_response" {

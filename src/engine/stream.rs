@@ -141,6 +141,7 @@ impl Engine {
                 parameters: request.parameters.clone(),
                 outputs: request.outputs.iter().map(|o| o.name.clone()).collect(),
                 inputs,
+                sequence: None,
             })
             .await?;
         let (sender, receiver) = mpsc::unbounded_channel();

@@ -340,11 +340,27 @@ fn prepare_python(
         .model_transaction_policy
         .as_ref()
         .is_some_and(|p| p.decoupled);
+    let sequence = SequenceSpec::from_config(&config, dir)?;
+    if let Some(spec) = &sequence {
+        if spec.has_states() {
+            return Err(format!(
+                "Python model '{name}': sequence_batching state (implicit state) is not served for \
+                 Python models: the model keeps a sequence's state itself, by correlation_id()"
+            ));
+        }
+        if decoupled {
+            return Err(format!(
+                "decoupled Python model '{name}' cannot use sequence_batching in kiln yet"
+            ));
+        }
+    }
     let wants_cache = config::wants_response_cache(&config);
-    let cache_responses = wants_cache && options.response_cache && !decoupled;
+    let cache_responses = wants_cache && options.response_cache && !decoupled && sequence.is_none();
     if wants_cache && !cache_responses {
         let why = if decoupled {
             "decoupled models are not cached"
+        } else if sequence.is_some() {
+            "stateful (sequence batching) models are not cached"
         } else {
             "the server was started without --cache-config"
         };
@@ -353,6 +369,7 @@ fn prepare_python(
     Ok(Prepared {
         python: Some(python),
         cache_responses,
+        sequence,
         ..Prepared::without_sessions(name, dir, config, versions)?
     })
 }
@@ -426,6 +443,9 @@ pub fn build(prepared: Prepared, reuse: Reuse<'_>) -> Result<Model, LoadFailure>
                 return start_python(&name, version, &dir, &path, &config, spec).map(|serving| {
                     ServingVersion {
                         cache: cache_responses,
+                        sequences: sequence
+                            .as_ref()
+                            .map(|spec| Arc::new(Sequences::new(spec.clone()))),
                         ..serving
                     }
                 });

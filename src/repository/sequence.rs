@@ -383,6 +383,13 @@ pub struct Turn {
     states: tokio::sync::OwnedMutexGuard<Vec<Tensor>>,
 }
 
+impl SequenceSpec {
+    /// Whether the model keeps implicit state (`state` entries) between a sequence's requests.
+    pub fn has_states(&self) -> bool {
+        !self.states.is_empty()
+    }
+}
+
 impl Sequences {
     pub fn new(spec: SequenceSpec) -> Sequences {
         Sequences {

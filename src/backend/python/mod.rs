@@ -181,15 +181,6 @@ impl PythonSpec {
         caller: &ModelCaller,
     ) -> Result<PythonSpec, String> {
         let name = config.name.clone();
-        if matches!(
-            config.scheduling_choice,
-            Some(crate::proto::inference::model_config::SchedulingChoice::SequenceBatching(_))
-        ) {
-            return Err(format!(
-                "Python model '{name}' uses sequence_batching: kiln does not serve stateful Python \
-                 models yet"
-            ));
-        }
         for (tensor, data_type) in config
             .input
             .iter()
@@ -365,6 +356,19 @@ pub struct Request {
     /// The outputs asked for; empty: all.
     pub outputs: Vec<String>,
     pub inputs: Vec<Tensor>,
+    /// Its sequence, for a model with `sequence_batching`.
+    pub sequence: Option<SequenceOf>,
+}
+
+/// Where a request of a stateful model stands in its sequence.
+#[derive(Debug, Clone, PartialEq)]
+pub struct SequenceOf {
+    /// `request.correlation_id()`: a number or a string.
+    pub correlation_id: Value,
+    /// `request.flags()`: TRITONSERVER_REQUEST_FLAG_SEQUENCE_START (1) and _END (2).
+    pub flags: u32,
+    /// Picks the instance every request of the sequence runs on.
+    pub affinity: u64,
 }
 
 /// What one response carries: its output tensors and the parameters the model gave it
@@ -433,6 +437,9 @@ pub struct PythonModel {
     idle: Mutex<Vec<Slot>>,
     /// One per idle instance.
     permits: Arc<tokio::sync::Semaphore>,
+    /// A stateful model's instances (`sequence_batching`), each taking the sequences it is
+    /// given, one request at a time, in their order (its `idle` is empty).
+    pinned: Vec<Arc<tokio::sync::Mutex<Slot>>>,
     stats: Arc<ModelStats>,
 }
 
@@ -584,6 +591,10 @@ impl PythonModel {
             config.scheduling_choice,
             Some(crate::proto::inference::model_config::SchedulingChoice::DynamicBatching(_))
         );
+        let sequences = matches!(
+            config.scheduling_choice,
+            Some(crate::proto::inference::model_config::SchedulingChoice::SequenceBatching(_))
+        );
         Ok(PythonModel {
             launcher,
             all_outputs: config.output.iter().map(|o| o.name.clone()).collect(),
@@ -594,7 +605,19 @@ impl PythonModel {
             },
             pending: Mutex::new(VecDeque::new()),
             decoupled,
-            permits: Arc::new(tokio::sync::Semaphore::new(slots.len())),
+            permits: Arc::new(tokio::sync::Semaphore::new(if sequences {
+                0
+            } else {
+                slots.len()
+            })),
+            pinned: if sequences {
+                std::mem::take(&mut slots)
+                    .into_iter()
+                    .map(|slot| Arc::new(tokio::sync::Mutex::new(slot)))
+                    .collect()
+            } else {
+                Vec::new()
+            },
             idle: Mutex::new(slots),
             stats,
         })
@@ -617,13 +640,62 @@ impl PythonModel {
         let (reply, answer) = tokio::sync::oneshot::channel();
         // Held while this waits: a caller that goes away drops it, and the model hears so.
         let (_waiting, gone) = tokio::sync::oneshot::channel::<()>();
-        let gone = Box::pin(async move {
+        let gone: cancel::Gone = Box::pin(async move {
             let _ = gone.await;
         });
-        self.submit(request, Reply::Whole(reply), gone).await?;
+        if self.pinned.is_empty() {
+            self.submit(request, Reply::Whole(reply), gone).await?;
+        } else {
+            self.run_pinned(request, reply, gone).await;
+        }
         answer
             .await
             .map_err(|_| Error::Internal("the Python model dropped the request".into()))?
+    }
+
+    /// Runs a stateful model's request on the instance its sequence is given (every request
+    /// of a sequence on the same one, as Triton's sequence batcher routes them), once that
+    /// instance is free; one request per `execute` call.
+    async fn run_pinned(
+        self: &Arc<Self>,
+        request: Request,
+        reply: tokio::sync::oneshot::Sender<Result<Executed, Error>>,
+        gone: cancel::Gone,
+    ) {
+        let arrived = Instant::now();
+        let affinity = request.sequence.as_ref().map_or(0, |s| s.affinity);
+        let index = usize::try_from(affinity % self.pinned.len() as u64).unwrap_or(0);
+        let slot = Arc::clone(&self.pinned[index]).lock_owned().await;
+        let this = Arc::clone(self);
+        tokio::task::spawn_blocking(move || {
+            let mut slot = slot;
+            let started = Instant::now();
+            let mut whole = None;
+            let mut answer = |_, item: Streamed| whole = Some(item.outputs);
+            this.run(
+                &mut slot,
+                &[&request],
+                vec![Some(gone)],
+                Deliver::Now(&mut answer),
+            );
+            let compute = started.elapsed();
+            drop(slot);
+            let times = crate::metrics::ComputeTimes {
+                infer: compute,
+                ..Default::default()
+            };
+            this.stats.record_execution(1, times, None);
+            let answer = match whole {
+                Some(Ok(outputs)) => Ok(Executed {
+                    outputs: outputs.unwrap_or_default(),
+                    queue: started.saturating_duration_since(arrived),
+                    compute,
+                }),
+                Some(Err(error)) => Err(error),
+                None => Err(Error::Internal("the Python model sent no response".into())),
+            };
+            let _ = reply.send(answer);
+        });
     }
 
     /// Whether the model is decoupled: its requests go through [`PythonModel::execute_stream`].
@@ -905,12 +977,21 @@ impl PythonModel {
     /// The first sample that fails, with the model's error.
     pub fn warm_up(&self, samples: &[crate::repository::warmup::Sample]) -> Result<(), String> {
         let mut idle = self.idle.lock().unwrap_or_else(|e| e.into_inner());
+        let mut pinned: Vec<_> = self
+            .pinned
+            .iter()
+            .map(|slot| slot.blocking_lock())
+            .collect();
+        let mut slots: Vec<&mut Slot> = idle
+            .iter_mut()
+            .chain(pinned.iter_mut().map(|slot| &mut **slot))
+            .collect();
         for sample in samples {
             let request = Request {
                 inputs: sample.inputs.clone(),
                 ..Request::default()
             };
-            for slot in idle.iter_mut() {
+            for slot in &mut slots {
                 for _ in 0..sample.count {
                     let mut failure = None;
                     if self.decoupled {
@@ -941,18 +1022,26 @@ impl PythonModel {
             tracing::info!(
                 "model '{}': {} instance(s) warmed up with sample '{}'",
                 self.launcher.model,
-                idle.len(),
+                slots.len(),
                 sample.name
             );
         }
         Ok(())
     }
 
+    /// Calls every instance's `finalize` and ends its process. Blocking.
     pub fn stop(&self) {
         self.permits.close();
         let slots = std::mem::take(&mut *self.idle.lock().unwrap_or_else(|e| e.into_inner()));
         for slot in slots {
             if let Some(stub) = slot.stub {
+                stub.finalize();
+            }
+        }
+        // A stateful model's instances not running a request now (the others end with the
+        // version).
+        for slot in &self.pinned {
+            if let Some(stub) = slot.try_lock().ok().and_then(|mut slot| slot.stub.take()) {
                 stub.finalize();
             }
         }
@@ -1449,11 +1538,17 @@ impl Stub {
                 } else {
                     &request.outputs
                 };
+                let (correlation_id, flags) = request
+                    .sequence
+                    .as_ref()
+                    .map_or((json!(0), 0), |s| (s.correlation_id.clone(), s.flags));
                 json!({
                     "id": request.id,
                     "parameters": parameters_json(&request.parameters),
                     "outputs": asked,
                     "inputs": request.inputs.iter().map(channel::describe).collect::<Vec<_>>(),
+                    "correlation_id": correlation_id,
+                    "flags": flags,
                 })
             })
             .collect();

@@ -318,6 +318,7 @@ def requests_of(header, blobs):
             index += 1
         requests.append(pb_utils.InferenceRequest(
             inputs=inputs, requested_output_names=request["outputs"], request_id=request["id"],
+            correlation_id=request.get("correlation_id", 0), flags=request.get("flags", 0),
             parameters=request["parameters"], _kiln=True))
     return requests
 

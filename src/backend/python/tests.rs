@@ -93,16 +93,7 @@ fn the_interpreter_is_the_environment_or_the_default() {
 }
 
 #[test]
-fn what_is_not_served_yet_fails_the_load_with_its_name() {
-    let mut stateful = config(Vec::new());
-    stateful.scheduling_choice = Some(
-        crate::proto::inference::model_config::SchedulingChoice::SequenceBatching(
-            Default::default(),
-        ),
-    );
-    let error = PythonSpec::from_config(&mut stateful, Path::new("/m"), &ModelCaller::default())
-        .unwrap_err();
-    assert!(error.contains("sequence_batching"), "{error}");
+fn what_numpy_cannot_hold_fails_the_load_with_its_name() {
     let mut bf16 = config(Vec::new());
     bf16.output.push(crate::proto::inference::ModelOutput {
         name: "y".into(),
