@@ -588,6 +588,27 @@ class TritonPythonModel:
         return responses
 '''
 
+# Calls py_accumulate for its client, in the sequence and with the flags its parameters name.
+PY_SEQUENCE_CALLER = '''
+import json
+import triton_python_backend_utils as pb_utils
+
+
+class TritonPythonModel:
+    def execute(self, requests):
+        responses = []
+        for request in requests:
+            asked = json.loads(request.parameters())
+            called = pb_utils.InferenceRequest(
+                model_name="py_accumulate", requested_output_names=["TOTAL"],
+                inputs=[pb_utils.Tensor("X", pb_utils.get_input_tensor_by_name(request, "X").as_numpy())],
+                correlation_id=asked["sequence"], flags=asked["flags"]).exec()
+            if called.has_error():
+                raise pb_utils.TritonModelException(called.error().message())
+            responses.append(pb_utils.InferenceResponse([pb_utils.get_output_tensor_by_name(called, "TOTAL")]))
+        return responses
+'''
+
 PY_ACCUMULATE_CONFIG = '''
 name: "py_accumulate"
 backend: "python"
@@ -729,6 +750,13 @@ def python_server(tmp_path_factory):
     write_model(repo, "py_relay", PY_RELAY_CONFIG, PY_RELAY)
     write_model(repo, "py_manager", PY_MANAGER_CONFIG, PY_MANAGER)
     write_model(repo, "py_accumulate", PY_ACCUMULATE_CONFIG, PY_ACCUMULATE)
+    write_model(repo, "py_sequence_caller", '''
+name: "py_sequence_caller"
+backend: "python"
+max_batch_size: 4
+input [ { name: "X" data_type: TYPE_FP32 dims: [ 1 ] } ]
+output [ { name: "TOTAL" data_type: TYPE_FP32 dims: [ 1 ] } ]
+''', PY_SEQUENCE_CALLER)
     # Implicit state is not served for Python models: the load says so.
     write_model(repo, "py_implicit_state", PY_ACCUMULATE_CONFIG.replace('"py_accumulate"', '"py_implicit_state"').replace(
         "  max_sequence_idle_microseconds: 5000000",
@@ -1012,6 +1040,15 @@ def test_a_stateful_model_gets_its_sequences_in_order_each_on_one_instance(pytho
     # A request of a sequence that never started is refused, as Triton refuses it.
     with pytest.raises(InferenceServerException, match="must specify the START flag"):
         step(999, 1.0)
+    # A model calls the stateful model in a sequence of its own (InferenceRequest(correlation_id,
+    # flags)).
+    def relayed(value, flags):
+        x = grpcclient.InferInput("X", [1, 1], "FP32")
+        x.set_data_from_numpy(np.array([[value]], dtype=np.float32))
+        result = client.infer("py_sequence_caller", [x], parameters={"sequence": 4242, "flags": flags})
+        return float(result.as_numpy("TOTAL")[0][0])
+
+    assert [relayed(5.0, 1), relayed(2.0, 0), relayed(1.0, 2)] == [5.0, 7.0, 8.0]
     entry = next(m for m in client.get_model_repository_index().models if m.name == "py_implicit_state")
     assert entry.state == "UNAVAILABLE"
     assert "sequence_batching state (implicit state) is not served for Python models" in entry.reason, entry.reason
