@@ -415,24 +415,18 @@ impl Engine {
                 let looked = lookup.as_ref().map(|(.., started)| started.elapsed());
                 let rows = job.rows;
                 // A sequence's requests run one at a time, with the states its last one left.
-                let turn = match (&serving.sequences, flags) {
-                    (Some(sequences), Ok(Some(flags))) => {
-                        match sequences.begin(flags, rows, &model.name).await {
-                            Ok(turn) => {
-                                job.inputs.extend(sequences.inputs(&turn));
-                                Some((sequences, turn))
-                            }
-                            Err(e) => {
-                                serving
-                                    .stats
-                                    .record_failure(arrived.elapsed(), FailureReason::Other);
-                                record.finished = true;
-                                return Err(e);
-                            }
+                let sequence = flags.as_ref().ok().and_then(Option::as_ref);
+                let turn =
+                    match take_turn(&serving, sequence, rows, &model.name, &mut job.inputs).await {
+                        Ok(turn) => turn,
+                        Err(e) => {
+                            serving
+                                .stats
+                                .record_failure(arrived.elapsed(), FailureReason::Other);
+                            record.finished = true;
+                            return Err(e);
                         }
-                    }
-                    _ => None,
-                };
+                    };
                 let mut ran = scheduler
                     .submit(job)
                     .await
@@ -484,33 +478,27 @@ impl Engine {
                 let asked_all = request.outputs.is_empty();
                 // A sequence's requests run one at a time, in order, on one instance, with the
                 // control inputs the config asks for; its state is the model's to keep.
-                let turn = match (&serving.sequences, &flags) {
-                    (Some(sequences), Ok(Some(flags))) => {
-                        match sequences.begin(flags.clone(), rows, &model.name).await {
-                            Ok(turn) => {
-                                job.inputs.extend(sequences.inputs(&turn));
-                                Some((sequences, turn, python_sequence(flags)))
-                            }
-                            Err(e) => {
-                                serving
-                                    .stats
-                                    .record_failure(arrived.elapsed(), FailureReason::Other);
-                                record.finished = true;
-                                return Err(e);
-                            }
+                let sequence = flags.as_ref().ok().and_then(Option::as_ref);
+                let turn =
+                    match take_turn(&serving, sequence, rows, &model.name, &mut job.inputs).await {
+                        Ok(turn) => turn,
+                        Err(e) => {
+                            serving
+                                .stats
+                                .record_failure(arrived.elapsed(), FailureReason::Other);
+                            record.finished = true;
+                            return Err(e);
                         }
-                    }
-                    _ => None,
-                };
+                    };
                 let request = crate::backend::python::Request {
                     id: request.id.clone(),
                     parameters: request.parameters.clone(),
                     outputs: request.outputs.iter().map(|o| o.name.clone()).collect(),
                     inputs: job.inputs,
-                    sequence: turn.as_ref().map(|(.., of)| of.clone()),
+                    sequence: sequence.filter(|_| turn.is_some()).map(python_sequence),
                 };
                 let mut ran = python.execute(request).await;
-                if let Some((sequences, turn, _)) = turn {
+                if let Some((sequences, turn)) = turn {
                     if let Ok(executed) = &mut ran {
                         sequences.finish(turn, &mut executed.outputs.tensors);
                     }
@@ -692,6 +680,32 @@ fn schedule_error(error: ScheduleError, prefix: &str, model: &str) -> (Error, Fa
 
 /// Rejects reserved `triton_*` keys and malformed `classification` counts before the model runs.
 /// Triton's other reserved keys (`priority`, `timeout`, `sequence_*`) are accepted.
+/// A stateful version's request takes its turn in its sequence (waiting for the one before),
+/// its control inputs and states joining `inputs`; `None` for other versions.
+///
+/// # Errors
+/// The sequence's refusal (see [`crate::repository::sequence::Sequences::begin`]).
+async fn take_turn<'s>(
+    serving: &'s crate::repository::ServingVersion,
+    flags: Option<&SequenceFlags>,
+    rows: usize,
+    model: &str,
+    inputs: &mut Vec<crate::core::Tensor>,
+) -> Result<
+    Option<(
+        &'s Arc<crate::repository::sequence::Sequences>,
+        crate::repository::sequence::Turn,
+    )>,
+    Error,
+> {
+    let (Some(sequences), Some(flags)) = (&serving.sequences, flags) else {
+        return Ok(None);
+    };
+    let turn = sequences.begin(flags.clone(), rows, model).await?;
+    inputs.extend(sequences.inputs(&turn));
+    Ok(Some((sequences, turn)))
+}
+
 /// Where a stateful Python model's request stands in its sequence: its correlation ID, its
 /// START / END flags (Triton's `TRITONSERVER_REQUEST_FLAG_SEQUENCE_*`), and a hash of the ID
 /// that picks its instance.
