@@ -911,6 +911,12 @@ def test_a_model_hears_that_its_requests_client_went_away(python_server):
                       json={"X": 1, "id": "quiet-1", "quiet": True}, timeout=(RPC_TIMEOUT, 0.5))
     note = wait_for_note(server, "quiet-1")
     assert re.fullmatch(r"cancelled after \d+ ticks", note) and int(note.split()[2]) < 150, note
+    # Both streams count as canceled requests.
+    text = requests.get(f"http://{server.metrics_url}/metrics", timeout=RPC_TIMEOUT).text
+    canceled = re.search(r'^nv_inference_request_failure\{[^}]*model="py_ticker"[^}]*reason="CANCELED"[^}]*\} (\S+)$',
+                         text, flags=re.M) or re.search(
+        r'^nv_inference_request_failure\{[^}]*reason="CANCELED"[^}]*model="py_ticker"[^}]*\} (\S+)$', text, flags=re.M)
+    assert canceled and float(canceled.group(1)) >= 2, text
     server.assert_alive()
 
 

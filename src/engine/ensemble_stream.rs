@@ -76,7 +76,8 @@ impl Engine {
             let outcome = engine.run_streaming(&streaming, &sender).await;
             let (stats, total) = (&streaming.serving.stats, streaming.arrived.elapsed());
             match outcome {
-                Ok(()) => stats.record_success(
+                Ok(false) => stats.record_failure(total, FailureReason::Canceled),
+                Ok(true) => stats.record_success(
                     streaming.rows,
                     total,
                     Default::default(),
@@ -96,12 +97,13 @@ impl Engine {
     }
 
     /// Runs the steps up to the decoupled one, then the rest once per response it sends, each
-    /// result sent on `sender`. Returns early (the step cancelled) when the client goes away.
+    /// result sent on `sender`. Returns early (the step cancelled) when the client goes away:
+    /// whether the stream ended.
     async fn run_streaming(
         self: &Arc<Self>,
         streaming: &Streaming,
         sender: &mpsc::UnboundedSender<StreamedResponse>,
-    ) -> Result<(), Error> {
+    ) -> Result<bool, Error> {
         let Streaming {
             model,
             serving,
@@ -140,7 +142,7 @@ impl Engine {
                     None => break,
                 },
                 // The client went away: dropping `responses` cancels the step's request.
-                () = sender.closed() => return Ok(()),
+                () = sender.closed() => return Ok(false),
             };
             let answer = match streamed.response {
                 Err(error) => return Err(step_error(name, decoupled, error)),
@@ -167,7 +169,7 @@ impl Engine {
                 last,
             });
             if sent.is_err() || last {
-                return Ok(());
+                return Ok(last);
             }
         }
         Err(step_error(

@@ -155,7 +155,10 @@ impl Engine {
                         Some(streamed) => streamed,
                         None => return,
                     },
-                    () = sender.closed() => return,
+                    () = sender.closed() => {
+                        serving.stats.record_failure(arrived.elapsed(), FailureReason::Canceled);
+                        return;
+                    }
                 };
                 let last = streamed.last;
                 let shaped = streamed.outputs.and_then(|outputs| {
@@ -191,6 +194,11 @@ impl Engine {
                         last,
                     })
                     .is_err();
+                if gone && !last {
+                    serving
+                        .stats
+                        .record_failure(arrived.elapsed(), FailureReason::Canceled);
+                }
                 if last || gone {
                     return;
                 }
