@@ -411,7 +411,7 @@ impl Engine {
                     lookup: started.elapsed(),
                 },
             )),
-            (Ok(mut job), lookup, Executor::Batched(scheduler)) => {
+            (Ok(mut job), lookup, Executor::Batched(scheduler)) => 'arm: {
                 let looked = lookup.as_ref().map(|(.., started)| started.elapsed());
                 let rows = job.rows;
                 // A sequence's requests run one at a time, with the states its last one left.
@@ -419,13 +419,7 @@ impl Engine {
                 let turn =
                     match take_turn(&serving, sequence, rows, &model.name, &mut job.inputs).await {
                         Ok(turn) => turn,
-                        Err(e) => {
-                            serving
-                                .stats
-                                .record_failure(arrived.elapsed(), FailureReason::Other);
-                            record.finished = true;
-                            return Err(e);
-                        }
+                        Err(e) => break 'arm Err((e, FailureReason::Other)),
                     };
                 let mut ran = scheduler
                     .submit(job)
@@ -472,7 +466,7 @@ impl Engine {
                 )),
                 FailureReason::Other,
             )),
-            (Ok(mut job), lookup, Executor::Python(python)) => {
+            (Ok(mut job), lookup, Executor::Python(python)) => 'arm: {
                 let looked = lookup.as_ref().map(|(.., started)| started.elapsed());
                 let rows = job.rows;
                 let asked_all = request.outputs.is_empty();
@@ -482,13 +476,7 @@ impl Engine {
                 let turn =
                     match take_turn(&serving, sequence, rows, &model.name, &mut job.inputs).await {
                         Ok(turn) => turn,
-                        Err(e) => {
-                            serving
-                                .stats
-                                .record_failure(arrived.elapsed(), FailureReason::Other);
-                            record.finished = true;
-                            return Err(e);
-                        }
+                        Err(e) => break 'arm Err((e, FailureReason::Other)),
                     };
                 let request = crate::backend::python::Request {
                     id: request.id.clone(),

@@ -61,6 +61,18 @@ fn token(config: &serde_json::Value, key: &str) -> String {
 }
 
 impl ChatTemplate {
+    /// The chat template in `dir` of model `name`, if it has one; one that cannot be used is
+    /// logged and kept as the reason its chats are refused (completions need none).
+    pub fn load_for(name: &str, dir: &Path) -> Option<Result<ChatTemplate, String>> {
+        match ChatTemplate::load(dir) {
+            Ok(template) => template.map(Ok),
+            Err(why) => {
+                tracing::warn!(model = %name, "chats are refused: {why}");
+                Some(Err(why))
+            }
+        }
+    }
+
     /// The chat template in `dir`, if the model has one.
     ///
     /// # Errors

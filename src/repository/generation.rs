@@ -196,13 +196,7 @@ pub fn start_version(
     let codec = TextCodec::load(&tokenizer, parameter("eos_token").as_deref())?;
     // The chat template ships beside the tokenizer (tokenizer_config.json, chat_template.jinja).
     // One that cannot be used refuses chats only: completions need none.
-    let chat = match ChatTemplate::load(tokenizer.parent().unwrap_or(model_dir)) {
-        Ok(template) => template.map(Ok),
-        Err(why) => {
-            tracing::warn!(model = %name, "chats are refused: {why}");
-            Some(Err(why))
-        }
-    };
+    let chat = ChatTemplate::load_for(name, tokenizer.parent().unwrap_or(model_dir));
     let session =
         DecoderSession::load(runtime, model_path, session_options).map_err(|e| e.to_string())?;
     let stats = Arc::new(ModelStats::new(name, version));

@@ -720,8 +720,7 @@ fn start_python(
 }
 
 /// The chat template in `dir` of a model whose contract is Triton's LLM tensors (BYTES
-/// `text_input` in, BYTES `text_output` out); none for other models. A template that cannot be
-/// used is logged and kept as the reason chats are refused.
+/// `text_input` in, BYTES `text_output` out); none for other models.
 fn llm_chat_template(
     name: &str,
     dir: &Path,
@@ -730,13 +729,7 @@ fn llm_chat_template(
     if !io.is_llm() {
         return None;
     }
-    match crate::generate::chat::ChatTemplate::load(dir) {
-        Ok(template) => template.map(|template| Ok(Arc::new(template))),
-        Err(why) => {
-            tracing::warn!("model '{name}': its chat template cannot be used: {why}");
-            Some(Err(why))
-        }
-    }
+    Some(crate::generate::chat::ChatTemplate::load_for(name, dir)?.map(Arc::new))
 }
 
 /// The version's contract, checked against its graph; a text model's text input is bound to the

@@ -135,27 +135,38 @@ impl Drop for Watch {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use std::process::Stdio;
+    use std::process::{Child, Stdio};
 
-    #[test]
-    fn the_child_reads_notices_on_descriptor_3() {
+    /// A child that prints, as numbers, the u64s it reads on descriptor 3 (`od`), and the
+    /// notices that reach it.
+    fn reader() -> (Notices, Child) {
         let mut command = Command::new("sh");
         command
-            .args(["-c", "od -An -tu8 -N32 <&3"])
+            .args(["-c", "od -An -tu8 <&3"])
             .stdout(Stdio::piped());
         let (notices, stub_end) = Notices::attach(&mut command).unwrap();
         let child = command.spawn().unwrap();
         drop(stub_end);
-        notices.cancel(7, 2);
-        notices.cancel(u64::MAX, 0);
-        drop(notices);
+        (notices, child)
+    }
+
+    /// What the child read, once its pipe closed.
+    fn read(child: Child) -> Vec<String> {
         let output = child.wait_with_output().unwrap();
-        let words: Vec<String> = String::from_utf8(output.stdout)
+        String::from_utf8(output.stdout)
             .unwrap()
             .split_whitespace()
             .map(String::from)
-            .collect();
-        assert_eq!(words, ["7", "2", &u64::MAX.to_string(), "0"]);
+            .collect()
+    }
+
+    #[test]
+    fn the_child_reads_notices_on_descriptor_3() {
+        let (notices, child) = reader();
+        notices.cancel(7, 2);
+        notices.cancel(u64::MAX, 0);
+        drop(notices);
+        assert_eq!(read(child), ["7", "2", &u64::MAX.to_string(), "0"]);
     }
 
     #[test]
@@ -164,13 +175,7 @@ mod tests {
             .enable_all()
             .build()
             .unwrap();
-        let mut command = Command::new("sh");
-        command
-            .args(["-c", "od -An -tu8 <&3"])
-            .stdout(Stdio::piped());
-        let (notices, stub_end) = Notices::attach(&mut command).unwrap();
-        let child = command.spawn().unwrap();
-        drop(stub_end);
+        let (notices, child) = reader();
         let notices = Arc::new(notices);
         runtime.block_on(async {
             let (left, gone) = tokio::sync::oneshot::channel::<()>();
@@ -195,12 +200,6 @@ mod tests {
             tokio::time::sleep(std::time::Duration::from_millis(50)).await;
         });
         drop(notices);
-        let output = child.wait_with_output().unwrap();
-        let words: Vec<String> = String::from_utf8(output.stdout)
-            .unwrap()
-            .split_whitespace()
-            .map(String::from)
-            .collect();
-        assert_eq!(words, ["3", "0"]);
+        assert_eq!(read(child), ["3", "0"]);
     }
 }
