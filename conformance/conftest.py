@@ -52,10 +52,21 @@ def kiln_bin() -> Path:
     return REPO_ROOT / "target" / "debug" / "kiln"
 
 
+# Ports handed out in this run: the kernel may offer a closed one again, and a test that asks for
+# a port of its own (an OpenAI or SageMaker listener) before its server takes its three must not
+# get one of them.
+_HANDED_OUT: set[int] = set()
+
+
 def find_free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+    """A port free now and not handed out before in this run."""
+    while True:
+        with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+            s.bind(("127.0.0.1", 0))
+            port = s.getsockname()[1]
+        if port not in _HANDED_OUT:
+            _HANDED_OUT.add(port)
+            return port
 
 
 def _distinct_ports(n: int) -> list[int]:
