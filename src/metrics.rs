@@ -424,6 +424,12 @@ impl ModelStats {
         self.pending.set(pending as f64);
     }
 
+    /// Requests waiting: `change` more (fewer, when negative) in one of the version's queues
+    /// (a stateful Python model has one per instance).
+    pub fn add_pending(&self, change: f64) {
+        self.pending.increment(change);
+    }
+
     /// How long loading this version took (its sessions and instances).
     pub fn record_load(&self, duration: Duration) {
         self.load_secs.set(duration.as_secs_f64());

@@ -17,6 +17,11 @@
 //! inline callers both take from.
 //! Deadlines and REJECT timeouts are timed by the waiting caller, which takes its request back
 //! out of the queue when they pass; instances also drop anything expired they come across.
+//!
+//! What an instance is, the scheduler does not mind ([`Instance`]): an ONNX Runtime session
+//! ([`Session`]: the batch's inputs merged, run once, the outputs split) or a Python model's
+//! stub (the requests handed over as a list), each with the same queues, priorities, policies,
+//! delays and rate limiter, as Triton's schedulers serve every backend.
 
 pub mod batch;
 pub mod layout;
@@ -66,11 +71,108 @@ impl From<Rejection> for ScheduleError {
     }
 }
 
+/// One model instance as the scheduler drives it: a batch of requests at a time, on an instance
+/// thread (or, for a quick model, on a caller's: [`Instance::may_run_inline`]).
+pub trait Instance: Send + 'static {
+    /// What a request brings (for an ONNX session, its input tensors).
+    type Input: Send + 'static;
+    /// What a request gets back (for an ONNX session, its output tensors).
+    type Output: Send + 'static;
+
+    /// A request's input tensors: requests batch together only when theirs agree in shape
+    /// (see [`layout::BatchLayout::signature`]).
+    fn tensors(input: &Self::Input) -> &[Tensor];
+
+    /// Runs one batch, `rows[i]` rows from request `i`: one output per request, in order, or the
+    /// error that fails them all (an [`BackendError::Input`] error of a batch of several runs
+    /// each request again alone); and where the time went.
+    fn run(
+        &mut self,
+        batch: &mut [&mut Self::Input],
+        rows: &[usize],
+    ) -> (Result<Vec<Self::Output>, BackendError>, ComputeTimes);
+
+    /// Whether a lone request may run on the caller's (network) thread when the model is quick.
+    fn may_run_inline(&self) -> bool {
+        false
+    }
+
+    /// The CUDA ordinal of the GPU this instance runs on (`None`: CPU).
+    fn gpu(&self) -> Option<i32> {
+        None
+    }
+
+    /// Waits until the rate limiter lets this instance run (see [`Backend::admit`]).
+    fn admit(&self) -> Option<rate_limit::Permit> {
+        None
+    }
+
+    /// Ends the instance when its version stops, after its last batch (dropping it otherwise).
+    fn retire(self)
+    where
+        Self: Sized,
+    {
+    }
+}
+
+/// An ONNX Runtime session (or a backend wrapping one) with its version's batch layout: a batch's
+/// inputs are merged, run once, and the outputs split among the requests.
+pub struct Session {
+    backend: Box<dyn Backend>,
+    layout: Arc<layout::BatchLayout>,
+}
+
+impl Instance for Session {
+    type Input = Vec<Tensor>;
+    type Output = Vec<Tensor>;
+
+    fn tensors(input: &Vec<Tensor>) -> &[Tensor] {
+        input
+    }
+
+    fn run(
+        &mut self,
+        batch: &mut [&mut Vec<Tensor>],
+        rows: &[usize],
+    ) -> (Result<Vec<Vec<Tensor>>, BackendError>, ComputeTimes) {
+        let start = Instant::now();
+        let inputs: Vec<&[Tensor]> = batch.iter().map(|inputs| inputs.as_slice()).collect();
+        let merged = self.layout.assemble(&inputs);
+        let ran = Instant::now();
+        let result = self.backend.run(&merged);
+        drop(merged);
+        let inferred = Instant::now();
+        let split = result.and_then(|outputs| {
+            self.layout
+                .split(outputs, rows, &inputs)
+                .map_err(BackendError::Run)
+        });
+        let times = ComputeTimes {
+            input: ran - start,
+            infer: inferred - ran,
+            output: inferred.elapsed(),
+        };
+        (split, times)
+    }
+
+    fn may_run_inline(&self) -> bool {
+        self.backend.may_run_inline()
+    }
+
+    fn gpu(&self) -> Option<i32> {
+        self.backend.gpu()
+    }
+
+    fn admit(&self) -> Option<rate_limit::Permit> {
+        self.backend.admit()
+    }
+}
+
 /// A validated request on its way to an instance.
 #[derive(Debug)]
-pub struct Request {
-    /// Inputs in the model's layout and in the model's input order.
-    pub inputs: Vec<Tensor>,
+pub struct Request<T = Vec<Tensor>> {
+    /// For an ONNX session, the inputs in the model's layout and in the model's input order.
+    pub inputs: T,
     /// Rows this request contributes to a batch (1 for models without a batch dimension).
     pub rows: usize,
     pub priority: Option<u64>,
@@ -82,8 +184,8 @@ pub struct Request {
 
 /// A request's outputs and where its time went.
 #[derive(Debug)]
-pub struct Outcome {
-    pub outputs: Vec<Tensor>,
+pub struct Outcome<T = Vec<Tensor>> {
+    pub outputs: T,
     /// When its batch started (merging inputs, then running the model).
     pub started: Instant,
     pub queue: Duration,
@@ -92,17 +194,20 @@ pub struct Outcome {
     pub gpu: Option<i32>,
 }
 
-struct Job {
-    inputs: Vec<Tensor>,
+/// Where a request's outcome goes.
+type Reply<I> = oneshot::Sender<Result<Outcome<<I as Instance>::Output>, ScheduleError>>;
+
+struct Job<I: Instance> {
+    input: I::Input,
     rows: usize,
     ticket: u64,
     enqueued: Instant,
-    reply: oneshot::Sender<Result<Outcome, ScheduleError>>,
+    reply: Reply<I>,
 }
 
 /// What the caller and the instances share.
-struct Shared {
-    queue: Mutex<Queue>,
+struct Shared<I: Instance> {
+    queue: Mutex<Queue<I>>,
     /// Signalled when work arrives, a session comes back with work waiting, or the scheduler
     /// stops.
     work: Condvar,
@@ -115,12 +220,15 @@ struct Shared {
     layout: Arc<layout::BatchLayout>,
 }
 
-struct Queue {
-    state: State<Job>,
+struct Queue<I: Instance> {
+    state: State<Job<I>>,
     stopped: bool,
     /// Sessions running nothing. An instance thread takes one with each batch; a caller running
     /// its request inline takes one too, so a thread with a batch may have to wait for one.
-    free: Vec<Box<dyn Backend>>,
+    free: Vec<I>,
+    /// The queue's length as last added to the version's pending-request gauge (which the
+    /// schedulers of a stateful Python model's instances share).
+    reported: usize,
 }
 
 /// A model whose runs have lately taken less than this may run a lone request on the caller's
@@ -155,8 +263,8 @@ impl RecentInfer {
     }
 }
 
-impl Shared {
-    fn lock(&self) -> MutexGuard<'_, Queue> {
+impl<I: Instance> Shared<I> {
+    fn lock(&self) -> MutexGuard<'_, Queue<I>> {
         // A panic never happens while the lock is held (backends run outside it); recover anyway.
         self.queue
             .lock()
@@ -164,25 +272,26 @@ impl Shared {
     }
 }
 
-/// The scheduler of one model version. Dropping it stops the instances once they finish the
-/// batch they are running; requests still queued are answered [`ScheduleError::Stopped`].
-/// [`Scheduler::stop`] does the same and waits for the threads, so a caller knows the sessions
-/// are freed when it returns.
-pub struct Scheduler {
-    shared: Arc<Shared>,
+/// The scheduler of one model version (of one instance, for a stateful Python model's). Dropping
+/// it stops the instances once they finish the batch they are running; requests still queued
+/// are answered [`ScheduleError::Stopped`]. [`Scheduler::halt`] does the same and waits for the
+/// threads, so a caller knows the instances are freed when it returns.
+pub struct Scheduler<I: Instance = Session> {
+    shared: Arc<Shared<I>>,
     next_ticket: AtomicU64,
     batching: bool,
     instances: usize,
-    /// The instance threads, joined by [`Scheduler::stop`].
-    threads: Vec<std::thread::JoinHandle<()>>,
+    /// The instance threads, joined by [`Scheduler::halt`].
+    threads: Mutex<Vec<std::thread::JoinHandle<()>>>,
     /// 0: no limit (see [`BatchingConfig::max_in_flight`]).
     max_in_flight: usize,
-    /// The backends may run on a caller's thread (see [`Backend::may_run_inline`]).
+    /// The instances may run on a caller's thread (see [`Instance::may_run_inline`]).
     may_inline: bool,
 }
 
 impl Scheduler {
-    /// Starts one thread per backend, named `<label>-<index>`.
+    /// Starts one thread per ONNX backend, named `<label>-<index>`, each a [`Session`] with the
+    /// config's batch layout.
     ///
     /// # Errors
     /// The OS error when a thread cannot be spawned.
@@ -192,16 +301,45 @@ impl Scheduler {
         backends: Vec<Box<dyn Backend>>,
         stats: Arc<ModelStats>,
     ) -> std::io::Result<Scheduler> {
+        let sessions = backends
+            .into_iter()
+            .map(|backend| Session {
+                backend,
+                layout: Arc::clone(&config.layout),
+            })
+            .collect();
+        Scheduler::launch(label, config, sessions, stats)
+    }
+
+    /// Stops the instances and waits until each has finished its batch, dropped its session and
+    /// exited. Blocking: call it off the async runtime.
+    pub fn stop(self) {
+        self.halt();
+    }
+}
+
+impl<I: Instance> Scheduler<I> {
+    /// Starts one thread per instance, named `<label>-<index>`.
+    ///
+    /// # Errors
+    /// The OS error when a thread cannot be spawned.
+    pub fn launch(
+        label: &str,
+        config: BatchingConfig,
+        instances: Vec<I>,
+        stats: Arc<ModelStats>,
+    ) -> std::io::Result<Scheduler<I>> {
         let batching = config.merges();
-        let may_inline = backends.iter().all(|backend| backend.may_run_inline());
+        let may_inline = instances.iter().all(Instance::may_run_inline);
         let max_in_flight = config.max_in_flight;
-        let instances = backends.len();
+        let count = instances.len();
         let layout = Arc::clone(&config.layout);
         let shared = Arc::new(Shared {
             queue: Mutex::new(Queue {
                 state: State::new(config),
                 stopped: false,
-                free: backends,
+                free: instances,
+                reported: 0,
             }),
             work: Condvar::new(),
             stats,
@@ -209,45 +347,62 @@ impl Scheduler {
             in_flight: AtomicUsize::new(0),
             layout,
         });
-        let mut threads = Vec::with_capacity(instances);
-        for index in 0..instances {
-            let shared = Arc::clone(&shared);
-            threads.push(
-                std::thread::Builder::new()
-                    .name(format!("{label}-{index}"))
-                    .spawn(move || instance_loop(&shared))?,
-            );
+        let mut threads = Vec::with_capacity(count);
+        for index in 0..count {
+            let serves = Arc::clone(&shared);
+            let spawned = std::thread::Builder::new()
+                .name(format!("{label}-{index}"))
+                .spawn(move || instance_loop(&serves));
+            match spawned {
+                Ok(thread) => threads.push(thread),
+                Err(error) => {
+                    // The threads already started end with the scheduler they would serve.
+                    shared.lock().stopped = true;
+                    shared.work.notify_all();
+                    return Err(error);
+                }
+            }
         }
         Ok(Scheduler {
             shared,
             next_ticket: AtomicU64::new(0),
             batching,
-            instances,
-            threads,
+            instances: count,
+            threads: Mutex::new(threads),
             max_in_flight,
             may_inline,
         })
     }
 
-    /// Stops the instances and waits until each has finished its batch, dropped its session and
-    /// exited. Blocking: call it off the async runtime.
-    pub fn stop(mut self) {
-        let threads = std::mem::take(&mut self.threads);
-        let shared = Arc::clone(&self.shared);
-        let instances = self.instances;
-        drop(self);
+    /// Stops the instances: the requests still queued are answered [`ScheduleError::Stopped`],
+    /// each instance thread finishes its batch and exits, and every instance is retired
+    /// ([`Instance::retire`]) once back (a caller running one inline gives it back when its run
+    /// ends). Blocking: call it off the async runtime.
+    pub fn halt(&self) {
+        {
+            let mut queue = self.shared.lock();
+            queue.stopped = true;
+            while let Some(job) = queue.state.cancel(|_| true) {
+                let _ = job.reply.send(Err(ScheduleError::Stopped));
+            }
+            self.shared.report_pending(&mut queue);
+        }
+        self.shared.work.notify_all();
+        let threads = std::mem::take(&mut *self.threads.lock().unwrap_or_else(|e| e.into_inner()));
         for thread in threads {
             let _ = thread.join();
         }
-        // A caller running inline still holds its session; it returns it when its run ends.
-        let mut queue = shared.lock();
-        while queue.free.len() < instances {
-            queue = shared
+        let mut queue = self.shared.lock();
+        while queue.free.len() < self.instances {
+            queue = self
+                .shared
                 .work
                 .wait_timeout(queue, Duration::from_millis(5))
                 .map_or_else(|e| e.into_inner().0, |(q, _)| q);
         }
-        queue.free.clear();
+        let retired = std::mem::take(&mut queue.free);
+        drop(queue);
+        retired.into_iter().for_each(Instance::retire);
     }
 
     /// Number of instances serving this version.
@@ -260,7 +415,10 @@ impl Scheduler {
     ///
     /// # Errors
     /// [`ScheduleError`] for rejections, timeouts, model failures and a stopped scheduler.
-    pub async fn submit(&self, request: Request) -> Result<Outcome, ScheduleError> {
+    pub async fn submit(
+        &self,
+        request: Request<I::Input>,
+    ) -> Result<Outcome<I::Output>, ScheduleError> {
         let _admitted = self.admit()?;
         let ticket = self.next_ticket.fetch_add(1, Ordering::Relaxed);
         let (reply, mut answer) = oneshot::channel();
@@ -270,28 +428,28 @@ impl Scheduler {
                 || (self.shared.in_flight.load(Ordering::Relaxed) == 1
                     && recent.below(INLINE_MAX_INFER)))
         {
-            if let Some(backend) = self.shared.take_idle_session() {
+            if let Some(instance) = self.shared.take_idle_session() {
                 let now = Instant::now();
                 if request.deadline.is_some_and(|deadline| deadline <= now) {
-                    self.shared.give_back(backend);
+                    self.shared.give_back(instance);
                     return Err(ScheduleError::Deadline);
                 }
                 let job = Job {
-                    inputs: request.inputs,
+                    input: request.inputs,
                     rows: request.rows,
                     ticket,
                     enqueued: now,
                     reply,
                 };
-                let mut backend = backend;
-                let answers = execute(backend.as_mut(), vec![job], &self.shared);
-                self.shared.give_back(backend);
+                let mut instance = instance;
+                let answers = execute(&mut instance, vec![job], &self.shared);
+                self.shared.give_back(instance);
                 let (_, result) = answers.into_iter().next().ok_or(ScheduleError::Stopped)?;
                 return result;
             }
         }
         let signature = if self.batching {
-            self.shared.layout.signature(&request.inputs)
+            self.shared.layout.signature(I::tensors(&request.inputs))
         } else {
             0
         };
@@ -302,7 +460,7 @@ impl Scheduler {
             deadline: request.deadline,
             timeout: request.timeout,
             payload: Job {
-                inputs: request.inputs,
+                input: request.inputs,
                 rows: request.rows,
                 ticket,
                 enqueued: Instant::now(),
@@ -317,7 +475,7 @@ impl Scheduler {
             let now = Instant::now();
             self.shared.observe_in_flight(&mut queue, now);
             let pushed = queue.state.push(submission, now);
-            self.shared.stats.set_pending(queue.state.len());
+            self.shared.report_pending(&mut queue);
             pushed.map_err(|(rejection, _)| ScheduleError::from(rejection))?
         };
         self.shared.work.notify_one();
@@ -342,7 +500,7 @@ impl Scheduler {
     }
 }
 
-impl Scheduler {
+impl<I: Instance> Scheduler<I> {
     /// Counts a request in flight for as long as the guard lives, refusing it at once when the
     /// version is at its limit: overload is answered, never queued without bound.
     fn admit(&self) -> Result<InFlight<'_>, ScheduleError> {
@@ -365,10 +523,10 @@ impl Drop for InFlight<'_> {
     }
 }
 
-impl Shared {
+impl<I: Instance> Shared<I> {
     /// A free session, when nothing is queued (a queued request goes first), a queued request
     /// would not wait to be batched, and the scheduler runs.
-    fn take_idle_session(&self) -> Option<Box<dyn Backend>> {
+    fn take_idle_session(&self) -> Option<I> {
         let mut queue = self.lock();
         if queue.stopped || !queue.state.is_empty() || queue.state.waits_for_company() {
             return None;
@@ -377,7 +535,7 @@ impl Shared {
     }
 
     /// Returns a session to the pool, waking an instance thread if work is waiting for it.
-    fn give_back(&self, backend: Box<dyn Backend>) {
+    fn give_back(&self, backend: I) {
         let mut queue = self.lock();
         queue.free.push(backend);
         let waiting = !queue.state.is_empty() || queue.stopped;
@@ -388,21 +546,30 @@ impl Shared {
     }
 
     /// Tells the batcher how many requests are in flight (see [`State::observe_in_flight`]).
-    fn observe_in_flight(&self, queue: &mut Queue, now: Instant) {
+    fn observe_in_flight(&self, queue: &mut Queue<I>, now: Instant) {
         let count = self.in_flight.load(Ordering::Relaxed);
         queue.state.observe_in_flight(count, now);
+    }
+
+    /// Brings the pending-request gauge up to date with the queue's length.
+    fn report_pending(&self, queue: &mut Queue<I>) {
+        let len = queue.state.len();
+        if len != queue.reported {
+            self.stats.add_pending(len as f64 - queue.reported as f64);
+            queue.reported = len;
+        }
     }
 
     /// Removes a queued request; false if it already left the queue.
     fn cancel(&self, ticket: u64) -> bool {
         let mut queue = self.lock();
         let removed = queue.state.cancel(|job| job.ticket == ticket).is_some();
-        self.stats.set_pending(queue.state.len());
+        self.report_pending(&mut queue);
         removed
     }
 }
 
-impl Drop for Scheduler {
+impl<I: Instance> Drop for Scheduler<I> {
     fn drop(&mut self) {
         self.shared.lock().stopped = true;
         self.shared.work.notify_all();
@@ -410,12 +577,12 @@ impl Drop for Scheduler {
 }
 
 /// Takes a request out of the queue when its caller stops waiting.
-struct CancelOnDrop<'a> {
-    shared: &'a Shared,
+struct CancelOnDrop<'a, I: Instance> {
+    shared: &'a Shared<I>,
     ticket: Option<u64>,
 }
 
-impl Drop for CancelOnDrop<'_> {
+impl<I: Instance> Drop for CancelOnDrop<'_, I> {
     fn drop(&mut self) {
         if let Some(ticket) = self.ticket {
             self.shared.cancel(ticket);
@@ -423,19 +590,19 @@ impl Drop for CancelOnDrop<'_> {
     }
 }
 
-fn instance_loop(shared: &Shared) {
+fn instance_loop<I: Instance>(shared: &Shared<I>) {
     while let Some((jobs, mut backend)) = next_batch(shared) {
         // Waiting for the rate limiter counts as queue time, as in Triton.
         let permit = backend.admit();
-        let answers = execute(backend.as_mut(), jobs, shared);
+        let answers = execute(&mut backend, jobs, shared);
         drop(permit);
         shared.give_back(backend);
-        send_answers(answers);
+        send_answers::<I>(answers);
     }
 }
 
 /// Waits for the next batch and a free session to run it; `None` once the scheduler stops.
-fn next_batch(shared: &Shared) -> Option<(Vec<Job>, Box<dyn Backend>)> {
+fn next_batch<I: Instance>(shared: &Shared<I>) -> Option<(Vec<Job<I>>, I)> {
     let mut queue = shared.lock();
     loop {
         if queue.stopped {
@@ -445,6 +612,7 @@ fn next_batch(shared: &Shared) -> Option<(Vec<Job>, Box<dyn Backend>)> {
         for (job, rejection) in queue.state.expire(now) {
             let _ = job.reply.send(Err(rejection.into()));
         }
+        shared.report_pending(&mut queue);
         if queue.free.is_empty() {
             // Every session is out (some with inline callers): wait for one to come back.
             queue = match queue.state.next_expiry() {
@@ -468,7 +636,7 @@ fn next_batch(shared: &Shared) -> Option<(Vec<Job>, Box<dyn Backend>)> {
                 if jobs.is_empty() {
                     continue;
                 }
-                shared.stats.set_pending(queue.state.len());
+                shared.report_pending(&mut queue);
                 if !queue.state.is_empty() {
                     shared.work.notify_one(); // more work for another idle instance
                 }
@@ -493,72 +661,72 @@ fn next_batch(shared: &Shared) -> Option<(Vec<Job>, Box<dyn Backend>)> {
 }
 
 /// Each request's reply channel with what to send on it.
-type Answers = Vec<(
-    oneshot::Sender<Result<Outcome, ScheduleError>>,
-    Result<Outcome, ScheduleError>,
+type Answers<I> = Vec<(
+    Reply<I>,
+    Result<Outcome<<I as Instance>::Output>, ScheduleError>,
 )>;
 
-fn send_answers(answers: Answers) {
+fn send_answers<I: Instance>(answers: Answers<I>) {
     for (reply, result) in answers {
         let _ = reply.send(result);
     }
 }
 
-/// Merges, runs and splits one batch; the answers are sent by the caller once the session is
-/// back in the pool, so that a client's next request finds it free.
-fn execute(backend: &mut dyn Backend, jobs: Vec<Job>, shared: &Shared) -> Answers {
-    let stats = &shared.stats;
+/// Runs one batch; the answers are sent by the caller once the instance is back in the pool, so
+/// that a client's next request finds it free.
+fn execute<I: Instance>(instance: &mut I, mut jobs: Vec<Job<I>>, shared: &Shared<I>) -> Answers<I> {
     let start = Instant::now();
     let rows: Vec<usize> = jobs.iter().map(|job| job.rows).collect();
-    let inputs: Vec<&[Tensor]> = jobs.iter().map(|job| job.inputs.as_slice()).collect();
-    let merged = shared.layout.assemble(&inputs);
-    let ran = Instant::now();
-    let result = catch_unwind(AssertUnwindSafe(|| backend.run(&merged)))
-        .unwrap_or_else(|_| Err(BackendError::Run("model instance panicked".into())));
-    drop(merged);
+    let (result, times) = {
+        let mut batch: Vec<&mut I::Input> = jobs.iter_mut().map(|job| &mut job.input).collect();
+        catch_unwind(AssertUnwindSafe(|| instance.run(&mut batch, &rows))).unwrap_or_else(|_| {
+            let panicked = BackendError::Run("model instance panicked".into());
+            (Err(panicked), ComputeTimes::default())
+        })
+    };
     // One request's bad input (say, a text too long for a model that does not truncate) must
     // not fail the requests it was batched with: run each of them alone.
     if jobs.len() > 1 && matches!(result, Err(BackendError::Input(_))) {
         return jobs
             .into_iter()
-            .flat_map(|job| execute(backend, vec![job], shared))
+            .flat_map(|job| execute(instance, vec![job], shared))
             .collect();
     }
-    let inferred = Instant::now();
-    shared.recent_infer.record(inferred - ran);
-    let split = result.map_err(ScheduleError::from).and_then(|outputs| {
-        shared
-            .layout
-            .split(outputs, &rows, &inputs)
-            .map_err(|e| ScheduleError::Backend(BackendError::Run(e)))
+    shared.recent_infer.record(times.infer);
+    let gpu = instance.gpu();
+    shared.stats.record_execution(rows.iter().sum(), times, gpu);
+    let result = result.and_then(|outputs| {
+        if outputs.len() == jobs.len() {
+            Ok(outputs)
+        } else {
+            Err(BackendError::Run(format!(
+                "the instance answered {} of {} requests",
+                outputs.len(),
+                jobs.len()
+            )))
+        }
     });
-    let times = ComputeTimes {
-        input: ran - start,
-        infer: inferred - ran,
-        output: inferred.elapsed(),
-    };
-    let gpu = backend.gpu();
-    stats.record_execution(rows.iter().sum(), times, gpu);
-    match split {
-        Ok(per_request) => jobs
+    match result {
+        Ok(outputs) => jobs
             .into_iter()
-            .zip(per_request)
+            .zip(outputs)
             .map(|(job, outputs)| {
-                let queue = start.saturating_duration_since(job.enqueued);
                 let outcome = Outcome {
                     outputs,
                     started: start,
-                    queue,
+                    queue: start.saturating_duration_since(job.enqueued),
                     compute: times,
                     gpu,
                 };
                 (job.reply, Ok(outcome))
             })
             .collect(),
-        Err(error) => jobs
-            .into_iter()
-            .map(|job| (job.reply, Err(error.clone())))
-            .collect(),
+        Err(error) => {
+            let error = ScheduleError::from(error);
+            jobs.into_iter()
+                .map(|job| (job.reply, Err(error.clone())))
+                .collect()
+        }
     }
 }
 
