@@ -383,15 +383,7 @@ impl Engine {
                     trace.tensors(TensorActivity::QueueInput, inputs);
                 }
             })
-            .map(|inputs| scheduler::Request {
-                rows: validate::rows(&serving.io, &inputs),
-                inputs,
-                priority: unsigned_param(&request, "priority"),
-                timeout: unsigned_param(&request, "timeout")
-                    .filter(|&t| t > 0)
-                    .map(Duration::from_micros),
-                deadline: request.deadline,
-            });
+            .map(|inputs| queued(&request, validate::rows(&serving.io, &inputs), inputs));
         // The response cache, for versions that use it: a hit answers without running.
         let lookup = match (&scheduled, self.cache.as_ref().filter(|_| serving.cache)) {
             (Ok(job), Some(cache)) => {
@@ -478,46 +470,48 @@ impl Engine {
                         Ok(turn) => turn,
                         Err(e) => break 'arm Err((e, FailureReason::Other)),
                     };
-                let request = crate::backend::python::Request {
+                let sequence = sequence.filter(|_| turn.is_some()).map(python_sequence);
+                let job = job.map(|inputs| crate::backend::python::Request {
                     id: request.id.clone(),
                     parameters: request.parameters.clone(),
                     outputs: request.outputs.iter().map(|o| o.name.clone()).collect(),
-                    inputs: job.inputs,
-                    sequence: sequence.filter(|_| turn.is_some()).map(python_sequence),
+                    inputs,
+                    sequence,
+                });
+                let mut ran = match python.execute(job).await {
+                    Ok(outcome) => outcome
+                        .outputs
+                        .map(|outputs| (outputs, outcome.queue, outcome.compute))
+                        .map_err(|error| (error, FailureReason::Backend)),
+                    Err(error) => Err(schedule_error(error, &prefix, &model.name)),
                 };
-                let mut ran = python.execute(request).await;
                 if let Some((sequences, turn)) = turn {
-                    if let Ok(executed) = &mut ran {
-                        sequences.finish(turn, &mut executed.outputs.tensors);
+                    if let Ok((outputs, ..)) = &mut ran {
+                        sequences.finish(turn, &mut outputs.tensors);
                     }
                 }
                 // Cached: a response with every output (the model may leave out outputs a
                 // request did not ask for) and no parameters of its own (the cache keeps
                 // tensors only).
-                if let (Some((cache, key, None, _)), Some(looked), Ok(executed), true) =
+                if let (Some((cache, key, None, _)), Some(looked), Ok((outputs, ..)), true) =
                     (lookup, looked, &ran, asked_all)
                 {
-                    if executed.outputs.parameters.is_empty() {
+                    if outputs.parameters.is_empty() {
                         let stored = Instant::now();
-                        cache.insert(key, Arc::from(executed.outputs.tensors.clone()));
+                        cache.insert(key, Arc::from(outputs.tensors.clone()));
                         serving.stats.record_cache_miss(looked + stored.elapsed());
                     }
                 }
-                ran.map(|executed| {
-                    let compute = crate::metrics::ComputeTimes {
-                        infer: executed.compute,
-                        ..Default::default()
-                    };
+                ran.map(|(outputs, queue, compute)| {
                     let ran = Ran::Executed {
                         rows,
-                        queue: executed.queue,
+                        queue,
                         compute,
                         gpu: None,
                     };
-                    model_parameters = executed.outputs.parameters;
-                    (executed.outputs.tensors, ran)
+                    model_parameters = outputs.parameters;
+                    (outputs.tensors, ran)
                 })
-                .map_err(|e| (e, FailureReason::Backend))
             }
             (Ok(_), _, Executor::Generate(_)) => Err((
                 Error::Unsupported(format!(
@@ -629,6 +623,20 @@ impl Drop for Recorder<'_> {
 }
 
 /// A non-negative integer request parameter (`priority`, `timeout`), from either integer kind.
+/// `inputs` (`rows` of them) as the scheduler queues them, with the request's `priority` and
+/// `timeout` parameters and its client's deadline.
+fn queued<T>(request: &InferRequest, rows: usize, inputs: T) -> scheduler::Request<T> {
+    scheduler::Request {
+        inputs,
+        rows,
+        priority: unsigned_param(request, "priority"),
+        timeout: unsigned_param(request, "timeout")
+            .filter(|&t| t > 0)
+            .map(Duration::from_micros),
+        deadline: request.deadline,
+    }
+}
+
 fn unsigned_param(request: &InferRequest, key: &str) -> Option<u64> {
     match request.parameters.get(key)? {
         ParamValue::Uint64(v) => Some(*v),

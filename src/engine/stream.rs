@@ -135,15 +135,21 @@ impl Engine {
                 return Ok(self.stream_ensemble(streaming, admission));
             }
         };
-        let mut responses = python
-            .execute_stream(python::Request {
+        let job = super::queued(
+            &request,
+            rows,
+            python::Request {
                 id: request.id.clone(),
                 parameters: request.parameters.clone(),
                 outputs: request.outputs.iter().map(|o| o.name.clone()).collect(),
                 inputs,
                 sequence: None,
-            })
-            .await?;
+            },
+        );
+        let (prefix, name) = (prefix.clone(), model.name.clone());
+        let mut responses = python.execute_stream(job, move |refused| {
+            super::schedule_error(refused, &prefix, &name).0
+        });
         let (sender, receiver) = mpsc::unbounded_channel();
         tokio::spawn(async move {
             let _admission = admission;

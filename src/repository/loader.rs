@@ -701,11 +701,7 @@ fn start_python(
     let io = IoSpec::from_config(config)?;
     let stats = Arc::new(ModelStats::new(name, version));
     let samples = super::warmup::samples(dir, config, &io)?;
-    let model = PythonModel::start(config, version, dir, path, spec, Arc::clone(&stats))?;
-    if let Err(why) = model.warm_up(&samples) {
-        model.stop();
-        return Err(why);
-    }
+    let model = PythonModel::start(config, version, (dir, path), spec, &samples, &stats)?;
     stats.record_load(started.elapsed());
     Ok(ServingVersion {
         version,

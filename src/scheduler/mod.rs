@@ -182,6 +182,19 @@ pub struct Request<T = Vec<Tensor>> {
     pub deadline: Option<Instant>,
 }
 
+impl<T> Request<T> {
+    /// The same request, its inputs made into what another kind of instance takes.
+    pub fn map<U>(self, make: impl FnOnce(T) -> U) -> Request<U> {
+        Request {
+            inputs: make(self.inputs),
+            rows: self.rows,
+            priority: self.priority,
+            timeout: self.timeout,
+            deadline: self.deadline,
+        }
+    }
+}
+
 /// A request's outputs and where its time went.
 #[derive(Debug)]
 pub struct Outcome<T = Vec<Tensor>> {

@@ -13,6 +13,7 @@ use std::os::unix::process::CommandExt;
 use std::pin::Pin;
 use std::process::Command;
 use std::sync::{Arc, Mutex};
+use tokio::runtime::Handle;
 
 /// The file descriptor the stub reads notices from.
 const STUB_FD: i32 = 3;
@@ -88,40 +89,49 @@ pub struct Watch {
 }
 
 impl Watch {
-    /// Starts watching call `call`'s requests (`gone[i]` for request `i`; `None`: not watched).
-    /// Outside a Tokio runtime (a warm-up at load) nothing is watched.
-    pub fn start(notices: &Arc<Notices>, call: u64, gone: Vec<Option<Gone>>) -> Watch {
-        let tasks = gone
-            .into_iter()
-            .enumerate()
-            .filter_map(|(index, gone)| spawn(notices, call, index, gone?))
-            .collect();
+    /// Starts watching call `call`'s requests (`gone[i]` for request `i`; `None`: not watched)
+    /// on `runtime`; without one nothing is watched.
+    pub fn start(
+        runtime: Option<&Handle>,
+        notices: &Arc<Notices>,
+        call: u64,
+        gone: Vec<Option<Gone>>,
+    ) -> Watch {
+        let tasks = runtime.map_or_else(Vec::new, |runtime| {
+            gone.into_iter()
+                .enumerate()
+                .filter_map(|(index, gone)| Some(spawn(runtime, notices, call, index, gone?)))
+                .collect()
+        });
         Watch { tasks }
     }
 
     /// Starts watching request `index` of call `call` alone.
-    pub fn one(notices: &Arc<Notices>, call: u64, index: usize, gone: Option<Gone>) -> Watch {
-        let tasks = gone
-            .and_then(|gone| spawn(notices, call, index, gone))
-            .into_iter()
-            .collect();
-        Watch { tasks }
+    pub fn one(
+        runtime: Option<&Handle>,
+        notices: &Arc<Notices>,
+        call: u64,
+        index: usize,
+        gone: Option<Gone>,
+    ) -> Watch {
+        let gone = (0..index).map(|_| None).chain([gone]).collect();
+        Watch::start(runtime, notices, call, gone)
     }
 }
 
-/// A task that sends the notice when `gone` resolves; none outside a Tokio runtime.
+/// A task that sends the notice when `gone` resolves.
 fn spawn(
+    runtime: &Handle,
     notices: &Arc<Notices>,
     call: u64,
     index: usize,
     gone: Gone,
-) -> Option<tokio::task::JoinHandle<()>> {
-    let runtime = tokio::runtime::Handle::try_current().ok()?;
+) -> tokio::task::JoinHandle<()> {
     let notices = Arc::clone(notices);
-    Some(runtime.spawn(async move {
+    runtime.spawn(async move {
         gone.await;
         notices.cancel(call, index);
-    }))
+    })
 }
 
 impl Drop for Watch {
@@ -181,6 +191,7 @@ mod tests {
             let (left, gone) = tokio::sync::oneshot::channel::<()>();
             let (stays, kept) = tokio::sync::oneshot::channel::<()>();
             let watch = Watch::start(
+                Some(&Handle::current()),
                 &notices,
                 3,
                 vec![

@@ -5,16 +5,20 @@
 //! the process's standard input, then talks to it there and on its standard output
 //! ([`channel`]).
 //!
-//! Requests wait in one queue per version; an idle instance takes the oldest (with
-//! `dynamic_batching`, every one waiting, up to `max_batch_size` rows) into one `execute` call,
-//! each with its id, its parameters (as the JSON text `request.parameters()` gives) and the
-//! outputs it asks for. A response's `TritonError` fails its request with that message, an
-//! exception fails the call's requests with Triton's "Failed to process the request(s)" message.
-//! A decoupled model's responses are passed on as the model sends them ([`Streamed`]). A stub
-//! that dies (a crash, `os._exit`) fails what it was running and is started again,
-//! `initialize` and all, for the next call. A request whose client goes away while it runs is
-//! reported to the stub ([`cancel`]): the model's `is_cancelled()`. `InferenceRequest.exec()` in a model runs through
-//! the server's engine ([`ModelCaller`]).
+//! Requests go through the scheduler every backend has ([`crate::scheduler`]): its queues,
+//! priorities and queue policies, and with `dynamic_batching` its delay and preferred sizes. An
+//! instance thread hands each batch (up to `max_batch_size` rows of requests whose inputs agree
+//! in shape) to its stub in one `execute` call, each request with its id, its parameters (as the
+//! JSON text `request.parameters()` gives) and the outputs it asks for. A response's
+//! `TritonError` fails its request with that message, an exception fails the call's requests
+//! with Triton's "Failed to process the request(s)" message. A decoupled model's responses are
+//! passed on as the model sends them ([`Streamed`]). A stub that dies (a crash, `os._exit`)
+//! fails what it was running and is started again, `initialize` and all, for the next call. A
+//! request whose client goes away while it runs is reported to the stub ([`cancel`]): the
+//! model's `is_cancelled()`. `InferenceRequest.exec()` in a model runs through the server's
+//! engine ([`ModelCaller`]). A stateful model (`sequence_batching`) has a scheduler per
+//! instance: a sequence's requests all go to the same one, where the model keeps its state, and
+//! different sequences' requests batch together there.
 //!
 //! The interpreter is the config's `EXECUTION_ENV_PATH` (an unpacked environment: its
 //! `bin/python3`), else `$KILN_PYTHON`, else `python3` on the `PATH`; it needs numpy.
@@ -23,11 +27,12 @@ mod cancel;
 mod channel;
 mod decoupled;
 
+use crate::backend::BackendError;
 use crate::core::{Error, InferRequest, InferResponse, ParamValue, Parameters, Tensor};
-use crate::metrics::ModelStats;
+use crate::metrics::{ComputeTimes, ModelStats};
 use crate::proto::inference::{model_instance_group::Kind, ModelConfig};
+use crate::scheduler::{self, Outcome, ScheduleError, Scheduler};
 use serde_json::{json, Value};
-use std::collections::VecDeque;
 use std::io::{BufReader, BufWriter, Write};
 use std::path::{Path, PathBuf};
 use std::process::{Child, ChildStdin, ChildStdout, Command, Stdio};
@@ -379,16 +384,6 @@ pub struct Outputs {
     pub parameters: Parameters,
 }
 
-/// A request's response and where its time went.
-#[derive(Debug)]
-pub struct Executed {
-    pub outputs: Outputs,
-    /// Waiting for an idle instance.
-    pub queue: Duration,
-    /// In the model.
-    pub compute: Duration,
-}
-
 /// Starts a model's stubs.
 #[derive(Debug)]
 struct Launcher {
@@ -416,63 +411,49 @@ struct Stub {
     calls: std::cell::Cell<u64>,
 }
 
-/// An instance, its stub running or (after a crash) to be started again.
-struct Slot {
-    instance: Instance,
-    stub: Option<Stub>,
-}
-
-/// A version of a Python model: its instances, each taken by one request at a time.
-pub struct PythonModel {
+/// What a version's instances share.
+#[derive(Debug)]
+struct Common {
     launcher: Launcher,
     /// What `requested_output_names()` gives when a request names none: every output.
     all_outputs: Vec<String>,
-    /// Rows one `execute` call may take in all (`dynamic_batching` and `max_batch_size`); 0:
-    /// one request per call.
-    batch_rows: usize,
-    /// Requests no instance has taken yet, oldest first.
-    pending: Mutex<VecDeque<Waiting>>,
+    /// Where requests are watched for clients that go away (instance threads are not the
+    /// runtime's): the runtime of the first request (loads may run outside it).
+    runtime: OnceLock<tokio::runtime::Handle>,
+}
+
+/// An instance, its stub running or (after a crash) to be started again; the scheduler hands it
+/// a batch of requests at a time, each `execute` call on the instance's own thread.
+struct Slot {
+    instance: Instance,
+    stub: Option<Stub>,
+    common: Arc<Common>,
+}
+
+/// A request on its way to an instance.
+pub struct Work {
+    request: Request,
+    /// Resolves when its client goes away (then `is_cancelled()` says so in the model).
+    gone: Option<cancel::Gone>,
+    /// A decoupled model's request: where its responses go, whenever the model sends them.
+    stream: Option<tokio::sync::mpsc::UnboundedSender<Streamed>>,
+}
+
+/// A request's answer from a model that is not decoupled: its response, or the model's error for
+/// it (an exception, a `TritonError`, a stub that died).
+pub type Answer = Result<Outputs, Error>;
+
+/// A version of a Python model: its instances behind the scheduler every backend has (queues,
+/// priorities, queue policies, `dynamic_batching`'s delay and preferred sizes).
+pub struct PythonModel {
+    common: Arc<Common>,
     /// `model_transaction_policy { decoupled: true }`: requests get any number of responses.
     decoupled: bool,
-    idle: Mutex<Vec<Slot>>,
-    /// One per idle instance.
-    permits: Arc<tokio::sync::Semaphore>,
-    /// A stateful model's instances (`sequence_batching`), each taking the sequences it is
-    /// given, one request at a time, in their order (its `idle` is empty).
-    pinned: Vec<Arc<tokio::sync::Mutex<Slot>>>,
-    stats: Arc<ModelStats>,
+    /// One scheduler for the instances; for a stateful model (`sequence_batching`), one per
+    /// instance, which takes the sequences given to it.
+    schedulers: Vec<Scheduler<Slot>>,
 }
 
-/// A request waiting for an instance, and where its answer goes.
-struct Waiting {
-    request: Request,
-    /// Its batch size (1 for a model that does not batch).
-    rows: usize,
-    arrived: Instant,
-    reply: Reply,
-    /// Resolves when its client goes away (then `is_cancelled()` says so in the model).
-    gone: cancel::Gone,
-}
-
-/// Where a request's answer goes.
-enum Reply {
-    /// The one answer of a model that is not decoupled.
-    Whole(tokio::sync::oneshot::Sender<Result<Executed, Error>>),
-    /// Each response of a decoupled model as it comes.
-    Stream(tokio::sync::mpsc::UnboundedSender<Streamed>),
-}
-
-impl Reply {
-    /// Whether nobody waits for the answer any more.
-    fn is_closed(&self) -> bool {
-        match self {
-            Reply::Whole(reply) => reply.is_closed(),
-            Reply::Stream(sender) => sender.is_closed(),
-        }
-    }
-}
-
-/// Ends a stub (it restarts for the next call); how its process ended, for messages.
 fn discard(stub: &mut Option<Stub>) -> String {
     stub.take().map(Stub::kill).unwrap_or_default()
 }
@@ -513,25 +494,26 @@ pub struct Streamed {
 impl std::fmt::Debug for PythonModel {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("PythonModel")
-            .field("launcher", &self.launcher)
+            .field("launcher", &self.common.launcher)
             .finish_non_exhaustive()
     }
 }
 
 impl PythonModel {
     /// Starts every instance of version `version` (`model_file` in `dir`), all at once, each
-    /// through `initialize`; its executions count in `stats`. Blocking.
+    /// through `initialize`, warms each up with `samples` (Triton's `model_warmup`), then
+    /// starts the scheduler; its executions count in `stats`. Blocking.
     ///
     /// # Errors
-    /// Why an instance did not start (the interpreter, the stub, or what `initialize` raised);
-    /// the instances that did start are stopped.
+    /// Why an instance did not start (the interpreter, the stub, or what `initialize` raised) or
+    /// a warmup sample failed; the instances that did start are stopped.
     pub fn start(
         config: &ModelConfig,
         version: i64,
-        dir: &Path,
-        model_file: &Path,
+        (dir, model_file): (&Path, &Path),
         spec: &PythonSpec,
-        stats: Arc<ModelStats>,
+        samples: &[crate::repository::warmup::Sample],
+        stats: &Arc<ModelStats>,
     ) -> Result<PythonModel, String> {
         let config_json = crate::repository::config::config_to_json(config).to_string();
         let mut args = serde_json::Map::new();
@@ -547,14 +529,19 @@ impl PythonModel {
             .model_transaction_policy
             .as_ref()
             .is_some_and(|p| p.decoupled);
-        let launcher = Launcher {
-            model: config.name.clone(),
-            decoupled,
-            caller: spec.caller.clone(),
-            python: spec.python.clone(),
-            model_file: model_file.to_path_buf(),
-            args,
-        };
+        let common = Arc::new(Common {
+            launcher: Launcher {
+                model: config.name.clone(),
+                decoupled,
+                caller: spec.caller.clone(),
+                python: spec.python.clone(),
+                model_file: model_file.to_path_buf(),
+                args,
+            },
+            all_outputs: config.output.iter().map(|o| o.name.clone()).collect(),
+            runtime: OnceLock::new(),
+        });
+        let launcher = &common.launcher;
         let started: Vec<Result<Stub, String>> = std::thread::scope(|scope| {
             let starting: Vec<_> = spec
                 .instances
@@ -577,125 +564,102 @@ impl PythonModel {
                 Ok(stub) => slots.push(Slot {
                     instance: instance.clone(),
                     stub: Some(stub),
+                    common: Arc::clone(&common),
                 }),
                 Err(why) => failure = failure.or(Some(why)),
             }
         }
+        if failure.is_none() {
+            failure = warm_up(&mut slots, samples, &config.name, decoupled).err();
+        }
         if let Some(why) = failure {
-            for stub in slots.into_iter().filter_map(|slot| slot.stub) {
-                stub.finalize();
-            }
+            slots.into_iter().for_each(scheduler::Instance::retire);
             return Err(why);
         }
-        let batching = matches!(
-            config.scheduling_choice,
-            Some(crate::proto::inference::model_config::SchedulingChoice::DynamicBatching(_))
-        );
+        let mut batching = crate::repository::config::batching_config(config);
+        // Requests batch together when their inputs agree in shape, but for ragged ones.
+        batching.layout = Arc::new(crate::scheduler::layout::BatchLayout {
+            ragged: config
+                .input
+                .iter()
+                .filter(|input| input.allow_ragged_batch)
+                .map(|input| input.name.clone())
+                .collect(),
+            ..Default::default()
+        });
         let sequences = matches!(
             config.scheduling_choice,
             Some(crate::proto::inference::model_config::SchedulingChoice::SequenceBatching(_))
         );
+        let label = format!("{}-{version}", config.name);
+        // A stateful model's instances each keep their sequences' state: one scheduler each.
+        let groups: Vec<Vec<Slot>> = if sequences {
+            slots.into_iter().map(|slot| vec![slot]).collect()
+        } else {
+            vec![slots]
+        };
+        let mut schedulers = Vec::with_capacity(groups.len());
+        for (index, group) in groups.into_iter().enumerate() {
+            let label = if sequences {
+                format!("{label}-{index}")
+            } else {
+                label.clone()
+            };
+            match Scheduler::launch(&label, batching.clone(), group, Arc::clone(stats)) {
+                Ok(scheduler) => schedulers.push(scheduler),
+                Err(error) => {
+                    schedulers.iter().for_each(Scheduler::halt);
+                    return Err(format!("failed to start instances: {error}"));
+                }
+            }
+        }
         Ok(PythonModel {
-            launcher,
-            all_outputs: config.output.iter().map(|o| o.name.clone()).collect(),
-            batch_rows: if batching {
-                config.max_batch_size.max(0) as usize
-            } else {
-                0
-            },
-            pending: Mutex::new(VecDeque::new()),
+            common,
             decoupled,
-            permits: Arc::new(tokio::sync::Semaphore::new(if sequences {
-                0
-            } else {
-                slots.len()
-            })),
-            pinned: if sequences {
-                std::mem::take(&mut slots)
-                    .into_iter()
-                    .map(|slot| Arc::new(tokio::sync::Mutex::new(slot)))
-                    .collect()
-            } else {
-                Vec::new()
-            },
-            idle: Mutex::new(slots),
-            stats,
+            schedulers,
         })
     }
 
-    /// Runs `request` on the next idle instance: with `dynamic_batching`, in one `execute`
-    /// call with the requests waiting beside it when the instance frees (up to
-    /// `max_batch_size` rows; kiln does not hold requests back to fill a call).
+    /// The scheduler `request` goes to: a stateful model's sequence always to the same
+    /// instance's (as Triton's sequence batcher routes them).
+    fn scheduler(&self, request: &Request) -> &Scheduler<Slot> {
+        let affinity = request.sequence.as_ref().map_or(0, |s| s.affinity);
+        let index = usize::try_from(affinity % self.schedulers.len() as u64).unwrap_or(0);
+        &self.schedulers[index]
+    }
+
+    /// Runs `job` on an instance, in one `execute` call with the requests batched beside it
+    /// (`dynamic_batching`, up to `max_batch_size` rows).
     ///
     /// # Errors
-    /// The model's error for the request (its `TritonError`, with the code it gave), INTERNAL
-    /// for an exception, a stub that died or an answer kiln cannot read.
-    pub async fn execute(self: &Arc<Self>, request: Request) -> Result<Executed, Error> {
+    /// The scheduler's refusals (a full queue, a timeout, the model unloading); the outcome
+    /// carries the model's own error for the request (its `TritonError`, with the code it gave),
+    /// or INTERNAL for an exception, a stub that died or an answer kiln cannot read.
+    pub async fn execute(
+        &self,
+        job: scheduler::Request<Request>,
+    ) -> Result<Outcome<Answer>, ScheduleError> {
         if self.decoupled {
-            return Err(Error::Unsupported(format!(
+            let why = format!(
                 "model '{}' is decoupled: its requests go through execute_stream",
-                self.launcher.model
-            )));
+                self.common.launcher.model
+            );
+            return Err(ScheduleError::Backend(BackendError::Run(why)));
         }
-        let (reply, answer) = tokio::sync::oneshot::channel();
         // Held while this waits: a caller that goes away drops it, and the model hears so.
         let (_waiting, gone) = tokio::sync::oneshot::channel::<()>();
         let gone: cancel::Gone = Box::pin(async move {
             let _ = gone.await;
         });
-        if self.pinned.is_empty() {
-            self.submit(request, Reply::Whole(reply), gone).await?;
-        } else {
-            self.run_pinned(request, reply, gone).await;
-        }
-        answer
+        self.common.runtime.get_or_init(tokio::runtime::Handle::current);
+        let scheduler = self.scheduler(&job.inputs);
+        scheduler
+            .submit(job.map(|request| Work {
+                request,
+                gone: Some(gone),
+                stream: None,
+            }))
             .await
-            .map_err(|_| Error::Internal("the Python model dropped the request".into()))?
-    }
-
-    /// Runs a stateful model's request on the instance its sequence is given (every request
-    /// of a sequence on the same one, as Triton's sequence batcher routes them), once that
-    /// instance is free; one request per `execute` call.
-    async fn run_pinned(
-        self: &Arc<Self>,
-        request: Request,
-        reply: tokio::sync::oneshot::Sender<Result<Executed, Error>>,
-        gone: cancel::Gone,
-    ) {
-        let arrived = Instant::now();
-        let affinity = request.sequence.as_ref().map_or(0, |s| s.affinity);
-        let index = usize::try_from(affinity % self.pinned.len() as u64).unwrap_or(0);
-        let slot = Arc::clone(&self.pinned[index]).lock_owned().await;
-        let this = Arc::clone(self);
-        tokio::task::spawn_blocking(move || {
-            let mut slot = slot;
-            let started = Instant::now();
-            let mut whole = None;
-            let mut answer = |_, item: Streamed| whole = Some(item.outputs);
-            this.run(
-                &mut slot,
-                &[&request],
-                vec![Some(gone)],
-                Deliver::Now(&mut answer),
-            );
-            let compute = started.elapsed();
-            drop(slot);
-            let times = crate::metrics::ComputeTimes {
-                infer: compute,
-                ..Default::default()
-            };
-            this.stats.record_execution(1, times, None);
-            let answer = match whole {
-                Some(Ok(outputs)) => Ok(Executed {
-                    outputs: outputs.unwrap_or_default(),
-                    queue: started.saturating_duration_since(arrived),
-                    compute,
-                }),
-                Some(Err(error)) => Err(error),
-                None => Err(Error::Internal("the Python model sent no response".into())),
-            };
-            let _ = reply.send(answer);
-        });
     }
 
     /// Whether the model is decoupled: its requests go through [`PythonModel::execute_stream`].
@@ -703,177 +667,179 @@ impl PythonModel {
         self.decoupled
     }
 
-    /// Runs `request` on a decoupled model: its responses as the model sends them, the last
-    /// with `last` (or an error for the request, last too).
-    ///
-    /// # Errors
-    /// UNAVAILABLE while the model unloads.
-    pub async fn execute_stream(
+    /// Runs `job` on a decoupled model: its responses as the model sends them, the last with
+    /// `last` (or an error for the request, last too: the scheduler's refusal as `refused`
+    /// words it).
+    pub fn execute_stream(
         self: &Arc<Self>,
-        request: Request,
-    ) -> Result<tokio::sync::mpsc::UnboundedReceiver<Streamed>, Error> {
+        job: scheduler::Request<Request>,
+        refused: impl FnOnce(ScheduleError) -> Error + Send + 'static,
+    ) -> tokio::sync::mpsc::UnboundedReceiver<Streamed> {
         let (sender, receiver) = tokio::sync::mpsc::unbounded_channel();
         let watched = sender.clone();
         let gone = Box::pin(async move { watched.closed().await });
-        self.submit(request, Reply::Stream(sender), gone).await?;
-        Ok(receiver)
-    }
-
-    /// Queues `request`, then, once an instance is idle, runs the oldest requests on it.
-    async fn submit(
-        self: &Arc<Self>,
-        request: Request,
-        reply: Reply,
-        gone: cancel::Gone,
-    ) -> Result<(), Error> {
-        let rows = match self.batch_rows {
-            0 => 1,
-            _ => request
-                .inputs
-                .first()
-                .and_then(|t| t.shape.first())
-                .map_or(1, |&rows| usize::try_from(rows).unwrap_or(1)),
-        };
-        self.lock_pending().push_back(Waiting {
+        self.common.runtime.get_or_init(tokio::runtime::Handle::current);
+        let this = Arc::clone(self);
+        let job = job.map(|request| Work {
             request,
-            rows,
-            arrived: Instant::now(),
-            reply,
-            gone,
+            gone: Some(gone),
+            stream: Some(sender.clone()),
         });
-        // Every request queued is taken by the time its own caller gets an instance: by that
-        // caller, or by one before it.
-        let permit = Arc::clone(&self.permits)
-            .acquire_owned()
-            .await
-            .map_err(|_| Error::Unavailable("the model is unloading".into()))?;
-        let batch = self.take_batch();
-        if batch.is_empty() {
-            drop(permit);
-        } else {
-            let this = Arc::clone(self);
-            // The blocking task owns the instance and gives it back itself: a client that goes
-            // away mid-run loses nothing.
-            tokio::task::spawn_blocking(move || {
-                this.run_batch(batch);
-                drop(permit);
-            });
-        }
-        Ok(())
-    }
-
-    fn lock_pending(&self) -> std::sync::MutexGuard<'_, VecDeque<Waiting>> {
-        self.pending.lock().unwrap_or_else(|e| e.into_inner())
-    }
-
-    /// The oldest waiting requests, as many as one call takes; requests whose client went away
-    /// meanwhile (a deadline, a closed stream) are dropped, not run.
-    fn take_batch(&self) -> Vec<Waiting> {
-        let mut pending = self.lock_pending();
-        pending.retain(|waiting| !waiting.reply.is_closed());
-        let mut batch = Vec::new();
-        let mut rows = 0;
-        while let Some(next) = pending.front() {
-            let fits =
-                batch.is_empty() || (self.batch_rows > 0 && rows + next.rows <= self.batch_rows);
-            if !fits {
-                break;
+        tokio::spawn(async move {
+            let scheduler = this.scheduler(&job.inputs.request);
+            // Waits until `execute` has returned; a client gone meanwhile takes the request
+            // out of the queue.
+            tokio::select! {
+                outcome = scheduler.submit(job) => if let Err(error) = outcome {
+                    let _ = sender.send(Streamed { outputs: Err(refused(error)), last: true });
+                },
+                () = sender.closed() => {}
             }
-            rows += next.rows;
-            batch.extend(pending.pop_front());
-        }
-        batch
+        });
+        receiver
     }
 
-    /// Runs one batch on an idle instance and answers each request. Blocking. A decoupled model's
-    /// instance is idle again once `execute` has returned: its responses reach the requests
-    /// through the stub's reader, whenever the model sends them.
-    fn run_batch(&self, mut batch: Vec<Waiting>) {
-        let mut slot = self
-            .idle
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .pop()
-            .expect("a permit stands for an idle instance");
+    /// Calls every instance's `finalize` and ends its process, once the requests already
+    /// running are answered; requests still queued are refused. Blocking.
+    pub fn stop(&self) {
+        self.schedulers.iter().for_each(Scheduler::halt);
+    }
+}
+
+/// Runs every warmup sample on every instance, `count` times each, before the version serves
+/// (Triton's `model_warmup`). Blocking.
+///
+/// # Errors
+/// The first sample that fails, with the model's error.
+fn warm_up(
+    slots: &mut [Slot],
+    samples: &[crate::repository::warmup::Sample],
+    model: &str,
+    decoupled: bool,
+) -> Result<(), String> {
+    for sample in samples {
+        let request = Request {
+            inputs: sample.inputs.clone(),
+            ..Request::default()
+        };
+        for slot in slots.iter_mut() {
+            for _ in 0..sample.count {
+                let mut failure = None;
+                if decoupled {
+                    // Every response of the sample, until its last.
+                    let (sender, mut responses) = tokio::sync::mpsc::unbounded_channel();
+                    slot.run(&[&request], Vec::new(), Deliver::Later(vec![sender]));
+                    while let Some(item) = responses.blocking_recv() {
+                        if let Err(error) = item.outputs {
+                            failure.get_or_insert(error);
+                        }
+                        if item.last {
+                            break;
+                        }
+                    }
+                } else {
+                    let mut note = |_, item: Streamed| {
+                        if let Err(error) = item.outputs {
+                            failure.get_or_insert(error);
+                        }
+                    };
+                    slot.run(&[&request], Vec::new(), Deliver::Now(&mut note));
+                }
+                if let Some(error) = failure {
+                    return Err(sample.failed(model, error.message()));
+                }
+            }
+        }
+        tracing::info!(
+            "model '{model}': {} instance(s) warmed up with sample '{}'",
+            slots.len(),
+            sample.name
+        );
+    }
+    Ok(())
+}
+
+impl scheduler::Instance for Slot {
+    type Input = Work;
+    /// A decoupled model's requests are answered through their streams: theirs is empty.
+    type Output = Answer;
+
+    fn tensors(work: &Work) -> &[Tensor] {
+        &work.request.inputs
+    }
+
+    fn run(
+        &mut self,
+        batch: &mut [&mut Work],
+        _rows: &[usize],
+    ) -> (Result<Vec<Answer>, BackendError>, ComputeTimes) {
         let started = Instant::now();
-        let gone = batch
-            .iter_mut()
-            .map(|w| {
-                Some(std::mem::replace(
-                    &mut w.gone,
-                    Box::pin(std::future::pending()),
-                ))
-            })
-            .collect();
-        let requests: Vec<&Request> = batch.iter().map(|w| &w.request).collect();
-        let mut whole: Vec<Option<Result<Option<Outputs>, Error>>> =
-            batch.iter().map(|_| None).collect();
-        let mut answer = |index: usize, item: Streamed| whole[index] = Some(item.outputs);
-        let deliver = if self.decoupled {
-            let senders = batch.iter().filter_map(|w| match &w.reply {
-                Reply::Stream(sender) => Some(sender.clone()),
-                Reply::Whole(_) => None,
-            });
-            Deliver::Later(senders.collect())
+        let gone = batch.iter_mut().map(|work| work.gone.take()).collect();
+        let requests: Vec<&Request> = batch.iter().map(|work| &work.request).collect();
+        let answers = if self.common.launcher.decoupled {
+            let senders = batch
+                .iter()
+                .filter_map(|work| work.stream.clone())
+                .collect();
+            self.run(&requests, gone, Deliver::Later(senders));
+            requests.iter().map(|_| Ok(Outputs::default())).collect()
         } else {
-            Deliver::Now(&mut answer)
+            let mut whole: Vec<Option<Result<Option<Outputs>, Error>>> =
+                requests.iter().map(|_| None).collect();
+            let mut answer = |index: usize, item: Streamed| whole[index] = Some(item.outputs);
+            self.run(&requests, gone, Deliver::Now(&mut answer));
+            whole
+                .into_iter()
+                .map(|answer| match answer {
+                    Some(Ok(outputs)) => Ok(outputs.unwrap_or_default()),
+                    Some(Err(error)) => Err(error),
+                    None => Err(Error::Internal("the Python model sent no response".into())),
+                })
+                .collect()
         };
-        self.run(&mut slot, &requests, gone, deliver);
-        let compute = started.elapsed();
-        self.idle
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .push(slot);
-        let rows = batch.iter().map(|w| w.rows).sum();
-        let times = crate::metrics::ComputeTimes {
-            infer: compute,
-            ..Default::default()
+        let times = ComputeTimes {
+            infer: started.elapsed(),
+            ..ComputeTimes::default()
         };
-        self.stats.record_execution(rows, times, None);
-        for (waiting, answer) in batch.into_iter().zip(whole) {
-            let Reply::Whole(reply) = waiting.reply else {
-                continue;
-            };
-            let queue = started.saturating_duration_since(waiting.arrived);
-            let answer = match answer {
-                Some(Ok(outputs)) => Ok(Executed {
-                    outputs: outputs.unwrap_or_default(),
-                    queue,
-                    compute,
-                }),
-                Some(Err(error)) => Err(error),
-                None => Err(Error::Internal("the Python model sent no response".into())),
-            };
-            let _ = reply.send(answer);
-        }
+        (Ok(answers), times)
     }
 
-    /// Runs `requests` in one `execute` call on `slot`'s stub, starting it first if it died, and
+    /// Asks the model to `finalize` and ends the process.
+    fn retire(mut self) {
+        if let Some(stub) = self.stub.take() {
+            stub.finalize();
+        }
+    }
+}
+
+impl Slot {
+    /// Runs `requests` in one `execute` call on the stub, starting it first if it died, and
     /// delivers each request's responses, the last with `last`. Blocking until `execute` has
     /// returned (and, for a model that is not decoupled, answered).
     fn run(
-        &self,
-        slot: &mut Slot,
+        &mut self,
         requests: &[&Request],
         gone: Vec<Option<cancel::Gone>>,
         deliver: Deliver<'_>,
     ) {
-        let instance = &slot.instance.name;
-        let stub = match self.stub_of(&slot.instance, &mut slot.stub) {
+        let common = Arc::clone(&self.common);
+        let instance = &self.instance.name;
+        let stub = match stub_of(&common.launcher, &self.instance, &mut self.stub) {
             Ok(stub) => stub,
             Err(error) => return deliver.fail(requests.len(), &error),
         };
         let call = Call {
-            all_outputs: &self.all_outputs,
-            model: &self.launcher.model,
+            all_outputs: &common.all_outputs,
+            model: &common.launcher.model,
             instance,
-            caller: &self.launcher.caller,
+            caller: &common.launcher.caller,
         };
+        let runtime = common.runtime.get();
         let number = stub.calls.get() + 1;
         let broken = match deliver {
             Deliver::Now(deliver) => {
                 // Watched while the call runs; the watch ends with it.
-                let _watch = cancel::Watch::start(&stub.notices, number, gone);
+                let _watch = cancel::Watch::start(runtime, &stub.notices, number, gone);
                 match stub.execute(requests, &call) {
                     Ok(answers) => {
                         for (index, answer) in answers.into_iter().enumerate() {
@@ -889,7 +855,7 @@ impl PythonModel {
                         return;
                     }
                     Err(broken) => {
-                        let (why, status) = (pipe_error(&broken), discard(&mut slot.stub));
+                        let (why, status) = (pipe_error(&broken), discard(&mut self.stub));
                         Deliver::Now(deliver).fail(
                             requests.len(),
                             &Error::Internal(format!(
@@ -910,8 +876,13 @@ impl PythonModel {
                 };
                 let mut gone = gone.into_iter();
                 for (index, (request, sender)) in requests.iter().zip(senders).enumerate() {
-                    let watch =
-                        cancel::Watch::one(&stub.notices, number, index, gone.next().flatten());
+                    let watch = cancel::Watch::one(
+                        runtime,
+                        &stub.notices,
+                        number,
+                        index,
+                        gone.next().flatten(),
+                    );
                     let asked = request.outputs.clone();
                     let open = decoupled::Open {
                         asked,
@@ -927,7 +898,7 @@ impl PythonModel {
                 {
                     Ok(()) => return,
                     // Ending the stub ends its reader, which fails the requests still open.
-                    Err(why) => (why, discard(&mut slot.stub)),
+                    Err(why) => (why, discard(&mut self.stub)),
                 }
             }
         };
@@ -937,114 +908,37 @@ impl PythonModel {
              request"
         );
     }
+}
 
-    /// `slot`'s stub, started again if it died.
-    ///
-    /// # Errors
-    /// INTERNAL when it cannot be started.
-    fn stub_of<'s>(
-        &self,
-        instance: &Instance,
-        stub: &'s mut Option<Stub>,
-    ) -> Result<&'s mut Stub, Error> {
-        let dead = stub
-            .as_ref()
-            .and_then(|s| s.reader.as_ref())
-            .and_then(decoupled::Reader::dead);
-        if let Some(why) = dead {
-            let status = stub.take().map(Stub::kill).unwrap_or_default();
-            tracing::warn!(
-                "Stub process '{}' stopped ({why}{status}); starting it again",
-                instance.name
-            );
-        }
-        if let Some(stub) = stub {
-            return Ok(stub);
-        }
-        match self.launcher.start(instance) {
-            Ok(started) => Ok(stub.insert(started)),
-            Err(why) => Err(Error::Internal(format!(
-                "the Python stub of model instance '{}' could not be restarted: {why}",
-                instance.name
-            ))),
-        }
+/// `instance`'s stub, started again if it died.
+///
+/// # Errors
+/// INTERNAL when it cannot be started.
+fn stub_of<'s>(
+    launcher: &Launcher,
+    instance: &Instance,
+    stub: &'s mut Option<Stub>,
+) -> Result<&'s mut Stub, Error> {
+    let dead = stub
+        .as_ref()
+        .and_then(|s| s.reader.as_ref())
+        .and_then(decoupled::Reader::dead);
+    if let Some(why) = dead {
+        let status = stub.take().map(Stub::kill).unwrap_or_default();
+        tracing::warn!(
+            "Stub process '{}' stopped ({why}{status}); starting it again",
+            instance.name
+        );
     }
-
-    /// Runs every warmup sample on every instance, `count` times each, before the version
-    /// serves (Triton's `model_warmup`). Blocking.
-    ///
-    /// # Errors
-    /// The first sample that fails, with the model's error.
-    pub fn warm_up(&self, samples: &[crate::repository::warmup::Sample]) -> Result<(), String> {
-        let mut idle = self.idle.lock().unwrap_or_else(|e| e.into_inner());
-        let mut pinned: Vec<_> = self
-            .pinned
-            .iter()
-            .map(|slot| slot.blocking_lock())
-            .collect();
-        let mut slots: Vec<&mut Slot> = idle
-            .iter_mut()
-            .chain(pinned.iter_mut().map(|slot| &mut **slot))
-            .collect();
-        for sample in samples {
-            let request = Request {
-                inputs: sample.inputs.clone(),
-                ..Request::default()
-            };
-            for slot in &mut slots {
-                for _ in 0..sample.count {
-                    let mut failure = None;
-                    if self.decoupled {
-                        // Every response of the sample, until its last.
-                        let (sender, mut responses) = tokio::sync::mpsc::unbounded_channel();
-                        self.run(slot, &[&request], Vec::new(), Deliver::Later(vec![sender]));
-                        while let Some(item) = responses.blocking_recv() {
-                            if let Err(error) = item.outputs {
-                                failure.get_or_insert(error);
-                            }
-                            if item.last {
-                                break;
-                            }
-                        }
-                    } else {
-                        let mut note = |_, item: Streamed| {
-                            if let Err(error) = item.outputs {
-                                failure.get_or_insert(error);
-                            }
-                        };
-                        self.run(slot, &[&request], Vec::new(), Deliver::Now(&mut note));
-                    }
-                    if let Some(error) = failure {
-                        return Err(sample.failed(&self.launcher.model, error.message()));
-                    }
-                }
-            }
-            tracing::info!(
-                "model '{}': {} instance(s) warmed up with sample '{}'",
-                self.launcher.model,
-                slots.len(),
-                sample.name
-            );
-        }
-        Ok(())
+    if let Some(stub) = stub {
+        return Ok(stub);
     }
-
-    /// Calls every instance's `finalize` and ends its process. Blocking.
-    pub fn stop(&self) {
-        self.permits.close();
-        let slots = std::mem::take(&mut *self.idle.lock().unwrap_or_else(|e| e.into_inner()));
-        for slot in slots {
-            if let Some(stub) = slot.stub {
-                stub.finalize();
-            }
-        }
-        // A stateful model's instances not running a request now (the others end with the
-        // version).
-        for slot in &self.pinned {
-            if let Some(stub) = slot.try_lock().ok().and_then(|mut slot| slot.stub.take()) {
-                stub.finalize();
-            }
-        }
+    match launcher.start(instance) {
+        Ok(started) => Ok(stub.insert(started)),
+        Err(why) => Err(Error::Internal(format!(
+            "the Python stub of model instance '{}' could not be restarted: {why}",
+            instance.name
+        ))),
     }
 }
 
