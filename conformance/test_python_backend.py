@@ -283,6 +283,36 @@ dynamic_batching { }
 instance_group [ { count: 1 kind: KIND_CPU } ]
 '''
 
+# The batcher's settings apply to Python models as to any other (Triton's dynamic batcher serves
+# every backend): a delay that gathers company, and a queue policy.
+PY_DELAY_CONFIG = '''
+name: "py_delay"
+backend: "python"
+max_batch_size: 4
+input [ { name: "X" data_type: TYPE_INT32 dims: [ 1 ] } ]
+output [ { name: "CALL_SIZE" data_type: TYPE_INT32 dims: [ 1 ] } ]
+dynamic_batching { max_queue_delay_microseconds: 400000 }
+parameters { key: "adaptive_batching_delay" value { string_value: "false" } }
+instance_group [ { count: 1 kind: KIND_CPU } ]
+'''
+
+PY_POLICY_CONFIG = '''
+name: "py_policy"
+backend: "python"
+max_batch_size: 1
+input [ { name: "X" data_type: TYPE_INT32 dims: [ 1 ] } ]
+output [ { name: "CALL_SIZE" data_type: TYPE_INT32 dims: [ 1 ] } ]
+dynamic_batching {
+  default_queue_policy {
+    max_queue_size: 1
+    timeout_action: REJECT
+    default_timeout_microseconds: 150000
+    allow_timeout_override: true
+  }
+}
+instance_group [ { count: 1 kind: KIND_CPU } ]
+'''
+
 # Declares its tensors in code, as newer Triton models do; its config.pbtxt names only the backend.
 PY_AUTO = '''
 import numpy as np
@@ -726,6 +756,8 @@ def python_server(tmp_path_factory):
     write_model(repo, "py_readme", README_CONFIG, readme_model())
     write_model(repo, "py_calls", PY_CALLS_CONFIG, PY_CALLS)
     write_model(repo, "py_batch", PY_BATCH_CONFIG, PY_BATCH)
+    write_model(repo, "py_delay", PY_DELAY_CONFIG, PY_BATCH)
+    write_model(repo, "py_policy", PY_POLICY_CONFIG, PY_BATCH)
     write_model(repo, "py_count", PY_COUNT_CONFIG, PY_COUNT)
     write_model(repo, "py_metrics", PY_METRICS_CONFIG, PY_METRICS)
     notes = repo.parent / "warm_notes"
@@ -869,6 +901,70 @@ def test_a_request_whose_client_left_while_it_waited_does_not_run(python_server)
     # Had the abandoned request stayed queued, it would share this call.
     assert send(7) == [1]
     assert client.get_inference_statistics("py_batch").model_stats[0].execution_count - before == 2
+
+
+def test_a_python_models_requests_wait_the_batching_delay_for_company(python_server):
+    # An idle instance, and requests 50 ms apart: they wait (up to 400 ms) and share one call.
+    server, _ = python_server
+    client = grpcclient.InferenceServerClient(server.grpc_url)
+
+    def send(value):
+        x = grpcclient.InferInput("X", [1, 1], "INT32")
+        x.set_data_from_numpy(np.full((1, 1), value, dtype=np.int32))
+        return client.infer("py_delay", [x]).as_numpy("CALL_SIZE").reshape(-1).tolist()
+
+    with ThreadPoolExecutor(3) as pool:
+        calls = []
+        for value in range(3):
+            calls.append(pool.submit(send, value))
+            time.sleep(0.05)
+        assert [call.result() for call in calls] == [[3], [3], [3]]
+    stats = client.get_inference_statistics("py_delay").model_stats[0]
+    assert stats.execution_count == 1 and stats.inference_count == 3
+
+
+def test_a_python_models_queue_policy_refuses_and_times_out_as_tritons(python_server):
+    server, _ = python_server
+    client = grpcclient.InferenceServerClient(server.grpc_url)
+
+    def send(value, **options):
+        x = grpcclient.InferInput("X", [1, 1], "INT32")
+        x.set_data_from_numpy(np.full((1, 1), value, dtype=np.int32))
+        return client.infer("py_policy", [x], **options).as_numpy("CALL_SIZE").reshape(-1).tolist()
+
+    def pending():
+        text = requests.get(f"http://{server.metrics_url}/metrics", timeout=RPC_TIMEOUT).text
+        found = re.search(r'^nv_inference_pending_request_count\{model="py_policy",version="1"\} (\S+)$', text,
+                          flags=re.M)
+        return float(found.group(1))
+
+    with ThreadPoolExecutor(2) as pool:
+        holding = pool.submit(send, -1)  # the only instance sleeps 0.5 s on it
+        time.sleep(0.1)
+        # Its own timeout (allowed to override the policy's 150 ms) keeps this one queued...
+        queued = pool.submit(send, 1, timeout=5_000_000)
+        time.sleep(0.1)
+        assert pending() == 1
+        # ...and the queue (max_queue_size 1) has no room for another.
+        with pytest.raises(InferenceServerException) as full:
+            send(2)
+        assert full.value.status() == "StatusCode.UNAVAILABLE"
+        assert "Exceeds maximum queue size" in full.value.message()
+        assert holding.result() == [1] and queued.result() == [1]
+    assert pending() == 0
+    # The policy's timeout: a request still queued after 150 ms is refused.
+    with ThreadPoolExecutor(1) as pool:
+        holding = pool.submit(send, -1)
+        time.sleep(0.1)
+        started = time.monotonic()
+        with pytest.raises(InferenceServerException) as late:
+            send(3)
+        assert late.value.status() == "StatusCode.UNAVAILABLE"
+        assert "Request timeout expired" in late.value.message()
+        assert time.monotonic() - started < 0.45, "refused when its timeout passed, not when it would have run"
+        assert holding.result() == [1]
+    stats = client.get_inference_statistics("py_policy").model_stats[0]
+    assert stats.execution_count == 3  # neither refused request ran
 
 
 def wait_for_note(server, request_id, timeout=10.0):
