@@ -1,13 +1,16 @@
 """Triton's rate limiter (`--rate-limit=execution_count`): two models whose instances need the
 one copy of a global resource never execute at the same time, which the request traces show
 (their COMPUTE_START..COMPUTE_END intervals are disjoint), while every request still gets its
-answer; an instance that needs more copies than `--rate-limit-resource` gives fails its load."""
+answer; an instance that needs more copies than `--rate-limit-resource` gives fails its load.
+A Python model's instances are limited alike."""
 
 from __future__ import annotations
 
 import json
 import shutil
+import sys
 import threading
+from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
 import tritonclient.grpc as grpcclient
@@ -85,3 +88,60 @@ def test_instances_sharing_a_resource_take_turns(tmp_path):
     runs.sort()
     for (start, end, model), (next_start, _, next_model) in zip(runs, runs[1:]):
         assert end <= next_start, f"{model} and {next_model} ran at once"
+
+
+# Each execute notes when it ran (CLOCK_MONOTONIC is the machine's: the stubs' notes compare).
+PY_LIMITED = """
+import time
+import triton_python_backend_utils as pb_utils
+
+
+class TritonPythonModel:
+    def initialize(self, args):
+        self.runs = args["model_repository"] + "/runs"
+
+    def execute(self, requests):
+        start = time.monotonic_ns()
+        time.sleep(0.03)
+        end = time.monotonic_ns()
+        with open(self.runs, "a") as runs:
+            runs.write(f"{start} {end}\\n")
+        return [pb_utils.InferenceResponse(output_tensors=[
+            pb_utils.Tensor("Y", pb_utils.get_input_tensor_by_name(r, "X").as_numpy() + 1)]) for r in requests]
+"""
+
+PY_LIMITED_CONFIG = """
+name: "py_limited"
+backend: "python"
+max_batch_size: 1
+input [ { name: "X" data_type: TYPE_FP32 dims: [ 1 ] } ]
+output [ { name: "Y" data_type: TYPE_FP32 dims: [ 1 ] } ]
+instance_group [ { count: 2 kind: KIND_CPU rate_limiter { resources [ { name: "R" global: true count: 1 } ] } } ]
+"""
+
+
+def test_a_python_models_instances_sharing_a_resource_take_turns(tmp_path):
+    repo = tmp_path / "repo"
+    (repo / "py_limited" / "1").mkdir(parents=True)
+    (repo / "py_limited" / "config.pbtxt").write_text(PY_LIMITED_CONFIG)
+    (repo / "py_limited" / "1" / "model.py").write_text(PY_LIMITED)
+    server = start_server([repo], name="rate-limit-python", env={"KILN_PYTHON": sys.executable},
+                          extra_args=["--rate-limit=execution_count", "--rate-limit-resource=R:1"])
+    client = grpcclient.InferenceServerClient(server.grpc_url)
+
+    def send(value: float) -> None:
+        x = np.full((1, 1), value, np.float32)
+        request = grpcclient.InferInput("X", [1, 1], "FP32")
+        request.set_data_from_numpy(x)
+        np.testing.assert_array_equal(client.infer("py_limited", [request], client_timeout=T).as_numpy("Y"), x + 1)
+
+    try:
+        with ThreadPoolExecutor(8) as pool:
+            list(pool.map(send, range(8)))
+    finally:
+        stop_server(server)
+    runs = sorted(tuple(map(int, line.split())) for line in (repo / "py_limited" / "runs").read_text().split("\n")
+                  if line)
+    assert len(runs) == 8, runs
+    for (start, end), (next_start, _) in zip(runs, runs[1:]):
+        assert end <= next_start, "the two instances ran at once"

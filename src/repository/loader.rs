@@ -24,7 +24,7 @@ use crate::backend::{cuda, Backend, Device, OnnxRuntime, OnnxSession, SessionOpt
 use crate::metrics::ModelStats;
 use crate::proto::inference::ModelConfig;
 use crate::scheduler::layout::BatchLayout;
-use crate::scheduler::rate_limit::{InstanceLimit, RateLimited, RateLimiter};
+use crate::scheduler::rate_limit::{InstanceLimit, Limit, RateLimited, RateLimiter};
 use crate::scheduler::Scheduler;
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
@@ -366,10 +366,21 @@ fn prepare_python(
         };
         tracing::warn!("Python model '{name}': response_cache is enabled but {why}");
     }
+    // Without --rate-limit, rate_limiter settings are left alone, as Triton leaves them.
+    let limits = match options.rate_limiter {
+        Some(_) => python
+            .instances
+            .iter()
+            .map(|instance| placement::group_limit(&config, instance.group, instance.device))
+            .collect::<Result<_, _>>()?,
+        None => Vec::new(),
+    };
     Ok(Prepared {
         python: Some(python),
         cache_responses,
         sequence,
+        limits,
+        rate_limiter: options.rate_limiter.clone(),
         ..Prepared::without_sessions(name, dir, config, versions)?
     })
 }
@@ -440,15 +451,16 @@ pub fn build(prepared: Prepared, reuse: Reuse<'_>) -> Result<Model, LoadFailure>
         };
         let started = file.and_then(|path| {
             if let Some(spec) = &python {
-                return start_python(&name, version, &dir, &path, &config, spec).map(|serving| {
-                    ServingVersion {
+                let limited = (rate_limiter.as_ref(), limits.as_slice());
+                return start_python(&name, version, (&dir, &path), &config, spec, limited).map(
+                    |serving| ServingVersion {
                         cache: cache_responses,
                         sequences: sequence
                             .as_ref()
                             .map(|spec| Arc::new(Sequences::new(spec.clone()))),
                         ..serving
-                    }
-                });
+                    },
+                );
             }
             if generation::is_generation(&config) {
                 let options = SessionOptions {
@@ -689,10 +701,10 @@ fn start_version(
 fn start_python(
     name: &str,
     version: i64,
-    dir: &Path,
-    path: &Path,
+    (dir, path): (&Path, &Path),
     config: &ModelConfig,
     spec: &PythonSpec,
+    (rate_limiter, limits): (Option<&Arc<RateLimiter>>, &[Option<InstanceLimit>]),
 ) -> Result<ServingVersion, String> {
     if !path.is_file() {
         return Err(format!("model file {} not found", path.display()));
@@ -701,7 +713,14 @@ fn start_python(
     let io = IoSpec::from_config(config)?;
     let stats = Arc::new(ModelStats::new(name, version));
     let samples = super::warmup::samples(dir, config, &io)?;
-    let model = PythonModel::start(config, version, (dir, path), spec, &samples, &stats)?;
+    let limits = limits
+        .iter()
+        .map(|limit| match (rate_limiter, limit) {
+            (Some(limiter), Some(limit)) => Limit::new(limiter, limit).map(Some),
+            _ => Ok(None),
+        })
+        .collect::<Result<_, _>>()?;
+    let model = PythonModel::start(config, version, (dir, path), spec, &samples, &stats, limits)?;
     stats.record_load(started.elapsed());
     Ok(ServingVersion {
         version,

@@ -189,8 +189,7 @@ pub fn place(
     })
 }
 
-/// Each instance's `rate_limiter` needs (`None`: its group lists no resources), its resources
-/// on the instance's GPU, or device 0 for CPU instances (Triton's numbering), unless `global`.
+/// Each instance's `rate_limiter` needs (see [`group_limit`]).
 ///
 /// # Errors
 /// A resource without a name.
@@ -202,33 +201,45 @@ pub fn instance_limits(
         .devices
         .iter()
         .zip(&placement.groups)
-        .map(|(device, &group)| {
-            let group = &config.instance_group[group];
-            let Some(limiter) = group.rate_limiter.as_ref() else {
-                return Ok(None);
-            };
-            let mut resources = Vec::new();
-            for resource in &limiter.resources {
-                if resource.name.is_empty() {
-                    return Err(format!(
-                        "instance group '{}' of model '{}' lists a rate_limiter resource without a \
-                         name",
-                        group.name, config.name
-                    ));
-                }
-                let device = (!resource.global).then(|| device.gpu().map_or(0, |gpu| gpu.id));
-                let key = ResourceKey {
-                    name: resource.name.clone(),
-                    device,
-                };
-                resources.push((key, resource.count));
-            }
-            Ok((!resources.is_empty()).then_some(InstanceLimit {
-                resources,
-                priority: limiter.priority,
-            }))
-        })
+        .map(|(device, &group)| group_limit(config, group, device.gpu().map_or(0, |gpu| gpu.id)))
         .collect()
+}
+
+/// What an instance of instance group `group` on `device` needs from the rate limiter (`None`:
+/// the group lists no resources): its resources on that device (a GPU's ordinal, 0 for CPU
+/// instances: Triton's numbering), unless `global`.
+///
+/// # Errors
+/// A resource without a name.
+pub fn group_limit(
+    config: &ModelConfig,
+    group: usize,
+    device: i32,
+) -> Result<Option<InstanceLimit>, String> {
+    let Some(group) = config.instance_group.get(group) else {
+        return Ok(None);
+    };
+    let Some(limiter) = group.rate_limiter.as_ref() else {
+        return Ok(None);
+    };
+    let mut resources = Vec::new();
+    for resource in &limiter.resources {
+        if resource.name.is_empty() {
+            return Err(format!(
+                "instance group '{}' of model '{}' lists a rate_limiter resource without a name",
+                group.name, config.name
+            ));
+        }
+        let key = ResourceKey {
+            name: resource.name.clone(),
+            device: (!resource.global).then_some(device),
+        };
+        resources.push((key, resource.count));
+    }
+    Ok((!resources.is_empty()).then_some(InstanceLimit {
+        resources,
+        priority: limiter.priority,
+    }))
 }
 
 fn to_cpu(group: &mut ModelInstanceGroup) {

@@ -67,11 +67,36 @@ pub struct InstanceLimit {
     pub priority: u32,
 }
 
+/// An instance's place in the rate limiter: what it needs, registered with the limiter.
+pub struct Limit {
+    limiter: Arc<RateLimiter>,
+    needs: Arc<InstanceNeeds>,
+}
+
+impl Limit {
+    /// Registers what an instance needs (`limit`) with `limiter`.
+    ///
+    /// # Errors
+    /// As [`RateLimiter::register`].
+    pub fn new(limiter: &Arc<RateLimiter>, limit: &InstanceLimit) -> Result<Limit, String> {
+        let needs = Arc::new(InstanceNeeds::new(limit.resources.clone(), limit.priority));
+        limiter.register(&needs)?;
+        Ok(Limit {
+            limiter: Arc::clone(limiter),
+            needs,
+        })
+    }
+
+    /// Waits until the instance's resources are free and holds them until the permit drops.
+    pub fn admit(&self) -> Permit {
+        self.limiter.acquire(&self.needs)
+    }
+}
+
 /// A model instance that runs only while it holds its resources.
 pub struct RateLimited {
     inner: Box<dyn Backend>,
-    limiter: Arc<RateLimiter>,
-    needs: Arc<InstanceNeeds>,
+    limit: Limit,
 }
 
 impl RateLimited {
@@ -84,12 +109,9 @@ impl RateLimited {
         limiter: &Arc<RateLimiter>,
         limit: &InstanceLimit,
     ) -> Result<RateLimited, String> {
-        let needs = Arc::new(InstanceNeeds::new(limit.resources.clone(), limit.priority));
-        limiter.register(&needs)?;
         Ok(RateLimited {
             inner,
-            limiter: Arc::clone(limiter),
-            needs,
+            limit: Limit::new(limiter, limit)?,
         })
     }
 }
@@ -109,7 +131,7 @@ impl Backend for RateLimited {
     }
 
     fn admit(&self) -> Option<Permit> {
-        Some(self.limiter.acquire(&self.needs))
+        Some(self.limit.admit())
     }
 }
 

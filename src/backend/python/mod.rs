@@ -31,6 +31,7 @@ use crate::backend::BackendError;
 use crate::core::{Error, InferRequest, InferResponse, ParamValue, Parameters, Tensor};
 use crate::metrics::{ComputeTimes, ModelStats};
 use crate::proto::inference::{model_instance_group::Kind, ModelConfig};
+use crate::scheduler::rate_limit::{Limit, Permit};
 use crate::scheduler::{self, Outcome, ScheduleError, Scheduler};
 use serde_json::{json, Value};
 use std::io::{BufReader, BufWriter, Write};
@@ -156,6 +157,8 @@ pub struct Instance {
     /// `CPU`, `GPU` or `MODEL`, as `args["model_instance_kind"]` tells the model.
     pub kind: &'static str,
     pub device: i32,
+    /// Its instance group, by index in the config.
+    pub group: usize,
 }
 
 /// What a Python model's versions start: the interpreter and the instances.
@@ -238,6 +241,7 @@ impl PythonSpec {
                         name: format!("{}_{n}", group.name),
                         kind,
                         device,
+                        group: index,
                     });
                     n += 1;
                 }
@@ -428,6 +432,8 @@ struct Slot {
     instance: Instance,
     stub: Option<Stub>,
     common: Arc<Common>,
+    /// Its place in the rate limiter (`--rate-limit`), if its group lists resources.
+    limit: Option<Limit>,
 }
 
 /// A request on its way to an instance.
@@ -502,7 +508,8 @@ impl std::fmt::Debug for PythonModel {
 impl PythonModel {
     /// Starts every instance of version `version` (`model_file` in `dir`), all at once, each
     /// through `initialize`, warms each up with `samples` (Triton's `model_warmup`), then
-    /// starts the scheduler; its executions count in `stats`. Blocking.
+    /// starts the scheduler; its executions count in `stats`; `limits` are the instances'
+    /// places in the rate limiter (one per instance of `spec`, or none). Blocking.
     ///
     /// # Errors
     /// Why an instance did not start (the interpreter, the stub, or what `initialize` raised) or
@@ -514,6 +521,7 @@ impl PythonModel {
         spec: &PythonSpec,
         samples: &[crate::repository::warmup::Sample],
         stats: &Arc<ModelStats>,
+        limits: Vec<Option<Limit>>,
     ) -> Result<PythonModel, String> {
         let config_json = crate::repository::config::config_to_json(config).to_string();
         let mut args = serde_json::Map::new();
@@ -559,12 +567,15 @@ impl PythonModel {
         });
         let mut slots = Vec::with_capacity(started.len());
         let mut failure = None;
+        let mut limits = limits.into_iter();
         for (instance, stub) in spec.instances.iter().zip(started) {
+            let limit = limits.next().flatten();
             match stub {
                 Ok(stub) => slots.push(Slot {
                     instance: instance.clone(),
                     stub: Some(stub),
                     common: Arc::clone(&common),
+                    limit,
                 }),
                 Err(why) => failure = failure.or(Some(why)),
             }
@@ -651,7 +662,9 @@ impl PythonModel {
         let gone: cancel::Gone = Box::pin(async move {
             let _ = gone.await;
         });
-        self.common.runtime.get_or_init(tokio::runtime::Handle::current);
+        self.common
+            .runtime
+            .get_or_init(tokio::runtime::Handle::current);
         let scheduler = self.scheduler(&job.inputs);
         scheduler
             .submit(job.map(|request| Work {
@@ -678,7 +691,9 @@ impl PythonModel {
         let (sender, receiver) = tokio::sync::mpsc::unbounded_channel();
         let watched = sender.clone();
         let gone = Box::pin(async move { watched.closed().await });
-        self.common.runtime.get_or_init(tokio::runtime::Handle::current);
+        self.common
+            .runtime
+            .get_or_init(tokio::runtime::Handle::current);
         let this = Arc::clone(self);
         let job = job.map(|request| Work {
             request,
@@ -802,6 +817,10 @@ impl scheduler::Instance for Slot {
             ..ComputeTimes::default()
         };
         (Ok(answers), times)
+    }
+
+    fn admit(&self) -> Option<Permit> {
+        self.limit.as_ref().map(Limit::admit)
     }
 
     /// Asks the model to `finalize` and ends the process.

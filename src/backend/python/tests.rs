@@ -20,7 +20,8 @@ fn instance_groups_become_named_instances() {
         [Instance {
             name: "py_0".into(),
             kind: "CPU",
-            device: 0
+            device: 0,
+            group: 0
         }]
     );
     // As Triton: the group a config leaves out takes the model's name.
@@ -46,19 +47,19 @@ fn instance_groups_become_named_instances() {
     ]);
     let spec =
         PythonSpec::from_config(&mut groups, Path::new("/m"), &ModelCaller::default()).unwrap();
-    let described: Vec<(&str, &str, i32)> = spec
+    let described: Vec<(&str, &str, i32, usize)> = spec
         .instances
         .iter()
-        .map(|i| (i.name.as_str(), i.kind, i.device))
+        .map(|i| (i.name.as_str(), i.kind, i.device, i.group))
         .collect();
     assert_eq!(
         described,
         [
-            ("py_0_0", "CPU", 0),
-            ("py_0_1", "CPU", 0),
-            ("gpus_0", "GPU", 1),
-            ("gpus_1", "GPU", 3),
-            ("placed_0", "MODEL", 0)
+            ("py_0_0", "CPU", 0, 0),
+            ("py_0_1", "CPU", 0, 0),
+            ("gpus_0", "GPU", 1, 1),
+            ("gpus_1", "GPU", 3, 1),
+            ("placed_0", "MODEL", 0, 2)
         ]
     );
     assert_eq!(groups.instance_group[0].kind, Kind::Cpu as i32);
