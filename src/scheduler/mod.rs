@@ -392,6 +392,15 @@ impl<I: Instance> Scheduler<I> {
     /// ([`Instance::retire`]) once back (a caller running one inline gives it back when its run
     /// ends). Blocking: call it off the async runtime.
     pub fn halt(&self) {
+        self.halt_within(None);
+    }
+
+    /// [`Scheduler::halt`], waiting at most `grace` (if given) for the batches still running:
+    /// an instance that is not back by then is not retired but dropped when its batch ends (a
+    /// Python model stuck in `execute` for a client long gone must not hold up the unloads
+    /// after it).
+    pub fn halt_within(&self, grace: Option<Duration>) {
+        let deadline = grace.map(|grace| Instant::now() + grace);
         {
             let mut queue = self.shared.lock();
             queue.stopped = true;
@@ -401,20 +410,32 @@ impl<I: Instance> Scheduler<I> {
             self.shared.report_pending(&mut queue);
         }
         self.shared.work.notify_all();
-        let threads = std::mem::take(&mut *self.threads.lock().unwrap_or_else(|e| e.into_inner()));
-        for thread in threads {
-            let _ = thread.join();
-        }
         let mut queue = self.shared.lock();
-        while queue.free.len() < self.instances {
+        while queue.free.len() < self.instances && deadline.is_none_or(|d| Instant::now() < d) {
             queue = self
                 .shared
                 .work
                 .wait_timeout(queue, Duration::from_millis(5))
                 .map_or_else(|e| e.into_inner().0, |(q, _)| q);
         }
+        let all_back = queue.free.len() == self.instances;
         let retired = std::mem::take(&mut queue.free);
         drop(queue);
+        if all_back {
+            // Every thread has given its instance back and is on its way out.
+            let threads =
+                std::mem::take(&mut *self.threads.lock().unwrap_or_else(|e| e.into_inner()));
+            for thread in threads {
+                let _ = thread.join();
+            }
+        } else {
+            tracing::warn!(
+                "{} of {} instances still running after {:?}: not waited for",
+                self.instances - retired.len(),
+                self.instances,
+                grace.unwrap_or_default()
+            );
+        }
         retired.into_iter().for_each(Instance::retire);
     }
 

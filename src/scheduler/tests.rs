@@ -309,6 +309,34 @@ fn stop_returns_after_the_instances_have_released_their_backends() {
     assert!(dropped.load(Ordering::SeqCst));
 }
 
+#[tokio::test]
+async fn a_bounded_halt_answers_the_queue_and_does_not_wait_for_a_long_batch() {
+    let (scheduler, batches, _) = scheduler(BatchingConfig::default(), 1, Duration::from_secs(1));
+    let running = tokio::spawn({
+        let scheduler = Arc::clone(&scheduler);
+        async move { scheduler.submit(request(1, 1)).await }
+    });
+    tokio::time::sleep(Duration::from_millis(200)).await; // the only instance has it now
+    let queued = tokio::spawn({
+        let scheduler = Arc::clone(&scheduler);
+        async move { scheduler.submit(request(2, 1)).await }
+    });
+    tokio::time::sleep(Duration::from_millis(50)).await;
+    let halted = tokio::task::spawn_blocking({
+        let scheduler = Arc::clone(&scheduler);
+        move || scheduler.halt_within(Some(Duration::from_millis(50)))
+    });
+    halted.await.unwrap();
+    assert!(batches.lock().unwrap().is_empty(), "halt waited for the batch");
+    assert!(matches!(queued.await.unwrap(), Err(ScheduleError::Stopped)));
+    // The running batch still ends and answers its request.
+    assert!(running.await.unwrap().is_ok());
+    assert!(matches!(
+        scheduler.submit(request(3, 1)).await,
+        Err(ScheduleError::Stopped)
+    ));
+}
+
 /// Records the name of the thread each run happens on.
 struct WhereRun {
     threads: Arc<Mutex<Vec<String>>>,

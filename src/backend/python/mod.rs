@@ -65,6 +65,9 @@ const EXECUTION_ENV_PATH: &str = "EXECUTION_ENV_PATH";
 const PYTHON_VARIABLE: &str = "KILN_PYTHON";
 /// How long `finalize` may take when a model unloads before its process is killed.
 const FINALIZE_TIMEOUT: Duration = Duration::from_secs(5);
+/// How long an unload waits for `execute` calls still running (their clients gone: the version
+/// unloads once nobody waits for it) before it goes on without them.
+const STOP_GRACE: Duration = Duration::from_secs(5);
 
 const STUB: &str = include_str!("stub.py");
 const UTILS: &str = include_str!("triton_python_backend_utils.py");
@@ -715,9 +718,12 @@ impl PythonModel {
     }
 
     /// Calls every instance's `finalize` and ends its process, once the requests already
-    /// running are answered; requests still queued are refused. Blocking.
+    /// running are answered (an instance still running after [`STOP_GRACE`] is killed when its
+    /// call ends); requests still queued are refused. Blocking.
     pub fn stop(&self) {
-        self.schedulers.iter().for_each(Scheduler::halt);
+        for scheduler in &self.schedulers {
+            scheduler.halt_within(Some(STOP_GRACE));
+        }
     }
 }
 
