@@ -795,7 +795,8 @@ output [ { name: "TOTAL" data_type: TYPE_FP32 dims: [ 1 ] } ]
         '  state [ { input_name: "S_IN" output_name: "S_OUT" data_type: TYPE_FP32 dims: [ 1 ] } ]'), PY_ACCUMULATE)
     # The stubs run under this interpreter (it has numpy).
     server = start_server([repo], name="kiln-python", env={"KILN_PYTHON": sys.executable},
-                          extra_args=["--model-control-mode", "explicit", "--load-model", "*"])
+                          extra_args=["--model-control-mode", "explicit", "--load-model", "*",
+                                      "--trace-config", f"triton,file={repo.parent / 'trace.json'}"])
     yield server, mark
     stop_server(server)
 
@@ -965,6 +966,29 @@ def test_a_python_models_queue_policy_refuses_and_times_out_as_tritons(python_se
         assert holding.result() == [1]
     stats = client.get_inference_statistics("py_policy").model_stats[0]
     assert stats.execution_count == 3  # neither refused request ran
+
+
+def test_a_traced_python_request_has_its_queue_and_compute_times(python_server):
+    server, _ = python_server
+    client = grpcclient.InferenceServerClient(server.grpc_url)
+    client.update_trace_settings(model_name="py_add_sub", settings={
+        "trace_level": ["TIMESTAMPS", "TENSORS"], "trace_rate": "1", "trace_count": "1"})
+    a, b = np.full((1, 16), 2, np.float32), np.ones((1, 16), np.float32)
+    client.infer("py_add_sub", add_sub_inputs(grpcclient, a, b), request_id="traced")
+    trace = server.repos[0].parent / "trace.json.0"
+    deadline = time.monotonic() + 10
+    while not trace.exists() and time.monotonic() < deadline:
+        time.sleep(0.05)
+    records = json.loads(trace.read_text())
+    assert {"id": 1, "model_name": "py_add_sub", "model_version": 1, "request_id": "traced"} in records
+    stamps = {t["name"]: t["ns"] for r in records for t in r.get("timestamps", [])}
+    core = ["REQUEST_START", "QUEUE_START", "COMPUTE_START", "COMPUTE_INPUT_END", "COMPUTE_OUTPUT_START",
+            "COMPUTE_END", "REQUEST_END"]
+    assert all(name in stamps for name in core), stamps
+    assert [stamps[name] for name in core] == sorted(stamps[name] for name in core), stamps
+    outputs = [r["tensor"] for r in records if r.get("activity") == "TENSOR_BACKEND_OUTPUT"]
+    assert [(t["name"], t["data"]) for t in outputs] == [("OUTPUT0", ",".join(["3"] * 16)),
+                                                         ("OUTPUT1", ",".join(["1"] * 16))], outputs
 
 
 def wait_for_note(server, request_id, timeout=10.0):

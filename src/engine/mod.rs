@@ -478,7 +478,11 @@ impl Engine {
                     inputs,
                     sequence,
                 });
-                let mut ran = match python.execute(job).await {
+                let executed = python.execute(job).await;
+                if let (Some(trace), Ok(outcome)) = (&trace, &executed) {
+                    traces::record_outcome(trace, outcome);
+                }
+                let mut ran = match executed {
                     Ok(outcome) => outcome
                         .outputs
                         .map(|outputs| (outputs, outcome.queue, outcome.compute))
@@ -489,6 +493,9 @@ impl Engine {
                     if let Ok((outputs, ..)) = &mut ran {
                         sequences.finish(turn, &mut outputs.tensors);
                     }
+                }
+                if let (Some(trace), Ok((outputs, ..))) = (&trace, &ran) {
+                    trace.tensors(TensorActivity::BackendOutput, &outputs.tensors);
                 }
                 // Cached: a response with every output (the model may leave out outputs a
                 // request did not ask for) and no parameters of its own (the cache keeps

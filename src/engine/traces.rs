@@ -40,7 +40,7 @@ impl Engine {
 }
 
 /// A request's time in the queue and in its batch, from what the scheduler reports.
-pub fn record_outcome(trace: &Trace, outcome: &Outcome) {
+pub fn record_outcome<T>(trace: &Trace, outcome: &Outcome<T>) {
     let started = outcome.started;
     let times = &outcome.compute;
     trace.record(

@@ -327,7 +327,10 @@ async fn a_bounded_halt_answers_the_queue_and_does_not_wait_for_a_long_batch() {
         move || scheduler.halt_within(Some(Duration::from_millis(50)))
     });
     halted.await.unwrap();
-    assert!(batches.lock().unwrap().is_empty(), "halt waited for the batch");
+    assert!(
+        batches.lock().unwrap().is_empty(),
+        "halt waited for the batch"
+    );
     assert!(matches!(queued.await.unwrap(), Err(ScheduleError::Stopped)));
     // The running batch still ends and answers its request.
     assert!(running.await.unwrap().is_ok());
