@@ -147,8 +147,14 @@ impl Engine {
             },
         );
         let (prefix, name) = (prefix.clone(), model.name.clone());
-        let mut responses = python.execute_stream(job, move |refused| {
-            super::schedule_error(refused, &prefix, &name).0
+        // Why the scheduler refused the request, if it did (a full queue, a timeout), for the
+        // failure's reason in the metrics.
+        let refusal = Arc::new(std::sync::OnceLock::new());
+        let refused = Arc::clone(&refusal);
+        let mut responses = python.execute_stream(job, move |error| {
+            let (error, reason) = super::schedule_error(error, &prefix, &name);
+            let _ = refused.set(reason);
+            error
         });
         let (sender, receiver) = mpsc::unbounded_channel();
         tokio::spawn(async move {
@@ -191,7 +197,10 @@ impl Engine {
                             ComputeTimes::default(),
                             None,
                         ),
-                        Err(_) => serving.stats.record_failure(total, FailureReason::Backend),
+                        Err(_) => serving.stats.record_failure(
+                            total,
+                            refusal.get().copied().unwrap_or(FailureReason::Backend),
+                        ),
                     }
                 }
                 let gone = sender
