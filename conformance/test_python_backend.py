@@ -269,6 +269,8 @@ class TritonPythonModel:
         values = [pb_utils.get_input_tensor_by_name(r, "X").as_numpy() for r in requests]
         if any((v == -1).any() for v in values):
             time.sleep(0.5)
+        if any((v == -2).any() for v in values):
+            time.sleep(2)
         return [pb_utils.InferenceResponse(output_tensors=[
             pb_utils.Tensor("CALL_SIZE", np.full(v.shape, len(requests), dtype=np.int32))]) for v in values]
 '''
@@ -291,7 +293,7 @@ backend: "python"
 max_batch_size: 4
 input [ { name: "X" data_type: TYPE_INT32 dims: [ 1 ] } ]
 output [ { name: "CALL_SIZE" data_type: TYPE_INT32 dims: [ 1 ] } ]
-dynamic_batching { max_queue_delay_microseconds: 400000 }
+dynamic_batching { max_queue_delay_microseconds: 800000 }
 parameters { key: "adaptive_batching_delay" value { string_value: "false" } }
 instance_group [ { count: 1 kind: KIND_CPU } ]
 '''
@@ -905,7 +907,7 @@ def test_a_request_whose_client_left_while_it_waited_does_not_run(python_server)
 
 
 def test_a_python_models_requests_wait_the_batching_delay_for_company(python_server):
-    # An idle instance, and requests 50 ms apart: they wait (up to 400 ms) and share one call.
+    # An idle instance, and requests 50 ms apart: they wait (up to 800 ms) and share one call.
     server, _ = python_server
     client = grpcclient.InferenceServerClient(server.grpc_url)
 
@@ -940,29 +942,32 @@ def test_a_python_models_queue_policy_refuses_and_times_out_as_tritons(python_se
         return float(found.group(1))
 
     with ThreadPoolExecutor(2) as pool:
-        holding = pool.submit(send, -1)  # the only instance sleeps 0.5 s on it
-        time.sleep(0.1)
+        holding = pool.submit(send, -2)  # the only instance sleeps 2 s on it
+        time.sleep(0.3)
         # Its own timeout (allowed to override the policy's 150 ms) keeps this one queued...
         queued = pool.submit(send, 1, timeout=5_000_000)
-        time.sleep(0.1)
+        deadline = time.monotonic() + 1.5
+        while pending() != 1 and time.monotonic() < deadline:
+            time.sleep(0.02)
         assert pending() == 1
         # ...and the queue (max_queue_size 1) has no room for another.
         with pytest.raises(InferenceServerException) as full:
             send(2)
         assert full.value.status() == "StatusCode.UNAVAILABLE"
         assert "Exceeds maximum queue size" in full.value.message()
+        assert not holding.done()
         assert holding.result() == [1] and queued.result() == [1]
     assert pending() == 0
-    # The policy's timeout: a request still queued after 150 ms is refused.
+    # The policy's timeout: a request still queued after 150 ms is refused (while the request
+    # before it still runs).
     with ThreadPoolExecutor(1) as pool:
-        holding = pool.submit(send, -1)
-        time.sleep(0.1)
-        started = time.monotonic()
+        holding = pool.submit(send, -2)
+        time.sleep(0.3)
         with pytest.raises(InferenceServerException) as late:
             send(3)
         assert late.value.status() == "StatusCode.UNAVAILABLE"
         assert "Request timeout expired" in late.value.message()
-        assert time.monotonic() - started < 0.45, "refused when its timeout passed, not when it would have run"
+        assert not holding.done(), "refused when its timeout passed, not when it would have run"
         assert holding.result() == [1]
     stats = client.get_inference_statistics("py_policy").model_stats[0]
     assert stats.execution_count == 3  # neither refused request ran
