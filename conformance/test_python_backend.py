@@ -370,6 +370,87 @@ output [ { name: "I" data_type: TYPE_INT32 dims: [ 1 ] } ]
 model_transaction_policy { decoupled: true }
 '''
 
+# Counts to N, a response every 0.3 s (a decoupled model streaming slowly, as an LLM does).
+PY_SLOW_COUNT = '''
+import threading
+import time
+import numpy as np
+import triton_python_backend_utils as pb_utils
+
+
+class TritonPythonModel:
+    def execute(self, requests):
+        for request in requests:
+            n = int(pb_utils.get_input_tensor_by_name(request, "N").as_numpy()[0])
+            threading.Thread(target=self.count, args=(request.get_response_sender(), n)).start()
+        return None
+
+    def count(self, sender, n):
+        for i in range(n):
+            if i:
+                time.sleep(0.3)
+            sender.send(pb_utils.InferenceResponse([pb_utils.Tensor("I", np.array([i], dtype=np.int32))]))
+        sender.send(flags=pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL)
+'''
+
+# Passes on each response of py_slow_count to its own client as it comes (Triton's decoupled BLS).
+PY_FORWARD = '''
+import triton_python_backend_utils as pb_utils
+
+
+class TritonPythonModel:
+    def execute(self, requests):
+        for request in requests:
+            sender = request.get_response_sender()
+            called = pb_utils.InferenceRequest(model_name="py_slow_count", requested_output_names=["I"],
+                                               inputs=[pb_utils.get_input_tensor_by_name(request, "N")])
+            for response in called.exec(decoupled=True):
+                sender.send(pb_utils.InferenceResponse([pb_utils.get_output_tensor_by_name(response, "I")]))
+            sender.send(flags=pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL)
+        return None
+'''
+
+# Reads two of py_slow_count's responses, leaves the rest, then calls add_sub: the call is answered
+# (the responses left unread do not stand in its way), and so is the model's next request.
+PY_PARTIAL = '''
+import numpy as np
+import triton_python_backend_utils as pb_utils
+
+
+class TritonPythonModel:
+    def execute(self, requests):
+        responses = []
+        for request in requests:
+            called = pb_utils.InferenceRequest(model_name="py_slow_count", requested_output_names=["I"],
+                                               inputs=[pb_utils.get_input_tensor_by_name(request, "N")])
+            first = []
+            for response in called.exec(decoupled=True):
+                first.append(int(pb_utils.get_output_tensor_by_name(response, "I").as_numpy()[0]))
+                if len(first) == 2:
+                    break
+            x = np.ones((1, 16), dtype=np.float32)
+            summed = pb_utils.InferenceRequest(model_name="add_sub", requested_output_names=["OUTPUT0"],
+                                               inputs=[pb_utils.Tensor("INPUT0", x), pb_utils.Tensor("INPUT1", x)]).exec()
+            responses.append(pb_utils.InferenceResponse([
+                pb_utils.Tensor("FIRST", np.array(first, dtype=np.int32)),
+                pb_utils.Tensor("SUM", pb_utils.get_output_tensor_by_name(summed, "OUTPUT0").as_numpy()[0])]))
+        return responses
+'''
+
+COUNT_IO = '''
+input [ { name: "N" data_type: TYPE_INT32 dims: [ 1 ] } ]
+output [ { name: "I" data_type: TYPE_INT32 dims: [ 1 ] } ]
+model_transaction_policy { decoupled: true }
+'''
+
+PY_PARTIAL_CONFIG = '''
+name: "py_partial"
+backend: "python"
+input [ { name: "N" data_type: TYPE_INT32 dims: [ 1 ] } ]
+output [ { name: "FIRST" data_type: TYPE_INT32 dims: [ -1 ] }, { name: "SUM" data_type: TYPE_FP32 dims: [ 16 ] } ]
+'''
+
+
 # Notes each execute call in a file its config names; raises on a negative input.
 PY_WARM = '''
 import json
@@ -761,6 +842,9 @@ def python_server(tmp_path_factory):
     write_model(repo, "py_delay", PY_DELAY_CONFIG, PY_BATCH)
     write_model(repo, "py_policy", PY_POLICY_CONFIG, PY_BATCH)
     write_model(repo, "py_count", PY_COUNT_CONFIG, PY_COUNT)
+    write_model(repo, "py_slow_count", 'name: "py_slow_count" backend: "python"' + COUNT_IO, PY_SLOW_COUNT)
+    write_model(repo, "py_forward", 'name: "py_forward" backend: "python"' + COUNT_IO, PY_FORWARD)
+    write_model(repo, "py_partial", PY_PARTIAL_CONFIG, PY_PARTIAL)
     write_model(repo, "py_metrics", PY_METRICS_CONFIG, PY_METRICS)
     notes = repo.parent / "warm_notes"
     write_model(repo, "py_warm", warm_config("py_warm", notes, "one"), PY_WARM)
@@ -1228,6 +1312,35 @@ def counted(server, n, empty_final, expected):
         return answers
     finally:
         client.stop_stream()
+
+
+def test_a_decoupled_calls_responses_reach_the_caller_as_they_come(python_server):
+    server, _ = python_server
+    got = queue.Queue()
+    client = grpcclient.InferenceServerClient(server.grpc_url)
+    client.start_stream(callback=lambda result, error: got.put((time.monotonic(), result, error)))
+    try:
+        n = grpcclient.InferInput("N", [1], "INT32")
+        n.set_data_from_numpy(np.array([4], dtype=np.int32))
+        client.async_stream_infer("py_forward", [n])
+        arrivals = []
+        for _ in range(4):
+            at, result, error = got.get(timeout=RPC_TIMEOUT)
+            assert error is None, error
+            arrivals.append((at, int(result.as_numpy("I")[0])))
+    finally:
+        client.stop_stream()
+    assert [value for _, value in arrivals] == [0, 1, 2, 3]
+    # py_slow_count sends them 0.3 s apart: passed on as they come, they arrive spread out
+    # (collected before exec returned, they would arrive together).
+    assert arrivals[-1][0] - arrivals[0][0] > 0.6, arrivals
+    # A model that reads part of a call's responses and goes on calling.
+    for _ in range(2):
+        n = grpcclient.InferInput("N", [1], "INT32")
+        n.set_data_from_numpy(np.array([4], dtype=np.int32))
+        result = client.infer("py_partial", [n])
+        assert result.as_numpy("FIRST").tolist() == [0, 1]
+        assert result.as_numpy("SUM").tolist() == [2.0] * 16
 
 
 def test_a_decoupled_model_streams_its_responses(python_server):

@@ -596,9 +596,24 @@ fn connect_python_calls(engine: &Arc<Engine>) {
             })
         },
         move |request| {
-            on_engine(&runtime_decoupled, &weak_decoupled, |engine| async move {
-                engine.infer_decoupled_all(request).await
-            })
+            // Each response as the called model sends it; the stream ends with the call.
+            let (sink, responses) = std::sync::mpsc::channel();
+            match weak_decoupled.upgrade() {
+                Some(engine) => {
+                    runtime_decoupled.spawn(async move {
+                        let each = |response| sink.send(response).is_ok();
+                        if let Err(error) = engine.infer_decoupled(request, each).await {
+                            let _ = sink.send(Err(error));
+                        }
+                    });
+                }
+                None => {
+                    let _ = sink.send(Err(crate::core::Error::Unavailable(
+                        "Server exiting".into(),
+                    )));
+                }
+            }
+            responses
         },
         move |asked| {
             on_engine(&runtime_manage, &weak_manage, |engine| async move {

@@ -22,30 +22,35 @@ pub struct StreamedResponse {
 
 impl Engine {
     /// Runs `request` on a decoupled model, a generation model or a decoupled Python model, and
-    /// collects every response: what a Python model's `exec(decoupled=True)` answers. A
-    /// generation model's responses carry `text_output` (one per generated piece when the
-    /// request streams, else one with the whole text).
+    /// hands each response to `each` as it comes: what a Python model's `exec(decoupled=True)`
+    /// iterates over. A generation model's responses carry `text_output` (one per generated
+    /// piece when the request streams, else one with the whole text). An error is the last
+    /// thing `each` gets; when `each` answers false (nobody listens any more), the request is
+    /// dropped, and the model hears that its client went away.
     ///
     /// # Errors
     /// Admission and lookup errors; UNSUPPORTED for a model that is not decoupled; the
-    /// request's errors before its first response. Errors after it are its last response.
-    pub async fn infer_decoupled_all(
+    /// request's errors before its first response.
+    pub async fn infer_decoupled(
         self: &Arc<Self>,
         request: InferRequest,
-    ) -> Result<Vec<Result<InferResponse, Error>>, Error> {
+        mut each: impl FnMut(Result<InferResponse, Error>) -> bool + Send,
+    ) -> Result<(), Error> {
         let admission = self.admit()?;
         if !self.generates_text(&request.model_name, &request.model_version) {
             let mut stream = self.infer_stream(admission, request).await?;
-            let mut responses = Vec::new();
             while let Some(streamed) = stream.recv().await {
                 if let Some(response) = streamed.response.transpose() {
-                    responses.push(response);
+                    let failed = response.is_err();
+                    if !each(response) || failed {
+                        break;
+                    }
                 }
                 if streamed.last {
                     break;
                 }
             }
-            return Ok(responses);
+            return Ok(());
         }
         let mut generation = self.generate(admission, request).await?;
         let text_response = |generation: &super::generate::Generation, text: &str| InferResponse {
@@ -62,17 +67,16 @@ impl Engine {
         };
         if !generation.request.stream {
             let text = generation.text().await;
-            return Ok(vec![text.map(|text| text_response(&generation, &text))]);
+            each(text.map(|text| text_response(&generation, &text)));
+            return Ok(());
         }
-        let mut responses = Vec::new();
         while let Some(chunk) = generation.next().await {
             let failed = chunk.is_err();
-            responses.push(chunk.map(|chunk| text_response(&generation, &chunk.text)));
-            if failed {
+            if !each(chunk.map(|chunk| text_response(&generation, &chunk.text))) || failed {
                 break;
             }
         }
-        Ok(responses)
+        Ok(())
     }
 
     /// Whether `name` (the version given, or the newest) answers through

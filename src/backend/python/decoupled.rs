@@ -228,24 +228,26 @@ fn answer_call(
     caller: &ModelCaller,
     message: channel::Message,
 ) {
-    let write = |input: &Mutex<BufWriter<ChildStdin>>, (header, tensors): (Value, Vec<_>)| {
+    let write = |input: &Mutex<BufWriter<ChildStdin>>, header: Value, tensors: Vec<_>| {
         let blobs: Vec<&[u8]> = tensors
             .iter()
             .map(|t: &crate::core::Tensor| t.data.as_ref())
             .collect();
         let mut input = input.lock().unwrap_or_else(|e| e.into_inner());
-        let _ = channel::send(&mut *input, header, &blobs);
+        channel::send(&mut *input, header, &blobs).is_ok()
     };
+    let streams = message.header["request"]["decoupled"].as_bool() == Some(true);
     let (running, caller) = (Arc::clone(input), caller.clone());
     let spawned = std::thread::Builder::new()
         .name("py-call".into())
         .spawn(move || {
-            let answer = if message.header["op"] == "manage" {
-                (manage(&caller, &message), Vec::new())
+            if message.header["op"] == "manage" {
+                write(&running, manage(&caller, &message), Vec::new());
             } else {
-                call(&caller, message)
-            };
-            write(&running, answer);
+                call(&caller, message, &mut |header, tensors| {
+                    write(&running, header, tensors)
+                });
+            }
         });
     if let Err(error) = spawned {
         // The model waits for an answer: it gets one.
@@ -254,6 +256,12 @@ fn answer_call(
             "error": format!("kiln cannot run the call: {error}"),
             "code": 1,
         });
-        write(input, (refusal, Vec::new()));
+        if write(input, refusal, Vec::new()) && streams {
+            write(
+                input,
+                serde_json::json!({"op": "called", "end": true}),
+                Vec::new(),
+            );
+        }
     }
 }

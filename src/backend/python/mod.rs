@@ -74,9 +74,10 @@ const UTILS: &str = include_str!("triton_python_backend_utils.py");
 
 /// Runs one request on any model of the server.
 type RunRequest = dyn Fn(InferRequest) -> Result<InferResponse, Error> + Send + Sync;
-/// Runs one request on a decoupled model of the server: every response it sends.
+/// Runs one request on a decoupled model of the server: each response as it sends it (an error
+/// ends the stream).
 type RunDecoupled =
-    dyn Fn(InferRequest) -> Result<Vec<Result<InferResponse, Error>>, Error> + Send + Sync;
+    dyn Fn(InferRequest) -> std::sync::mpsc::Receiver<Result<InferResponse, Error>> + Send + Sync;
 
 /// Loads, unloads or asks after a model of the server: whether it is ready (for `Ready`).
 type Manage = dyn Fn(Management) -> Result<bool, Error> + Send + Sync;
@@ -119,7 +120,7 @@ impl ModelCaller {
     pub fn connect(
         &self,
         unary: impl Fn(InferRequest) -> Result<InferResponse, Error> + Send + Sync + 'static,
-        decoupled: impl Fn(InferRequest) -> Result<Vec<Result<InferResponse, Error>>, Error>
+        decoupled: impl Fn(InferRequest) -> std::sync::mpsc::Receiver<Result<InferResponse, Error>>
             + Send
             + Sync
             + 'static,
@@ -1071,36 +1072,47 @@ fn called_response(response: Result<InferResponse, Error>, data: &mut Vec<Tensor
     }
 }
 
-/// Runs a model's call to another model: the header and tensors to answer it with. A decoupled
-/// call (`exec(decoupled=True)`) is answered with every response the called model sent.
-fn call(caller: &ModelCaller, message: channel::Message) -> (Value, Vec<Tensor>) {
+/// Runs a model's call to another model, handing `answer` what to write to the stub: one
+/// `called` message, or for a decoupled call (`exec(decoupled=True)`) one per response as the
+/// called model sends it, then one with `end`. `answer` says false when the stub cannot be
+/// written to any more: the call is dropped then (the called model hears its client left).
+fn call(
+    caller: &ModelCaller,
+    message: channel::Message,
+    answer: &mut dyn FnMut(Value, Vec<Tensor>) -> bool,
+) {
     let decoupled = message.header["request"]["decoupled"].as_bool() == Some(true);
-    let mut data = Vec::new();
-    let ran = call_request(message)
+    let called = |response: Result<InferResponse, Error>| {
+        let mut data = Vec::new();
+        let mut header = called_response(response, &mut data);
+        header["op"] = json!("called");
+        (header, data)
+    };
+    let request = call_request(message)
         .map_err(Error::InvalidArgument)
-        .and_then(|request| {
-            let calls = caller.calls()?;
-            if decoupled {
-                (calls.decoupled)(request).map(|responses| {
-                    let described: Vec<Value> = responses
-                        .into_iter()
-                        .map(|response| called_response(response, &mut data))
-                        .collect();
-                    json!({"op": "called", "responses": described})
-                })
-            } else {
-                let mut answer = called_response((calls.unary)(request), &mut data);
-                answer["op"] = json!("called");
-                Ok(answer)
+        .and_then(|request| Ok((caller.calls()?, request)));
+    let (calls, request) = match request {
+        Ok(ready) => ready,
+        Err(error) => {
+            let (header, data) = called(Err(error));
+            if answer(header, data) && decoupled {
+                answer(json!({"op": "called", "end": true}), Vec::new());
             }
-        });
-    match ran {
-        Ok(answer) => (answer, data),
-        Err(error) => (
-            json!({"op": "called", "error": error.message(), "code": error_code(&error)}),
-            Vec::new(),
-        ),
+            return;
+        }
+    };
+    if !decoupled {
+        let (header, data) = called((calls.unary)(request));
+        answer(header, data);
+        return;
     }
+    for response in (calls.decoupled)(request) {
+        let (header, data) = called(response);
+        if !answer(header, data) {
+            return;
+        }
+    }
+    answer(json!({"op": "called", "end": true}), Vec::new());
 }
 
 /// Runs a model's management request (a `manage` message): the `managed` header to answer with.
@@ -1423,9 +1435,15 @@ impl Stub {
             let message = channel::receive(output)?;
             match message.header["op"].as_str() {
                 Some("call") => {
-                    let answer = call(caller, message);
-                    let blobs: Vec<&[u8]> = answer.1.iter().map(|t| t.data.as_ref()).collect();
-                    self.send(answer.0, &blobs)?;
+                    let mut broken = None;
+                    call(caller, message, &mut |header, tensors| {
+                        let blobs: Vec<&[u8]> = tensors.iter().map(|t| t.data.as_ref()).collect();
+                        let sent = self.send(header, &blobs);
+                        sent.map_err(|error| broken = Some(error)).is_ok()
+                    });
+                    if let Some(error) = broken {
+                        return Err(error);
+                    }
                 }
                 Some("manage") => self.send(manage(caller, &message), &[])?,
                 Some("metric") => metric(model, &message.header),

@@ -17,7 +17,8 @@ and `done`, or `error` with a message (and the call's number: `execute` calls ar
 in it, `final`), whenever they send it: kiln sends the next `execute` as soon as `executed`
 came, and a thread of its own reads every answer. `log` lines and `metric` changes (the model's
 custom metrics) may come before any answer, and so may `call`s of other models (the model's
-`InferenceRequest.exec()`), which kiln answers with `called`, and `manage` requests
+`InferenceRequest.exec()`), which kiln answers with `called` (a decoupled call with one `called`
+per response as the called model sends it, then one with `end`), and `manage` requests
 (`pb_utils.load_model`, `unload_model`, `is_model_ready`), answered with `managed` (for a
 decoupled model, whose threads may ask while the main loop waits, an `Inbox` thread sorts
 kiln's messages). With
@@ -27,6 +28,7 @@ The model's own prints go to kiln's standard error, not into the protocol.
 """
 
 import asyncio
+import collections
 import functools
 import importlib.util
 import inspect
@@ -235,18 +237,69 @@ class Inbox:
         return self._take(self.answers)
 
 
-def make_exchange(channel, receive=None):
-    """Sends kiln one question and reads its answer, one exchange at a time (a model's threads
-    may ask at once); `receive` reads the answer (the channel itself unless an Inbox reads it)."""
-    lock = threading.Lock()
-    receive = receive or channel.receive
+class Exchange:
+    """The model's questions to kiln and kiln's answers (a model's threads may ask at once; one
+    exchange at a time): `exchange(header, blobs)` sends one question and reads its answer;
+    `stream(header, blobs)` sends a decoupled call and reads its answers as the caller iterates,
+    up to kiln's `end`. An exchange that starts while a stream is still open first reads that
+    stream's answers into it, so that it can still be iterated; so does `drain`, which a model
+    that is not decoupled runs after each execute, when kiln's next message must be a request.
+    `receive` reads one answer (the channel's next message, unless an Inbox sorts them)."""
 
-    def exchange(header, blobs=()):
-        with lock:
-            channel.send(header, blobs)
-            return receive()
+    def __init__(self, channel, receive=None):
+        self.channel = channel
+        self.receive = receive or channel.receive
+        self.lock = threading.RLock()
+        self.open = None
 
-    return exchange
+    def drain(self):
+        with self.lock:
+            stream, self.open = self.open, None
+            while stream is not None and not stream.ended:
+                answer, parts = self.receive()
+                if answer.get("end"):
+                    stream.ended = True
+                else:
+                    stream.early.append((answer, parts))
+
+    def __call__(self, header, blobs=()):
+        with self.lock:
+            self.drain()
+            self.channel.send(header, blobs)
+            return self.receive()
+
+    def stream(self, header, blobs=()):
+        with self.lock:
+            self.drain()
+            self.channel.send(header, blobs)
+            self.open = Answers(self)
+            return self.open
+
+
+class Answers:
+    """The answers to one decoupled call, as kiln sends them."""
+
+    def __init__(self, exchange):
+        self.exchange = exchange
+        self.early = collections.deque()  # read by another exchange before their turn
+        self.ended = False
+
+    def __iter__(self):
+        return self
+
+    def __next__(self):
+        exchange = self.exchange
+        with exchange.lock:
+            if self.early:
+                return self.early.popleft()
+            if self.ended:
+                raise StopIteration
+            answer, parts = exchange.receive()
+            if answer.get("end"):
+                self.ended = True
+                exchange.open = None
+                raise StopIteration
+            return answer, parts
 
 
 def make_manager(exchange):
@@ -300,14 +353,12 @@ def make_caller(exchange):
             "model": request._model_name, "version": "" if version in (-1, None) else str(version),
             "id": request.request_id(), "parameters": sequence_parameters(request),
             "outputs": request.requested_output_names(), "inputs": inputs, "decoupled": decoupled}}
-        answer, parts = exchange(header, blobs)
-        parts = iter(parts)
         if not decoupled:
-            return response_of(answer, parts)
-        if answer.get("error") is not None:
-            # The call failed before its first response: one response with the error.
-            return [response_of(answer, parts)]
-        return [response_of(response, parts) for response in answer["responses"]]
+            answer, parts = exchange(header, blobs)
+            return response_of(answer, iter(parts))
+        # Each response as the called model sends it (a failure before the first is one response
+        # with the error).
+        return (response_of(answer, iter(parts)) for answer, parts in exchange.stream(header, blobs))
 
     return call
 
@@ -422,7 +473,7 @@ def main():
 
     pb_utils._state["log"] = lambda level, message: channel.send(
         {"op": "log", "level": level, "message": message})
-    exchange = make_exchange(channel)
+    exchange = Exchange(channel)
     pb_utils._state["call"] = make_caller(exchange)
     pb_utils._state["manage"] = make_manager(exchange)
     pb_utils._state["metric"] = lambda change: channel.send({"op": "metric", **change})
@@ -450,7 +501,7 @@ def main():
         # model's threads, which may call other models meanwhile.
         inbox = Inbox(channel)
         receive = inbox.receive
-        exchange = make_exchange(channel, inbox.receive_answer)
+        exchange = Exchange(channel, inbox.receive_answer)
         pb_utils._state["call"] = make_caller(exchange)
         pb_utils._state["manage"] = make_manager(exchange)
     channel.send({"op": "ready"})
@@ -478,10 +529,16 @@ def main():
             if decoupled:
                 for request in requests:
                     request._stream = stream
-            responses = model.execute(requests)
-            # An `async def execute` (to await calls to other models) runs to its end here.
-            if inspect.isawaitable(responses):
-                responses = loop.run_until_complete(responses)
+            try:
+                responses = model.execute(requests)
+                # An `async def execute` (to await calls to other models) runs to its end here.
+                if inspect.isawaitable(responses):
+                    responses = loop.run_until_complete(responses)
+            finally:
+                if not decoupled:
+                    # A decoupled call's answers the model left unread are read now: kiln's next
+                    # message on the channel must be a request.
+                    exchange.drain()
             if not decoupled:
                 answer(channel, requests, responses)
                 for request in requests:

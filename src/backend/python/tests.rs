@@ -1,4 +1,5 @@
 use super::*;
+use crate::core::DataType;
 use crate::proto::inference::{ModelInstanceGroup, ModelParameter};
 
 fn config(groups: Vec<ModelInstanceGroup>) -> ModelConfig {
@@ -161,6 +162,63 @@ fn a_backend_with_a_model_py_in_the_backend_directory_is_python_based() {
 }
 
 #[test]
+fn a_decoupled_call_is_answered_response_by_response_then_ended() {
+    let caller = ModelCaller::default();
+    caller.connect(
+        |_| Err(Error::Internal("not this one".into())),
+        |request| {
+            let (sink, responses) = std::sync::mpsc::channel();
+            for value in [1u8, 2] {
+                let _ = sink.send(Ok(InferResponse {
+                    outputs: vec![Tensor::new(
+                        "Y",
+                        DataType::Uint8,
+                        vec![1],
+                        vec![value].into(),
+                    )],
+                    ..InferResponse::default()
+                }));
+            }
+            let _ = sink.send(Err(Error::NotFound(format!(
+                "{} stopped",
+                request.model_name
+            ))));
+            responses
+        },
+        |_| Ok(false),
+    );
+    let message = || channel::Message {
+        header: json!({"op": "call", "request": {"model": "m", "decoupled": true, "inputs": [],
+                                                 "outputs": [], "parameters": "{}"}}),
+        blobs: Vec::new(),
+    };
+    let mut answers = Vec::new();
+    call(&caller, message(), &mut |header, tensors| {
+        answers.push((header, tensors));
+        true
+    });
+    let data: Vec<Vec<u8>> = answers
+        .iter()
+        .flat_map(|(_, tensors)| tensors.iter().map(|t| t.data.to_vec()))
+        .collect();
+    assert_eq!(data, [vec![1], vec![2]]);
+    let headers: Vec<&Value> = answers.iter().map(|(header, _)| header).collect();
+    assert!(headers.iter().all(|h| h["op"] == "called"));
+    assert_eq!(headers[0]["outputs"][0]["name"], "Y");
+    assert_eq!(headers[2]["error"], "m stopped");
+    assert_eq!(headers[2]["code"], 2);
+    assert_eq!(*headers[3], json!({"op": "called", "end": true}));
+    assert_eq!(headers.len(), 4);
+    // A stub that cannot be written to any more gets nothing after.
+    let mut written = 0;
+    call(&caller, message(), &mut |_, _| {
+        written += 1;
+        false
+    });
+    assert_eq!(written, 1);
+}
+
+#[test]
 fn management_messages_become_requests_to_the_repository() {
     use crate::repository::LoadParameter;
     let asked = Arc::new(Mutex::new(Vec::new()));
@@ -168,7 +226,11 @@ fn management_messages_become_requests_to_the_repository() {
     let noted = Arc::clone(&asked);
     caller.connect(
         |_| Err(Error::Internal("no calls here".into())),
-        |_| Err(Error::Internal("no calls here".into())),
+        |_| {
+            let (sink, responses) = std::sync::mpsc::channel();
+            let _ = sink.send(Err(Error::Internal("no calls here".into())));
+            responses
+        },
         move |management| {
             let ready = matches!(&management, Management::Ready { model, .. } if model == "up");
             noted.lock().unwrap().push(management);

@@ -254,7 +254,7 @@ class InferenceRequest:
 
     def exec(self, decoupled=False):
         """Runs the request on model `model_name`: its InferenceResponse, or with `decoupled`
-        an iterator over every response a decoupled model sends (collected before it returns)."""
+        an iterator over the responses a decoupled model sends, each as it comes."""
         if not self._model_name:
             raise TritonModelException("an InferenceRequest needs a model_name to be run")
         if decoupled:
