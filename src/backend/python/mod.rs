@@ -444,7 +444,7 @@ struct Slot {
 pub struct Work {
     request: Request,
     /// Resolves when its client goes away (then `is_cancelled()` says so in the model).
-    gone: Option<cancel::Gone>,
+    gone: Option<cancel::Leaving>,
     /// A decoupled model's request: where its responses go, whenever the model sends them.
     stream: Option<tokio::sync::mpsc::UnboundedSender<Streamed>>,
 }
@@ -662,10 +662,7 @@ impl PythonModel {
             return Err(ScheduleError::Backend(BackendError::Run(why)));
         }
         // Held while this waits: a caller that goes away drops it, and the model hears so.
-        let (_waiting, gone) = tokio::sync::oneshot::channel::<()>();
-        let gone: cancel::Gone = Box::pin(async move {
-            let _ = gone.await;
-        });
+        let (ticket, _departure) = cancel::ticket();
         self.common
             .runtime
             .get_or_init(tokio::runtime::Handle::current);
@@ -673,7 +670,7 @@ impl PythonModel {
         scheduler
             .submit(job.map(|request| Work {
                 request,
-                gone: Some(gone),
+                gone: Some(cancel::Leaving::Ticket(ticket)),
                 stream: None,
             }))
             .await
@@ -701,7 +698,7 @@ impl PythonModel {
         let this = Arc::clone(self);
         let job = job.map(|request| Work {
             request,
-            gone: Some(gone),
+            gone: Some(cancel::Leaving::Watched(gone)),
             stream: Some(sender.clone()),
         });
         tokio::spawn(async move {
@@ -845,7 +842,7 @@ impl Slot {
     fn run(
         &mut self,
         requests: &[&Request],
-        gone: Vec<Option<cancel::Gone>>,
+        gone: Vec<Option<cancel::Leaving>>,
         deliver: Deliver<'_>,
     ) {
         let common = Arc::clone(&self.common);
