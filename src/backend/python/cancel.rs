@@ -21,69 +21,6 @@ const STUB_FD: i32 = 3;
 /// Resolves when a request's client has gone away.
 pub type Gone = Pin<Box<dyn Future<Output = ()> + Send>>;
 
-/// How kiln hears that a request's client went away.
-pub enum Leaving {
-    /// A future that resolves then (a stream whose receiver was dropped), watched by a task
-    /// while the request is open.
-    Watched(Gone),
-    /// The caller's [`Departure`] is dropped then (a unary request): no task watches, the drop
-    /// itself tells the stub.
-    Ticket(Ticket),
-}
-
-/// Where a unary request stands, as its two halves see it.
-enum Stage {
-    Queued,
-    /// In an `execute` call: where to send the notice, and its call and index.
-    Running(Arc<Notices>, u64, usize),
-    /// Its caller went away.
-    Left,
-    Finished,
-}
-
-/// The instance's half of a unary request's cancellation (its caller holds the
-/// [`Departure`]).
-pub struct Ticket(Arc<Mutex<Stage>>);
-
-/// The caller's half: dropped while the request runs (the caller gone: a deadline, a closed
-/// connection), it tells the stub; dropped after the answer, nothing.
-pub struct Departure(Arc<Mutex<Stage>>);
-
-/// A unary request's two halves.
-pub fn ticket() -> (Ticket, Departure) {
-    let stage = Arc::new(Mutex::new(Stage::Queued));
-    (Ticket(Arc::clone(&stage)), Departure(stage))
-}
-
-fn lock(stage: &Mutex<Stage>) -> std::sync::MutexGuard<'_, Stage> {
-    stage.lock().unwrap_or_else(|e| e.into_inner())
-}
-
-impl Ticket {
-    /// The request is request `index` of call `call` now (told at once if its caller already left).
-    fn start(&self, notices: &Arc<Notices>, call: u64, index: usize) {
-        let mut stage = lock(&self.0);
-        if matches!(*stage, Stage::Left) {
-            notices.cancel(call, index);
-        } else {
-            *stage = Stage::Running(Arc::clone(notices), call, index);
-        }
-    }
-
-    fn finish(&self) {
-        *lock(&self.0) = Stage::Finished;
-    }
-}
-
-impl Drop for Departure {
-    fn drop(&mut self) {
-        let mut stage = lock(&self.0);
-        if let Stage::Running(notices, call, index) = std::mem::replace(&mut *stage, Stage::Left) {
-            notices.cancel(call, index);
-        }
-    }
-}
-
 /// kiln's end of a stub's cancellation pipe.
 #[derive(Debug)]
 pub struct Notices {
@@ -149,37 +86,24 @@ impl Notices {
 /// away while it runs; dropping it stops watching.
 pub struct Watch {
     tasks: Vec<tokio::task::JoinHandle<()>>,
-    tickets: Vec<Ticket>,
 }
 
 impl Watch {
-    /// Starts watching call `call`'s requests (`leaving[i]` for request `i`; `None`: not
-    /// watched); the futures on `runtime` (without one they are not watched).
+    /// Starts watching call `call`'s requests (`gone[i]` for request `i`; `None`: not watched)
+    /// on `runtime`; without one nothing is watched.
     pub fn start(
         runtime: Option<&Handle>,
         notices: &Arc<Notices>,
         call: u64,
-        leaving: Vec<Option<Leaving>>,
+        gone: Vec<Option<Gone>>,
     ) -> Watch {
-        let mut watch = Watch {
-            tasks: Vec::new(),
-            tickets: Vec::new(),
-        };
-        for (index, leaving) in leaving.into_iter().enumerate() {
-            match leaving {
-                Some(Leaving::Ticket(ticket)) => {
-                    ticket.start(notices, call, index);
-                    watch.tickets.push(ticket);
-                }
-                Some(Leaving::Watched(gone)) => {
-                    if let Some(runtime) = runtime {
-                        watch.tasks.push(spawn(runtime, notices, call, index, gone));
-                    }
-                }
-                None => {}
-            }
-        }
-        watch
+        let tasks = runtime.map_or_else(Vec::new, |runtime| {
+            gone.into_iter()
+                .enumerate()
+                .filter_map(|(index, gone)| Some(spawn(runtime, notices, call, index, gone?)))
+                .collect()
+        });
+        Watch { tasks }
     }
 
     /// Starts watching request `index` of call `call` alone.
@@ -188,10 +112,10 @@ impl Watch {
         notices: &Arc<Notices>,
         call: u64,
         index: usize,
-        leaving: Option<Leaving>,
+        gone: Option<Gone>,
     ) -> Watch {
-        let leaving = (0..index).map(|_| None).chain([leaving]).collect();
-        Watch::start(runtime, notices, call, leaving)
+        let gone = (0..index).map(|_| None).chain([gone]).collect();
+        Watch::start(runtime, notices, call, gone)
     }
 }
 
@@ -214,9 +138,6 @@ impl Drop for Watch {
     fn drop(&mut self) {
         for task in &self.tasks {
             task.abort();
-        }
-        for ticket in &self.tickets {
-            ticket.finish();
         }
     }
 }
@@ -259,33 +180,6 @@ mod tests {
     }
 
     #[test]
-    fn a_unary_callers_departure_tells_the_stub_only_while_its_request_runs() {
-        let (notices, child) = reader();
-        let notices = Arc::new(notices);
-        // Left while running: told at once.
-        let (ticket, departure) = super::ticket();
-        let watch = Watch::start(None, &notices, 1, vec![Some(Leaving::Ticket(ticket))]);
-        drop(departure);
-        drop(watch);
-        // Left while queued: told when its call starts.
-        let (ticket, departure) = super::ticket();
-        drop(departure);
-        let watch = Watch::one(None, &notices, 2, 1, Some(Leaving::Ticket(ticket)));
-        drop(watch);
-        // Answered, then the caller's half dropped: nothing.
-        let (ticket, departure) = super::ticket();
-        drop(Watch::start(
-            None,
-            &notices,
-            3,
-            vec![Some(Leaving::Ticket(ticket))],
-        ));
-        drop(departure);
-        drop(notices);
-        assert_eq!(read(child), ["1", "0", "2", "1"]);
-    }
-
-    #[test]
     fn a_gone_client_is_noticed_and_a_finished_watch_sends_nothing() {
         let runtime = tokio::runtime::Builder::new_current_thread()
             .enable_all()
@@ -301,13 +195,13 @@ mod tests {
                 &notices,
                 3,
                 vec![
-                    Some(Leaving::Watched(Box::pin(async move {
+                    Some(Box::pin(async move {
                         let _ = gone.await;
-                    }))),
+                    })),
                     None,
-                    Some(Leaving::Watched(Box::pin(async move {
+                    Some(Box::pin(async move {
                         let _ = kept.await;
-                    }))),
+                    })),
                 ],
             );
             drop(left);

@@ -444,7 +444,7 @@ struct Slot {
 pub struct Work {
     request: Request,
     /// Resolves when its client goes away (then `is_cancelled()` says so in the model).
-    gone: Option<cancel::Leaving>,
+    gone: Option<cancel::Gone>,
     /// A decoupled model's request: where its responses go, whenever the model sends them.
     stream: Option<tokio::sync::mpsc::UnboundedSender<Streamed>>,
 }
@@ -662,7 +662,10 @@ impl PythonModel {
             return Err(ScheduleError::Backend(BackendError::Run(why)));
         }
         // Held while this waits: a caller that goes away drops it, and the model hears so.
-        let (ticket, _departure) = cancel::ticket();
+        let (_waiting, gone) = tokio::sync::oneshot::channel::<()>();
+        let gone: cancel::Gone = Box::pin(async move {
+            let _ = gone.await;
+        });
         self.common
             .runtime
             .get_or_init(tokio::runtime::Handle::current);
@@ -670,7 +673,7 @@ impl PythonModel {
         scheduler
             .submit(job.map(|request| Work {
                 request,
-                gone: Some(cancel::Leaving::Ticket(ticket)),
+                gone: Some(gone),
                 stream: None,
             }))
             .await
@@ -698,7 +701,7 @@ impl PythonModel {
         let this = Arc::clone(self);
         let job = job.map(|request| Work {
             request,
-            gone: Some(cancel::Leaving::Watched(gone)),
+            gone: Some(gone),
             stream: Some(sender.clone()),
         });
         tokio::spawn(async move {
@@ -842,7 +845,7 @@ impl Slot {
     fn run(
         &mut self,
         requests: &[&Request],
-        gone: Vec<Option<cancel::Leaving>>,
+        gone: Vec<Option<cancel::Gone>>,
         deliver: Deliver<'_>,
     ) {
         let common = Arc::clone(&self.common);
