@@ -340,14 +340,22 @@ PY_AUTO_CONFLICT = PY_AUTO.replace("TYPE_FP32\", \"dims\": [2]})\n        auto_c
                                    "TYPE_INT32\", \"dims\": [2]})\n        auto_complete_model_config.add_output")
 
 # Decoupled: counts to N, one response each, from a thread of its own after execute has returned,
-# then says "final" alone; N = 0 sends only that, N = -1 an error response first.
+# then says "final" alone; N = 0 sends only that, N = -1 an error response first. With the config
+# parameter "pause", it waits that many seconds between responses (a model streaming slowly, as an
+# LLM does).
 PY_COUNT = '''
+import json
 import threading
+import time
 import numpy as np
 import triton_python_backend_utils as pb_utils
 
 
 class TritonPythonModel:
+    def initialize(self, args):
+        parameters = json.loads(args["model_config"]).get("parameters", {})
+        self.pause = float(parameters.get("pause", {}).get("string_value", 0))
+
     def execute(self, requests):
         for request in requests:
             n = int(pb_utils.get_input_tensor_by_name(request, "N").as_numpy()[0])
@@ -358,40 +366,21 @@ class TritonPythonModel:
         if n == -1:
             sender.send(pb_utils.InferenceResponse(error=pb_utils.TritonError("cannot count to -1")))
         for i in range(n):
+            if i:
+                time.sleep(self.pause)
             sender.send(pb_utils.InferenceResponse([pb_utils.Tensor("I", np.array([i], dtype=np.int32))]))
         sender.send(flags=pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL)
 '''
 
-PY_COUNT_CONFIG = '''
-name: "py_count"
-backend: "python"
+COUNT_IO = '''
 input [ { name: "N" data_type: TYPE_INT32 dims: [ 1 ] } ]
 output [ { name: "I" data_type: TYPE_INT32 dims: [ 1 ] } ]
 model_transaction_policy { decoupled: true }
 '''
 
-# Counts to N, a response every 0.3 s (a decoupled model streaming slowly, as an LLM does).
-PY_SLOW_COUNT = '''
-import threading
-import time
-import numpy as np
-import triton_python_backend_utils as pb_utils
-
-
-class TritonPythonModel:
-    def execute(self, requests):
-        for request in requests:
-            n = int(pb_utils.get_input_tensor_by_name(request, "N").as_numpy()[0])
-            threading.Thread(target=self.count, args=(request.get_response_sender(), n)).start()
-        return None
-
-    def count(self, sender, n):
-        for i in range(n):
-            if i:
-                time.sleep(0.3)
-            sender.send(pb_utils.InferenceResponse([pb_utils.Tensor("I", np.array([i], dtype=np.int32))]))
-        sender.send(flags=pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL)
-'''
+PY_COUNT_CONFIG = 'name: "py_count" backend: "python"' + COUNT_IO
+PY_SLOW_COUNT_CONFIG = ('name: "py_slow_count" backend: "python"' + COUNT_IO
+                        + 'parameters { key: "pause" value { string_value: "0.3" } }')
 
 # Passes on each response of py_slow_count to its own client as it comes (Triton's decoupled BLS).
 PY_FORWARD = '''
@@ -435,12 +424,6 @@ class TritonPythonModel:
                 pb_utils.Tensor("FIRST", np.array(first, dtype=np.int32)),
                 pb_utils.Tensor("SUM", pb_utils.get_output_tensor_by_name(summed, "OUTPUT0").as_numpy()[0])]))
         return responses
-'''
-
-COUNT_IO = '''
-input [ { name: "N" data_type: TYPE_INT32 dims: [ 1 ] } ]
-output [ { name: "I" data_type: TYPE_INT32 dims: [ 1 ] } ]
-model_transaction_policy { decoupled: true }
 '''
 
 PY_PARTIAL_CONFIG = '''
@@ -842,7 +825,7 @@ def python_server(tmp_path_factory):
     write_model(repo, "py_delay", PY_DELAY_CONFIG, PY_BATCH)
     write_model(repo, "py_policy", PY_POLICY_CONFIG, PY_BATCH)
     write_model(repo, "py_count", PY_COUNT_CONFIG, PY_COUNT)
-    write_model(repo, "py_slow_count", 'name: "py_slow_count" backend: "python"' + COUNT_IO, PY_SLOW_COUNT)
+    write_model(repo, "py_slow_count", PY_SLOW_COUNT_CONFIG, PY_COUNT)
     write_model(repo, "py_forward", 'name: "py_forward" backend: "python"' + COUNT_IO, PY_FORWARD)
     write_model(repo, "py_partial", PY_PARTIAL_CONFIG, PY_PARTIAL)
     write_model(repo, "py_metrics", PY_METRICS_CONFIG, PY_METRICS)

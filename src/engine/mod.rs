@@ -629,7 +629,6 @@ impl Drop for Recorder<'_> {
     }
 }
 
-/// A non-negative integer request parameter (`priority`, `timeout`), from either integer kind.
 /// `inputs` (`rows` of them) as the scheduler queues them, with the request's `priority` and
 /// `timeout` parameters and its client's deadline.
 fn queued<T>(request: &InferRequest, rows: usize, inputs: T) -> scheduler::Request<T> {
@@ -644,6 +643,7 @@ fn queued<T>(request: &InferRequest, rows: usize, inputs: T) -> scheduler::Reque
     }
 }
 
+/// A non-negative integer request parameter (`priority`, `timeout`), from either integer kind.
 fn unsigned_param(request: &InferRequest, key: &str) -> Option<u64> {
     match request.parameters.get(key)? {
         ParamValue::Uint64(v) => Some(*v),

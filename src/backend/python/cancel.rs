@@ -106,6 +106,11 @@ impl Watch {
         Watch { tasks }
     }
 
+    /// Whether every notice this watch was to send is sent (or needs no sending).
+    pub fn settled(&self) -> bool {
+        self.tasks.iter().all(tokio::task::JoinHandle::is_finished)
+    }
+
     /// Starts watching request `index` of call `call` alone.
     pub fn one(
         runtime: Option<&Handle>,
@@ -204,13 +209,24 @@ mod tests {
                     })),
                 ],
             );
+            assert!(!watch.settled());
             drop(left);
             tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+            assert!(!watch.settled(), "request 2's client is still there");
             drop(watch);
             drop(stays);
             tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+            // A watch whose one client left is settled once its notice is sent.
+            let (left, gone) = tokio::sync::oneshot::channel::<()>();
+            let gone: Gone = Box::pin(async move {
+                let _ = gone.await;
+            });
+            let watch = Watch::one(Some(&Handle::current()), &notices, 4, 1, Some(gone));
+            drop(left);
+            tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+            assert!(watch.settled());
         });
         drop(notices);
-        assert_eq!(read(child), ["3", "0"]);
+        assert_eq!(read(child), ["3", "0", "4", "1"]);
     }
 }

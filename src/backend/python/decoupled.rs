@@ -22,7 +22,15 @@ pub(super) struct Open {
     pub asked: Vec<String>,
     pub sender: UnboundedSender<Streamed>,
     /// Tells the model if its client goes away; ends with the last response (dropped with this).
-    pub _watch: Watch,
+    pub watch: Watch,
+}
+
+impl Open {
+    /// Whether its client has gone and the model has been told: nothing waits for the rest of
+    /// its responses (which a model that stops on `is_cancelled()` may never send).
+    fn abandoned(&self) -> bool {
+        self.sender.is_closed() && self.watch.settled()
+    }
 }
 
 /// What the reader thread knows, shared with the threads that run calls.
@@ -82,9 +90,12 @@ impl Reader {
         Reader { shared }
     }
 
-    /// Registers request `index` of call `call` before the call is sent.
+    /// Registers request `index` of call `call` before the call is sent; requests whose
+    /// clients have gone are forgotten (what the model still sends for them is dropped).
     pub fn open(&self, call: u64, index: usize, open: Open) {
-        self.shared.lock().open.insert((call, index), open);
+        let mut state = self.shared.lock();
+        state.open.retain(|_, open| !open.abandoned());
+        state.open.insert((call, index), open);
     }
 
     /// Waits until call `call`'s `execute` has returned.

@@ -186,7 +186,7 @@ impl PythonSpec {
     ///
     /// # Errors
     /// An `EXECUTION_ENV_PATH` that is not an unpacked environment, a BF16 tensor (numpy has no
-    /// such type), sequence batching (not served yet).
+    /// such type).
     pub fn from_config(
         config: &mut ModelConfig,
         dir: &Path,
@@ -913,7 +913,7 @@ impl Slot {
                     let open = decoupled::Open {
                         asked,
                         sender,
-                        _watch: watch,
+                        watch,
                     };
                     reader.open(number, index, open);
                 }
