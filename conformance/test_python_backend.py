@@ -1237,6 +1237,13 @@ def test_a_stateful_model_gets_its_sequences_in_order_each_on_one_instance(pytho
         assert [note["start"] for note in notes] == [1.0, 0.0, 0.0, 0.0, 0.0]
         assert {note["corrid"] for note in notes} == {n} and {note["control"] for note in notes} == {n}
     assert instances == {"py_accumulate_0_0", "py_accumulate_0_1"}, "sequences spread over both instances"
+    # With none live, two new sequences go to the two instances (the one with fewer live
+    # sequences, as Triton's sequence batcher gives a new sequence a free slot).
+    for pair in range(200, 208, 2):
+        first, second = step(pair, 1.0, start=True)[1], step(pair + 1, 1.0, start=True)[1]
+        assert first["instance"] != second["instance"], (first, second)
+        step(pair, 1.0, end=True)
+        step(pair + 1, 1.0, end=True)
     # A request of a sequence that never started is refused, as Triton refuses it.
     with pytest.raises(InferenceServerException, match="must specify the START flag"):
         step(999, 1.0)

@@ -470,7 +470,9 @@ impl Engine {
                         Ok(turn) => turn,
                         Err(e) => break 'arm Err((e, FailureReason::Other)),
                     };
-                let sequence = sequence.filter(|_| turn.is_some()).map(python_sequence);
+                let sequence = sequence
+                    .zip(turn.as_ref())
+                    .map(|(flags, (_, turn))| python_sequence(flags, turn.slot()));
                 let job = job.map(|inputs| crate::backend::python::Request {
                     id: request.id.clone(),
                     parameters: request.parameters.clone(),
@@ -710,20 +712,17 @@ async fn take_turn<'s>(
 }
 
 /// Where a stateful Python model's request stands in its sequence: its correlation ID, its
-/// START / END flags (Triton's `TRITONSERVER_REQUEST_FLAG_SEQUENCE_*`), and a hash of the ID
-/// that picks its instance.
-fn python_sequence(flags: &SequenceFlags) -> crate::backend::python::SequenceOf {
+/// START / END flags (Triton's `TRITONSERVER_REQUEST_FLAG_SEQUENCE_*`), and the slot (instance)
+/// its sequence was given.
+fn python_sequence(flags: &SequenceFlags, slot: usize) -> crate::backend::python::SequenceOf {
     use crate::repository::sequence::CorrId;
-    use std::hash::{Hash, Hasher};
-    let mut hasher = std::collections::hash_map::DefaultHasher::new();
-    flags.id.hash(&mut hasher);
     crate::backend::python::SequenceOf {
         correlation_id: match &flags.id {
             CorrId::Number(n) => serde_json::json!(n),
             CorrId::Text(s) => serde_json::json!(s),
         },
         flags: u32::from(flags.start) | (u32::from(flags.end) << 1),
-        affinity: hasher.finish(),
+        slot,
     }
 }
 

@@ -455,9 +455,10 @@ pub fn build(prepared: Prepared, reuse: Reuse<'_>) -> Result<Model, LoadFailure>
                 return start_python(&name, version, (&dir, &path), &config, spec, limited).map(
                     |serving| ServingVersion {
                         cache: cache_responses,
-                        sequences: sequence
-                            .as_ref()
-                            .map(|spec| Arc::new(Sequences::new(spec.clone()))),
+                        sequences: sequence.as_ref().map(|sequence| {
+                            let slots = spec.instances.len();
+                            Arc::new(Sequences::with_slots(sequence.clone(), slots))
+                        }),
                         ..serving
                     },
                 );

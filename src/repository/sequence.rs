@@ -366,6 +366,9 @@ pub struct Sequences {
 #[derive(Debug)]
 struct Table {
     sequences: HashMap<CorrId, Live>,
+    /// Live sequences per slot (a stateful Python model's instance, which keeps the sequence's
+    /// state): a new sequence takes the slot with the fewest.
+    per_slot: Vec<usize>,
     /// When idle sequences were last looked for: at most every tenth of the idle time, so that
     /// many live sequences do not make every request scan them all.
     swept: Instant,
@@ -375,12 +378,22 @@ struct Table {
 struct Live {
     states: Arc<tokio::sync::Mutex<Vec<Tensor>>>,
     last_used: Instant,
+    slot: usize,
 }
 
 /// A request's turn in its sequence: the states it runs with, held until it has stored the next.
 pub struct Turn {
     flags: SequenceFlags,
     states: tokio::sync::OwnedMutexGuard<Vec<Tensor>>,
+    slot: usize,
+}
+
+impl Turn {
+    /// The sequence's slot: which of the model's instances runs it (see
+    /// [`Sequences::with_slots`]).
+    pub fn slot(&self) -> usize {
+        self.slot
+    }
 }
 
 impl SequenceSpec {
@@ -392,10 +405,18 @@ impl SequenceSpec {
 
 impl Sequences {
     pub fn new(spec: SequenceSpec) -> Sequences {
+        Sequences::with_slots(spec, 1)
+    }
+
+    /// Sequences spread over `slots` instances, each kept by one (a stateful Python model's
+    /// instances keep their sequences' state): a new sequence goes to the slot with the fewest
+    /// live sequences, as Triton's sequence batcher gives it a free slot.
+    pub fn with_slots(spec: SequenceSpec, slots: usize) -> Sequences {
         Sequences {
             spec,
             live: Mutex::new(Table {
                 sequences: HashMap::new(),
+                per_slot: vec![0; slots.max(1)],
                 swept: Instant::now(),
             }),
         }
@@ -426,14 +447,21 @@ impl Sequences {
             ));
         }
         let now = Instant::now();
-        let states = {
-            let mut table = self.live.lock().unwrap_or_else(|e| e.into_inner());
+        let (states, slot) = {
+            let mut guard = self.live.lock().unwrap_or_else(|e| e.into_inner());
+            let table = &mut *guard;
             let idle = self.spec.idle;
             if now.duration_since(table.swept) >= idle / 10 {
                 // Sequences idle too long go, unless a request of theirs is running.
                 table.swept = now;
+                let per_slot = &mut table.per_slot;
                 table.sequences.retain(|_, l| {
-                    now.duration_since(l.last_used) < idle || l.states.try_lock().is_err()
+                    let keep =
+                        now.duration_since(l.last_used) < idle || l.states.try_lock().is_err();
+                    if !keep {
+                        per_slot[l.slot] -= 1;
+                    }
+                    keep
                 });
             }
             let live = &mut table.sequences;
@@ -443,12 +471,20 @@ impl Sequences {
                         "model '{model}' already has {MAX_SEQUENCES} sequences in progress"
                     )));
                 }
-                let entry = live.entry(flags.id.clone()).or_insert_with(|| Live {
-                    states: Arc::new(tokio::sync::Mutex::new(Vec::new())),
-                    last_used: now,
+                let per_slot = &mut table.per_slot;
+                let entry = live.entry(flags.id.clone()).or_insert_with(|| {
+                    let slot = (0..per_slot.len())
+                        .min_by_key(|&slot| per_slot[slot])
+                        .unwrap_or(0);
+                    per_slot[slot] += 1;
+                    Live {
+                        states: Arc::new(tokio::sync::Mutex::new(Vec::new())),
+                        last_used: now,
+                        slot,
+                    }
                 });
                 entry.last_used = now;
-                Arc::clone(&entry.states)
+                (Arc::clone(&entry.states), entry.slot)
             } else {
                 let entry = live.get_mut(&flags.id).ok_or_else(|| {
                     invalid_arg!(
@@ -458,14 +494,18 @@ impl Sequences {
                     )
                 })?;
                 entry.last_used = now;
-                Arc::clone(&entry.states)
+                (Arc::clone(&entry.states), entry.slot)
             }
         };
         let mut states = states.lock_owned().await;
         if flags.start {
             *states = self.initial_states();
         }
-        Ok(Turn { flags, states })
+        Ok(Turn {
+            flags,
+            states,
+            slot,
+        })
     }
 
     fn initial_states(&self) -> Vec<Tensor> {
@@ -538,7 +578,9 @@ impl Sequences {
         }
         let mut table = self.live.lock().unwrap_or_else(|e| e.into_inner());
         if turn.flags.end {
-            table.sequences.remove(&turn.flags.id);
+            if let Some(ended) = table.sequences.remove(&turn.flags.id) {
+                table.per_slot[ended.slot] -= 1;
+            }
         } else if let Some(live) = table.sequences.get_mut(&turn.flags.id) {
             // Idle time counts from the end of its last request, however long that one ran.
             live.last_used = Instant::now();

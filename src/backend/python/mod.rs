@@ -380,8 +380,8 @@ pub struct SequenceOf {
     pub correlation_id: Value,
     /// `request.flags()`: TRITONSERVER_REQUEST_FLAG_SEQUENCE_START (1) and _END (2).
     pub flags: u32,
-    /// Picks the instance every request of the sequence runs on.
-    pub affinity: u64,
+    /// The instance every request of the sequence runs on (by index).
+    pub slot: usize,
 }
 
 /// What one response carries: its output tensors and the parameters the model gave it
@@ -636,11 +636,11 @@ impl PythonModel {
     }
 
     /// The scheduler `request` goes to: a stateful model's sequence always to the same
-    /// instance's (as Triton's sequence batcher routes them).
+    /// instance's, the slot it was given when it started (as Triton's sequence batcher routes
+    /// them).
     fn scheduler(&self, request: &Request) -> &Scheduler<Slot> {
-        let affinity = request.sequence.as_ref().map_or(0, |s| s.affinity);
-        let index = usize::try_from(affinity % self.schedulers.len() as u64).unwrap_or(0);
-        &self.schedulers[index]
+        let slot = request.sequence.as_ref().map_or(0, |s| s.slot);
+        &self.schedulers[slot % self.schedulers.len()]
     }
 
     /// Runs `job` on an instance, in one `execute` call with the requests batched beside it

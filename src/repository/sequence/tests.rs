@@ -255,6 +255,57 @@ async fn idle_sequences_are_dropped() {
 }
 
 #[tokio::test]
+async fn a_new_sequence_takes_the_slot_with_the_fewest_live_sequences() {
+    let spec = SequenceSpec::from_config(&config(ACCUMULATE), Path::new("/nonexistent"))
+        .unwrap()
+        .unwrap();
+    let sequences = Sequences::with_slots(spec, 2);
+    let flags = |n: u64, start: bool, end: bool| SequenceFlags {
+        id: CorrId::Number(n),
+        start,
+        end,
+    };
+    let mut slot_of = Vec::new();
+    for n in 1..=3 {
+        let turn = sequences
+            .begin(flags(n, true, false), 1, "m")
+            .await
+            .unwrap();
+        slot_of.push(turn.slot());
+        sequences.finish(turn, &mut vec![state_out(1.0)]);
+    }
+    assert_eq!(slot_of, [0, 1, 0]);
+    // A sequence keeps its slot, and a restarted one too.
+    for (n, start) in [(2, false), (2, true)] {
+        let turn = sequences
+            .begin(flags(n, start, false), 1, "m")
+            .await
+            .unwrap();
+        assert_eq!(turn.slot(), 1);
+        sequences.finish(turn, &mut vec![state_out(1.0)]);
+    }
+    // Slot 0 has two, slot 1 one: the next goes to 1; once 1 and 3 end, to 0.
+    let turn = sequences
+        .begin(flags(4, true, false), 1, "m")
+        .await
+        .unwrap();
+    assert_eq!(turn.slot(), 1);
+    sequences.finish(turn, &mut vec![state_out(1.0)]);
+    for n in [1, 3] {
+        let turn = sequences
+            .begin(flags(n, false, true), 1, "m")
+            .await
+            .unwrap();
+        sequences.finish(turn, &mut vec![state_out(1.0)]);
+    }
+    let turn = sequences
+        .begin(flags(5, true, false), 1, "m")
+        .await
+        .unwrap();
+    assert_eq!(turn.slot(), 0);
+}
+
+#[tokio::test]
 async fn initial_states_can_come_from_a_file() {
     let dir = std::env::temp_dir().join(format!("kiln-initial-state-{}", std::process::id()));
     std::fs::create_dir_all(dir.join("initial_state")).unwrap();
