@@ -61,6 +61,9 @@ _NUMPY = {
     "FP64": np.float64,
 }
 _WIRE = {np.dtype(t): name for name, t in _NUMPY.items()}
+# The wire's (little-endian) numpy types, made once.
+_LITTLE = {name: np.dtype(t).newbyteorder("<") for name, t in _NUMPY.items()}
+_LITTLE_WIRE = {dtype: name for name, dtype in _LITTLE.items()}
 
 
 class Misuse(Exception):
@@ -116,7 +119,7 @@ def to_numpy(datatype, shape, data):
             at += 4 + length
         return np.array(elements, dtype=np.object_).reshape(shape)
     # The blob is a slice of a bytearray: the array is writable, as Triton's are.
-    return np.frombuffer(data, dtype=np.dtype(_NUMPY[datatype]).newbyteorder("<")).reshape(shape)
+    return np.frombuffer(data, dtype=_LITTLE[datatype]).reshape(shape)
 
 
 def from_numpy(name, array):
@@ -133,6 +136,10 @@ def from_numpy(name, array):
             parts.append(struct.pack("<I", len(element)))
             parts.append(bytes(element))
         return "BYTES", b"".join(parts)
+    wire = _LITTLE_WIRE.get(array.dtype)
+    if wire is not None and array.flags.c_contiguous:
+        # Written as it is, without a copy (the view lives until the message is sent).
+        return wire, memoryview(array).cast("B") if array.size else b""
     wire = _WIRE.get(array.dtype.newbyteorder("="))
     if wire is None:
         raise Misuse(f"output '{name}' has numpy type {array.dtype}, which Triton cannot carry")
