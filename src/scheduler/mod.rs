@@ -84,7 +84,7 @@ pub trait Instance: Send + 'static {
     fn tensors(input: &Self::Input) -> &[Tensor];
 
     /// Runs one batch, `rows[i]` rows from request `i`: one output per request, in order, or the
-    /// error that fails them all (an [`BackendError::Input`] error of a batch of several runs
+    /// error that fails them all (a [`BackendError::Input`] error of a batch of several runs
     /// each request again alone); and where the time went.
     fn run(
         &mut self,
