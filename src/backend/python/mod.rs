@@ -750,7 +750,7 @@ fn warm_up(
                 if decoupled {
                     // Every response of the sample, until its last.
                     let (sender, mut responses) = tokio::sync::mpsc::unbounded_channel();
-                    slot.run(&[&request], Vec::new(), Deliver::Later(vec![sender]));
+                    slot.execute(&[&request], Vec::new(), Deliver::Later(vec![sender]));
                     while let Some(item) = responses.blocking_recv() {
                         if let Err(error) = item.outputs {
                             failure.get_or_insert(error);
@@ -765,7 +765,7 @@ fn warm_up(
                             failure.get_or_insert(error);
                         }
                     };
-                    slot.run(&[&request], Vec::new(), Deliver::Now(&mut note));
+                    slot.execute(&[&request], Vec::new(), Deliver::Now(&mut note));
                 }
                 if let Some(error) = failure {
                     return Err(sample.failed(model, error.message()));
@@ -803,13 +803,13 @@ impl scheduler::Instance for Slot {
                 .iter()
                 .filter_map(|work| work.stream.clone())
                 .collect();
-            self.run(&requests, gone, Deliver::Later(senders));
+            self.execute(&requests, gone, Deliver::Later(senders));
             requests.iter().map(|_| Ok(Outputs::default())).collect()
         } else {
             let mut whole: Vec<Option<Result<Option<Outputs>, Error>>> =
                 requests.iter().map(|_| None).collect();
             let mut answer = |index: usize, item: Streamed| whole[index] = Some(item.outputs);
-            self.run(&requests, gone, Deliver::Now(&mut answer));
+            self.execute(&requests, gone, Deliver::Now(&mut answer));
             whole
                 .into_iter()
                 .map(|answer| match answer {
@@ -842,7 +842,7 @@ impl Slot {
     /// Runs `requests` in one `execute` call on the stub, starting it first if it died, and
     /// delivers each request's responses, the last with `last`. Blocking until `execute` has
     /// returned (and, for a model that is not decoupled, answered).
-    fn run(
+    fn execute(
         &mut self,
         requests: &[&Request],
         gone: Vec<Option<cancel::Gone>>,
