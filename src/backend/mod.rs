@@ -63,10 +63,4 @@ pub trait Backend: Send {
     fn gpu(&self) -> Option<i32> {
         None
     }
-
-    /// Waits until the rate limiter lets this instance run, and holds its resources until the
-    /// permit is dropped (`--rate-limit`; `None`: the instance is not limited).
-    fn admit(&self) -> Option<crate::scheduler::rate_limit::Permit> {
-        None
-    }
 }

@@ -24,8 +24,8 @@ use crate::backend::{cuda, Backend, Device, OnnxRuntime, OnnxSession, SessionOpt
 use crate::metrics::ModelStats;
 use crate::proto::inference::ModelConfig;
 use crate::scheduler::layout::BatchLayout;
-use crate::scheduler::rate_limit::{InstanceLimit, Limit, RateLimited, RateLimiter};
-use crate::scheduler::Scheduler;
+use crate::scheduler::rate_limit::{InstanceLimit, Limit, RateLimiter};
+use crate::scheduler::{Scheduler, Session};
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
@@ -627,6 +627,10 @@ fn start_version(
         sequence,
     } = *instances;
     let started = std::time::Instant::now();
+    // An instance that asks for more than the rate limiter has fails before any session loads.
+    let limits = (0..devices.len())
+        .map(|index| Limit::for_instance(rate_limiter, limits.get(index).and_then(Option::as_ref)))
+        .collect::<Result<Vec<_>, _>>()?;
     // Checked against the graph with the first session, then the scheduler's and warmup's.
     let layout = Arc::new(super::ragged::layout(config)?);
     let mut backends: Vec<Box<dyn Backend>> = Vec::with_capacity(devices.len());
@@ -651,14 +655,7 @@ fn start_version(
             Some(text) => Box::new(TextModel::new(Arc::clone(text), backend)),
             None => backend,
         };
-        backends.push(
-            match (rate_limiter, limits.get(index).and_then(Option::as_ref)) {
-                (Some(limiter), Some(limit)) => {
-                    Box::new(RateLimited::new(backend, limiter, limit)?)
-                }
-                _ => backend,
-            },
-        );
+        backends.push(backend);
     }
     let io = io.ok_or_else(|| format!("model '{name}' has no instances"))?;
     warmup::run(dir, config, &io, &layout, &mut backends)?;
@@ -676,12 +673,17 @@ fn start_version(
         }
     }
     let stats = Arc::new(ModelStats::with_gpus(name, version, &gpus, cache_responses));
+    let sessions = backends
+        .into_iter()
+        .zip(limits)
+        .map(|(backend, limit)| Session::new(backend, Arc::clone(&layout), limit))
+        .collect();
     let mut batching = config::batching_config(config);
     batching.layout = layout;
-    let scheduler = Scheduler::start(
+    let scheduler = Scheduler::launch(
         &format!("{name}-{version}"),
         batching,
-        backends,
+        sessions,
         Arc::clone(&stats),
     )
     .map_err(|e| format!("failed to start instances: {e}"))?;
@@ -716,10 +718,7 @@ fn start_python(
     let samples = super::warmup::samples(dir, config, &io)?;
     let limits = limits
         .iter()
-        .map(|limit| match (rate_limiter, limit) {
-            (Some(limiter), Some(limit)) => Limit::new(limiter, limit).map(Some),
-            _ => Ok(None),
-        })
+        .map(|limit| Limit::for_instance(rate_limiter, limit.as_ref()))
         .collect::<Result<_, _>>()?;
     let model = PythonModel::start(config, version, (dir, path), spec, &samples, &stats, limits)?;
     stats.record_load(started.elapsed());

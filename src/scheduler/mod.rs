@@ -102,7 +102,8 @@ pub trait Instance: Send + 'static {
         None
     }
 
-    /// Waits until the rate limiter lets this instance run (see [`Backend::admit`]).
+    /// Waits until the rate limiter lets this instance run, and holds its resources until the
+    /// permit is dropped (`--rate-limit`; `None`: the instance is not limited).
     fn admit(&self) -> Option<rate_limit::Permit> {
         None
     }
@@ -120,6 +121,22 @@ pub trait Instance: Send + 'static {
 pub struct Session {
     backend: Box<dyn Backend>,
     layout: Arc<layout::BatchLayout>,
+    /// Its place in the rate limiter, if it is limited.
+    limit: Option<rate_limit::Limit>,
+}
+
+impl Session {
+    pub fn new(
+        backend: Box<dyn Backend>,
+        layout: Arc<layout::BatchLayout>,
+        limit: Option<rate_limit::Limit>,
+    ) -> Session {
+        Session {
+            backend,
+            layout,
+            limit,
+        }
+    }
 }
 
 impl Instance for Session {
@@ -155,8 +172,9 @@ impl Instance for Session {
         (split, times)
     }
 
+    /// Never a limited one: waiting for resources would block the network thread.
     fn may_run_inline(&self) -> bool {
-        self.backend.may_run_inline()
+        self.limit.is_none() && self.backend.may_run_inline()
     }
 
     fn gpu(&self) -> Option<i32> {
@@ -164,7 +182,7 @@ impl Instance for Session {
     }
 
     fn admit(&self) -> Option<rate_limit::Permit> {
-        self.backend.admit()
+        self.limit.as_ref().map(rate_limit::Limit::admit)
     }
 }
 
@@ -304,22 +322,21 @@ pub struct Scheduler<I: Instance = Session> {
 
 impl Scheduler {
     /// Starts one thread per ONNX backend, named `<label>-<index>`, each a [`Session`] with the
-    /// config's batch layout.
+    /// config's batch layout and no rate limit (what the tests run).
     ///
     /// # Errors
     /// The OS error when a thread cannot be spawned.
+    #[cfg(test)]
     pub fn start(
         label: &str,
         config: BatchingConfig,
         backends: Vec<Box<dyn Backend>>,
         stats: Arc<ModelStats>,
     ) -> std::io::Result<Scheduler> {
+        let layout = &config.layout;
         let sessions = backends
             .into_iter()
-            .map(|backend| Session {
-                backend,
-                layout: Arc::clone(&config.layout),
-            })
+            .map(|backend| Session::new(backend, Arc::clone(layout), None))
             .collect();
         Scheduler::launch(label, config, sessions, stats)
     }

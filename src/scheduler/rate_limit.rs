@@ -14,8 +14,6 @@
 //!
 //! Instances that list no resources are not limited at all.
 
-use crate::backend::{Backend, BackendError};
-use crate::core::Tensor;
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Condvar, Mutex, MutexGuard};
@@ -87,51 +85,24 @@ impl Limit {
         })
     }
 
-    /// Waits until the instance's resources are free and holds them until the permit drops.
-    pub fn admit(&self) -> Permit {
-        self.limiter.acquire(&self.needs)
-    }
-}
-
-/// A model instance that runs only while it holds its resources.
-pub struct RateLimited {
-    inner: Box<dyn Backend>,
-    limit: Limit,
-}
-
-impl RateLimited {
-    /// Registers the instance's needs with `limiter` and wraps `inner`.
+    /// An instance's place in `limiter` (`--rate-limit`), when there is one and the
+    /// instance's group lists resources (`limit`); `None` otherwise: the instance is not limited.
     ///
     /// # Errors
     /// As [`RateLimiter::register`].
-    pub fn new(
-        inner: Box<dyn Backend>,
-        limiter: &Arc<RateLimiter>,
-        limit: &InstanceLimit,
-    ) -> Result<RateLimited, String> {
-        Ok(RateLimited {
-            inner,
-            limit: Limit::new(limiter, limit)?,
-        })
-    }
-}
-
-impl Backend for RateLimited {
-    fn run(&mut self, inputs: &[Tensor]) -> Result<Vec<Tensor>, BackendError> {
-        self.inner.run(inputs)
+    pub fn for_instance(
+        limiter: Option<&Arc<RateLimiter>>,
+        limit: Option<&InstanceLimit>,
+    ) -> Result<Option<Limit>, String> {
+        match (limiter, limit) {
+            (Some(limiter), Some(limit)) => Limit::new(limiter, limit).map(Some),
+            _ => Ok(None),
+        }
     }
 
-    /// Never on a network thread: waiting for resources would block it.
-    fn may_run_inline(&self) -> bool {
-        false
-    }
-
-    fn gpu(&self) -> Option<i32> {
-        self.inner.gpu()
-    }
-
-    fn admit(&self) -> Option<Permit> {
-        Some(self.limit.admit())
+    /// Waits until the instance's resources are free and holds them until the permit drops.
+    pub fn admit(&self) -> Permit {
+        self.limiter.acquire(&self.needs)
     }
 }
 
