@@ -10,10 +10,13 @@ runs when the model unloads; an ensemble runs a Python step before an ONNX one."
 from __future__ import annotations
 
 import json
+import os
 import queue
 import re
 import shutil
+import subprocess
 import sys
+import tarfile
 import textwrap
 import time
 from concurrent.futures import ThreadPoolExecutor
@@ -30,6 +33,7 @@ from conftest import BUNDLED_REPO, REPO_ROOT, RPC_TIMEOUT, start_server, stop_se
 
 PY_ADD_SUB = '''
 import json
+import os
 import numpy as np
 import triton_python_backend_utils as pb_utils
 
@@ -68,6 +72,7 @@ instance_group [ { count: 2 kind: KIND_CPU } ]
 # mark where its config says.
 PY_ECHO = '''
 import json
+import os
 import numpy as np
 import triton_python_backend_utils as pb_utils
 
@@ -185,6 +190,7 @@ output [ { name: "DOUBLED" data_type: TYPE_FP32 dims: [ 16 ] } ]
 # DLPack (a capsule from to_dlpack(), or the array itself as the exporter).
 PY_IDENTITY = '''
 import json
+import os
 import triton_python_backend_utils as pb_utils
 
 
@@ -345,6 +351,7 @@ PY_AUTO_CONFLICT = PY_AUTO.replace("TYPE_FP32\", \"dims\": [2]})\n        auto_c
 # LLM does).
 PY_COUNT = '''
 import json
+import os
 import threading
 import time
 import numpy as np
@@ -437,6 +444,7 @@ output [ { name: "FIRST" data_type: TYPE_INT32 dims: [ -1 ] }, { name: "SUM" dat
 # Notes each execute call in a file its config names; raises on a negative input.
 PY_WARM = '''
 import json
+import os
 import numpy as np
 import triton_python_backend_utils as pb_utils
 
@@ -512,6 +520,7 @@ output [ { name: "Y" data_type: TYPE_FP32 dims: [ 2 ] } ]
 # the other answers nothing until cancelled. Neither stops on its own for 20 s.
 PY_PATIENT = '''
 import json
+import os
 import os
 import threading
 import time
@@ -611,6 +620,7 @@ model_transaction_policy { decoupled: true }
 # parameter "action" with "model"; answers READY (is_model_ready after the action).
 PY_MANAGER = '''
 import json
+import os
 import numpy as np
 import triton_python_backend_utils as pb_utils
 
@@ -656,6 +666,7 @@ output [ { name: "READY" data_type: TYPE_BOOL dims: [ 1 ] } ]
 # says where it ran and what the sequence batcher told it (flags and its control inputs).
 PY_ACCUMULATE = '''
 import json
+import os
 import numpy as np
 import triton_python_backend_utils as pb_utils
 
@@ -687,6 +698,7 @@ class TritonPythonModel:
 # Calls py_accumulate for its client, in the sequence and with the flags its parameters name.
 PY_SEQUENCE_CALLER = '''
 import json
+import os
 import triton_python_backend_utils as pb_utils
 
 
@@ -1548,3 +1560,88 @@ def test_a_missing_interpreter_or_numpy_fails_the_load_with_the_reason(tmp_path)
         assert "cannot start Python ('/nonexistent/python3')" in entry.reason
     finally:
         stop_server(server)
+
+
+PY_ENV_CONFIG = '''
+name: "py_env"
+backend: "python"
+input [ { name: "X" data_type: TYPE_FP32 dims: [ 1 ] } ]
+output [ { name: "WHERE" data_type: TYPE_STRING dims: [ 4 ] } ]
+parameters { key: "EXECUTION_ENV_PATH" value: { string_value: "$$TRITON_MODEL_DIRECTORY/env.tar.gz" } }
+'''
+
+PY_ENV = '''
+import os, sys
+import numpy as np
+import triton_python_backend_utils as pb_utils
+import envmark  # only the packed environment has it
+
+class TritonPythonModel:
+    def execute(self, requests):
+        where = [sys.prefix, os.environ.get("VIRTUAL_ENV", ""),
+                 os.environ.get("LD_LIBRARY_PATH", "").split(":")[0], envmark.VALUE]
+        return [pb_utils.InferenceResponse(output_tensors=[
+            pb_utils.Tensor("WHERE", np.array([w.encode() for w in where], dtype=object))])
+            for _ in requests]
+'''
+
+
+def pack_environment(archive, value, scratch):
+    """A packed environment as venv-pack makes one: a venv (its `bin/python3`, `pyvenv.cfg`,
+    `bin/activate`) whose site-packages has a module of its own, `envmark` (VALUE = `value`),
+    and reaches this interpreter's packages (numpy) through a .pth file; tarred and gzipped,
+    entries relative to the environment's root as conda-pack writes them."""
+    env = scratch / f"env-{value}"
+    subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(env)], check=True)
+    site = env / "lib" / f"python{sys.version_info.major}.{sys.version_info.minor}" / "site-packages"
+    (site / "envmark.py").write_text(f"VALUE = {value!r}\n")
+    (site / "kiln_conformance.pth").write_text(os.path.dirname(os.path.dirname(np.__file__)) + "\n")
+    with tarfile.open(archive, "w:gz") as tar:
+        for child in sorted(env.iterdir()):
+            tar.add(child, arcname=child.name)
+    shutil.rmtree(env)
+
+
+def test_a_packed_environment_is_unpacked_activated_and_removed_at_exit(tmp_path):
+    repo, temp = tmp_path / "repo", tmp_path / "temp"
+    temp.mkdir()
+    write_model(repo, "py_env", PY_ENV_CONFIG, PY_ENV)
+    archive = repo / "py_env" / "env.tar.gz"
+    pack_environment(archive, "first", tmp_path)
+    write_model(repo, "py_bad_env", PY_ENV_CONFIG.replace('"py_env"', '"py_bad_env"'), PY_ENV)
+    (repo / "py_bad_env" / "env.tar.gz").write_bytes(b"\x1f\x8b not really gzip")
+    server = start_server([repo], name="kiln-python-env", env={"TMPDIR": str(temp)},
+                          extra_args=["--model-control-mode", "explicit", "--load-model", "*"])
+    unpacked = temp / f"kiln_python_env_{server.proc.pid}"
+    try:
+        client = grpcclient.InferenceServerClient(server.grpc_url)
+
+        def where():
+            x = grpcclient.InferInput("X", [1], "FP32")
+            x.set_data_from_numpy(np.array([1], dtype=np.float32))
+            prefix, virtual_env, library, value = (
+                w.decode() for w in client.infer("py_env", [x]).as_numpy("WHERE"))
+            return prefix, virtual_env, library, value
+
+        prefix, virtual_env, library, value = where()
+        # The stub runs the unpacked environment's Python, after its bin/activate (which sets
+        # VIRTUAL_ENV), with its lib first on LD_LIBRARY_PATH, as Triton starts its stubs.
+        assert os.path.dirname(prefix) == str(unpacked), prefix
+        assert virtual_env
+        assert library == f"{prefix}/lib"
+        assert value == "first"
+        bad = {m.name: m for m in client.get_model_repository_index().models}["py_bad_env"]
+        assert bad.state == "UNAVAILABLE"
+        assert "EXECUTION_ENV_PATH" in bad.reason and "could not be unpacked" in bad.reason, bad.reason
+
+        # A new archive in its place is unpacked again when the model loads again.
+        pack_environment(archive, "second", tmp_path)
+        later = time.time() + 5
+        os.utime(archive, (later, later))
+        client.load_model("py_env")
+        prefix2, _, _, value2 = where()
+        assert value2 == "second"
+        assert prefix2 != prefix and os.path.dirname(prefix2) == str(unpacked)
+    finally:
+        stop_server(server)
+    assert not unpacked.exists(), "kiln left its unpacked environments behind"

@@ -145,6 +145,7 @@ fn main() -> ExitCode {
     let code = runtime.block_on(serve(launch));
     // Dropping the runtime would wait for every blocking task, however long it takes.
     runtime.shutdown_timeout(BLOCKING_GRACE);
+    kiln::backend::python::environment::remove_unpacked();
     code
 }
 

@@ -20,12 +20,13 @@
 //! instance: a sequence's requests all go to the same one, where the model keeps its state, and
 //! different sequences' requests batch together there.
 //!
-//! The interpreter is the config's `EXECUTION_ENV_PATH` (an unpacked environment: its
-//! `bin/python3`), else `$KILN_PYTHON`, else `python3` on the `PATH`; it needs numpy.
+//! The interpreter is the config's `EXECUTION_ENV_PATH` (an environment, packed or not), else
+//! `$KILN_PYTHON`, else `python3` on the `PATH` ([`environment`]); it needs numpy.
 
 mod cancel;
 mod channel;
 mod decoupled;
+pub mod environment;
 
 use crate::backend::BackendError;
 use crate::core::{Error, InferRequest, InferResponse, ParamValue, Parameters, Tensor};
@@ -33,10 +34,11 @@ use crate::metrics::{ComputeTimes, ModelStats};
 use crate::proto::inference::{model_instance_group::Kind, ModelConfig};
 use crate::scheduler::rate_limit::{Limit, Permit};
 use crate::scheduler::{self, Outcome, ScheduleError, Scheduler};
+use environment::Interpreter;
 use serde_json::{json, Value};
 use std::io::{BufReader, BufWriter, Write};
 use std::path::{Path, PathBuf};
-use std::process::{Child, ChildStdin, ChildStdout, Command, Stdio};
+use std::process::{Child, ChildStdin, ChildStdout, Stdio};
 use std::sync::{Arc, Mutex, OnceLock};
 use std::time::{Duration, Instant};
 
@@ -59,10 +61,6 @@ pub fn backend_code(config: &ModelConfig, backend_dir: &Path) -> Option<PathBuf>
     let code = backend_dir.join(backend).join(DEFAULT_MODEL_FILENAME);
     (plain && code.is_file()).then_some(code)
 }
-/// The config parameter naming the model's Python environment (Triton's).
-const EXECUTION_ENV_PATH: &str = "EXECUTION_ENV_PATH";
-/// The environment variable naming the default interpreter.
-const PYTHON_VARIABLE: &str = "KILN_PYTHON";
 /// How long `finalize` may take when a model unloads before its process is killed.
 const FINALIZE_TIMEOUT: Duration = Duration::from_secs(5);
 /// How long an unload waits for `execute` calls still running (their clients gone: the version
@@ -168,7 +166,7 @@ pub struct Instance {
 /// What a Python model's versions start: the interpreter and the instances.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct PythonSpec {
-    pub python: PathBuf,
+    pub interpreter: Interpreter,
     pub instances: Vec<Instance>,
     /// What the model's calls to other models go through.
     pub caller: ModelCaller,
@@ -185,7 +183,7 @@ impl PythonSpec {
     /// use it).
     ///
     /// # Errors
-    /// An `EXECUTION_ENV_PATH` that is not an unpacked environment, a BF16 tensor (numpy has no
+    /// An `EXECUTION_ENV_PATH` that is not an environment, a BF16 tensor (numpy has no
     /// such type).
     pub fn from_config(
         config: &mut ModelConfig,
@@ -205,7 +203,7 @@ impl PythonSpec {
                 ));
             }
         }
-        let python = interpreter(config, dir)?;
+        let interpreter = interpreter(config, dir)?;
         // As Triton names them: the group a config leaves out is named after the model, unnamed
         // groups `<model>_<index>`; instances `<group>_<n>`.
         if config.instance_group.is_empty() {
@@ -252,7 +250,7 @@ impl PythonSpec {
             }
         }
         Ok(PythonSpec {
-            python,
+            interpreter,
             instances,
             caller: caller.clone(),
             code: None,
@@ -271,9 +269,9 @@ pub fn auto_complete(
     dir: &Path,
     model_file: &Path,
 ) -> Result<(), String> {
-    let python = interpreter(config, dir)?;
+    let interpreter = interpreter(config, dir)?;
     let name = config.name.clone();
-    let mut stub = Stub::spawn(&python, model_file, &["--auto-complete"])?;
+    let mut stub = Stub::spawn(&interpreter, model_file, &["--auto-complete"])?;
     let current = crate::repository::config::config_to_json(config);
     let answer = stub
         .send(json!({"op": "auto_complete", "config": current}), &[])
@@ -282,9 +280,8 @@ pub fn auto_complete(
     let message = answer.map_err(|e| {
         format!(
             "the Python stub of model '{name}' ended before auto_complete_config answered \
-             ({}{status}): its error is in the log above; the stub needs numpy in '{}'",
+             ({}{status}): its error is in the log above; the stub needs numpy in {interpreter}",
             pipe_error(&e),
-            python.display()
         )
     })?;
     match (message.header["op"].as_str(), &message.header["config"]) {
@@ -310,34 +307,13 @@ pub fn auto_complete(
     }
 }
 
-/// The interpreter a model runs under.
-fn interpreter(config: &ModelConfig, dir: &Path) -> Result<PathBuf, String> {
-    let Some(env) = config
+/// The interpreter a model runs under. Blocking: a packed environment is unpacked.
+fn interpreter(config: &ModelConfig, dir: &Path) -> Result<Interpreter, String> {
+    let parameter = config
         .parameters
-        .get(EXECUTION_ENV_PATH)
-        .map(|p| p.string_value.trim())
-        .filter(|p| !p.is_empty())
-    else {
-        return Ok(std::env::var_os(PYTHON_VARIABLE)
-            .filter(|p| !p.is_empty())
-            .map_or_else(|| PathBuf::from("python3"), PathBuf::from));
-    };
-    let env = PathBuf::from(env.replace("$$TRITON_MODEL_DIRECTORY", &dir.to_string_lossy()));
-    if !env.is_dir() {
-        return Err(format!(
-            "{EXECUTION_ENV_PATH} '{}' is not a directory: kiln runs unpacked environments (unpack \
-             a conda-pack archive and name its directory)",
-            env.display()
-        ));
-    }
-    let python = env.join("bin").join("python3");
-    if !python.is_file() {
-        return Err(format!(
-            "{EXECUTION_ENV_PATH} '{}' has no bin/python3",
-            env.display()
-        ));
-    }
-    Ok(python)
+        .get(environment::EXECUTION_ENV_PATH)
+        .map(|p| p.string_value.as_str());
+    Interpreter::find(parameter, dir)
 }
 
 /// What `python -c` runs: it reads the two modules kiln sends first on the pipe (two
@@ -399,7 +375,7 @@ struct Launcher {
     /// A decoupled model's stubs are read by threads of their own (see [`decoupled`]).
     decoupled: bool,
     caller: ModelCaller,
-    python: PathBuf,
+    interpreter: Interpreter,
     model_file: PathBuf,
     /// `initialize`'s arguments, the instance's aside.
     args: serde_json::Map<String, Value>,
@@ -546,7 +522,7 @@ impl PythonModel {
                 model: config.name.clone(),
                 decoupled,
                 caller: spec.caller.clone(),
-                python: spec.python.clone(),
+                interpreter: spec.interpreter.clone(),
                 model_file: model_file.to_path_buf(),
                 args,
             },
@@ -971,7 +947,7 @@ fn stub_of<'s>(
 impl Launcher {
     /// Starts a stub for `instance` and runs the model's `initialize`. Blocking.
     fn start(&self, instance: &Instance) -> Result<Stub, String> {
-        let mut stub = Stub::spawn(&self.python, &self.model_file, &[])?;
+        let mut stub = Stub::spawn(&self.interpreter, &self.model_file, &[])?;
         let mut args = self.args.clone();
         args.insert("model_instance_name".into(), json!(instance.name));
         args.insert("model_instance_kind".into(), json!(instance.kind));
@@ -1005,10 +981,10 @@ impl Launcher {
                 let status = stub.kill();
                 Err(format!(
                     "the Python stub of model instance '{}' ended before it was ready ({}{status}): \
-                     its error is in the log above; the stub needs numpy in '{}'",
+                     its error is in the log above; the stub needs numpy in {}",
                     instance.name,
                     pipe_error(&e),
-                    self.python.display()
+                    self.interpreter
                 ))
             }
         }
@@ -1367,10 +1343,14 @@ fn model_error(message: String, code: i64) -> Error {
 }
 
 impl Stub {
-    /// Starts the stub for `model_file` under `python`, with `options` after the model file,
-    /// and sends it its code.
-    fn spawn(python: &Path, model_file: &Path, options: &[&str]) -> Result<Stub, String> {
-        let mut command = Command::new(python);
+    /// Starts the stub for `model_file` under `interpreter`, with `options` after the model
+    /// file, and sends it its code.
+    fn spawn(
+        interpreter: &Interpreter,
+        model_file: &Path,
+        options: &[&str],
+    ) -> Result<Stub, String> {
+        let mut command = interpreter.command();
         command
             .arg("-c")
             .arg(BOOTSTRAP)
@@ -1383,8 +1363,7 @@ impl Stub {
             .map_err(|e| format!("cannot make a pipe for a Python stub: {e}"))?;
         let spawned = command.spawn();
         drop(stub_end);
-        let mut child =
-            spawned.map_err(|e| format!("cannot start Python ('{}'): {e}", python.display()))?;
+        let mut child = spawned.map_err(|e| format!("cannot start Python ({interpreter}): {e}"))?;
         let input = child.stdin.take().expect("piped");
         let output = child.stdout.take().expect("piped");
         let stub = Stub {

@@ -74,24 +74,27 @@ fn the_interpreter_is_the_environment_or_the_default() {
     std::fs::write(model_dir.join("env/bin/python3"), "").unwrap();
     let mut with_env = config(Vec::new());
     with_env.parameters.insert(
-        EXECUTION_ENV_PATH.into(),
+        environment::EXECUTION_ENV_PATH.into(),
         ModelParameter {
             string_value: "$$TRITON_MODEL_DIRECTORY/env".into(),
         },
     );
     let spec = PythonSpec::from_config(&mut with_env, &model_dir, &ModelCaller::default()).unwrap();
-    assert_eq!(spec.python, model_dir.join("env/bin/python3"));
+    assert_eq!(spec.interpreter.python(), model_dir.join("env/bin/python3"));
     std::fs::remove_dir_all(&model_dir).unwrap();
     let mut packed = config(Vec::new());
     packed.parameters.insert(
-        EXECUTION_ENV_PATH.into(),
+        environment::EXECUTION_ENV_PATH.into(),
         ModelParameter {
             string_value: "/nowhere/env.tar.gz".into(),
         },
     );
     let error =
         PythonSpec::from_config(&mut packed, Path::new("/m"), &ModelCaller::default()).unwrap_err();
-    assert!(error.contains("unpacked environments"), "{error}");
+    assert!(
+        error.starts_with("EXECUTION_ENV_PATH '/nowhere/env.tar.gz': "),
+        "{error}"
+    );
 }
 
 #[test]
