@@ -734,6 +734,51 @@ sequence_batching {
 '''
 
 
+# A decoupled stateful model: per sequence, a running total, answered twice per request: at
+# once from execute, then (ten times the total, final) from a thread half a second after
+# execute returned.
+PY_STREAM_ACCUMULATE = '''
+import threading
+import time
+import numpy as np
+import triton_python_backend_utils as pb_utils
+
+
+class TritonPythonModel:
+    def initialize(self, args):
+        self.instance = args["model_instance_name"]
+        self.totals = {}
+
+    def execute(self, requests):
+        for request in requests:
+            corrid, flags = request.correlation_id(), request.flags()
+            if flags & pb_utils.TRITONSERVER_REQUEST_FLAG_SEQUENCE_START:
+                self.totals[corrid] = 0.0
+            x = pb_utils.get_input_tensor_by_name(request, "X").as_numpy().reshape(-1)[0]
+            self.totals[corrid] += float(x)
+            total = self.totals[corrid]
+            if flags & pb_utils.TRITONSERVER_REQUEST_FLAG_SEQUENCE_END:
+                del self.totals[corrid]
+            sender = request.get_response_sender()
+            sender.send(self.response(total))
+            threading.Thread(target=self.later, args=(sender, total * 10)).start()
+        return None
+
+    def response(self, total):
+        return pb_utils.InferenceResponse([
+            pb_utils.Tensor("TOTAL", np.array([[total]], dtype=np.float32)),
+            pb_utils.Tensor("INSTANCE", np.array([[self.instance.encode()]], dtype=np.object_))])
+
+    def later(self, sender, total):
+        time.sleep(0.5)
+        sender.send(self.response(total), flags=pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL)
+'''
+
+PY_STREAM_ACCUMULATE_CONFIG = PY_ACCUMULATE_CONFIG.replace('"py_accumulate"', '"py_stream_accumulate"').replace(
+    '{ name: "NOTE" data_type: TYPE_STRING dims: [ 1 ] }', '{ name: "INSTANCE" data_type: TYPE_STRING dims: [ 1 ] }'
+) + "model_transaction_policy { decoupled: true }\n"
+
+
 def patient_config(name, notes, decoupled):
     return f'''
 name: "{name}"
@@ -863,6 +908,7 @@ def python_server(tmp_path_factory):
     write_model(repo, "py_relay", PY_RELAY_CONFIG, PY_RELAY)
     write_model(repo, "py_manager", PY_MANAGER_CONFIG, PY_MANAGER)
     write_model(repo, "py_accumulate", PY_ACCUMULATE_CONFIG, PY_ACCUMULATE)
+    write_model(repo, "py_stream_accumulate", PY_STREAM_ACCUMULATE_CONFIG, PY_STREAM_ACCUMULATE)
     write_model(repo, "py_sequence_caller", '''
 name: "py_sequence_caller"
 backend: "python"
@@ -1271,6 +1317,53 @@ def test_a_stateful_model_gets_its_sequences_in_order_each_on_one_instance(pytho
     entry = next(m for m in client.get_model_repository_index().models if m.name == "py_implicit_state")
     assert entry.state == "UNAVAILABLE"
     assert "sequence_batching state (implicit state) is not served for Python models" in entry.reason, entry.reason
+
+
+def test_a_decoupled_stateful_model_streams_each_sequence_in_order_on_one_instance(python_server):
+    server, _ = python_server
+    got = queue.Queue()
+    client = grpcclient.InferenceServerClient(server.grpc_url)
+    client.start_stream(callback=lambda result, error: got.put((result, error)))
+    try:
+        # Two sequences, all their requests sent at once on one stream.
+        values = {300: [1.0, 2.0, 3.0], 301: [10.0, 20.0, 30.0]}
+        for k in range(3):
+            for sequence, steps in values.items():
+                x = grpcclient.InferInput("X", [1, 1], "FP32")
+                x.set_data_from_numpy(np.array([[steps[k]]], dtype=np.float32))
+                client.async_stream_infer("py_stream_accumulate", [x], request_id=f"{sequence}-{k}",
+                                          sequence_id=sequence, sequence_start=k == 0, sequence_end=k == 2)
+        arrivals = []
+        for _ in range(12):
+            result, error = got.get(timeout=RPC_TIMEOUT)
+            assert error is None, error
+            response = result.get_response()
+            arrivals.append((response.id, float(result.as_numpy("TOTAL")[0][0]),
+                             result.as_numpy("INSTANCE")[0][0].decode(),
+                             response.parameters["triton_final_response"].bool_param))
+        instances = {}
+        for sequence, steps in values.items():
+            totals = np.cumsum(steps).tolist()
+            for k, total in enumerate(totals):
+                mine = [a for a in arrivals if a[0] == f"{sequence}-{k}"]
+                # Its two responses, in order, the second final.
+                assert [(t, final) for _, t, _, final in mine] == [(total, False), (total * 10, True)], mine
+                instances.setdefault(sequence, set()).update(a[2] for a in mine)
+            # The next request of the sequence ran once execute had returned, before the late
+            # response of the one before it was sent (as Triton releases decoupled requests).
+            order = [(a[0], a[3]) for a in arrivals]
+            for k in range(2):
+                assert order.index((f"{sequence}-{k + 1}", False)) < order.index((f"{sequence}-{k}", True)), order
+        assert all(len(i) == 1 for i in instances.values()), instances
+        assert instances[300] != instances[301], "the two sequences went to the two instances"
+        # A request of a sequence that never started is refused with Triton's message.
+        x = grpcclient.InferInput("X", [1, 1], "FP32")
+        x.set_data_from_numpy(np.array([[1.0]], dtype=np.float32))
+        client.async_stream_infer("py_stream_accumulate", [x], request_id="lost", sequence_id=999)
+        result, error = got.get(timeout=RPC_TIMEOUT)
+        assert error is not None and "must specify the START flag" in str(error), (result, error)
+    finally:
+        client.stop_stream()
 
 
 def test_auto_complete_config_declares_what_the_config_leaves_out(python_server):

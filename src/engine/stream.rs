@@ -7,7 +7,9 @@ use crate::backend::python;
 use crate::core::tensor::frame_bytes;
 use crate::core::{DataType, Error, InferRequest, InferResponse, Tensor};
 use crate::metrics::{ComputeTimes, FailureReason};
+use crate::repository::sequence::{Place, SequenceFlags, Sequences};
 use crate::repository::Executor;
+use std::future::Future;
 use std::sync::Arc;
 use std::time::Instant;
 use tokio::sync::mpsc;
@@ -89,14 +91,34 @@ impl Engine {
     /// an ensemble with a decoupled step (see [`super::ensemble_stream`]): its responses as the
     /// model sends them. The admission ends with the last.
     ///
+    /// The request is checked, and a stateful model's request takes its place in its sequence,
+    /// when this is called, not when the future is first polled: requests that come one after
+    /// another on a stream run in that order however their tasks are scheduled.
+    ///
     /// # Errors
     /// Lookup errors as [`Engine::model_metadata`]; UNSUPPORTED for a model that does not
-    /// stream so; INVALID_ARGUMENT for a request that does not fit the model.
-    pub async fn infer_stream(
+    /// stream so; INVALID_ARGUMENT for a request that does not fit the model or its sequence.
+    pub fn infer_stream(
+        self: &Arc<Self>,
+        admission: Admission,
+        request: InferRequest,
+    ) -> impl Future<Output = Result<mpsc::UnboundedReceiver<StreamedResponse>, Error>> + Send + 'static
+    {
+        let started = self.start_stream(admission, request);
+        async move {
+            match started? {
+                Started::Streaming(receiver) => Ok(receiver),
+                Started::Queued(queued) => Ok(queued.run().await),
+            }
+        }
+    }
+
+    /// What [`Engine::infer_stream`] does at once.
+    fn start_stream(
         self: &Arc<Self>,
         admission: Admission,
         mut request: InferRequest,
-    ) -> Result<mpsc::UnboundedReceiver<StreamedResponse>, Error> {
+    ) -> Result<Started, Error> {
         let arrived = Instant::now();
         let (model, serving) = self.resolve(&request.model_name, &request.model_version)?;
         let runs = match &serving.executor {
@@ -108,13 +130,26 @@ impl Engine {
             _ => return Err(not_streaming(&model.name)),
         };
         let prefix = validate::request_prefix(&request.id);
-        let inputs = super::check_parameters(&request)
+        // A stateful model's request belongs to a sequence, where it takes its place now.
+        let placed = |request: &InferRequest, rows| {
+            let Some(sequences) = &serving.sequences else {
+                return Ok(None);
+            };
+            let flags = SequenceFlags::of(request, &model.name)?;
+            let place = sequences.place(flags.clone(), rows, &model.name)?;
+            Ok(Some((Arc::clone(sequences), flags, place)))
+        };
+        let checked = super::check_parameters(&request)
             .and_then(|()| {
                 tensors::read_inputs(&self.shared_memory, &model.name, &prefix, &mut request)
             })
-            .and_then(|()| validate::prepare_inputs(&model.name, &serving.io, &mut request));
-        let inputs = match inputs {
-            Ok(inputs) => inputs,
+            .and_then(|()| validate::prepare_inputs(&model.name, &serving.io, &mut request))
+            .and_then(|inputs| {
+                let rows = validate::rows(&serving.io, &inputs);
+                Ok((inputs, rows, placed(&request, rows)?))
+            });
+        let (inputs, rows, sequence) = match checked {
+            Ok(checked) => checked,
             Err(error) => {
                 serving
                     .stats
@@ -122,9 +157,19 @@ impl Engine {
                 return Err(error);
             }
         };
-        let rows = validate::rows(&serving.io, &inputs);
-        let python = match runs {
-            Ok(python) => python,
+        match runs {
+            Ok(python) => Ok(Started::Queued(Box::new(Queued {
+                python,
+                model,
+                serving,
+                request,
+                inputs,
+                rows,
+                sequence,
+                prefix,
+                arrived,
+                admission,
+            }))),
             Err((plan, at)) => {
                 let streaming = super::ensemble_stream::Streaming {
                     model,
@@ -136,8 +181,64 @@ impl Engine {
                     rows,
                     arrived,
                 };
-                return Ok(self.stream_ensemble(streaming, admission));
+                Ok(Started::Streaming(
+                    self.stream_ensemble(streaming, admission),
+                ))
             }
+        }
+    }
+}
+
+/// A stream [`Engine::infer_stream`] started.
+enum Started {
+    /// Its responses (an ensemble's).
+    Streaming(mpsc::UnboundedReceiver<StreamedResponse>),
+    /// A decoupled Python model's request, to run when its turn in its sequence comes.
+    Queued(Box<Queued>),
+}
+
+/// A checked request to a decoupled Python model.
+struct Queued {
+    python: Arc<python::PythonModel>,
+    model: Arc<crate::repository::Model>,
+    serving: Arc<crate::repository::ServingVersion>,
+    request: InferRequest,
+    inputs: Vec<Tensor>,
+    rows: usize,
+    /// A stateful model's sequence and the request's place in it.
+    sequence: Option<(Arc<Sequences>, SequenceFlags, Place)>,
+    prefix: String,
+    arrived: Instant,
+    admission: Admission,
+}
+
+impl Queued {
+    /// Waits for the request's turn in its sequence, hands it to the model, and returns its
+    /// responses as they come.
+    async fn run(self: Box<Self>) -> mpsc::UnboundedReceiver<StreamedResponse> {
+        let Queued {
+            python,
+            model,
+            serving,
+            request,
+            mut inputs,
+            rows,
+            sequence,
+            prefix,
+            arrived,
+            admission,
+        } = *self;
+        // A sequence's requests run one at a time, in order, on one instance: the next once
+        // this one's `execute` has returned (as Triton releases a decoupled model's requests),
+        // whether or not its responses have all been sent.
+        let (turn, sequence) = match sequence {
+            Some((sequences, flags, place)) => {
+                let turn = place.turn().await;
+                inputs.extend(sequences.inputs(&turn));
+                let of = super::python_sequence(&flags, turn.slot());
+                (Some((sequences, turn)), Some(of))
+            }
+            None => (None, None),
         };
         let job = super::queued(
             &request,
@@ -147,19 +248,25 @@ impl Engine {
                 parameters: request.parameters.clone(),
                 outputs: request.outputs.iter().map(|o| o.name.clone()).collect(),
                 inputs,
-                sequence: None,
+                sequence,
             },
         );
-        let (prefix, name) = (prefix.clone(), model.name.clone());
+        let name = model.name.clone();
         // Why the scheduler refused the request, if it did (a full queue, a timeout), for the
         // failure's reason in the metrics.
         let refusal = Arc::new(std::sync::OnceLock::new());
         let refused = Arc::clone(&refusal);
-        let mut responses = python.execute_stream(job, move |error| {
+        let refused = move |error| {
             let (error, reason) = super::schedule_error(error, &prefix, &name);
             let _ = refused.set(reason);
             error
-        });
+        };
+        let returned = move || {
+            if let Some((sequences, turn)) = turn {
+                sequences.finish(turn, &mut Vec::new());
+            }
+        };
+        let mut responses = python.execute_stream(job, refused, returned);
         let (sender, receiver) = mpsc::unbounded_channel();
         tokio::spawn(async move {
             let _admission = admission;
@@ -223,7 +330,7 @@ impl Engine {
                 }
             }
         });
-        Ok(receiver)
+        receiver
     }
 }
 

@@ -32,13 +32,16 @@ pub const FINAL_RESPONSE: &str = "triton_final_response";
 
 /// Runs one request on a decoupled model and sends its responses, until the last one or until
 /// the client goes away (then the generation is dropped, which cancels it).
-/// `traceparent` is the stream's W3C trace context, for OpenTelemetry traces.
-pub async fn answer(
+/// `traceparent` is the stream's W3C trace context, for OpenTelemetry traces. A request to a
+/// decoupled Python model (or an ensemble with one) is checked, and takes its place in its
+/// sequence, when this is called: a stream's requests keep their order whatever the order in
+/// which their tasks run.
+pub fn answer(
     engine: Arc<Engine>,
     wire: ModelInferRequest,
     responses: Responses,
     traceparent: Option<Arc<str>>,
-) {
+) -> impl std::future::Future<Output = ()> + Send + 'static {
     let header = ModelInferResponse {
         model_name: wire.model_name.clone(),
         model_version: wire.model_version.clone(),
@@ -48,42 +51,51 @@ pub async fn answer(
     let admitted = engine
         .admit()
         .and_then(|admission| Ok((admission, request_from_wire(wire)?)));
-    let started = match admitted {
+    let streamed = match admitted {
         Ok((admission, request)) if engine.streams(&request.model_name, &request.model_version) => {
             let empty_final = request.parameters.get("triton_enable_empty_final_response")
                 == Some(&ParamValue::Bool(true));
-            match engine.infer_stream(admission, request).await {
-                Ok(stream) => tokio::select! {
-                    () = python_stream(stream, header, empty_final, &responses) => {}
-                    () = responses.closed() => {}
-                },
-                Err(error) => {
-                    let _ = responses.send(Ok(failure(header, &error))).await;
-                }
-            }
-            return;
+            Ok(Ok((engine.infer_stream(admission, request), empty_final)))
         }
-        Ok((admission, mut request)) => {
-            request.trace = engine
-                .tracer()
-                .sample_with(&request.model_name, traceparent.as_deref());
-            if let Some(trace) = &request.trace {
-                trace.record(Activity::GrpcWaitreadEnd, Instant::now());
-            }
-            engine.generate(admission, request).await
-        }
+        Ok(admitted) => Ok(Err(admitted)),
         Err(e) => Err(e),
     };
-    let generation = match started {
-        Ok(generation) => generation,
-        Err(error) => {
-            let _ = responses.send(Ok(failure(header, &error))).await;
-            return;
+    async move {
+        let started = match streamed {
+            Ok(Ok((stream, empty_final))) => {
+                match stream.await {
+                    Ok(stream) => tokio::select! {
+                        () = python_stream(stream, header, empty_final, &responses) => {}
+                        () = responses.closed() => {}
+                    },
+                    Err(error) => {
+                        let _ = responses.send(Ok(failure(header, &error))).await;
+                    }
+                }
+                return;
+            }
+            Ok(Err((admission, mut request))) => {
+                request.trace = engine
+                    .tracer()
+                    .sample_with(&request.model_name, traceparent.as_deref());
+                if let Some(trace) = &request.trace {
+                    trace.record(Activity::GrpcWaitreadEnd, Instant::now());
+                }
+                engine.generate(admission, request).await
+            }
+            Err(e) => Err(e),
+        };
+        let generation = match started {
+            Ok(generation) => generation,
+            Err(error) => {
+                let _ = responses.send(Ok(failure(header, &error))).await;
+                return;
+            }
+        };
+        tokio::select! {
+            () = stream(generation, &responses) => {}
+            () = responses.closed() => {}
         }
-    };
-    tokio::select! {
-        () = stream(generation, &responses) => {}
-        () = responses.closed() => {}
     }
 }
 

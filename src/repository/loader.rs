@@ -348,11 +348,6 @@ fn prepare_python(
                  Python models: the model keeps a sequence's state itself, by correlation_id()"
             ));
         }
-        if decoupled {
-            return Err(format!(
-                "decoupled Python model '{name}' cannot use sequence_batching in kiln yet"
-            ));
-        }
     }
     let wants_cache = config::wants_response_cache(&config);
     let cache_responses = wants_cache && options.response_cache && !decoupled && sequence.is_none();

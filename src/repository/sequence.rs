@@ -379,13 +379,77 @@ struct Live {
     states: Arc<tokio::sync::Mutex<Vec<Tensor>>>,
     last_used: Instant,
     slot: usize,
+    /// What the sequence's last request to take its place releases when its turn ends (or it
+    /// gives its place up): the next request's go-ahead.
+    line: Option<tokio::sync::oneshot::Receiver<()>>,
+}
+
+/// A request's place in its sequence, taken when it arrived: its turn comes when the requests
+/// of the sequence before it have had theirs ([`Place::turn`]).
+pub struct Place {
+    flags: SequenceFlags,
+    states: Arc<tokio::sync::Mutex<Vec<Tensor>>>,
+    /// A START's states: the sequence begins again from them.
+    initial: Option<Vec<Tensor>>,
+    slot: usize,
+    /// Released by the request before, when its turn ends (`None`: none before it, or it has
+    /// been released).
+    after: Option<tokio::sync::oneshot::Receiver<()>>,
+    /// Released (dropped) when this request's turn ends, or, when it gives its place up, once
+    /// the request before it is done.
+    before: Option<tokio::sync::oneshot::Sender<()>>,
 }
 
 /// A request's turn in its sequence: the states it runs with, held until it has stored the next.
+/// The sequence's next request has its turn once this one is finished or dropped.
 pub struct Turn {
     flags: SequenceFlags,
     states: tokio::sync::OwnedMutexGuard<Vec<Tensor>>,
     slot: usize,
+    /// Dropped after `states` (fields drop in order): the next request's go-ahead.
+    _before: Option<tokio::sync::oneshot::Sender<()>>,
+}
+
+impl Place {
+    /// The sequence's slot (see [`Turn::slot`]).
+    pub fn slot(&self) -> usize {
+        self.slot
+    }
+
+    /// Waits for the sequence's requests before this one, then for the states.
+    pub async fn turn(mut self) -> Turn {
+        if let Some(after) = &mut self.after {
+            // An error is the sender dropped: the request before is done either way.
+            let _ = after.await;
+            self.after = None;
+        }
+        let mut states = Arc::clone(&self.states).lock_owned().await;
+        if let Some(initial) = self.initial.take() {
+            *states = initial;
+        }
+        Turn {
+            flags: self.flags.clone(),
+            states,
+            slot: self.slot,
+            _before: self.before.take(),
+        }
+    }
+}
+
+impl Drop for Place {
+    /// A request that leaves before its turn (its client went away) passes its place on: the
+    /// request after it waits for the one before it. Without a runtime to wait on, the request
+    /// after it goes at once.
+    fn drop(&mut self) {
+        if let (Some(after), Some(before)) = (self.after.take(), self.before.take()) {
+            if let Ok(runtime) = tokio::runtime::Handle::try_current() {
+                runtime.spawn(async move {
+                    let _ = after.await;
+                    drop(before);
+                });
+            }
+        }
+    }
 }
 
 impl Turn {
@@ -426,14 +490,24 @@ impl Sequences {
     /// begins the sequence again from the initial states.
     ///
     /// # Errors
-    /// INVALID_ARGUMENT for a sequence that was never started (or was dropped as idle), and for a
-    /// request of more than one row; UNAVAILABLE when too many sequences are live.
+    /// As [`Sequences::place`].
     pub async fn begin(
         &self,
         flags: SequenceFlags,
         rows: usize,
         model: &str,
     ) -> Result<Turn, Error> {
+        Ok(self.place(flags, rows, model)?.turn().await)
+    }
+
+    /// Takes the request's place in its sequence, now, behind the sequence's requests that took
+    /// theirs before: their turns come in the order their places were taken (a stream's
+    /// requests, in the order they came).
+    ///
+    /// # Errors
+    /// INVALID_ARGUMENT for a sequence that was never started (or was dropped as idle), and for a
+    /// request of more than one row; UNAVAILABLE when too many sequences are live.
+    pub fn place(&self, flags: SequenceFlags, rows: usize, model: &str) -> Result<Place, Error> {
         if self.spec.batched && rows != 1 {
             return Err(invalid_arg!(
                 "inference request to model '{model}' must have batch size 1 in a sequence, got {rows}"
@@ -447,7 +521,7 @@ impl Sequences {
             ));
         }
         let now = Instant::now();
-        let (states, slot) = {
+        let place = {
             let mut guard = self.live.lock().unwrap_or_else(|e| e.into_inner());
             let table = &mut *guard;
             let idle = self.spec.idle;
@@ -465,7 +539,7 @@ impl Sequences {
                 });
             }
             let live = &mut table.sequences;
-            if flags.start {
+            let entry = if flags.start {
                 if !live.contains_key(&flags.id) && live.len() >= MAX_SEQUENCES {
                     return Err(Error::Unavailable(format!(
                         "model '{model}' already has {MAX_SEQUENCES} sequences in progress"
@@ -481,10 +555,11 @@ impl Sequences {
                         states: Arc::new(tokio::sync::Mutex::new(Vec::new())),
                         last_used: now,
                         slot,
+                        line: None,
                     }
                 });
                 entry.last_used = now;
-                (Arc::clone(&entry.states), entry.slot)
+                entry
             } else {
                 let entry = live.get_mut(&flags.id).ok_or_else(|| {
                     invalid_arg!(
@@ -494,18 +569,19 @@ impl Sequences {
                     )
                 })?;
                 entry.last_used = now;
-                (Arc::clone(&entry.states), entry.slot)
+                entry
+            };
+            let (before, line) = tokio::sync::oneshot::channel();
+            Place {
+                after: entry.line.replace(line),
+                before: Some(before),
+                states: Arc::clone(&entry.states),
+                initial: flags.start.then(|| self.initial_states()),
+                slot: entry.slot,
+                flags,
             }
         };
-        let mut states = states.lock_owned().await;
-        if flags.start {
-            *states = self.initial_states();
-        }
-        Ok(Turn {
-            flags,
-            states,
-            slot,
-        })
+        Ok(place)
     }
 
     fn initial_states(&self) -> Vec<Tensor> {

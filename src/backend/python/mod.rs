@@ -662,11 +662,14 @@ impl PythonModel {
 
     /// Runs `job` on a decoupled model: its responses as the model sends them, the last with
     /// `last` (or an error for the request, last too: the scheduler's refusal as `refused`
-    /// words it).
+    /// words it). `returned` runs once the request is out of the model's hands: its `execute`
+    /// call has returned (its responses may still be coming), the scheduler refused it, or its
+    /// client went away.
     pub fn execute_stream(
         self: &Arc<Self>,
         job: scheduler::Request<Request>,
         refused: impl FnOnce(ScheduleError) -> Error + Send + 'static,
+        returned: impl FnOnce() + Send + 'static,
     ) -> tokio::sync::mpsc::UnboundedReceiver<Streamed> {
         let (sender, receiver) = tokio::sync::mpsc::unbounded_channel();
         let watched = sender.clone();
@@ -690,6 +693,7 @@ impl PythonModel {
                 },
                 () = sender.closed() => {}
             }
+            returned();
         });
         receiver
     }

@@ -360,3 +360,56 @@ async fn idle_time_counts_from_the_end_of_the_last_request() {
     let turn = sequences.begin(flags(false), 1, "m").await.unwrap();
     assert_eq!(floats(&sequences.inputs(&turn)[4]), [1.0, 1.0]);
 }
+
+#[tokio::test]
+async fn turns_come_in_the_order_places_were_taken_whoever_asks_first() {
+    let spec = SequenceSpec::from_config(&config(ACCUMULATE), Path::new("/nonexistent"))
+        .unwrap()
+        .unwrap();
+    let sequences = Arc::new(Sequences::new(spec));
+    let flags = |start: bool| SequenceFlags {
+        id: CorrId::Number(9),
+        start,
+        end: false,
+    };
+    // Three requests take their places, in order, before any asks for its turn.
+    let first = sequences.place(flags(true), 1, "m").unwrap();
+    let second = sequences.place(flags(false), 1, "m").unwrap();
+    let given_up = sequences.place(flags(false), 1, "m").unwrap();
+    let fourth = sequences.place(flags(false), 1, "m").unwrap();
+    // The later ones ask first (as tasks scheduled out of order would): they wait.
+    let order = Arc::new(Mutex::new(Vec::new()));
+    let waiting = |place: Place, name: &'static str| {
+        let (sequences, order) = (Arc::clone(&sequences), Arc::clone(&order));
+        tokio::spawn(async move {
+            let turn = place.turn().await;
+            order.lock().unwrap().push(name);
+            tokio::time::sleep(Duration::from_millis(20)).await;
+            sequences.finish(turn, &mut vec![state_out(1.0)]);
+        })
+    };
+    let fourth = waiting(fourth, "fourth");
+    let second = waiting(second, "second");
+    // The third waits too, then its client goes away (its task is dropped while it waits).
+    let given_up = tokio::spawn(async move { given_up.turn().await });
+    tokio::time::sleep(Duration::from_millis(50)).await;
+    given_up.abort();
+    assert!(
+        order.lock().unwrap().is_empty(),
+        "a turn came before the first's"
+    );
+    // The first runs; the others follow in their order, the third's place passed on.
+    let turn = first.turn().await;
+    assert_eq!(floats(&sequences.inputs(&turn)[4]), [0.0, 0.0]);
+    sequences.finish(turn, &mut vec![state_out(1.0)]);
+    second.await.unwrap();
+    fourth.await.unwrap();
+    assert_eq!(*order.lock().unwrap(), ["second", "fourth"]);
+    // A request of an unknown sequence gets no place.
+    let lost = SequenceFlags {
+        id: CorrId::Number(10),
+        start: false,
+        end: false,
+    };
+    assert!(sequences.place(lost, 1, "m").is_err());
+}
