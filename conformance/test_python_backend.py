@@ -779,6 +779,58 @@ PY_STREAM_ACCUMULATE_CONFIG = PY_ACCUMULATE_CONFIG.replace('"py_accumulate"', '"
 ) + "model_transaction_policy { decoupled: true }\n"
 
 
+# Counts down from N, one step per execute call, rescheduling the request until it reaches 0
+# (Triton's request rescheduling, `iterative_sequence`); decoupled, each step is a response.
+PY_ITERATE = '''
+import json
+import time
+import numpy as np
+import triton_python_backend_utils as pb_utils
+
+
+class TritonPythonModel:
+    def initialize(self, args):
+        config = json.loads(args["model_config"])
+        self.decoupled = config.get("model_transaction_policy", {}).get("decoupled", False)
+        self.left = {}
+
+    def execute(self, requests):
+        time.sleep(0.05)
+        responses = []
+        for request in requests:
+            key = request.correlation_id()
+            if key not in self.left:
+                self.left[key] = int(pb_utils.get_input_tensor_by_name(request, "N").as_numpy().reshape(-1)[0])
+            self.left[key] -= 1
+            left = self.left[key]
+            response = pb_utils.InferenceResponse([
+                pb_utils.Tensor("LEFT", np.array([[left]], dtype=np.int32)),
+                pb_utils.Tensor("BATCH", np.array([[len(requests)]], dtype=np.int32))])
+            if left > 0:
+                request.set_release_flags(pb_utils.TRITONSERVER_REQUEST_RELEASE_RESCHEDULE)
+            else:
+                del self.left[key]
+            if self.decoupled:
+                final = 0 if left > 0 else pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL
+                request.get_response_sender().send(response, flags=final)
+            else:
+                responses.append(None if left > 0 else response)
+        return None if self.decoupled else responses
+'''
+
+
+def iterate_config(name, decoupled, iterative=True):
+    return f'''
+name: "{name}"
+backend: "python"
+max_batch_size: 4
+input [ {{ name: "N" data_type: TYPE_INT32 dims: [ 1 ] }} ]
+output [ {{ name: "LEFT" data_type: TYPE_INT32 dims: [ 1 ] }}, {{ name: "BATCH" data_type: TYPE_INT32 dims: [ 1 ] }} ]
+{"sequence_batching { iterative_sequence: true }" if iterative else ""}
+model_transaction_policy {{ decoupled: {str(decoupled).lower()} }}
+'''
+
+
 def patient_config(name, notes, decoupled):
     return f'''
 name: "{name}"
@@ -909,6 +961,9 @@ def python_server(tmp_path_factory):
     write_model(repo, "py_manager", PY_MANAGER_CONFIG, PY_MANAGER)
     write_model(repo, "py_accumulate", PY_ACCUMULATE_CONFIG, PY_ACCUMULATE)
     write_model(repo, "py_stream_accumulate", PY_STREAM_ACCUMULATE_CONFIG, PY_STREAM_ACCUMULATE)
+    write_model(repo, "py_iterate", iterate_config("py_iterate", True), PY_ITERATE)
+    write_model(repo, "py_iterate_unary", iterate_config("py_iterate_unary", False), PY_ITERATE)
+    write_model(repo, "py_iterate_plain", iterate_config("py_iterate_plain", False, iterative=False), PY_ITERATE)
     write_model(repo, "py_sequence_caller", '''
 name: "py_sequence_caller"
 backend: "python"
@@ -1364,6 +1419,47 @@ def test_a_decoupled_stateful_model_streams_each_sequence_in_order_on_one_instan
         assert error is not None and "must specify the START flag" in str(error), (result, error)
     finally:
         client.stop_stream()
+
+
+def test_requests_a_model_reschedules_run_again_batched_with_the_others(python_server):
+    server, _ = python_server
+    got = queue.Queue()
+    client = grpcclient.InferenceServerClient(server.grpc_url)
+
+    def n_input(n):
+        x = grpcclient.InferInput("N", [1, 1], "INT32")
+        x.set_data_from_numpy(np.array([[n]], dtype=np.int32))
+        return [x]
+
+    # Decoupled, on a stream, without sequence IDs (an iterative sequence is one request): a
+    # response per step, each request counting down on its own (kiln gives each its own
+    # correlation ID), rescheduled requests batched with the others in later execute calls.
+    client.start_stream(callback=lambda result, error: got.put((result, error)))
+    try:
+        client.async_stream_infer("py_iterate", n_input(4), request_id="four")
+        client.async_stream_infer("py_iterate", n_input(2), request_id="two")
+        steps = {"four": [], "two": []}
+        batches = set()
+        for _ in range(6):
+            result, error = got.get(timeout=RPC_TIMEOUT)
+            assert error is None, error
+            response = result.get_response()
+            steps[response.id].append((int(result.as_numpy("LEFT")[0][0]),
+                                       response.parameters["triton_final_response"].bool_param))
+            batches.add(int(result.as_numpy("BATCH")[0][0]))
+        assert steps == {"four": [(3, False), (2, False), (1, False), (0, True)],
+                         "two": [(1, False), (0, True)]}, steps
+        assert 2 in batches, f"a rescheduled request ran beside the other: {batches}"
+    finally:
+        client.stop_stream()
+    # Not decoupled: the request's one response comes from the call that did not reschedule it.
+    with ThreadPoolExecutor(2) as pool:
+        results = list(pool.map(lambda n: client.infer("py_iterate_unary", n_input(n)), [3, 5]))
+    assert [int(r.as_numpy("LEFT")[0][0]) for r in results] == [0, 0]
+    # Without iterative_sequence, a rescheduled request fails, as in Triton.
+    with pytest.raises(InferenceServerException, match="Request is released with TRITONSERVER_REQUEST_RELEASE_RESCHEDULE"):
+        client.infer("py_iterate_plain", n_input(2))
+    assert int(client.infer("py_iterate_plain", n_input(1)).as_numpy("LEFT")[0][0]) == 0
 
 
 def test_auto_complete_config_declares_what_the_config_leaves_out(python_server):

@@ -368,7 +368,7 @@ impl Engine {
         let flags = serving
             .sequences
             .as_ref()
-            .map(|_| SequenceFlags::of(&request, &model.name))
+            .map(|sequences| sequences.flags(&request, &model.name))
             .transpose();
         let scheduled = check_parameters(&request)
             .and_then(|()| flags.as_ref().map(|_| ()).map_err(Clone::clone))

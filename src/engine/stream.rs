@@ -135,7 +135,7 @@ impl Engine {
             let Some(sequences) = &serving.sequences else {
                 return Ok(None);
             };
-            let flags = SequenceFlags::of(request, &model.name)?;
+            let flags = sequences.flags(request, &model.name)?;
             let place = sequences.place(flags.clone(), rows, &model.name)?;
             Ok(Some((Arc::clone(sequences), flags, place)))
         };

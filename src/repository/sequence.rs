@@ -74,6 +74,9 @@ pub struct SequenceSpec {
     batched: bool,
     /// Whether string correlation IDs fit: no CORRID control, or a STRING one.
     text_ids: bool,
+    /// `iterative_sequence`: a request may come without a sequence (it is one of its own, which
+    /// the model reschedules until it is done).
+    iterative: bool,
 }
 
 impl SequenceSpec {
@@ -182,6 +185,7 @@ impl SequenceSpec {
             .any(|c| c.kind == ControlKind::CorrId && c.datatype != DataType::Bytes);
         Ok(Some(SequenceSpec {
             text_ids,
+            iterative: batching.iterative_sequence,
             idle,
             controls,
             states,
@@ -361,7 +365,13 @@ impl SequenceFlags {
 pub struct Sequences {
     spec: SequenceSpec,
     live: Mutex<Table>,
+    /// The last correlation ID given to an iterative sequence a request began on its own.
+    given: std::sync::atomic::AtomicU64,
 }
+
+/// Where the correlation IDs kiln gives iterative sequences start: far from the small numbers
+/// clients pick.
+const GIVEN_IDS: u64 = 1 << 62;
 
 #[derive(Debug)]
 struct Table {
@@ -483,7 +493,35 @@ impl Sequences {
                 per_slot: vec![0; slots.max(1)],
                 swept: Instant::now(),
             }),
+            given: std::sync::atomic::AtomicU64::new(GIVEN_IDS),
         }
+    }
+
+    /// Where `request` stands in its sequence ([`SequenceFlags::of`]). For a model with
+    /// `iterative_sequence`, a request without a `sequence_id` is a sequence of its own, started
+    /// and ended by it, under a correlation ID kiln gives it (as Triton's sequence batcher takes
+    /// such requests, which the model reschedules until they are done).
+    ///
+    /// # Errors
+    /// As [`SequenceFlags::of`].
+    pub fn flags(&self, request: &InferRequest, model: &str) -> Result<SequenceFlags, Error> {
+        let no_id = match request.parameters.get("sequence_id") {
+            None | Some(ParamValue::Uint64(0) | ParamValue::Int64(0)) => true,
+            Some(ParamValue::String(id)) => id.is_empty(),
+            Some(_) => false,
+        };
+        if self.spec.iterative && no_id {
+            let id = self
+                .given
+                .fetch_add(1, std::sync::atomic::Ordering::Relaxed)
+                + 1;
+            return Ok(SequenceFlags {
+                id: CorrId::Number(id),
+                start: true,
+                end: true,
+            });
+        }
+        SequenceFlags::of(request, model)
     }
 
     /// Waits for the sequence's previous request, then returns the request's turn. A START

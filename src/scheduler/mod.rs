@@ -97,6 +97,13 @@ pub trait Instance: Send + 'static {
         false
     }
 
+    /// Whether the instance's answer to a request says the model rescheduled it (Triton's
+    /// `TRITONSERVER_REQUEST_RELEASE_RESCHEDULE`): the request goes back in the queue, to run
+    /// again in a later batch, before the instance takes its next one, instead of being answered.
+    fn rescheduled(_output: &Self::Output) -> bool {
+        false
+    }
+
     /// The CUDA ordinal of the GPU this instance runs on (`None`: CPU).
     fn gpu(&self) -> Option<i32> {
         None
@@ -493,10 +500,20 @@ impl<I: Instance> Scheduler<I> {
                     reply,
                 };
                 let mut instance = instance;
-                let answers = execute(&mut instance, vec![job], &self.shared);
+                let (answers, again) = execute(&mut instance, vec![job], &self.shared);
+                requeue(&self.shared, again);
                 self.shared.give_back(instance);
-                let (_, result) = answers.into_iter().next().ok_or(ScheduleError::Stopped)?;
-                return result;
+                if let Some((_, result)) = answers.into_iter().next() {
+                    return result;
+                }
+                // Rescheduled: it is queued now.
+                let mut guard = CancelOnDrop {
+                    shared: &self.shared,
+                    ticket: Some(ticket),
+                };
+                let outcome = answer.await;
+                guard.ticket = None;
+                return outcome.map_err(|_| ScheduleError::Stopped)?;
             }
         }
         let signature = if self.batching {
@@ -645,8 +662,9 @@ fn instance_loop<I: Instance>(shared: &Shared<I>) {
     while let Some((jobs, mut backend)) = next_batch(shared) {
         // Waiting for the rate limiter counts as queue time, as in Triton.
         let permit = backend.admit();
-        let answers = execute(&mut backend, jobs, shared);
+        let (answers, again) = execute(&mut backend, jobs, shared);
         drop(permit);
+        requeue(shared, again);
         shared.give_back(backend);
         send_answers::<I>(answers);
     }
@@ -723,9 +741,36 @@ fn send_answers<I: Instance>(answers: Answers<I>) {
     }
 }
 
+/// Puts the requests a model rescheduled back in the queue (before their instance takes its next
+/// batch, so that they may join it); answered `Stopped` when the scheduler has stopped.
+fn requeue<I: Instance>(shared: &Shared<I>, jobs: Vec<Job<I>>) {
+    if jobs.is_empty() {
+        return;
+    }
+    let mut queue = shared.lock();
+    let now = Instant::now();
+    for mut job in jobs {
+        if queue.stopped {
+            let _ = job.reply.send(Err(ScheduleError::Stopped));
+            continue;
+        }
+        job.enqueued = now;
+        let (rows, signature) = (job.rows, shared.layout.signature(I::tensors(&job.input)));
+        queue.state.requeue(job, rows, signature, now);
+    }
+    shared.report_pending(&mut queue);
+    drop(queue);
+    shared.work.notify_one();
+}
+
 /// Runs one batch; the answers are sent by the caller once the instance is back in the pool, so
-/// that a client's next request finds it free.
-fn execute<I: Instance>(instance: &mut I, mut jobs: Vec<Job<I>>, shared: &Shared<I>) -> Answers<I> {
+/// that a client's next request finds it free. Requests the model rescheduled come back apart,
+/// unanswered, to be queued again.
+fn execute<I: Instance>(
+    instance: &mut I,
+    mut jobs: Vec<Job<I>>,
+    shared: &Shared<I>,
+) -> (Answers<I>, Vec<Job<I>>) {
     let start = Instant::now();
     let rows: Vec<usize> = jobs.iter().map(|job| job.rows).collect();
     let (result, times) = {
@@ -738,10 +783,13 @@ fn execute<I: Instance>(instance: &mut I, mut jobs: Vec<Job<I>>, shared: &Shared
     // One request's bad input (say, a text too long for a model that does not truncate) must
     // not fail the requests it was batched with: run each of them alone.
     if jobs.len() > 1 && matches!(result, Err(BackendError::Input(_))) {
-        return jobs
-            .into_iter()
-            .flat_map(|job| execute(instance, vec![job], shared))
-            .collect();
+        let (mut answers, mut again) = (Vec::new(), Vec::new());
+        for job in jobs {
+            let (answered, rescheduled) = execute(instance, vec![job], shared);
+            answers.extend(answered);
+            again.extend(rescheduled);
+        }
+        return (answers, again);
     }
     shared.recent_infer.record(times.infer);
     let gpu = instance.gpu();
@@ -758,25 +806,35 @@ fn execute<I: Instance>(instance: &mut I, mut jobs: Vec<Job<I>>, shared: &Shared
         }
     });
     match result {
-        Ok(outputs) => jobs
-            .into_iter()
-            .zip(outputs)
-            .map(|(job, outputs)| {
-                let outcome = Outcome {
-                    outputs,
-                    started: start,
-                    queue: start.saturating_duration_since(job.enqueued),
-                    compute: times,
-                    gpu,
-                };
-                (job.reply, Ok(outcome))
-            })
-            .collect(),
+        Ok(outputs) => {
+            let mut again = Vec::new();
+            let answers = jobs
+                .into_iter()
+                .zip(outputs)
+                .filter_map(|(job, outputs)| {
+                    if I::rescheduled(&outputs) {
+                        again.push(job);
+                        return None;
+                    }
+                    let outcome = Outcome {
+                        outputs,
+                        started: start,
+                        queue: start.saturating_duration_since(job.enqueued),
+                        compute: times,
+                        gpu,
+                    };
+                    Some((job.reply, Ok(outcome)))
+                })
+                .collect();
+            (answers, again)
+        }
         Err(error) => {
             let error = ScheduleError::from(error);
-            jobs.into_iter()
+            let answers = jobs
+                .into_iter()
                 .map(|job| (job.reply, Err(error.clone())))
-                .collect()
+                .collect();
+            (answers, Vec::new())
         }
     }
 }

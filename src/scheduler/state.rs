@@ -318,6 +318,22 @@ impl<T> State<T> {
         Ok(rejection_at)
     }
 
+    /// Queues again a request its model rescheduled (it ran, and runs again in a later batch):
+    /// at the default priority, behind what waits there, whatever the queue's size (it was
+    /// admitted when it came), with no timeout.
+    pub fn requeue(&mut self, payload: T, batch_size: usize, signature: u64, now: Instant) {
+        let level = self.config.level(None);
+        self.levels[level].push_back(Entry {
+            payload,
+            batch_size: batch_size.max(1),
+            signature,
+            enqueued: now,
+            policy_expiry: None,
+            action: TimeoutAction::Reject,
+            deadline: None,
+        });
+    }
+
     /// Removes the first queued request `matches` selects (its client went away). `None` if it
     /// already left the queue.
     pub fn cancel(&mut self, matches: impl Fn(&T) -> bool) -> Option<T> {

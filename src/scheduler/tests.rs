@@ -562,3 +562,95 @@ async fn a_bad_input_fails_its_own_request_not_its_batch() {
         "the merged batch failed, then the bad request alone: {failed:?}"
     );
 }
+
+/// Counts each request's runs, rescheduling it until it has run as many times as its input's
+/// one byte says; records the batch sizes it saw.
+struct CountsDown {
+    batches: Arc<Mutex<Vec<usize>>>,
+}
+
+/// A request to [`CountsDown`]: how many runs it wants, and how many it had.
+struct Countdown {
+    tensors: Vec<Tensor>,
+    runs: u8,
+}
+
+impl Instance for CountsDown {
+    type Input = Countdown;
+    /// Its runs so far, and whether it runs again.
+    type Output = (u8, bool);
+
+    fn tensors(input: &Countdown) -> &[Tensor] {
+        &input.tensors
+    }
+
+    fn run(
+        &mut self,
+        batch: &mut [&mut Countdown],
+        _rows: &[usize],
+    ) -> (Result<Vec<(u8, bool)>, BackendError>, ComputeTimes) {
+        std::thread::sleep(Duration::from_millis(10));
+        self.batches.lock().unwrap().push(batch.len());
+        let outputs = batch
+            .iter_mut()
+            .map(|countdown| {
+                countdown.runs += 1;
+                (
+                    countdown.runs,
+                    countdown.runs < countdown.tensors[0].data[0],
+                )
+            })
+            .collect();
+        (Ok(outputs), ComputeTimes::default())
+    }
+
+    fn rescheduled(output: &(u8, bool)) -> bool {
+        output.1
+    }
+}
+
+#[tokio::test]
+async fn rescheduled_requests_run_again_batched_with_the_others_then_are_answered() {
+    let batches = Arc::new(Mutex::new(Vec::new()));
+    let instance = CountsDown {
+        batches: Arc::clone(&batches),
+    };
+    let stats = Arc::new(ModelStats::new("m", 1));
+    let scheduler = Arc::new(
+        Scheduler::launch("t", dynamic(4, Duration::ZERO), vec![instance], stats).unwrap(),
+    );
+    let tasks: Vec<_> = [3u8, 2]
+        .into_iter()
+        .map(|wanted| {
+            let scheduler = Arc::clone(&scheduler);
+            tokio::spawn(async move {
+                let countdown = Countdown {
+                    tensors: request(wanted, 1).inputs,
+                    runs: 0,
+                };
+                scheduler
+                    .submit(Request {
+                        inputs: countdown,
+                        rows: 1,
+                        priority: None,
+                        timeout: None,
+                        deadline: None,
+                    })
+                    .await
+            })
+        })
+        .collect();
+    let mut answers = Vec::new();
+    for task in tasks {
+        answers.push(task.await.unwrap().unwrap().outputs);
+    }
+    // Each is answered once, after its last run.
+    assert_eq!(answers, [(3, false), (2, false)]);
+    let seen = batches.lock().unwrap().clone();
+    assert_eq!(seen.iter().sum::<usize>(), 5, "{seen:?}");
+    assert!(
+        seen.contains(&2),
+        "a rescheduled request joined the other's batch: {seen:?}"
+    );
+    scheduler.halt();
+}

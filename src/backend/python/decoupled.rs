@@ -40,6 +40,8 @@ struct State {
     open: HashMap<(u64, usize), Open>,
     /// The last call whose `execute` returned (or raised).
     returned: u64,
+    /// The requests calls that returned rescheduled, by call, until their caller asks.
+    rescheduled: HashMap<u64, Vec<usize>>,
     /// Why the stub stopped answering.
     dead: Option<String>,
 }
@@ -98,18 +100,19 @@ impl Reader {
         state.open.insert((call, index), open);
     }
 
-    /// Waits until call `call`'s `execute` has returned.
+    /// Waits until call `call`'s `execute` has returned; the requests it rescheduled, by
+    /// index.
     ///
     /// # Errors
     /// Why the stub stopped answering first (its open requests have been failed).
-    pub fn returned(&self, call: u64) -> Result<(), String> {
+    pub fn returned(&self, call: u64) -> Result<Vec<usize>, String> {
         let mut state = self.shared.lock();
         loop {
             if let Some(why) = &state.dead {
                 return Err(why.clone());
             }
             if state.returned >= call {
-                return Ok(());
+                return Ok(state.rescheduled.remove(&call).unwrap_or_default());
             }
             state = self
                 .shared
@@ -148,8 +151,20 @@ fn read(
                 }
             }
             Some("executed") => {
+                let call = header["call"].as_u64().unwrap_or(0);
                 let mut state = shared.lock();
-                state.returned = state.returned.max(header["call"].as_u64().unwrap_or(0));
+                // A rescheduled request's responses go on in a later call, under that call.
+                let rescheduled: Vec<usize> = header["rescheduled"]
+                    .as_array()
+                    .into_iter()
+                    .flatten()
+                    .filter_map(|index| usize::try_from(index.as_u64()?).ok())
+                    .filter(|&index| state.open.remove(&(call, index)).is_some())
+                    .collect();
+                if !rescheduled.is_empty() {
+                    state.rescheduled.insert(call, rescheduled);
+                }
+                state.returned = state.returned.max(call);
                 shared.changed.notify_all();
             }
             Some("error") => {

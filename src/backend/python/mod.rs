@@ -366,6 +366,9 @@ pub struct SequenceOf {
 pub struct Outputs {
     pub tensors: Vec<Tensor>,
     pub parameters: Parameters,
+    /// The model rescheduled the request (`set_release_flags(TRITONSERVER_REQUEST_RELEASE_
+    /// RESCHEDULE)`): it runs again in a later `execute` call, which answers it.
+    pub rescheduled: bool,
 }
 
 /// Starts a model's stubs.
@@ -404,6 +407,19 @@ struct Common {
     /// Where requests are watched for clients that go away (instance threads are not the
     /// runtime's): the runtime of the first request (loads may run outside it).
     runtime: OnceLock<tokio::runtime::Handle>,
+    /// `sequence_batching { iterative_sequence: true }`: the model may reschedule requests.
+    reschedules: bool,
+}
+
+impl Common {
+    /// The error of a request the model rescheduled without `iterative_sequence`.
+    fn cannot_reschedule(&self) -> Error {
+        Error::Internal(format!(
+            "Request is released with TRITONSERVER_REQUEST_RELEASE_RESCHEDULE, which model '{}' \
+             cannot do: rescheduling needs sequence_batching {{ iterative_sequence: true }}",
+            self.launcher.model
+        ))
+    }
 }
 
 /// An instance, its stub running or (after a crash) to be started again; the scheduler hands it
@@ -419,10 +435,34 @@ struct Slot {
 /// A request on its way to an instance.
 pub struct Work {
     request: Request,
-    /// Resolves when its client goes away (then `is_cancelled()` says so in the model).
-    gone: Option<cancel::Gone>,
+    caller: Caller,
+}
+
+/// Who waits for a request.
+enum Caller {
+    /// A model that is not decoupled: the caller of [`PythonModel::execute`], which holds the
+    /// sender while it waits.
+    Waiting(tokio::sync::watch::Receiver<()>),
     /// A decoupled model's request: where its responses go, whenever the model sends them.
-    stream: Option<tokio::sync::mpsc::UnboundedSender<Streamed>>,
+    Streaming(tokio::sync::mpsc::UnboundedSender<Streamed>),
+}
+
+impl Caller {
+    /// Resolves when the caller goes away (then `is_cancelled()` says so in the model), for
+    /// each run of the request (a rescheduled request runs again).
+    fn gone(&self) -> cancel::Gone {
+        match self {
+            Caller::Waiting(waiting) => {
+                let mut waiting = waiting.clone();
+                // Nothing is ever sent: it resolves when the sender is dropped.
+                Box::pin(async move { while waiting.changed().await.is_ok() {} })
+            }
+            Caller::Streaming(stream) => {
+                let stream = stream.clone();
+                Box::pin(async move { stream.closed().await })
+            }
+        }
+    }
 }
 
 /// A request's answer from a model that is not decoupled: its response, or the model's error for
@@ -528,6 +568,12 @@ impl PythonModel {
             },
             all_outputs: config.output.iter().map(|o| o.name.clone()).collect(),
             runtime: OnceLock::new(),
+            reschedules: matches!(
+                &config.scheduling_choice,
+                Some(crate::proto::inference::model_config::SchedulingChoice::SequenceBatching(
+                    batching
+                )) if batching.iterative_sequence
+            ),
         });
         let launcher = &common.launcher;
         let started: Vec<Result<Stub, String>> = std::thread::scope(|scope| {
@@ -638,10 +684,7 @@ impl PythonModel {
             return Err(ScheduleError::Backend(BackendError::Run(why)));
         }
         // Held while this waits: a caller that goes away drops it, and the model hears so.
-        let (_waiting, gone) = tokio::sync::oneshot::channel::<()>();
-        let gone: cancel::Gone = Box::pin(async move {
-            let _ = gone.await;
-        });
+        let (_waiting, caller) = tokio::sync::watch::channel(());
         self.common
             .runtime
             .get_or_init(tokio::runtime::Handle::current);
@@ -649,8 +692,7 @@ impl PythonModel {
         scheduler
             .submit(job.map(|request| Work {
                 request,
-                gone: Some(gone),
-                stream: None,
+                caller: Caller::Waiting(caller),
             }))
             .await
     }
@@ -662,9 +704,10 @@ impl PythonModel {
 
     /// Runs `job` on a decoupled model: its responses as the model sends them, the last with
     /// `last` (or an error for the request, last too: the scheduler's refusal as `refused`
-    /// words it). `returned` runs once the request is out of the model's hands: its `execute`
-    /// call has returned (its responses may still be coming), the scheduler refused it, or its
-    /// client went away.
+    /// words it). A request the model reschedules runs again, its responses going on in the
+    /// same stream. `returned` runs once the request is out of the model's hands: its last
+    /// `execute` call has returned (its responses may still be coming), the scheduler refused
+    /// it, or its client went away.
     pub fn execute_stream(
         self: &Arc<Self>,
         job: scheduler::Request<Request>,
@@ -672,21 +715,18 @@ impl PythonModel {
         returned: impl FnOnce() + Send + 'static,
     ) -> tokio::sync::mpsc::UnboundedReceiver<Streamed> {
         let (sender, receiver) = tokio::sync::mpsc::unbounded_channel();
-        let watched = sender.clone();
-        let gone = Box::pin(async move { watched.closed().await });
         self.common
             .runtime
             .get_or_init(tokio::runtime::Handle::current);
         let this = Arc::clone(self);
         let job = job.map(|request| Work {
             request,
-            gone: Some(gone),
-            stream: Some(sender.clone()),
+            caller: Caller::Streaming(sender.clone()),
         });
         tokio::spawn(async move {
             let scheduler = this.scheduler(&job.inputs.request);
-            // Waits until `execute` has returned; a client gone meanwhile takes the request
-            // out of the queue.
+            // Waits until `execute` has returned (the last time, for a request the model
+            // reschedules); a client gone meanwhile takes the request out of the queue.
             tokio::select! {
                 outcome = scheduler.submit(job) => if let Err(error) = outcome {
                     let _ = sender.send(Streamed { outputs: Err(refused(error)), last: true });
@@ -776,15 +816,33 @@ impl scheduler::Instance for Slot {
         _rows: &[usize],
     ) -> (Result<Vec<Answer>, BackendError>, ComputeTimes) {
         let started = Instant::now();
-        let gone = batch.iter_mut().map(|work| work.gone.take()).collect();
+        let gone = batch.iter().map(|work| Some(work.caller.gone())).collect();
         let requests: Vec<&Request> = batch.iter().map(|work| &work.request).collect();
+        let reschedules = self.common.reschedules;
         let answers = if self.common.launcher.decoupled {
-            let senders = batch
+            let senders: Vec<_> = batch
                 .iter()
-                .filter_map(|work| work.stream.clone())
+                .filter_map(|work| match &work.caller {
+                    Caller::Streaming(stream) => Some(stream.clone()),
+                    Caller::Waiting(_) => None,
+                })
                 .collect();
-            self.execute(&requests, gone, Deliver::Later(senders));
-            requests.iter().map(|_| Ok(Outputs::default())).collect()
+            let rescheduled = self.execute(&requests, gone, Deliver::Later(senders.clone()));
+            (0..requests.len())
+                .map(|index| {
+                    let again = rescheduled.contains(&index);
+                    if again && !reschedules {
+                        let _ = senders[index].send(Streamed {
+                            outputs: Err(self.common.cannot_reschedule()),
+                            last: true,
+                        });
+                    }
+                    Ok(Outputs {
+                        rescheduled: again && reschedules,
+                        ..Outputs::default()
+                    })
+                })
+                .collect()
         } else {
             let mut whole: Vec<Option<Result<Option<Outputs>, Error>>> =
                 requests.iter().map(|_| None).collect();
@@ -793,6 +851,9 @@ impl scheduler::Instance for Slot {
             whole
                 .into_iter()
                 .map(|answer| match answer {
+                    Some(Ok(Some(outputs))) if outputs.rescheduled && !reschedules => {
+                        Err(self.common.cannot_reschedule())
+                    }
                     Some(Ok(outputs)) => Ok(outputs.unwrap_or_default()),
                     Some(Err(error)) => Err(error),
                     None => Err(Error::Internal("the Python model sent no response".into())),
@@ -810,6 +871,10 @@ impl scheduler::Instance for Slot {
         self.limit.as_ref().map(Limit::admit)
     }
 
+    fn rescheduled(answer: &Answer) -> bool {
+        answer.as_ref().is_ok_and(|outputs| outputs.rescheduled)
+    }
+
     /// Asks the model to `finalize` and ends the process.
     fn retire(mut self) {
         if let Some(stub) = self.stub.take() {
@@ -821,18 +886,22 @@ impl scheduler::Instance for Slot {
 impl Slot {
     /// Runs `requests` in one `execute` call on the stub, starting it first if it died, and
     /// delivers each request's responses, the last with `last`. Blocking until `execute` has
-    /// returned (and, for a model that is not decoupled, answered).
+    /// returned (and, for a model that is not decoupled, answered). A decoupled model's requests
+    /// it rescheduled are returned, by index (they have had no last response).
     fn execute(
         &mut self,
         requests: &[&Request],
         gone: Vec<Option<cancel::Gone>>,
         deliver: Deliver<'_>,
-    ) {
+    ) -> Vec<usize> {
         let common = Arc::clone(&self.common);
         let instance = &self.instance.name;
         let stub = match stub_of(&common.launcher, &self.instance, &mut self.stub) {
             Ok(stub) => stub,
-            Err(error) => return deliver.fail(requests.len(), &error),
+            Err(error) => {
+                deliver.fail(requests.len(), &error);
+                return Vec::new();
+            }
         };
         let call = Call {
             all_outputs: &common.all_outputs,
@@ -858,7 +927,7 @@ impl Slot {
                                 },
                             );
                         }
-                        return;
+                        return Vec::new();
                     }
                     Err(broken) => {
                         let (why, status) = (pipe_error(&broken), discard(&mut self.stub));
@@ -875,10 +944,11 @@ impl Slot {
             }
             Deliver::Later(senders) => {
                 let Some(reader) = &stub.reader else {
-                    return Deliver::Later(senders).fail(
+                    Deliver::Later(senders).fail(
                         requests.len(),
                         &Error::Internal("a decoupled model's stub has no reader".into()),
                     );
+                    return Vec::new();
                 };
                 let mut gone = gone.into_iter();
                 for (index, (request, sender)) in requests.iter().zip(senders).enumerate() {
@@ -902,7 +972,7 @@ impl Slot {
                     .map_err(|e| pipe_error(&e))
                     .and_then(|()| reader.returned(number))
                 {
-                    Ok(()) => return,
+                    Ok(rescheduled) => return rescheduled,
                     // Ending the stub ends its reader, which fails the requests still open.
                     Err(why) => (why, discard(&mut self.stub)),
                 }
@@ -913,6 +983,7 @@ impl Slot {
             "Stub process '{instance}' is not healthy ({why}{status}); it restarts for the next \
              request"
         );
+        Vec::new()
     }
 }
 
@@ -1314,6 +1385,7 @@ fn read_outputs(
         (None, None) => Ok(Outputs {
             tensors: outputs,
             parameters,
+            rescheduled: false,
         }),
     })
 }
@@ -1501,6 +1573,13 @@ impl Stub {
         let mut data = message.blobs.into_iter();
         let mut answers = Vec::with_capacity(requests.len());
         for (request, response) in requests.iter().zip(responses) {
+            if response["rescheduled"] == true {
+                answers.push(Ok(Outputs {
+                    rescheduled: true,
+                    ..Outputs::default()
+                }));
+                continue;
+            }
             answers.push(call.outputs(request, response, &mut data)?);
         }
         if data.next().is_some() {

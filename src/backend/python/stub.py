@@ -431,9 +431,11 @@ def stream_to(channel, cancellations):
 
 
 def answer(channel, requests, responses):
+    """Sends kiln a call's responses; a rescheduled request's is None (it is answered by a
+    later call)."""
     if responses is None:
         responses = [request._sent for request in requests]
-        if any(r is None for r in responses):
+        if any(r is None and not q._rescheduled() for r, q in zip(responses, requests)):
             raise Misuse(
                 "execute returned None without sending a response for every request")
     responses = list(responses)
@@ -442,7 +444,12 @@ def answer(channel, requests, responses):
             "Number of InferenceResponse objects do not match the number of InferenceRequest objects. "
             f"InferenceRequest(s) size is:{len(requests)}, and InferenceResponse(s) size is:{len(responses)}\n")
     described, blobs = [], []
-    for response in responses:
+    for request, response in zip(requests, responses):
+        if request._rescheduled():
+            if response is not None:
+                raise Misuse("a rescheduled request's response must be None: a later execute answers it")
+            described.append({"rescheduled": True})
+            continue
         if response is None:
             raise Misuse("execute must return InferenceResponse objects, not NoneType")
         fields, data = encode_response(response)
@@ -554,7 +561,10 @@ def main():
                 raise Misuse("a decoupled model's execute must return None: its responses go through "
                              "the response sender")
             else:
-                channel.send({"op": "executed", "call": call})
+                rescheduled = [request._index for request in requests if request._rescheduled()]
+                for index in rescheduled:
+                    cancellations.end(call, index)
+                channel.send({"op": "executed", "call": call, "rescheduled": rescheduled})
         except Exception as error:
             traceback.print_exc()
             # kiln ends the requests with this error: their senders are closed.

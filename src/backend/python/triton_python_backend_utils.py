@@ -2,10 +2,8 @@
 
 kiln writes this file beside its stub (see stub.py) and serves the part of Triton's module that
 models running on CPU use: tensors as numpy arrays, requests and responses, errors, the response
-sender of non-decoupled models, calls to other models (`InferenceRequest(...).exec()`, Triton's
-BLS, decoupled calls included), custom metrics, the logger and the config helpers. What kiln
-does not serve yet (DLPack, histogram metrics) raises TritonModelException naming it, rather
-than doing something else.
+sender, calls to other models (`InferenceRequest(...).exec()`, Triton's BLS, decoupled calls
+included), request rescheduling, custom metrics, the logger, DLPack and the config helpers.
 """
 
 from __future__ import annotations
@@ -222,6 +220,7 @@ class InferenceRequest:
         self._index = 0
         # Asks kiln's word on cancellation (set by the stub for the requests kiln sends).
         self._cancelled = None
+        self._release_flags = TRITONSERVER_REQUEST_RELEASE_ALL
 
     def inputs(self):
         return self._inputs
@@ -251,6 +250,17 @@ class InferenceRequest:
 
     def get_response_sender(self):
         return InferenceResponseSender(self)
+
+    def set_release_flags(self, flags):
+        """With TRITONSERVER_REQUEST_RELEASE_RESCHEDULE, the request runs again in a later
+        `execute` call once this one returns (a model with `sequence_batching {
+        iterative_sequence: true }`); a model that is not decoupled returns None for it."""
+        if flags not in (TRITONSERVER_REQUEST_RELEASE_ALL, TRITONSERVER_REQUEST_RELEASE_RESCHEDULE):
+            raise TritonModelException(f"unknown request release flags: {flags}")
+        self._release_flags = flags
+
+    def _rescheduled(self):
+        return self._release_flags == TRITONSERVER_REQUEST_RELEASE_RESCHEDULE
 
     def exec(self, decoupled=False):
         """Runs the request on model `model_name`: its InferenceResponse, or with `decoupled`

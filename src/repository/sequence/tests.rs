@@ -413,3 +413,37 @@ async fn turns_come_in_the_order_places_were_taken_whoever_asks_first() {
     };
     assert!(sequences.place(lost, 1, "m").is_err());
 }
+
+#[test]
+fn an_iterative_sequences_request_without_an_id_is_a_sequence_of_its_own() {
+    let iterative = SequenceSpec::from_config(
+        &config("iterative_sequence: true"),
+        Path::new("/nonexistent"),
+    )
+    .unwrap()
+    .unwrap();
+    let sequences = Sequences::new(iterative);
+    let (first, second) = (
+        sequences.flags(&request(&[]), "m").unwrap(),
+        sequences
+            .flags(&request(&[("sequence_id", ParamValue::Uint64(0))]), "m")
+            .unwrap(),
+    );
+    assert!(first.start && first.end && second.start && second.end);
+    assert_ne!(first.id, second.id, "each has an ID of its own");
+    // A request naming its sequence is in that one.
+    let named = sequences
+        .flags(&request(&[("sequence_id", ParamValue::Uint64(7))]), "m")
+        .unwrap();
+    assert_eq!(
+        (named.id, named.start, named.end),
+        (CorrId::Number(7), false, false)
+    );
+    // Without iterative_sequence, a request needs its sequence's ID.
+    let plain = Sequences::new(
+        SequenceSpec::from_config(&config(ACCUMULATE), Path::new("/nonexistent"))
+            .unwrap()
+            .unwrap(),
+    );
+    assert!(plain.flags(&request(&[]), "m").is_err());
+}
