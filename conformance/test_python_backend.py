@@ -831,6 +831,43 @@ model_transaction_policy {{ decoupled: {str(decoupled).lower()} }}
 '''
 
 
+# Answers its request's timeout() and, called without the "inner" parameter, the timeout a call
+# it makes to itself (another instance) reaches that call with: twice its own, or a minute.
+PY_TIMEOUTS = '''
+import json
+import numpy as np
+import triton_python_backend_utils as pb_utils
+
+
+class TritonPythonModel:
+    def execute(self, requests):
+        responses = []
+        for request in requests:
+            inner = 0
+            if not json.loads(request.parameters()).get("inner"):
+                call = pb_utils.InferenceRequest(
+                    model_name="py_timeouts", requested_output_names=["OWN"],
+                    inputs=[pb_utils.Tensor("X", np.zeros([1], dtype=np.int32))],
+                    parameters={"inner": True}, timeout=request.timeout() * 2 or 60_000_000)
+                answer = call.exec()
+                if answer.has_error():
+                    raise pb_utils.TritonModelException(answer.error().message())
+                inner = int(pb_utils.get_output_tensor_by_name(answer, "OWN").as_numpy()[0])
+            responses.append(pb_utils.InferenceResponse([
+                pb_utils.Tensor("OWN", np.array([request.timeout()], dtype=np.int64)),
+                pb_utils.Tensor("INNER", np.array([inner], dtype=np.int64))]))
+        return responses
+'''
+
+PY_TIMEOUTS_CONFIG = '''
+name: "py_timeouts"
+backend: "python"
+input [ { name: "X" data_type: TYPE_INT32 dims: [ 1 ] } ]
+output [ { name: "OWN" data_type: TYPE_INT64 dims: [ 1 ] }, { name: "INNER" data_type: TYPE_INT64 dims: [ 1 ] } ]
+instance_group [ { count: 2 kind: KIND_CPU } ]
+'''
+
+
 def patient_config(name, notes, decoupled):
     return f'''
 name: "{name}"
@@ -962,6 +999,7 @@ def python_server(tmp_path_factory):
     write_model(repo, "py_accumulate", PY_ACCUMULATE_CONFIG, PY_ACCUMULATE)
     write_model(repo, "py_stream_accumulate", PY_STREAM_ACCUMULATE_CONFIG, PY_STREAM_ACCUMULATE)
     write_model(repo, "py_iterate", iterate_config("py_iterate", True), PY_ITERATE)
+    write_model(repo, "py_timeouts", PY_TIMEOUTS_CONFIG, PY_TIMEOUTS)
     write_model(repo, "py_iterate_unary", iterate_config("py_iterate_unary", False), PY_ITERATE)
     write_model(repo, "py_iterate_plain", iterate_config("py_iterate_plain", False, iterative=False), PY_ITERATE)
     write_model(repo, "py_sequence_caller", '''
@@ -1460,6 +1498,18 @@ def test_requests_a_model_reschedules_run_again_batched_with_the_others(python_s
     with pytest.raises(InferenceServerException, match="Request is released with TRITONSERVER_REQUEST_RELEASE_RESCHEDULE"):
         client.infer("py_iterate_plain", n_input(2))
     assert int(client.infer("py_iterate_plain", n_input(1)).as_numpy("LEFT")[0][0]) == 0
+
+
+def test_a_requests_timeout_reaches_the_model_and_its_calls(python_server):
+    server, _ = python_server
+    client = grpcclient.InferenceServerClient(server.grpc_url)
+    x = grpcclient.InferInput("X", [1], "INT32")
+    x.set_data_from_numpy(np.array([1], dtype=np.int32))
+    # tritonclient's `timeout` is the request's timeout parameter, in microseconds.
+    result = client.infer("py_timeouts", [x], timeout=5_000_000)
+    assert (int(result.as_numpy("OWN")[0]), int(result.as_numpy("INNER")[0])) == (5_000_000, 10_000_000)
+    result = client.infer("py_timeouts", [x])
+    assert (int(result.as_numpy("OWN")[0]), int(result.as_numpy("INNER")[0])) == (0, 60_000_000)
 
 
 def test_auto_complete_config_declares_what_the_config_leaves_out(python_server):

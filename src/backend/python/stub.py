@@ -325,16 +325,20 @@ def make_manager(exchange):
     return manage
 
 
-def sequence_parameters(request):
+def call_parameters(request):
     """A call's parameters as JSON text, its sequence (correlation_id, flags) among them as
-    Triton's sequence_id, sequence_start and sequence_end, so that a stateful model can be called."""
-    correlation_id = request.correlation_id()
-    if not correlation_id:
+    Triton's sequence_id, sequence_start and sequence_end, so that a stateful model can be called,
+    and its timeout as the `timeout` parameter (microseconds in the called model's queue)."""
+    correlation_id, timeout = request.correlation_id(), request._timeout
+    if not correlation_id and not timeout:
         return request.parameters()
     parameters = json.loads(request.parameters())
-    parameters["sequence_id"] = correlation_id
-    parameters["sequence_start"] = bool(request.flags() & pb_utils.TRITONSERVER_REQUEST_FLAG_SEQUENCE_START)
-    parameters["sequence_end"] = bool(request.flags() & pb_utils.TRITONSERVER_REQUEST_FLAG_SEQUENCE_END)
+    if correlation_id:
+        parameters["sequence_id"] = correlation_id
+        parameters["sequence_start"] = bool(request.flags() & pb_utils.TRITONSERVER_REQUEST_FLAG_SEQUENCE_START)
+        parameters["sequence_end"] = bool(request.flags() & pb_utils.TRITONSERVER_REQUEST_FLAG_SEQUENCE_END)
+    if timeout:
+        parameters["timeout"] = timeout
     return json.dumps(parameters)
 
 
@@ -358,7 +362,7 @@ def make_caller(exchange):
         version = request._model_version
         header = {"op": "call", "request": {
             "model": request._model_name, "version": "" if version in (-1, None) else str(version),
-            "id": request.request_id(), "parameters": sequence_parameters(request),
+            "id": request.request_id(), "parameters": call_parameters(request),
             "outputs": request.requested_output_names(), "inputs": inputs, "decoupled": decoupled}}
         if not decoupled:
             answer, parts = exchange(header, blobs)

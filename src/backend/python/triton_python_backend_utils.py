@@ -200,7 +200,7 @@ class InferenceRequest:
     """
 
     def __init__(self, model_name=None, inputs=None, requested_output_names=None, request_id="",
-                 correlation_id=0, flags=0, parameters=None, model_version=-1, _kiln=None, **_):
+                 correlation_id=0, flags=0, parameters=None, model_version=-1, timeout=0, _kiln=None, **_):
         self._inputs = list(inputs or [])
         self._request_id = request_id
         self._correlation_id = correlation_id
@@ -208,6 +208,7 @@ class InferenceRequest:
         self._requested = list(requested_output_names or [])
         self._model_name = model_name
         self._model_version = model_version
+        self._timeout = int(timeout or 0)
         if parameters is None:
             parameters = "{}"
         self._parameters = parameters if isinstance(parameters, str) else json.dumps(parameters)
@@ -246,7 +247,13 @@ class InferenceRequest:
         return self._cancelled is not None and self._cancelled()
 
     def timeout(self):
-        return 0
+        """The request's timeout in microseconds (0: none): a client's `timeout` parameter, or
+        what a model gave the request it built (for a call, the time it may wait in the called
+        model's queue)."""
+        if self._timeout or not self._kiln:
+            return self._timeout
+        timeout = json.loads(self._parameters).get("timeout", 0)
+        return timeout if isinstance(timeout, int) and timeout > 0 else 0
 
     def get_response_sender(self):
         return InferenceResponseSender(self)
