@@ -868,6 +868,54 @@ instance_group [ { count: 2 kind: KIND_CPU } ]
 '''
 
 
+# Calls py_ticker (decoupled, a tick every 20 ms for 20 s unless cancelled), cancels the call
+# after three ticks (Triton's ResponseIterator.cancel()), reads what still comes, and answers
+# how many ticks it saw; decoupled or not, as its config says.
+PY_CANCELLER = '''
+import json
+import numpy as np
+import triton_python_backend_utils as pb_utils
+
+
+class TritonPythonModel:
+    def initialize(self, args):
+        config = json.loads(args["model_config"])
+        self.decoupled = config.get("model_transaction_policy", {}).get("decoupled", False)
+
+    def execute(self, requests):
+        responses = []
+        for request in requests:
+            call = pb_utils.InferenceRequest(
+                model_name="py_ticker", requested_output_names=["TICKS"],
+                inputs=[pb_utils.Tensor("X", np.array([1], dtype=np.int32))],
+                request_id=request.request_id())
+            ticks = call.exec(decoupled=True)
+            seen = 0
+            for tick in ticks:
+                if tick.has_error():
+                    raise pb_utils.TritonModelException(tick.error().message())
+                seen += 1
+                if seen == 3:
+                    ticks.cancel()
+            response = pb_utils.InferenceResponse([pb_utils.Tensor("SEEN", np.array([seen], dtype=np.int32))])
+            if self.decoupled:
+                request.get_response_sender().send(response, flags=pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL)
+            else:
+                responses.append(response)
+        return None if self.decoupled else responses
+'''
+
+
+def canceller_config(name, decoupled):
+    return f'''
+name: "{name}"
+backend: "python"
+input [ {{ name: "X" data_type: TYPE_INT32 dims: [ 1 ] }} ]
+output [ {{ name: "SEEN" data_type: TYPE_INT32 dims: [ 1 ] }} ]
+model_transaction_policy {{ decoupled: {str(decoupled).lower()} }}
+'''
+
+
 def patient_config(name, notes, decoupled):
     return f'''
 name: "{name}"
@@ -1000,6 +1048,8 @@ def python_server(tmp_path_factory):
     write_model(repo, "py_stream_accumulate", PY_STREAM_ACCUMULATE_CONFIG, PY_STREAM_ACCUMULATE)
     write_model(repo, "py_iterate", iterate_config("py_iterate", True), PY_ITERATE)
     write_model(repo, "py_timeouts", PY_TIMEOUTS_CONFIG, PY_TIMEOUTS)
+    write_model(repo, "py_canceller", canceller_config("py_canceller", False), PY_CANCELLER)
+    write_model(repo, "py_stream_canceller", canceller_config("py_stream_canceller", True), PY_CANCELLER)
     write_model(repo, "py_iterate_unary", iterate_config("py_iterate_unary", False), PY_ITERATE)
     write_model(repo, "py_iterate_plain", iterate_config("py_iterate_plain", False, iterative=False), PY_ITERATE)
     write_model(repo, "py_sequence_caller", '''
@@ -1510,6 +1560,31 @@ def test_a_requests_timeout_reaches_the_model_and_its_calls(python_server):
     assert (int(result.as_numpy("OWN")[0]), int(result.as_numpy("INNER")[0])) == (5_000_000, 10_000_000)
     result = client.infer("py_timeouts", [x])
     assert (int(result.as_numpy("OWN")[0]), int(result.as_numpy("INNER")[0])) == (0, 60_000_000)
+
+
+def test_a_model_cancels_a_decoupled_call_it_iterates(python_server):
+    server, _ = python_server
+    client = grpcclient.InferenceServerClient(server.grpc_url)
+    x = grpcclient.InferInput("X", [1], "INT32")
+    x.set_data_from_numpy(np.array([1], dtype=np.int32))
+    # A model that is not decoupled: the called model hears at once that its client left, and
+    # the caller's iteration ends soon after (not when the 20 s of ticks would).
+    seen = int(client.infer("py_canceller", [x], request_id="bls-cancel-1").as_numpy("SEEN")[0])
+    assert 3 <= seen < 100, seen
+    note = wait_for_note(server, "bls-cancel-1")
+    assert re.fullmatch(r"cancelled after \d+ ticks", note) and int(note.split()[2]) < 150, note
+    # A decoupled one (its stub's answers are read by a thread of kiln's), over a stream.
+    got = queue.Queue()
+    client.start_stream(callback=lambda result, error: got.put((result, error)))
+    try:
+        client.async_stream_infer("py_stream_canceller", [x], request_id="bls-cancel-2")
+        result, error = got.get(timeout=RPC_TIMEOUT)
+        assert error is None, error
+        assert 3 <= int(result.as_numpy("SEEN")[0]) < 100
+    finally:
+        client.stop_stream()
+    note = wait_for_note(server, "bls-cancel-2")
+    assert re.fullmatch(r"cancelled after \d+ ticks", note) and int(note.split()[2]) < 150, note
 
 
 def test_auto_complete_config_declares_what_the_config_leaves_out(python_server):

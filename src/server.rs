@@ -595,15 +595,20 @@ fn connect_python_calls(engine: &Arc<Engine>) {
                 engine.infer(request).await
             })
         },
-        move |request| {
-            // Each response as the called model sends it; the stream ends with the call.
+        move |request, cancel: crate::backend::python::Cancel| {
+            // Each response as the called model sends it; the stream ends with the call, or
+            // when the calling model cancels it (the request is dropped: the called model hears
+            // its client left).
             let (sink, responses) = std::sync::mpsc::channel();
             match weak_decoupled.upgrade() {
                 Some(engine) => {
                     runtime_decoupled.spawn(async move {
                         let each = |response| sink.send(response).is_ok();
-                        if let Err(error) = engine.infer_decoupled(request, each).await {
-                            let _ = sink.send(Err(error));
+                        tokio::select! {
+                            ran = engine.infer_decoupled(request, each) => if let Err(error) = ran {
+                                let _ = sink.send(Err(error));
+                            },
+                            Ok(()) = cancel => {}
                         }
                     });
                 }

@@ -7,9 +7,8 @@
 
 use super::cancel::Watch;
 use super::ModelCaller;
-use super::{call, channel, log_line, manage, metric, pipe_error, read_outputs, Streamed};
+use super::{channel, log_line, metric, pipe_error, read_outputs, spawn_call, Streamed, Streams};
 use crate::core::Error;
-use serde_json::Value;
 use std::collections::HashMap;
 use std::io::{BufReader, BufWriter};
 use std::process::{ChildStdin, ChildStdout};
@@ -135,6 +134,7 @@ fn read(
     names: &Names,
     shared: &Shared,
 ) {
+    let streams = Streams::default();
     let why = loop {
         let message = match channel::receive(&mut output) {
             Ok(message) => message,
@@ -142,7 +142,12 @@ fn read(
         };
         let header = &message.header;
         match header["op"].as_str() {
-            Some("call" | "manage") => answer_call(input, &names.caller, message),
+            Some("call" | "manage") => spawn_call(input, &names.caller, &streams, message),
+            Some("cancel") => {
+                if let Some(stream) = header["stream"].as_u64() {
+                    streams.cancel(stream);
+                }
+            }
             Some("metric") => metric(&names.model, header),
             Some("log") => log_line(&names.model, &names.instance, header),
             Some("response") => {
@@ -245,49 +250,4 @@ fn respond(shared: &Shared, model: &str, message: channel::Message) -> Result<()
         state.open.remove(&key);
     }
     Ok(())
-}
-
-/// Runs the model's call of another model on a thread of its own (it may take a while, and the
-/// model's other requests go on meanwhile) and writes the answer to the stub.
-fn answer_call(
-    input: &Arc<Mutex<BufWriter<ChildStdin>>>,
-    caller: &ModelCaller,
-    message: channel::Message,
-) {
-    let write = |input: &Mutex<BufWriter<ChildStdin>>, header: Value, tensors: Vec<_>| {
-        let blobs: Vec<&[u8]> = tensors
-            .iter()
-            .map(|t: &crate::core::Tensor| t.data.as_ref())
-            .collect();
-        let mut input = input.lock().unwrap_or_else(|e| e.into_inner());
-        channel::send(&mut *input, header, &blobs).is_ok()
-    };
-    let streams = message.header["request"]["decoupled"].as_bool() == Some(true);
-    let (running, caller) = (Arc::clone(input), caller.clone());
-    let spawned = std::thread::Builder::new()
-        .name("py-call".into())
-        .spawn(move || {
-            if message.header["op"] == "manage" {
-                write(&running, manage(&caller, &message), Vec::new());
-            } else {
-                call(&caller, message, &mut |header, tensors| {
-                    write(&running, header, tensors)
-                });
-            }
-        });
-    if let Err(error) = spawned {
-        // The model waits for an answer: it gets one.
-        let refusal = serde_json::json!({
-            "op": "called",
-            "error": format!("kiln cannot run the call: {error}"),
-            "code": 1,
-        });
-        if write(input, refusal, Vec::new()) && streams {
-            write(
-                input,
-                serde_json::json!({"op": "called", "end": true}),
-                Vec::new(),
-            );
-        }
-    }
 }

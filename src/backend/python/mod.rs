@@ -73,9 +73,53 @@ const UTILS: &str = include_str!("triton_python_backend_utils.py");
 /// Runs one request on any model of the server.
 type RunRequest = dyn Fn(InferRequest) -> Result<InferResponse, Error> + Send + Sync;
 /// Runs one request on a decoupled model of the server: each response as it sends it (an error
-/// ends the stream).
-type RunDecoupled =
-    dyn Fn(InferRequest) -> std::sync::mpsc::Receiver<Result<InferResponse, Error>> + Send + Sync;
+/// ends the stream). A value sent on its [`Cancel`] cancels the request: the stream ends there.
+type RunDecoupled = dyn Fn(InferRequest, Cancel) -> std::sync::mpsc::Receiver<Result<InferResponse, Error>>
+    + Send
+    + Sync;
+
+/// What cancels a decoupled call (`ResponseIterator.cancel()`): a value sent (a sender dropped
+/// without sending cancels nothing).
+pub type Cancel = tokio::sync::oneshot::Receiver<()>;
+
+/// The decoupled call a stub's model is iterating, by the number the stub gave it, for
+/// `ResponseIterator.cancel()`. A stub has at most one open: it reads a call's answers to their
+/// end before it makes its next call.
+#[derive(Clone, Default)]
+struct Streams(Arc<Mutex<Option<OpenStream>>>);
+
+/// A decoupled call's number, and what cancels it.
+type OpenStream = (u64, tokio::sync::oneshot::Sender<()>);
+
+impl Streams {
+    /// Call `stream` starts: what cancels it.
+    fn open(&self, stream: u64) -> Cancel {
+        let (cancel, cancelled) = tokio::sync::oneshot::channel();
+        *self.0.lock().unwrap_or_else(|e| e.into_inner()) = Some((stream, cancel));
+        cancelled
+    }
+
+    /// Cancels call `stream` if it is still the one open.
+    fn cancel(&self, stream: u64) {
+        if let Some(cancel) = self.take(stream) {
+            let _ = cancel.send(());
+        }
+    }
+
+    /// Call `stream` ended.
+    fn close(&self, stream: u64) {
+        self.take(stream);
+    }
+
+    fn take(&self, stream: u64) -> Option<tokio::sync::oneshot::Sender<()>> {
+        let mut open = self.0.lock().unwrap_or_else(|e| e.into_inner());
+        if open.as_ref().is_some_and(|(id, _)| *id == stream) {
+            open.take().map(|(_, cancel)| cancel)
+        } else {
+            None
+        }
+    }
+}
 
 /// Loads, unloads or asks after a model of the server: whether it is ready (for `Ready`).
 type Manage = dyn Fn(Management) -> Result<bool, Error> + Send + Sync;
@@ -118,7 +162,7 @@ impl ModelCaller {
     pub fn connect(
         &self,
         unary: impl Fn(InferRequest) -> Result<InferResponse, Error> + Send + Sync + 'static,
-        decoupled: impl Fn(InferRequest) -> std::sync::mpsc::Receiver<Result<InferResponse, Error>>
+        decoupled: impl Fn(InferRequest, Cancel) -> std::sync::mpsc::Receiver<Result<InferResponse, Error>>
             + Send
             + Sync
             + 'static,
@@ -396,6 +440,8 @@ struct Stub {
     notices: Arc<cancel::Notices>,
     /// `execute` calls sent so far (the stub counts them too).
     calls: std::cell::Cell<u64>,
+    /// The decoupled call the model iterates, which it may cancel.
+    streams: Streams,
 }
 
 /// What a version's instances share.
@@ -1125,11 +1171,13 @@ fn called_response(response: Result<InferResponse, Error>, data: &mut Vec<Tensor
 
 /// Runs a model's call to another model, handing `answer` what to write to the stub: one
 /// `called` message, or for a decoupled call (`exec(decoupled=True)`) one per response as the
-/// called model sends it, then one with `end`. `answer` says false when the stub cannot be
-/// written to any more: the call is dropped then (the called model hears its client left).
+/// called model sends it, then one with `end` (sooner when `cancel` cancels it). `answer` says
+/// false when the stub cannot be written to any more: the call is dropped then (the called model
+/// hears its client left).
 fn call(
     caller: &ModelCaller,
     message: channel::Message,
+    cancel: Option<Cancel>,
     answer: &mut dyn FnMut(Value, Vec<Tensor>) -> bool,
 ) {
     let decoupled = message.header["request"]["decoupled"].as_bool() == Some(true);
@@ -1157,13 +1205,63 @@ fn call(
         answer(header, data);
         return;
     }
-    for response in (calls.decoupled)(request) {
+    // Kept until the call ends: a call nothing can cancel.
+    let (_uncancellable, never) = tokio::sync::oneshot::channel();
+    for response in (calls.decoupled)(request, cancel.unwrap_or(never)) {
         let (header, data) = called(response);
         if !answer(header, data) {
             return;
         }
     }
     answer(json!({"op": "called", "end": true}), Vec::new());
+}
+
+/// Answers a model's call to another model (or its management request) from a thread of its
+/// own, writing the answers to the stub's `input`: the stub's other messages are read meanwhile
+/// (a decoupled call's `cancel`, a decoupled model's responses).
+fn spawn_call(
+    input: &Arc<Mutex<BufWriter<ChildStdin>>>,
+    caller: &ModelCaller,
+    streams: &Streams,
+    message: channel::Message,
+) {
+    let write = |input: &Mutex<BufWriter<ChildStdin>>, header: Value, tensors: Vec<Tensor>| {
+        let blobs: Vec<&[u8]> = tensors.iter().map(|t| t.data.as_ref()).collect();
+        let mut input = input.lock().unwrap_or_else(|e| e.into_inner());
+        channel::send(&mut *input, header, &blobs).is_ok()
+    };
+    let request = &message.header["request"];
+    let streams_answers = request["decoupled"].as_bool() == Some(true);
+    let stream = streams_answers
+        .then(|| message.header["stream"].as_u64())
+        .flatten();
+    let cancel = stream.map(|stream| streams.open(stream));
+    let (running, caller, open) = (Arc::clone(input), caller.clone(), streams.clone());
+    let spawned = std::thread::Builder::new()
+        .name("py-call".into())
+        .spawn(move || {
+            if message.header["op"] == "manage" {
+                write(&running, manage(&caller, &message), Vec::new());
+            } else {
+                call(&caller, message, cancel, &mut |header, tensors| {
+                    write(&running, header, tensors)
+                });
+            }
+            if let Some(stream) = stream {
+                open.close(stream);
+            }
+        });
+    if let Err(error) = spawned {
+        // The model waits for an answer: it gets one.
+        let refusal = json!({
+            "op": "called",
+            "error": format!("kiln cannot run the call: {error}"),
+            "code": 1,
+        });
+        if write(input, refusal, Vec::new()) && streams_answers {
+            write(input, json!({"op": "called", "end": true}), Vec::new());
+        }
+    }
 }
 
 /// Runs a model's management request (a `manage` message): the `managed` header to answer with.
@@ -1449,6 +1547,7 @@ impl Stub {
             reader: None,
             notices: Arc::new(notices),
             calls: std::cell::Cell::new(0),
+            streams: Streams::default(),
         };
         let mut code = Vec::with_capacity(16 + UTILS.len() + STUB.len());
         code.extend_from_slice(&(UTILS.len() as u64).to_le_bytes());
@@ -1489,9 +1588,18 @@ impl Stub {
                 .ok_or_else(|| broken("the stub's answers go to its reader".into()))?;
             let message = channel::receive(output)?;
             match message.header["op"].as_str() {
+                // Answered while this reads on, so that the model can cancel it.
+                Some("call") if message.header["request"]["decoupled"] == true => {
+                    spawn_call(&self.input, caller, &self.streams, message);
+                }
+                Some("cancel") => {
+                    if let Some(stream) = message.header["stream"].as_u64() {
+                        self.streams.cancel(stream);
+                    }
+                }
                 Some("call") => {
                     let mut broken = None;
-                    call(caller, message, &mut |header, tensors| {
+                    call(caller, message, None, &mut |header, tensors| {
                         let blobs: Vec<&[u8]> = tensors.iter().map(|t| t.data.as_ref()).collect();
                         let sent = self.send(header, &blobs);
                         sent.map_err(|error| broken = Some(error)).is_ok()

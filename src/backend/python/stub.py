@@ -258,6 +258,7 @@ class Exchange:
         self.receive = receive or channel.receive
         self.lock = threading.RLock()
         self.open = None
+        self.streams = 0
 
     def drain(self):
         with self.lock:
@@ -278,18 +279,27 @@ class Exchange:
     def stream(self, header, blobs=()):
         with self.lock:
             self.drain()
+            self.streams += 1
+            header["stream"] = self.streams
             self.channel.send(header, blobs)
-            self.open = Answers(self)
+            self.open = Answers(self, self.streams)
             return self.open
 
 
 class Answers:
-    """The answers to one decoupled call, as kiln sends them."""
+    """The answers to one decoupled call (numbered `stream`), as kiln sends them."""
 
-    def __init__(self, exchange):
+    def __init__(self, exchange, stream):
         self.exchange = exchange
+        self.stream = stream
         self.early = collections.deque()  # read by another exchange before their turn
         self.ended = False
+
+    def cancel(self):
+        """Asks kiln to cancel the call: the called model hears its client left, and the answers
+        end soon (those already on their way still come)."""
+        if not self.ended:
+            self.exchange.channel.send({"op": "cancel", "stream": self.stream})
 
     def __iter__(self):
         return self
@@ -369,9 +379,28 @@ def make_caller(exchange):
             return response_of(answer, iter(parts))
         # Each response as the called model sends it (a failure before the first is one response
         # with the error).
-        return (response_of(answer, iter(parts)) for answer, parts in exchange.stream(header, blobs))
+        return ResponseIterator(exchange.stream(header, blobs), response_of)
 
     return call
+
+
+class ResponseIterator:
+    """A decoupled call's responses as the called model sends them (Triton's BLS
+    ResponseIterator); `cancel()` cancels the call."""
+
+    def __init__(self, answers, response_of):
+        self._answers = answers
+        self._response_of = response_of
+
+    def __iter__(self):
+        return self
+
+    def __next__(self):
+        answer, parts = next(self._answers)
+        return self._response_of(answer, iter(parts))
+
+    def cancel(self):
+        self._answers.cancel()
 
 
 def load_module(path):

@@ -169,7 +169,7 @@ fn a_decoupled_call_is_answered_response_by_response_then_ended() {
     let caller = ModelCaller::default();
     caller.connect(
         |_| Err(Error::Internal("not this one".into())),
-        |request| {
+        |request, _| {
             let (sink, responses) = std::sync::mpsc::channel();
             for value in [1u8, 2] {
                 let _ = sink.send(Ok(InferResponse {
@@ -196,7 +196,7 @@ fn a_decoupled_call_is_answered_response_by_response_then_ended() {
         blobs: Vec::new(),
     };
     let mut answers = Vec::new();
-    call(&caller, message(), &mut |header, tensors| {
+    call(&caller, message(), None, &mut |header, tensors| {
         answers.push((header, tensors));
         true
     });
@@ -214,7 +214,7 @@ fn a_decoupled_call_is_answered_response_by_response_then_ended() {
     assert_eq!(headers.len(), 4);
     // A stub that cannot be written to any more gets nothing after.
     let mut written = 0;
-    call(&caller, message(), &mut |_, _| {
+    call(&caller, message(), None, &mut |_, _| {
         written += 1;
         false
     });
@@ -229,7 +229,7 @@ fn management_messages_become_requests_to_the_repository() {
     let noted = Arc::clone(&asked);
     caller.connect(
         |_| Err(Error::Internal("no calls here".into())),
-        |_| {
+        |_, _| {
             let (sink, responses) = std::sync::mpsc::channel();
             let _ = sink.send(Err(Error::Internal("no calls here".into())));
             responses
@@ -297,4 +297,25 @@ fn management_messages_become_requests_to_the_repository() {
         let answer = manage(&caller, &message(header, blobs));
         assert_eq!(answer["code"], json!(3), "{answer}");
     }
+}
+
+#[test]
+fn a_stream_is_cancelled_only_while_it_is_the_open_one() {
+    let streams = Streams::default();
+    let mut first = streams.open(1);
+    streams.cancel(2);
+    assert!(
+        first.try_recv().is_err(),
+        "another stream's cancel reached it"
+    );
+    streams.cancel(1);
+    assert_eq!(first.try_recv(), Ok(()));
+    // Closed, then asked to cancel: nothing is sent (its sender is gone).
+    let mut second = streams.open(2);
+    streams.close(2);
+    streams.cancel(2);
+    assert!(matches!(
+        second.try_recv(),
+        Err(tokio::sync::oneshot::error::TryRecvError::Closed)
+    ));
 }

@@ -275,7 +275,7 @@ class InferenceRequest:
         if not self._model_name:
             raise TritonModelException("an InferenceRequest needs a model_name to be run")
         if decoupled:
-            return iter(_state["call"](self, True))
+            return _state["call"](self, True)
         return _state["call"](self)
 
     async def async_exec(self, decoupled=False):
