@@ -165,6 +165,52 @@ ensemble_scheduling { step [
 ] }
 '''
 
+# Decoupled: one response per letter of its text, then the final flag alone.
+PY_SPELL = '''
+import numpy as np
+import triton_python_backend_utils as pb_utils
+
+
+class TritonPythonModel:
+    def execute(self, requests):
+        for request in requests:
+            sender = request.get_response_sender()
+            for letter in pb_utils.get_input_tensor_by_name(request, "TEXT").as_numpy()[0].decode():
+                sender.send(pb_utils.InferenceResponse([pb_utils.Tensor("LETTER", np.array([letter.encode()], dtype=np.object_))]))
+            sender.send(flags=pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL)
+        return None
+'''
+
+# Two decoupled steps: py_gen's words, each spelled out by py_spell.
+SPELLED_CONFIG = '''
+name: "llm_spelled"
+platform: "ensemble"
+input [ { name: "text_input" data_type: TYPE_STRING dims: [ 1 ] },
+        { name: "stream" data_type: TYPE_BOOL dims: [ 1 ] } ]
+output [ { name: "text_output" data_type: TYPE_STRING dims: [ 1 ] } ]
+ensemble_scheduling { step [
+  { model_name: "py_gen" model_version: -1
+    input_map { key: "text_input" value: "text_input" } input_map { key: "stream" value: "stream" }
+    output_map { key: "text_output" value: "word" } },
+  { model_name: "py_spell" model_version: -1
+    input_map { key: "TEXT" value: "word" } output_map { key: "LETTER" value: "text_output" } }
+] }
+'''
+
+# A generation model as the decoupled step: tiny_decoder's pieces, each made loud.
+GENERATED_CONFIG = '''
+name: "gen_pipeline"
+platform: "ensemble"
+input [ { name: "text_input" data_type: TYPE_STRING dims: [ 1 ] } ]
+output [ { name: "text_output" data_type: TYPE_STRING dims: [ -1 ] } ]
+ensemble_scheduling { step [
+  { model_name: "tiny_decoder" model_version: -1
+    input_map { key: "text_input" value: "text_input" } output_map { key: "text_output" value: "generated" } },
+  { model_name: "py_exclaim" model_version: -1
+    input_map { key: "TEXT" value: "generated" } output_map { key: "LOUD" value: "text_output" } }
+] }
+'''
+
 ENSEMBLE_CONFIG = '''
 name: "echo_ensemble"
 platform: "ensemble"
@@ -219,7 +265,15 @@ def server(tmp_path_factory):
     '''))
     (repo / "echo_ensemble" / "1").mkdir(parents=True)
     (repo / "echo_ensemble" / "config.pbtxt").write_text(ENSEMBLE_CONFIG)
-    for bundled in ("add_sub", "string_echo"):
+    (repo / "py_spell" / "1").mkdir(parents=True)
+    (repo / "py_spell" / "config.pbtxt").write_text(
+        'backend: "python" input [ { name: "TEXT" data_type: TYPE_STRING dims: [ 1 ] } ] '
+        'output [ { name: "LETTER" data_type: TYPE_STRING dims: [ 1 ] } ] model_transaction_policy { decoupled: true }')
+    (repo / "py_spell" / "1" / "model.py").write_text(PY_SPELL)
+    for name, config in (("llm_spelled", SPELLED_CONFIG), ("gen_pipeline", GENERATED_CONFIG)):
+        (repo / name / "1").mkdir(parents=True)
+        (repo / name / "config.pbtxt").write_text(config)
+    for bundled in ("add_sub", "string_echo", "tiny_decoder"):
         shutil.copytree(BUNDLED_REPO / bundled, repo / bundled)
     port = find_free_port()
     srv = start_server([repo], name="kiln-generate-mapped", env={"KILN_PYTHON": sys.executable},
@@ -581,7 +635,8 @@ def test_the_openai_api_drives_a_model_with_an_input_per_setting(server):
     # py_gen takes max_tokens as an input of its own (TensorRT-LLM's way); temperature, which it
     # has no input for, is left out; it reports no token counts.
     client = server.openai
-    assert [m.id for m in client.models.list().data] == ["llm_pipeline", "py_gen", "py_reverse"]
+    assert [m.id for m in client.models.list().data] == [
+        "gen_pipeline", "llm_pipeline", "llm_spelled", "py_gen", "py_reverse", "tiny_decoder"]
     answer = client.completions.create(model="py_gen", prompt="what is triton server", max_tokens=2, temperature=0.5)
     assert answer.choices[0].text == "WHAT IS"
     assert (answer.choices[0].finish_reason, answer.usage.total_tokens) == ("stop", 0)
@@ -636,6 +691,37 @@ def test_an_ensemble_with_a_decoupled_step_streams_a_response_per_step_response(
     # And the OpenAI API drives it as a TensorRT-LLM ensemble.
     chunks = list(server.openai.completions.create(model="llm_pipeline", prompt="what is kiln", stream=True))
     assert "".join(c.choices[0].text for c in chunks) == "WHAT!IS!KILN!"
+
+
+def test_an_ensemble_streams_through_every_decoupled_step_and_a_generation_model(server):
+    # py_gen streams words, py_spell each word's letters: every letter is a response, and only
+    # the last letter of the last word ends the stream.
+    client = grpcclient.InferenceServerClient(server.grpc_url)
+    got = queue.Queue()
+    client.start_stream(callback=lambda result, error: got.put((result, error)))
+    try:
+        text = grpcclient.InferInput("text_input", [1], "BYTES")
+        text.set_data_from_numpy(np.array([b"ab cde"], dtype=np.object_))
+        stream = grpcclient.InferInput("stream", [1], "BOOL")
+        stream.set_data_from_numpy(np.array([True]))
+        client.async_stream_infer("llm_spelled", [text, stream], enable_empty_final_response=True)
+        seen = []
+        while True:
+            result, error = got.get(timeout=RPC_TIMEOUT)
+            assert error is None, error
+            response = result.get_response()
+            final = response.parameters["triton_final_response"].bool_param
+            seen.append((result.as_numpy("text_output")[0].decode() if response.outputs else None, final))
+            if final:
+                break
+        assert seen == [(letter, False) for letter in "ABCDE"] + [(None, True)], seen
+    finally:
+        client.stop_stream()
+    # A generation model's pieces run the steps after it, one ensemble response each.
+    prompt = {"text_input": "the kiln"}
+    pieces = [e["text_output"] for e in events(post(server, "tiny_decoder", prompt, stream=True))]
+    loud = [e["text_output"] for e in events(post(server, "gen_pipeline", prompt, stream=True))]
+    assert len(pieces) > 1 and loud == [piece + "!" for piece in pieces], (pieces, loud)
 
 
 def test_ensembles_that_run_each_other_are_refused_not_followed_forever(server):

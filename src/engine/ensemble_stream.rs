@@ -1,17 +1,21 @@
 //! Ensembles with a decoupled step — a decoupled Python model, such as an LLM between a
-//! preprocessing and a postprocessing model, the way TensorRT-LLM's ensembles are built. As in
-//! Triton, such an ensemble is decoupled itself: the steps before the decoupled one run once,
-//! and each response the decoupled step sends runs the steps after it and becomes one response
-//! of the ensemble, in order; the ensemble's last response follows the step's. Clients stream
-//! them (gRPC `ModelStreamInfer`, REST `generate_stream`); a client that goes away cancels the
-//! decoupled step's request.
+//! preprocessing and a postprocessing model, the way TensorRT-LLM's ensembles are built, or a
+//! generation model, or an ensemble with such a step. As in Triton, such an ensemble is
+//! decoupled itself: the steps before the decoupled one run once, and each response the
+//! decoupled step sends runs the steps after it — fanning out again at the next decoupled step,
+//! if there is one — and each result becomes one response of the ensemble, in order; the
+//! ensemble's last response is the one that follows the last response of every decoupled step.
+//! Clients stream them (gRPC `ModelStreamInfer`, REST `generate_stream`); a client that goes
+//! away cancels the decoupled steps' requests.
 
 use super::ensemble::{ensemble_outputs, step_error, step_request, take_outputs, MAX_DEPTH};
 use super::{response, Admission, Engine, StreamedResponse};
-use crate::core::{Error, InferRequest, Tensor};
+use crate::core::tensor::frame_bytes;
+use crate::core::{DataType, Error, InferRequest, InferResponse, Tensor};
 use crate::metrics::{ComputeTimes, FailureReason};
-use crate::repository::ensemble::EnsemblePlan;
+use crate::repository::ensemble::{EnsemblePlan, Step};
 use crate::repository::{Executor, Model, ServingVersion};
+use futures_util::future::BoxFuture;
 use std::collections::HashMap;
 use std::sync::Arc;
 use std::time::Instant;
@@ -22,8 +26,6 @@ pub(super) struct Streaming {
     pub model: Arc<Model>,
     pub serving: Arc<ServingVersion>,
     pub plan: Arc<EnsemblePlan>,
-    /// The decoupled step: its wave and its index in the wave.
-    pub at: (usize, usize),
     pub inputs: Vec<Tensor>,
     pub request: InferRequest,
     pub rows: usize,
@@ -31,34 +33,33 @@ pub(super) struct Streaming {
 }
 
 impl Engine {
-    /// Where ensemble `plan`'s decoupled step is (the first, if several): its wave and its index
-    /// in the wave; `None` for an ensemble whose steps all answer once. A step streams if it is
-    /// a decoupled Python model or such an ensemble itself, looked up at most [`MAX_DEPTH`] deep
+    /// Whether ensemble `plan` has a decoupled step (and so streams): a decoupled Python model,
+    /// a generation model or such an ensemble itself, looked up at most [`MAX_DEPTH`] deep
     /// (ensembles may name each other; running them stops there too).
-    pub(super) fn decoupled_step(
-        &self,
-        plan: &EnsemblePlan,
-        depth: usize,
-    ) -> Option<(usize, usize)> {
+    pub(super) fn has_decoupled_step(&self, plan: &EnsemblePlan, depth: usize) -> bool {
+        plan.waves
+            .iter()
+            .any(|wave| self.decoupled_in(wave, depth).is_some())
+    }
+
+    /// The index of the first step of `wave` that streams (see [`Engine::has_decoupled_step`]).
+    fn decoupled_in(&self, wave: &[Step], depth: usize) -> Option<usize> {
         if depth >= MAX_DEPTH {
             return None;
         }
-        plan.waves.iter().enumerate().find_map(|(wave, steps)| {
-            steps
-                .iter()
-                .position(|step| self.streams_within(&step.model, &step.version, depth + 1))
-                .map(|step| (wave, step))
-        })
+        wave.iter()
+            .position(|step| self.streams_within(&step.model, &step.version, depth + 1))
     }
 
     /// Whether the model streams its responses through [`Engine::infer_stream`], `depth`
-    /// ensembles down.
+    /// ensembles down; in an ensemble (`depth` above 0), a generation model's pieces stream too.
     pub(super) fn streams_within(&self, name: &str, version: &str, depth: usize) -> bool {
         self.resolve(name, version)
             .is_ok_and(|(_, serving)| match &serving.executor {
                 Executor::Python(python) => python.decoupled(),
-                Executor::Ensemble(plan) => self.decoupled_step(plan, depth).is_some(),
-                Executor::Batched(_) | Executor::Generate(_) => false,
+                Executor::Ensemble(plan) => self.has_decoupled_step(plan, depth),
+                Executor::Generate(_) => depth > 0,
+                Executor::Batched(_) => false,
             })
     }
 
@@ -96,86 +97,184 @@ impl Engine {
         receiver
     }
 
-    /// Runs the steps up to the decoupled one, then the rest once per response it sends, each
-    /// result sent on `sender`. Returns early (the step cancelled) when the client goes away:
-    /// whether the stream ended.
+    /// Runs the steps up to the first decoupled one, then the rest once per response it sends
+    /// (see [`Engine::stream_waves`]). Returns early (the steps cancelled) when the client goes
+    /// away: whether the stream ended.
     async fn run_streaming(
         self: &Arc<Self>,
         streaming: &Streaming,
         sender: &mpsc::UnboundedSender<StreamedResponse>,
     ) -> Result<bool, Error> {
-        let Streaming {
-            model,
-            serving,
-            plan,
-            at: (wave_at, step_at),
-            inputs,
-            request,
-            ..
-        } = streaming;
-        let name = model.name.as_str();
-        let caller = (request, None);
-        let mut tensors: HashMap<String, Tensor> =
-            inputs.iter().map(|t| (t.name.clone(), t.clone())).collect();
-        for wave in &plan.waves[..*wave_at] {
-            self.run_wave(name, wave, &mut tensors, caller, 1).await?;
-        }
-        let wave = &plan.waves[*wave_at];
-        let decoupled = &wave[*step_at];
-        let siblings: Vec<_> = wave
+        let tensors: HashMap<String, Tensor> = streaming
+            .inputs
             .iter()
-            .enumerate()
-            .filter(|(index, _)| index != step_at)
-            .map(|(_, step)| step.clone())
+            .map(|t| (t.name.clone(), t.clone()))
             .collect();
-        self.run_wave(name, &siblings, &mut tensors, caller, 1)
-            .await?;
-        let step = step_request(decoupled, &tensors, request);
-        let mut responses = self
-            .infer_stream(self.admit()?, step)
-            .await
-            .map_err(|e| step_error(name, decoupled, e))?;
-        loop {
-            let streamed = tokio::select! {
-                streamed = responses.recv() => match streamed {
-                    Some(streamed) => streamed,
-                    None => break,
-                },
-                // The client went away: dropping `responses` cancels the step's request.
-                () = sender.closed() => return Ok(false),
-            };
-            let answer = match streamed.response {
-                Err(error) => return Err(step_error(name, decoupled, error)),
-                // The word alone that the response before was the last.
-                Ok(None) => None,
-                Ok(Some(answer)) => {
-                    let mut these = tensors.clone();
-                    take_outputs(name, decoupled, answer.outputs, &mut these)?;
-                    for wave in &plan.waves[wave_at + 1..] {
-                        self.run_wave(name, wave, &mut these, caller, 1).await?;
-                    }
-                    let outputs = ensemble_outputs(name, &serving.io, these)?;
-                    Some(response::response(
-                        model,
-                        serving,
-                        request.clone(),
-                        outputs,
-                    )?)
+        self.stream_waves(streaming, 0, tensors, true, sender).await
+    }
+
+    /// Runs the plan's waves from `from` on `tensors`. Up to the next wave with a decoupled step
+    /// they run once; there, the wave's other steps run once, then the rest of the plan once
+    /// per response the decoupled step sends, on a copy of the tensors. Without a decoupled
+    /// step left, the ensemble's outputs become one response, the last when `last` (every
+    /// decoupled step before sent its last) says so. Whether it sent the ensemble's last response
+    /// (false: not its to send, or the client went away).
+    fn stream_waves<'a>(
+        self: &'a Arc<Self>,
+        streaming: &'a Streaming,
+        from: usize,
+        mut tensors: HashMap<String, Tensor>,
+        last: bool,
+        sender: &'a mpsc::UnboundedSender<StreamedResponse>,
+    ) -> BoxFuture<'a, Result<bool, Error>> {
+        Box::pin(async move {
+            let Streaming {
+                model,
+                serving,
+                plan,
+                request,
+                ..
+            } = streaming;
+            let name = model.name.as_str();
+            let caller = (request, None);
+            let mut wave_at = from;
+            let decoupled_at = loop {
+                let Some(wave) = plan.waves.get(wave_at) else {
+                    // Every wave ran: one response of the ensemble.
+                    let outputs = ensemble_outputs(name, &serving.io, tensors)?;
+                    let answer = response::response(model, serving, request.clone(), outputs)?;
+                    let sent = sender.send(StreamedResponse {
+                        response: Ok(Some(answer)),
+                        last,
+                    });
+                    return Ok(sent.is_ok() && last);
+                };
+                if let Some(step) = self.decoupled_in(wave, 0) {
+                    break step;
                 }
+                self.run_wave(name, wave, &mut tensors, caller, 1).await?;
+                wave_at += 1;
             };
-            let last = streamed.last;
-            let sent = sender.send(StreamedResponse {
-                response: Ok(answer),
-                last,
-            });
-            if sent.is_err() || last {
-                return Ok(last);
+            let wave = &plan.waves[wave_at];
+            let decoupled = &wave[decoupled_at];
+            let siblings: Vec<_> = wave
+                .iter()
+                .enumerate()
+                .filter(|(index, _)| *index != decoupled_at)
+                .map(|(_, step)| step.clone())
+                .collect();
+            self.run_wave(name, &siblings, &mut tensors, caller, 1)
+                .await?;
+            let step = step_request(decoupled, &tensors, request);
+            let mut responses = self
+                .step_stream(step)
+                .await
+                .map_err(|e| step_error(name, decoupled, e))?;
+            loop {
+                let streamed = tokio::select! {
+                    streamed = responses.recv() => match streamed {
+                        Some(streamed) => streamed,
+                        None => return Err(step_error(
+                            name,
+                            decoupled,
+                            Error::Unavailable("the step stopped before its last response".into()),
+                        )),
+                    },
+                    // The client went away: dropping `responses` cancels the step's request.
+                    () = sender.closed() => return Ok(false),
+                };
+                let this_last = last && streamed.last;
+                match streamed.response {
+                    Err(error) => return Err(step_error(name, decoupled, error)),
+                    // The word alone that the response before was the step's last: the
+                    // ensemble's too when every decoupled step before is at its last.
+                    Ok(None) => {
+                        if this_last
+                            && sender
+                                .send(StreamedResponse {
+                                    response: Ok(None),
+                                    last: true,
+                                })
+                                .is_err()
+                        {
+                            return Ok(false);
+                        }
+                    }
+                    Ok(Some(answer)) => {
+                        let mut these = tensors.clone();
+                        take_outputs(name, decoupled, answer.outputs, &mut these)?;
+                        let ended = self
+                            .stream_waves(streaming, wave_at + 1, these, this_last, sender)
+                            .await?;
+                        if this_last {
+                            return Ok(ended);
+                        }
+                        if sender.is_closed() {
+                            return Ok(false);
+                        }
+                    }
+                }
+                if streamed.last {
+                    return Ok(this_last);
+                }
             }
+        })
+    }
+
+    /// A decoupled step's responses: a decoupled Python model's or an ensemble's through
+    /// [`Engine::infer_stream`], a generation model's pieces as `text_output` responses (one
+    /// per piece when the request streams, else one with the whole text).
+    async fn step_stream(
+        self: &Arc<Self>,
+        request: InferRequest,
+    ) -> Result<mpsc::UnboundedReceiver<StreamedResponse>, Error> {
+        if !self.generates_text(&request.model_name, &request.model_version) {
+            return self.infer_stream(self.admit()?, request).await;
         }
-        Err(step_error(
-            name,
-            decoupled,
-            Error::Unavailable("the step stopped before its last response".into()),
-        ))
+        let mut generation = self.generate(self.admit()?, request).await?;
+        let (sender, receiver) = mpsc::unbounded_channel();
+        tokio::spawn(async move {
+            if !generation.request.stream {
+                let text = generation.text().await;
+                let response = text.map(|text| Some(text_response(&generation, &text)));
+                let _ = sender.send(StreamedResponse {
+                    response,
+                    last: true,
+                });
+                return;
+            }
+            loop {
+                // A step whose ensemble's client went away is dropped: so is its generation.
+                let chunk = tokio::select! {
+                    chunk = generation.next() => match chunk {
+                        Some(chunk) => chunk,
+                        None => return,
+                    },
+                    () = sender.closed() => return,
+                };
+                let last = chunk.as_ref().map_or(true, |chunk| chunk.last());
+                let response = chunk.map(|chunk| Some(text_response(&generation, &chunk.text)));
+                if sender.send(StreamedResponse { response, last }).is_err() || last {
+                    return;
+                }
+            }
+        });
+        Ok(receiver)
+    }
+}
+
+/// A generation model's piece of text as a response: its `text_output`, BYTES `[1]`.
+pub(super) fn text_response(generation: &super::generate::Generation, text: &str) -> InferResponse {
+    InferResponse {
+        model_name: generation.model_name.clone(),
+        model_version: generation.model_version.clone(),
+        id: generation.id.clone(),
+        outputs: vec![Tensor::new(
+            "text_output",
+            DataType::Bytes,
+            vec![1],
+            frame_bytes([text]),
+        )],
+        ..InferResponse::default()
     }
 }

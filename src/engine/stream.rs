@@ -123,10 +123,7 @@ impl Engine {
         let (model, serving) = self.resolve(&request.model_name, &request.model_version)?;
         let runs = match &serving.executor {
             Executor::Python(python) if python.decoupled() => Ok(Arc::clone(python)),
-            Executor::Ensemble(plan) => match self.decoupled_step(plan, 0) {
-                Some(at) => Err((Arc::clone(plan), at)),
-                None => return Err(not_streaming(&model.name)),
-            },
+            Executor::Ensemble(plan) if self.has_decoupled_step(plan, 0) => Err(Arc::clone(plan)),
             _ => return Err(not_streaming(&model.name)),
         };
         let prefix = validate::request_prefix(&request.id);
@@ -170,12 +167,11 @@ impl Engine {
                 arrived,
                 admission,
             }))),
-            Err((plan, at)) => {
+            Err(plan) => {
                 let streaming = super::ensemble_stream::Streaming {
                     model,
                     serving,
                     plan,
-                    at,
                     inputs,
                     request,
                     rows,

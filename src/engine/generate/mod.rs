@@ -127,7 +127,7 @@ impl Engine {
             .is_ok_and(|(_, serving)| match &serving.executor {
                 Executor::Generate(_) => true,
                 Executor::Python(model) => model.decoupled(),
-                Executor::Ensemble(plan) => self.decoupled_step(plan, 0).is_some(),
+                Executor::Ensemble(plan) => self.has_decoupled_step(plan, 0),
                 Executor::Batched(_) => false,
             })
     }
