@@ -421,11 +421,6 @@ pub struct Turn {
 }
 
 impl Place {
-    /// The sequence's slot (see [`Turn::slot`]).
-    pub fn slot(&self) -> usize {
-        self.slot
-    }
-
     /// Waits for the sequence's requests before this one, then for the states.
     pub async fn turn(mut self) -> Turn {
         if let Some(after) = &mut self.after {
