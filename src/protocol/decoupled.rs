@@ -51,18 +51,18 @@ pub fn answer(
     let admitted = engine
         .admit()
         .and_then(|admission| Ok((admission, request_from_wire(wire)?)));
-    let streamed = match admitted {
+    let start = match admitted {
         Ok((admission, request)) if engine.streams(&request.model_name, &request.model_version) => {
             let empty_final = request.parameters.get("triton_enable_empty_final_response")
                 == Some(&ParamValue::Bool(true));
-            Ok(Ok((engine.infer_stream(admission, request), empty_final)))
+            Start::Stream(engine.infer_stream(admission, request), empty_final)
         }
-        Ok(admitted) => Ok(Err(admitted)),
-        Err(e) => Err(e),
+        Ok((admission, request)) => Start::Generate(admission, request),
+        Err(error) => Start::Failed(error),
     };
     async move {
-        let started = match streamed {
-            Ok(Ok((stream, empty_final))) => {
+        let started = match start {
+            Start::Stream(stream, empty_final) => {
                 match stream.await {
                     Ok(stream) => tokio::select! {
                         () = python_stream(stream, header, empty_final, &responses) => {}
@@ -74,7 +74,7 @@ pub fn answer(
                 }
                 return;
             }
-            Ok(Err((admission, mut request))) => {
+            Start::Generate(admission, mut request) => {
                 request.trace = engine
                     .tracer()
                     .sample_with(&request.model_name, traceparent.as_deref());
@@ -83,7 +83,7 @@ pub fn answer(
                 }
                 engine.generate(admission, request).await
             }
-            Err(e) => Err(e),
+            Start::Failed(error) => Err(error),
         };
         let generation = match started {
             Ok(generation) => generation,
@@ -97,6 +97,17 @@ pub fn answer(
             () = responses.closed() => {}
         }
     }
+}
+
+/// How [`answer`] goes on with a request.
+enum Start<S> {
+    /// A decoupled Python model's (or an ensemble's) responses, once `S` has started them; with
+    /// `triton_enable_empty_final_response`.
+    Stream(S, bool),
+    /// A generation model's request.
+    Generate(crate::engine::Admission, crate::core::InferRequest),
+    /// Refused before it started.
+    Failed(Error),
 }
 
 /// Sends the responses of a running generation.
