@@ -877,8 +877,8 @@ impl scheduler::Instance for Slot {
             (0..requests.len())
                 .map(|index| {
                     let again = rescheduled.contains(&index);
-                    if again && !reschedules {
-                        let _ = senders[index].send(Streamed {
+                    if let Some(stream) = senders.get(index).filter(|_| again && !reschedules) {
+                        let _ = stream.send(Streamed {
                             outputs: Err(self.common.cannot_reschedule()),
                             last: true,
                         });
