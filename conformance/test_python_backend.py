@@ -805,7 +805,8 @@ class TritonPythonModel:
             left = self.left[key]
             response = pb_utils.InferenceResponse([
                 pb_utils.Tensor("LEFT", np.array([[left]], dtype=np.int32)),
-                pb_utils.Tensor("BATCH", np.array([[len(requests)]], dtype=np.int32))])
+                pb_utils.Tensor("BATCH", np.array([[len(requests)]], dtype=np.int32)),
+                pb_utils.Tensor("FLAGS", np.array([[request.flags()]], dtype=np.int32))])
             if left > 0:
                 request.set_release_flags(pb_utils.TRITONSERVER_REQUEST_RELEASE_RESCHEDULE)
             else:
@@ -825,7 +826,8 @@ name: "{name}"
 backend: "python"
 max_batch_size: 4
 input [ {{ name: "N" data_type: TYPE_INT32 dims: [ 1 ] }} ]
-output [ {{ name: "LEFT" data_type: TYPE_INT32 dims: [ 1 ] }}, {{ name: "BATCH" data_type: TYPE_INT32 dims: [ 1 ] }} ]
+output [ {{ name: "LEFT" data_type: TYPE_INT32 dims: [ 1 ] }}, {{ name: "BATCH" data_type: TYPE_INT32 dims: [ 1 ] }},
+         {{ name: "FLAGS" data_type: TYPE_INT32 dims: [ 1 ] }} ]
 {"sequence_batching { iterative_sequence: true }" if iterative else ""}
 model_transaction_policy {{ decoupled: {str(decoupled).lower()} }}
 '''
@@ -1511,6 +1513,7 @@ def test_a_decoupled_stateful_model_streams_each_sequence_in_order_on_one_instan
 
 def test_requests_a_model_reschedules_run_again_batched_with_the_others(python_server):
     server, _ = python_server
+    pb_flags_start = 1  # TRITONSERVER_REQUEST_FLAG_SEQUENCE_START
     got = queue.Queue()
     client = grpcclient.InferenceServerClient(server.grpc_url)
 
@@ -1535,6 +1538,8 @@ def test_requests_a_model_reschedules_run_again_batched_with_the_others(python_s
             steps[response.id].append((int(result.as_numpy("LEFT")[0][0]),
                                        response.parameters["triton_final_response"].bool_param))
             batches.add(int(result.as_numpy("BATCH")[0][0]))
+            # As Triton tells it: the sequence's START, and no END.
+            assert int(result.as_numpy("FLAGS")[0][0]) == pb_flags_start
         assert steps == {"four": [(3, False), (2, False), (1, False), (0, True)],
                          "two": [(1, False), (0, True)]}, steps
         assert 2 in batches, f"a rescheduled request ran beside the other: {batches}"
@@ -1544,7 +1549,8 @@ def test_requests_a_model_reschedules_run_again_batched_with_the_others(python_s
     with ThreadPoolExecutor(2) as pool:
         results = list(pool.map(lambda n: client.infer("py_iterate_unary", n_input(n)), [3, 5]))
     assert [int(r.as_numpy("LEFT")[0][0]) for r in results] == [0, 0]
-    # Without iterative_sequence, a rescheduled request fails, as in Triton.
+    # Without iterative_sequence, a rescheduled request fails with Triton's words (Triton 2.51
+    # only logs them, and its client waits for ever).
     with pytest.raises(InferenceServerException, match="Request is released with TRITONSERVER_REQUEST_RELEASE_RESCHEDULE"):
         client.infer("py_iterate_plain", n_input(2))
     assert int(client.infer("py_iterate_plain", n_input(1)).as_numpy("LEFT")[0][0]) == 0
@@ -1771,8 +1777,10 @@ def test_strings_ids_parameters_and_the_response_sender_reach_the_model(python_s
     text = httpclient.InferInput("TEXT", [2], "BYTES")
     text.set_data_from_numpy(np.array([b"kiln", "f\u00fcr".encode()], dtype=np.object_))
     outputs = [httpclient.InferRequestedOutput(n) for n in ("UPPER", "ID", "PARAMETERS", "ASKED")]
-    result = client.infer("py_echo", [text], outputs=outputs[::-1], request_id="req-7",
-                          parameters={"mode": "loud", "level": 3})
+    # The parameters the server acts on (the schedule policy's, a sequence's) are not the
+    # model's, as Triton takes them out.
+    result = client.infer("py_echo", [text], outputs=outputs[::-1], request_id="req-7", priority=1,
+                          timeout=60_000_000, parameters={"mode": "loud", "level": 3})
     assert [t.decode() for t in result.as_numpy("UPPER")] == ["KILN", "F\u00dcR"]
     assert result.as_numpy("ID")[0] == b"req-7"
     assert json.loads(result.as_numpy("PARAMETERS")[0]) == {"mode": "loud", "level": 3}

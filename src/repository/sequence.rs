@@ -332,6 +332,9 @@ pub struct SequenceFlags {
     pub id: CorrId,
     pub start: bool,
     pub end: bool,
+    /// A sequence of its own (an `iterative_sequence` model's request without a `sequence_id`):
+    /// it ends with this request, though the model is told only START, as Triton tells it.
+    pub alone: bool,
 }
 
 impl SequenceFlags {
@@ -356,6 +359,7 @@ impl SequenceFlags {
             id,
             start: flag("sequence_start"),
             end: flag("sequence_end"),
+            alone: false,
         })
     }
 }
@@ -493,9 +497,9 @@ impl Sequences {
     }
 
     /// Where `request` stands in its sequence ([`SequenceFlags::of`]). For a model with
-    /// `iterative_sequence`, a request without a `sequence_id` is a sequence of its own, started
-    /// and ended by it, under a correlation ID kiln gives it (as Triton's sequence batcher takes
-    /// such requests, which the model reschedules until they are done).
+    /// `iterative_sequence`, a request without a `sequence_id` is a sequence of its own (START,
+    /// and over when the request is), under a correlation ID kiln gives it, as Triton's sequence
+    /// batcher takes such requests, which the model reschedules until they are done.
     ///
     /// # Errors
     /// As [`SequenceFlags::of`].
@@ -513,7 +517,8 @@ impl Sequences {
             return Ok(SequenceFlags {
                 id: CorrId::Number(id),
                 start: true,
-                end: true,
+                end: false,
+                alone: true,
             });
         }
         SequenceFlags::of(request, model)
@@ -686,7 +691,7 @@ impl Sequences {
             *turn.states = next;
         }
         let mut table = self.live.lock().unwrap_or_else(|e| e.into_inner());
-        if turn.flags.end {
+        if turn.flags.end || turn.flags.alone {
             if let Some(ended) = table.sequences.remove(&turn.flags.id) {
                 table.per_slot[ended.slot] -= 1;
             }

@@ -458,13 +458,14 @@ struct Common {
 }
 
 impl Common {
-    /// The error of a request the model rescheduled without `iterative_sequence`.
+    /// The error of a request the model rescheduled without `iterative_sequence`, in Triton's
+    /// words (Triton 2.51 logs them, and its client waits for ever).
     fn cannot_reschedule(&self) -> Error {
-        Error::Internal(format!(
-            "Request is released with TRITONSERVER_REQUEST_RELEASE_RESCHEDULE, which model '{}' \
-             cannot do: rescheduling needs sequence_batching {{ iterative_sequence: true }}",
-            self.launcher.model
-        ))
+        Error::Internal(
+            "Request is released with TRITONSERVER_REQUEST_RELEASE_RESCHEDULE, while the model is \
+             not configured to handle such a flag."
+                .into(),
+        )
     }
 }
 
@@ -1499,13 +1500,35 @@ fn log_line(model: &str, instance: &str, header: &Value) {
     }
 }
 
+/// Request parameters the server acts on, which a model does not see among its request's
+/// `parameters()` (Triton takes them out): the sequence's (the model has `correlation_id()` and
+/// `flags()`), the schedule policy's (`timeout()`), the empty final response's.
+const SERVER_PARAMETERS: [&str; 6] = [
+    "sequence_id",
+    "sequence_start",
+    "sequence_end",
+    "priority",
+    "timeout",
+    "triton_enable_empty_final_response",
+];
+
 /// The parameters as the JSON object `request.parameters()` gives.
 fn parameters_json(parameters: &Parameters) -> String {
     let map: serde_json::Map<String, Value> = parameters
         .iter()
+        .filter(|(key, _)| !SERVER_PARAMETERS.contains(&key.as_str()))
         .map(|(key, value)| (key.clone(), value.to_json()))
         .collect();
     Value::Object(map).to_string()
+}
+
+/// The request's `timeout` parameter, in microseconds (0: none), for `request.timeout()`.
+fn timeout_us(parameters: &Parameters) -> u64 {
+    match parameters.get("timeout") {
+        Some(ParamValue::Uint64(us)) => *us,
+        Some(ParamValue::Int64(us)) => u64::try_from(*us).unwrap_or(0),
+        _ => 0,
+    }
 }
 
 /// The error a response's `TritonError` fails its request with.
@@ -1649,6 +1672,7 @@ impl Stub {
                     "inputs": request.inputs.iter().map(channel::describe).collect::<Vec<_>>(),
                     "correlation_id": correlation_id,
                     "flags": flags,
+                    "timeout": timeout_us(&request.parameters),
                 })
             })
             .collect();

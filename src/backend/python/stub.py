@@ -423,7 +423,7 @@ def requests_of(header, blobs):
         requests.append(pb_utils.InferenceRequest(
             inputs=inputs, requested_output_names=request["outputs"], request_id=request["id"],
             correlation_id=request.get("correlation_id", 0), flags=request.get("flags", 0),
-            parameters=request["parameters"], _kiln=True))
+            parameters=request["parameters"], timeout=request.get("timeout", 0), _kiln=True))
     return requests
 
 

@@ -250,10 +250,7 @@ class InferenceRequest:
         """The request's timeout in microseconds (0: none): a client's `timeout` parameter, or
         what a model gave the request it built (for a call, the time it may wait in the called
         model's queue)."""
-        if self._timeout or not self._kiln:
-            return self._timeout
-        timeout = json.loads(self._parameters).get("timeout", 0)
-        return timeout if isinstance(timeout, int) and timeout > 0 else 0
+        return self._timeout
 
     def get_response_sender(self):
         return InferenceResponseSender(self)

@@ -110,7 +110,8 @@ fn flags_come_from_tritons_parameters() {
         Ok(SequenceFlags {
             id: CorrId::Number(9),
             start: true,
-            end: false
+            end: false,
+            alone: false,
         })
     );
     assert_eq!(
@@ -145,6 +146,7 @@ async fn states_carry_over_within_a_sequence_and_start_again_at_start() {
         id: CorrId::Text(id.into()),
         start,
         end,
+        alone: false,
     };
     // Not started: refused.
     let error = sequences
@@ -214,6 +216,7 @@ async fn idle_sequences_are_dropped() {
                 id: id(1),
                 start: true,
                 end: false,
+                alone: false,
             },
             1,
             "m",
@@ -230,6 +233,7 @@ async fn idle_sequences_are_dropped() {
                 id: id(2),
                 start: true,
                 end: false,
+                alone: false,
             },
             1,
             "m",
@@ -244,6 +248,7 @@ async fn idle_sequences_are_dropped() {
                 id: id(1),
                 start: false,
                 end: false,
+                alone: false,
             },
             1,
             "m",
@@ -264,6 +269,7 @@ async fn a_new_sequence_takes_the_slot_with_the_fewest_live_sequences() {
         id: CorrId::Number(n),
         start,
         end,
+        alone: false,
     };
     let mut slot_of = Vec::new();
     for n in 1..=3 {
@@ -331,6 +337,7 @@ async fn initial_states_can_come_from_a_file() {
         id: CorrId::Number(1),
         start: true,
         end: false,
+        alone: false,
     };
     let turn = sequences.begin(flags, 1, "m").await.unwrap();
     let inputs = sequences.inputs(&turn);
@@ -351,6 +358,7 @@ async fn idle_time_counts_from_the_end_of_the_last_request() {
         id: CorrId::Number(5),
         start,
         end: false,
+        alone: false,
     };
     // A request that runs longer than the 100 ms idle time...
     let turn = sequences.begin(flags(true), 1, "m").await.unwrap();
@@ -371,6 +379,7 @@ async fn turns_come_in_the_order_places_were_taken_whoever_asks_first() {
         id: CorrId::Number(9),
         start,
         end: false,
+        alone: false,
     };
     // Three requests take their places, in order, before any asks for its turn.
     let first = sequences.place(flags(true), 1, "m").unwrap();
@@ -410,6 +419,7 @@ async fn turns_come_in_the_order_places_were_taken_whoever_asks_first() {
         id: CorrId::Number(10),
         start: false,
         end: false,
+        alone: false,
     };
     assert!(sequences.place(lost, 1, "m").is_err());
 }
@@ -429,15 +439,15 @@ fn an_iterative_sequences_request_without_an_id_is_a_sequence_of_its_own() {
             .flags(&request(&[("sequence_id", ParamValue::Uint64(0))]), "m")
             .unwrap(),
     );
-    assert!(first.start && first.end && second.start && second.end);
+    assert!(first.start && !first.end && first.alone && second.start && second.alone);
     assert_ne!(first.id, second.id, "each has an ID of its own");
     // A request naming its sequence is in that one.
     let named = sequences
         .flags(&request(&[("sequence_id", ParamValue::Uint64(7))]), "m")
         .unwrap();
     assert_eq!(
-        (named.id, named.start, named.end),
-        (CorrId::Number(7), false, false)
+        (named.id, named.start, named.end, named.alone),
+        (CorrId::Number(7), false, false, false)
     );
     // Without iterative_sequence, a request needs its sequence's ID.
     let plain = Sequences::new(
@@ -446,4 +456,21 @@ fn an_iterative_sequences_request_without_an_id_is_a_sequence_of_its_own() {
             .unwrap(),
     );
     assert!(plain.flags(&request(&[]), "m").is_err());
+}
+
+#[tokio::test]
+async fn a_sequence_of_its_own_is_over_when_its_request_is() {
+    let sequences = Sequences::new(
+        SequenceSpec::from_config(
+            &config("iterative_sequence: true"),
+            Path::new("/nonexistent"),
+        )
+        .unwrap()
+        .unwrap(),
+    );
+    let flags = sequences.flags(&request(&[]), "m").unwrap();
+    let turn = sequences.begin(flags, 1, "m").await.unwrap();
+    assert_eq!(sequences.len(), 1);
+    sequences.finish(turn, &mut Vec::new());
+    assert_eq!(sequences.len(), 0, "not left to go idle");
 }
