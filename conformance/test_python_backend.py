@@ -459,7 +459,7 @@ class TritonPythonModel:
             if (x < 0).any():
                 raise ValueError("negative warmup")
             with open(self.notes, "a") as notes:
-                notes.write(f"{x.tolist()}\\n")
+                notes.write(f"{len(requests)} {x.tolist()}\\n")
         return [pb_utils.InferenceResponse([pb_utils.Tensor("Y", np.zeros((1, 1), np.float32))]) for _ in requests]
 '''
 
@@ -1688,8 +1688,9 @@ def test_a_decoupled_model_streams_its_responses(python_server):
 def test_warmup_samples_run_before_the_model_serves(python_server):
     server, _ = python_server
     notes = server.repos[0].parent / "warm_notes"
-    # Sample "ones": batch 2 of the file's element, twice, on the one instance.
-    assert notes.read_text().splitlines() == ["[[1.5], [1.5]]", "[[1.5], [1.5]]"]
+    # Sample "ones" (batch 2 of the file's element), twice, on the one instance: as Triton 2.51
+    # sends it, two requests of one element in each execute call.
+    assert notes.read_text().splitlines() == ["2 [[1.5]]"] * 4
     assert "model 'py_warm': 1 instance(s) warmed up with sample 'ones'" in server.log_text()
     client = grpcclient.InferenceServerClient(server.grpc_url)
     entry = next(m for m in client.get_model_repository_index().models if m.name == "py_warm_fail")

@@ -73,9 +73,33 @@ pub struct Sample {
     pub count: u32,
     /// Its inputs in the model's order and layout, checked as a request's would be.
     pub inputs: Vec<Tensor>,
+    /// Its batch size (1 for a model that does not batch): the batch dimension of `inputs`.
+    pub batch: usize,
 }
 
 impl Sample {
+    /// The sample as Triton hands it to a backend that sees requests one by one (a Python
+    /// model's `execute`): `batch` requests of one batch element each, run in one call.
+    pub fn requests(&self) -> Vec<Vec<Tensor>> {
+        if self.batch <= 1 {
+            return vec![self.inputs.clone()];
+        }
+        let one: Vec<Tensor> = self
+            .inputs
+            .iter()
+            .map(|input| {
+                let mut shape = input.shape.clone();
+                if let Some(rows) = shape.first_mut() {
+                    *rows = 1;
+                }
+                // The elements of the batch are copies of one another: the first one's bytes.
+                let data = input.data.slice(..input.data.len() / self.batch);
+                Tensor::new(input.name.clone(), input.datatype, shape, data)
+            })
+            .collect();
+        vec![one; self.batch]
+    }
+
     /// The load error for this sample failing with `why`.
     pub fn failed(&self, model: &str, why: &str) -> String {
         format!(
@@ -98,6 +122,11 @@ pub fn samples(model_dir: &Path, config: &ModelConfig, io: &IoSpec) -> Result<Ve
                 name: sample.name.clone(),
                 count: sample.count.max(1),
                 inputs: Vec::new(),
+                batch: if io.max_batch_size > 0 {
+                    usize::try_from(sample.batch_size.max(1)).unwrap_or(1)
+                } else {
+                    1
+                },
             };
             made.inputs = sample_inputs(model_dir, &config.name, io, sample)
                 .map_err(|why| made.failed(&config.name, &why))?;

@@ -807,23 +807,34 @@ fn warm_up(
     decoupled: bool,
 ) -> Result<(), String> {
     for sample in samples {
-        let request = Request {
-            inputs: sample.inputs.clone(),
-            ..Request::default()
-        };
+        // As Triton sends a sample: a request per batch element, all in one call.
+        let requests: Vec<Request> = sample
+            .requests()
+            .into_iter()
+            .map(|inputs| Request {
+                inputs,
+                ..Request::default()
+            })
+            .collect();
+        let requests: Vec<&Request> = requests.iter().collect();
         for slot in slots.iter_mut() {
             for _ in 0..sample.count {
                 let mut failure = None;
                 if decoupled {
-                    // Every response of the sample, until its last.
-                    let (sender, mut responses) = tokio::sync::mpsc::unbounded_channel();
-                    slot.execute(&[&request], Vec::new(), Deliver::Later(vec![sender]));
-                    while let Some(item) = responses.blocking_recv() {
-                        if let Err(error) = item.outputs {
-                            failure.get_or_insert(error);
-                        }
-                        if item.last {
-                            break;
+                    // Every response of each request, until its last.
+                    let (senders, receivers): (Vec<_>, Vec<_>) = requests
+                        .iter()
+                        .map(|_| tokio::sync::mpsc::unbounded_channel())
+                        .unzip();
+                    slot.execute(&requests, Vec::new(), Deliver::Later(senders));
+                    for mut responses in receivers {
+                        while let Some(item) = responses.blocking_recv() {
+                            if let Err(error) = item.outputs {
+                                failure.get_or_insert(error);
+                            }
+                            if item.last {
+                                break;
+                            }
                         }
                     }
                 } else {
@@ -832,7 +843,7 @@ fn warm_up(
                             failure.get_or_insert(error);
                         }
                     };
-                    slot.execute(&[&request], Vec::new(), Deliver::Now(&mut note));
+                    slot.execute(&requests, Vec::new(), Deliver::Now(&mut note));
                 }
                 if let Some(error) = failure {
                     return Err(sample.failed(model, error.message()));

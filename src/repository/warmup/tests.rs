@@ -1,5 +1,6 @@
 use super::*;
 use crate::backend::BackendError;
+use crate::core::tensor::frame_bytes;
 use crate::repository::config::parse_config;
 use crate::repository::io::TensorSpec;
 use std::sync::{Arc, Mutex};
@@ -226,4 +227,35 @@ fn random_data_fits_every_type() {
         random_data(DataType::Int64, 3, 24),
         random_data(DataType::Int64, 3, 24)
     );
+}
+
+#[test]
+fn a_batched_sample_is_a_request_per_element_for_models_that_see_requests() {
+    let sample = Sample {
+        name: "s".into(),
+        count: 1,
+        inputs: vec![
+            Tensor::new(
+                "X",
+                DataType::Fp32,
+                vec![2, 2],
+                Bytes::from([1.5f32, 2.5, 1.5, 2.5].map(f32::to_le_bytes).concat()),
+            ),
+            Tensor::new("T", DataType::Bytes, vec![2, 1], frame_bytes(["ab", "ab"])),
+        ],
+        batch: 2,
+    };
+    let requests = sample.requests();
+    assert_eq!(requests.len(), 2);
+    for request in &requests {
+        assert_eq!(request[0].shape, vec![1, 2]);
+        assert_eq!(
+            request[0].data,
+            Bytes::from([1.5f32, 2.5].map(f32::to_le_bytes).concat())
+        );
+        assert_eq!(request[1].shape, vec![1, 1]);
+        assert_eq!(request[1].data, frame_bytes(["ab"]));
+    }
+    let alone = Sample { batch: 1, ..sample };
+    assert_eq!(alone.requests(), vec![alone.inputs.clone()]);
 }
