@@ -939,9 +939,12 @@ class TritonPythonModel:
         responses = []
         for request in requests:
             n = pb_utils.get_input_tensor_by_name(request, "N").as_numpy()
+            answers = list(pb_utils.InferenceRequest(model_name="py_count", requested_output_names=["I"],
+                                                     inputs=[pb_utils.Tensor("N", n)]).exec(decoupled=True))
+            # py_count sends its final flag alone: the last response, without outputs (as Triton's).
             counted = [int(pb_utils.get_output_tensor_by_name(r, "I").as_numpy()[0])
-                       for r in pb_utils.InferenceRequest(model_name="py_count", requested_output_names=["I"],
-                                                          inputs=[pb_utils.Tensor("N", n)]).exec(decoupled=True)]
+                       for r in answers if r.output_tensors()]
+            empty_last = len(answers) == len(counted) + 1 and not answers[-1].output_tensors()
             prompt = pb_utils.get_input_tensor_by_name(request, "PROMPT").as_numpy()
             generated = pb_utils.InferenceRequest(
                 model_name="tiny_decoder", requested_output_names=["text_output"],
@@ -954,6 +957,7 @@ class TritonPythonModel:
                                                      inputs=[pb_utils.Tensor("N", n)]).exec(decoupled=True))
             responses.append(pb_utils.InferenceResponse([
                 pb_utils.Tensor("COUNTED", np.array(counted, dtype=np.int32)),
+                pb_utils.Tensor("EMPTY_LAST", np.array([empty_last])),
                 pb_utils.Tensor("PIECES", np.array(pieces, dtype=np.object_)),
                 pb_utils.Tensor("MISSING", np.array([missing[0].error().message()], dtype=np.object_))]))
         return responses
@@ -964,7 +968,7 @@ name: "py_streams"
 backend: "python"
 input [ { name: "N" data_type: TYPE_INT32 dims: [ 1 ] }, { name: "PROMPT" data_type: TYPE_STRING dims: [ 1 ] } ]
 output [ { name: "COUNTED" data_type: TYPE_INT32 dims: [ -1 ] }, { name: "PIECES" data_type: TYPE_STRING dims: [ -1 ] },
-         { name: "MISSING" data_type: TYPE_STRING dims: [ 1 ] } ]
+         { name: "MISSING" data_type: TYPE_STRING dims: [ 1 ] }, { name: "EMPTY_LAST" data_type: TYPE_BOOL dims: [ 1 ] } ]
 '''
 
 README_CONFIG = '''
@@ -1733,6 +1737,7 @@ def test_a_python_model_collects_decoupled_models_responses(python_server):
     prompt.set_data_from_numpy(np.array([b"The potter"], dtype=np.object_))
     result = grpcclient.InferenceServerClient(server.grpc_url).infer("py_streams", [n, prompt])
     assert result.as_numpy("COUNTED").tolist() == [0, 1, 2, 3]
+    assert result.as_numpy("EMPTY_LAST").tolist() == [True]
     # The pieces, joined, are what the generate extension answers for the same greedy request.
     body = {"text_input": "The potter", "max_tokens": 6, "temperature": 0, "exclude_input_in_output": True}
     reply = requests.post(f"http://{server.http_url}/v2/models/tiny_decoder/generate", json=body, timeout=RPC_TIMEOUT)

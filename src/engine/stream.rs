@@ -26,7 +26,8 @@ impl Engine {
     /// Runs `request` on a decoupled model, a generation model or a decoupled Python model, and
     /// hands each response to `each` as it comes: what a Python model's `exec(decoupled=True)`
     /// iterates over. A generation model's responses carry `text_output` (one per generated
-    /// piece when the request streams, else one with the whole text). An error is the last
+    /// piece when the request streams, else one with the whole text); a final flag sent alone
+    /// is a response without outputs, as Triton's BLS iterator yields it. An error is the last
     /// thing `each` gets; when `each` answers false (nobody listens any more), the request is
     /// dropped, and the model hears that its client went away.
     ///
@@ -42,13 +43,15 @@ impl Engine {
         if !self.generates_text(&request.model_name, &request.model_version) {
             let mut stream = self.infer_stream(admission, request).await?;
             while let Some(streamed) = stream.recv().await {
-                if let Some(response) = streamed.response.transpose() {
-                    let failed = response.is_err();
-                    if !each(response) || failed {
-                        break;
-                    }
-                }
-                if streamed.last {
+                // The final flag alone is a response without outputs, as Triton's BLS
+                // iterator yields it.
+                let response = match streamed.response {
+                    Ok(None) if !streamed.last => continue,
+                    Ok(response) => Ok(response.unwrap_or_default()),
+                    Err(error) => Err(error),
+                };
+                let failed = response.is_err();
+                if !each(response) || failed || streamed.last {
                     break;
                 }
             }
