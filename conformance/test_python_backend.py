@@ -314,7 +314,7 @@ dynamic_batching {
   default_queue_policy {
     max_queue_size: 1
     timeout_action: REJECT
-    default_timeout_microseconds: 150000
+    default_timeout_microseconds: 1000000
     allow_timeout_override: true
   }
 }
@@ -1215,12 +1215,19 @@ def test_a_python_models_queue_policy_refuses_and_times_out_as_tritons(python_se
                           flags=re.M)
         return float(found.group(1))
 
+    def refused(future):
+        with pytest.raises(InferenceServerException) as error:
+            future.result()
+        assert error.value.status() == "StatusCode.UNAVAILABLE"
+        return error.value.message()
+
     with ThreadPoolExecutor(2) as pool:
         holding = pool.submit(send, -2)  # the only instance sleeps 2 s on it
         time.sleep(0.3)
-        # Its own timeout (allowed to override the policy's 150 ms) keeps this one queued...
+        # A request's own timeout longer than the policy's 1 s does not keep it queued longer
+        # (Triton's rule: it may only shorten the policy's)...
         queued = pool.submit(send, 1, timeout=5_000_000)
-        deadline = time.monotonic() + 1.5
+        deadline = time.monotonic() + 0.6
         while pending() != 1 and time.monotonic() < deadline:
             time.sleep(0.02)
         assert pending() == 1
@@ -1229,22 +1236,22 @@ def test_a_python_models_queue_policy_refuses_and_times_out_as_tritons(python_se
             send(2)
         assert full.value.status() == "StatusCode.UNAVAILABLE"
         assert "Exceeds maximum queue size" in full.value.message()
-        assert not holding.done()
-        assert holding.result() == [1] and queued.result() == [1]
+        assert "Request timeout expired" in refused(queued)
+        assert not holding.done(), "refused when the policy's timeout passed, not when it would have run"
+        assert holding.result() == [1]
     assert pending() == 0
-    # The policy's timeout: a request still queued after 150 ms is refused (while the request
-    # before it still runs).
-    with ThreadPoolExecutor(1) as pool:
-        holding = pool.submit(send, -2)
-        time.sleep(0.3)
+    # A shorter own timeout applies: a request refused after its 50 ms, while the request before
+    # it runs for 0.5 s (under the policy's 1 s it would have run after that one).
+    with ThreadPoolExecutor(2) as pool:
+        holding = pool.submit(send, -1)
+        time.sleep(0.2)
         with pytest.raises(InferenceServerException) as late:
-            send(3)
+            send(3, timeout=50_000)
         assert late.value.status() == "StatusCode.UNAVAILABLE"
         assert "Request timeout expired" in late.value.message()
-        assert not holding.done(), "refused when its timeout passed, not when it would have run"
         assert holding.result() == [1]
     stats = client.get_inference_statistics("py_policy").model_stats[0]
-    assert stats.execution_count == 3  # neither refused request ran
+    assert stats.execution_count == 2  # no refused request ran
 
 
 def test_a_traced_python_request_has_its_queue_and_compute_times(python_server):

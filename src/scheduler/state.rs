@@ -63,7 +63,8 @@ pub struct QueuePolicy {
     /// Time a request may wait in the queue; `None` means forever.
     pub default_timeout: Option<Duration>,
     pub timeout_action: TimeoutAction,
-    /// Whether a request's own `timeout` may replace `default_timeout`.
+    /// Whether a request's own `timeout` may shorten `default_timeout` (never lengthen it, nor
+    /// give a timeout to a policy without one: Triton's rule).
     pub allow_timeout_override: bool,
 }
 
@@ -289,12 +290,12 @@ impl<T> State<T> {
         if policy.max_queue_size > 0 && self.levels[level].len() >= policy.max_queue_size {
             return Err((Rejection::QueueFull, submission.payload));
         }
-        // A request's own timeout replaces the policy's when allowed, or when the policy has none.
-        let timeout = match submission.timeout {
-            Some(own) if policy.allow_timeout_override || policy.default_timeout.is_none() => {
+        // As Triton's queues: a request's own timeout only shortens the policy's, when allowed.
+        let timeout = match (policy.default_timeout, submission.timeout) {
+            (Some(default), Some(own)) if policy.allow_timeout_override && own < default => {
                 Some(own)
             }
-            _ => policy.default_timeout,
+            (default, _) => default,
         };
         let policy_expiry = timeout.map(|t| now + t);
         let rejection_at = [
