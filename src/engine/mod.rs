@@ -657,10 +657,12 @@ fn unsigned_param(request: &InferRequest, key: &str) -> Option<u64> {
 /// Scheduler outcomes in Triton's words, with the failure reason for metrics.
 fn schedule_error(error: ScheduleError, prefix: &str, model: &str) -> (Error, FailureReason) {
     match error {
-        ScheduleError::QueueFull | ScheduleError::Timeout => (
+        ScheduleError::QueueFull => (
             Error::Unavailable(format!("{prefix}{error}")),
             FailureReason::Rejected,
         ),
+        // Triton says this one without the request's id.
+        ScheduleError::Timeout => (Error::Unavailable(error.to_string()), FailureReason::Rejected),
         ScheduleError::Overloaded(_) => (
             Error::ResourceExhausted(format!("{prefix}{error} for model '{model}'")),
             FailureReason::Rejected,
@@ -683,8 +685,6 @@ fn schedule_error(error: ScheduleError, prefix: &str, model: &str) -> (Error, Fa
     }
 }
 
-/// Rejects reserved `triton_*` keys and malformed `classification` counts before the model runs.
-/// Triton's other reserved keys (`priority`, `timeout`, `sequence_*`) are accepted.
 /// A stateful version's request takes its turn in its sequence (waiting for the one before),
 /// its control inputs and states joining `inputs`; `None` for other versions.
 ///
@@ -726,6 +726,8 @@ fn python_sequence(flags: &SequenceFlags, slot: usize) -> crate::backend::python
     }
 }
 
+/// Rejects reserved `triton_*` keys and malformed `classification` counts before the model runs.
+/// Triton's other reserved keys (`priority`, `timeout`, `sequence_*`) are accepted.
 fn check_parameters(request: &InferRequest) -> Result<(), Error> {
     for key in request.parameters.keys() {
         if key.starts_with("triton_") && key != "triton_enable_empty_final_response" {
