@@ -282,61 +282,88 @@ class InferenceRequest:
 class ModelConfig:
     """The config a model's `auto_complete_config(auto_complete_model_config)` completes."""
 
-    _TENSOR_KEYS = ("name", "data_type", "dims", "optional")
-
     def __init__(self, model_config):
         self._model_config = model_config
 
     def as_dict(self):
         return self._model_config
 
+    def _name(self):
+        return self._model_config.get("name", "")
+
     def set_max_batch_size(self, max_batch_size):
-        if not isinstance(max_batch_size, int) or max_batch_size < 0:
-            raise ValueError("max_batch_size must be an integer of at least 0")
+        """Sets max_batch_size; a config that asks for a larger one refuses it."""
         current = self._model_config.get("max_batch_size", 0)
-        if current not in (0, max_batch_size):
-            raise ValueError(
-                f"configuration specified max_batch_size {current}, but in auto-complete-config function "
-                f"for model '{self._model_config.get('name')}' specified max_batch_size {max_batch_size}")
+        if current > max_batch_size:
+            raise ValueError(f"configuration specified max_batch_size {current}, but in auto-complete-config "
+                             f"function for model '{self._name()}' specified max_batch_size {max_batch_size}")
         self._model_config["max_batch_size"] = max_batch_size
 
     def set_dynamic_batching(self):
+        """Makes dynamic batching the scheduler, unless the config chose another one."""
+        for other in ("sequence_batching", "ensemble_scheduling"):
+            if other in self._model_config:
+                raise ValueError(f"Configuration specified scheduling_choice as '{other}', but auto-complete-config "
+                                 f"function for model '{self._name()}' tries to set scheduling_choice as "
+                                 f"'dynamic_batching'")
         self._model_config.setdefault("dynamic_batching", {})
 
     def set_model_transaction_policy(self, transaction_policy_dict):
-        policy = self._model_config.setdefault("model_transaction_policy", {})
-        for key, value in transaction_policy_dict.items():
+        """Sets `decoupled`, unless the config says otherwise."""
+        for key in transaction_policy_dict:
             if key != "decoupled":
                 raise ValueError(f"model transaction property in auto-complete-config function for model "
-                                 f"'{self._model_config.get('name')}' contains property other than 'decoupled'")
-            policy[key] = value
+                                 f"'{self._name()}' contains property other than 'decoupled'.")
+        policy = self._model_config.setdefault("model_transaction_policy", {})
+        if "decoupled" in transaction_policy_dict:
+            if "decoupled" in policy and policy["decoupled"] != transaction_policy_dict["decoupled"]:
+                raise ValueError(f"trying to change decoupled property in auto-complete-config for model "
+                                 f"'{self._name()}', which is already set to '{policy['decoupled']}'.")
+            policy["decoupled"] = transaction_policy_dict["decoupled"]
 
-    def _add(self, kind, tensor):
-        if not isinstance(tensor, dict):
-            raise ValueError(f"model {kind} must be a dictionary")
+    def _add(self, kind, tensor, properties):
+        """Adds an input or output the model declares (Triton 2.51's rules and words): a tensor
+        the config declares too must agree with it in type, dims (when the config has any) and,
+        for inputs, optional."""
         for key in tensor:
-            if key not in self._TENSOR_KEYS:
-                raise ValueError(f"model {kind} '{tensor.get('name')}' in auto-complete-config function contains "
-                                 f"unsupported property '{key}'")
+            if key not in properties:
+                listed = ", ".join(f"'{p}'" for p in properties[:-1]) + f" and '{properties[-1]}'"
+                raise ValueError(f"{kind} '{tensor['name']}' in auto-complete-config function for model "
+                                 f"'{self._name()}' contains property other than {listed}.")
         if "name" not in tensor:
-            raise ValueError(f"model {kind} in auto-complete-config function must have 'name'")
+            raise ValueError(f"{kind} in auto-complete-config function for model '{self._name()}' is missing "
+                             f"'name' property.")
+        for needed in ("data_type", "dims"):
+            if needed not in tensor:
+                raise ValueError(f"{kind} '{tensor['name']}' in auto-complete-config function for model "
+                                 f"'{self._name()}' is missing '{needed}' property.")
         tensors = self._model_config.setdefault(kind, [])
-        for existing in tensors:
-            if existing.get("name") != tensor["name"]:
+        for current in tensors:
+            if current["name"] != tensor["name"]:
                 continue
-            for key, value in tensor.items():
-                if key in existing and existing[key] not in (value, [], "TYPE_INVALID") and existing[key] != value:
-                    raise ValueError(f"model {kind} '{tensor['name']}' has {key} {existing[key]} in the configuration "
-                                     f"but {value} in auto-complete-config function")
-                existing[key] = value
+            declared = current.get("data_type", "TYPE_INVALID")
+            if declared != "TYPE_INVALID" and declared != tensor["data_type"]:
+                raise ValueError(f"unable to load model '{self._name()}', configuration expects datatype "
+                                 f"{declared} for {kind} '{tensor['name']}', model provides {tensor['data_type']}")
+            if current.get("dims") and current["dims"] != tensor["dims"]:
+                raise ValueError(f"model '{self._name()}', tensor '{tensor['name']}': the model expects dims "
+                                 f"{tensor['dims']} but the model configuration specifies dims {current['dims']}")
+            if "optional" in current and "optional" in tensor and current["optional"] != tensor["optional"]:
+                raise ValueError(f"model '{self._name()}', tensor '{tensor['name']}': the model expects optional "
+                                 f"{tensor['optional']} but the model configuration specifies optional "
+                                 f"{current['optional']}")
+            current["data_type"] = tensor["data_type"]
+            current["dims"] = tensor["dims"]
+            if "optional" in tensor:
+                current["optional"] = tensor["optional"]
             return
-        tensors.append(dict(tensor))
+        tensors.append(tensor)
 
     def add_input(self, input):
-        self._add("input", input)
+        self._add("input", input, ["name", "data_type", "dims", "optional"])
 
     def add_output(self, output):
-        self._add("output", output)
+        self._add("output", output, ["name", "data_type", "dims"])
 
 
 def get_input_tensor_by_name(request, name):
