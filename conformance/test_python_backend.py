@@ -847,10 +847,16 @@ class TritonPythonModel:
         for request in requests:
             inner = 0
             if not json.loads(request.parameters()).get("inner"):
+                # Triton 2.51's call options (memory, trace, flags), as models written for it pass them.
                 call = pb_utils.InferenceRequest(
                     model_name="py_timeouts", requested_output_names=["OWN"],
-                    inputs=[pb_utils.Tensor("X", np.zeros([1], dtype=np.int32))],
-                    parameters={"inner": True}, timeout=request.timeout() * 2 or 60_000_000)
+                    inputs=[pb_utils.Tensor("X", np.zeros([1], dtype=pb_utils.TRITON_STRING_TO_NUMPY["TYPE_INT32"]))],
+                    parameters={"inner": True}, timeout=request.timeout() * 2 or 60_000_000,
+                    preferred_memory=pb_utils.PreferredMemory(pb_utils.TRITONSERVER_MEMORY_CPU, 0),
+                    trace=request.trace())
+                call.set_flags(0)
+                pb_utils.Logger.log(f"calling with trace context {request.trace().get_context()}",
+                                    pb_utils.Logger.VERBOSE)
                 answer = call.exec()
                 if answer.has_error():
                     raise pb_utils.TritonModelException(answer.error().message())

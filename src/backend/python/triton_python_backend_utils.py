@@ -8,6 +8,7 @@ included), request rescheduling, custom metrics, the logger, DLPack and the conf
 
 from __future__ import annotations
 
+import enum
 import json
 import math
 import re
@@ -22,7 +23,35 @@ TRITONSERVER_RESPONSE_COMPLETE_FINAL = 1
 TRITONSERVER_REQUEST_RELEASE_ALL = 1
 TRITONSERVER_REQUEST_RELEASE_RESCHEDULE = 2
 
-_NUMPY_OF_TRITON = {
+
+class MemoryType(enum.IntEnum):
+    """Where a call's outputs should be (kiln's are on the CPU whatever is asked)."""
+    TRITONSERVER_MEMORY_GPU = 0
+    TRITONSERVER_MEMORY_CPU = 1
+
+
+TRITONSERVER_MEMORY_GPU = MemoryType.TRITONSERVER_MEMORY_GPU
+TRITONSERVER_MEMORY_CPU = MemoryType.TRITONSERVER_MEMORY_CPU
+
+
+class PreferredMemory:
+    """A call's preferred output memory (`InferenceRequest(..., preferred_memory=...)`): taken,
+    and the outputs are on the CPU, as kiln's tensors always are."""
+
+    def __init__(self, preferred_memory_type, preferred_device_id=0):
+        self._type = preferred_memory_type
+        self._device = preferred_device_id
+
+
+class InferenceTrace:
+    """A request's trace, for the calls it makes (`InferenceRequest(..., trace=request.trace())`):
+    kiln's Python requests carry no OpenTelemetry context, so there is none to pass on."""
+
+    def get_context(self):
+        return None
+
+# Triton's name for it, which models use too.
+TRITON_STRING_TO_NUMPY = _NUMPY_OF_TRITON = {
     "TYPE_BOOL": np.bool_,
     "TYPE_UINT8": np.uint8,
     "TYPE_UINT16": np.uint16,
@@ -254,6 +283,13 @@ class InferenceRequest:
 
     def get_response_sender(self):
         return InferenceResponseSender(self)
+
+    def set_flags(self, flags):
+        """The request's sequence flags, for a call to a stateful model."""
+        self._flags = flags
+
+    def trace(self):
+        return InferenceTrace()
 
     def set_release_flags(self, flags):
         """With TRITONSERVER_REQUEST_RELEASE_RESCHEDULE, the request runs again in a later
@@ -544,7 +580,7 @@ class Metric:
 _METRIC_NAME = re.compile(r"[a-zA-Z_:][a-zA-Z0-9_:]*")
 
 
-class LogLevel:
+class LogLevel(enum.IntEnum):
     INFO = 0
     WARNING = 1
     ERROR = 2
@@ -552,7 +588,13 @@ class LogLevel:
 
 
 class Logger:
-    """Lines in kiln's log, at their level."""
+    """Lines in kiln's log, at their level (`Logger.log(message, Logger.WARNING)`, as Triton's)."""
+
+    LogLevel = LogLevel
+    INFO = LogLevel.INFO
+    WARNING = LogLevel.WARNING
+    ERROR = LogLevel.ERROR
+    VERBOSE = LogLevel.VERBOSE
 
     @staticmethod
     def log(message, level=LogLevel.INFO):
