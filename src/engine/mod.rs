@@ -662,7 +662,10 @@ fn schedule_error(error: ScheduleError, prefix: &str, model: &str) -> (Error, Fa
             FailureReason::Rejected,
         ),
         // Triton says this one without the request's id.
-        ScheduleError::Timeout => (Error::Unavailable(error.to_string()), FailureReason::Rejected),
+        ScheduleError::Timeout => (
+            Error::Unavailable(error.to_string()),
+            FailureReason::Rejected,
+        ),
         ScheduleError::Overloaded(_) => (
             Error::ResourceExhausted(format!("{prefix}{error} for model '{model}'")),
             FailureReason::Rejected,

@@ -506,6 +506,28 @@ pub fn wants_response_cache(config: &ModelConfig) -> bool {
         .is_some_and(|cache| cache.enable)
 }
 
+/// Fills in the scheduler settings Triton completes every config with, so that the config
+/// clients read says what runs: a dynamic batcher without preferred batch sizes prefers
+/// `max_batch_size` (batching is the same: a full batch goes at once either way); a sequence
+/// batcher without an idle time drops sequences after the default 1 s.
+pub fn fill_scheduler_defaults(config: &mut ModelConfig) {
+    let max_batch_size = config.max_batch_size;
+    match &mut config.scheduling_choice {
+        Some(SchedulingChoice::DynamicBatching(batching))
+            if batching.preferred_batch_size.is_empty() && max_batch_size > 0 =>
+        {
+            batching.preferred_batch_size.push(max_batch_size);
+        }
+        Some(SchedulingChoice::SequenceBatching(batching))
+            if batching.max_sequence_idle_microseconds == 0 =>
+        {
+            batching.max_sequence_idle_microseconds =
+                u64::try_from(super::sequence::DEFAULT_IDLE.as_micros()).unwrap_or(u64::MAX);
+        }
+        _ => {}
+    }
+}
+
 /// Whether the config asks for the dynamic batcher.
 pub fn has_dynamic_batching(config: &ModelConfig) -> bool {
     matches!(

@@ -218,6 +218,7 @@ pub fn prepare(
             options.default_max_batch_size,
         )?;
     }
+    config::fill_scheduler_defaults(&mut config);
     config::validate_io(&config).map_err(|e| e.to_string())?;
     config::max_inflight_requests(&config).map_err(|e| e.to_string())?;
     config::adaptive_batching_delay(&config).map_err(|e| e.to_string())?;
@@ -333,6 +334,7 @@ fn prepare_python(
         code,
         ..PythonSpec::from_config(&mut config, dir, &options.python_calls)?
     };
+    config::fill_scheduler_defaults(&mut config);
     config::validate_io(&config).map_err(|e| e.to_string())?;
     config::max_inflight_requests(&config).map_err(|e| e.to_string())?;
     // As Triton: a decoupled model's responses are not cached.

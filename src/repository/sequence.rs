@@ -23,7 +23,7 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 /// Triton's default idle time of a sequence.
-const DEFAULT_IDLE: Duration = Duration::from_secs(1);
+pub const DEFAULT_IDLE: Duration = Duration::from_secs(1);
 
 /// Largest state one sequence keeps (one batch row).
 const MAX_STATE_BYTES: usize = 64 << 20;

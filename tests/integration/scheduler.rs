@@ -126,18 +126,7 @@ async fn full_queue_rejects_and_waiting_requests_still_complete() {
 async fn expired_requests_never_run() {
     let server = Server::start();
     let mut client = server.client().await;
-    // The request's own timeout (µs) passes while it waits for a batch: rejected, never run.
-    let mut request = slow(1.0, 1);
-    request.parameters.insert(
-        "timeout".into(),
-        InferParameter {
-            parameter_choice: Some(ParameterChoice::Int64Param(100_000)),
-        },
-    );
-    let status = client.model_infer(request).await.unwrap_err();
-    assert_eq!(status.code(), Code::Unavailable);
-    assert_eq!(status.message(), "[request id: r1] Request timeout expired");
-    // A gRPC deadline does the same.
+    // A gRPC deadline that passes while the request waits for a batch: refused, never run.
     let mut request = tonic::Request::new(slow(2.0, 1));
     request.set_timeout(Duration::from_millis(100));
     let status = client.model_infer(request).await.unwrap_err();
@@ -150,7 +139,18 @@ async fn expired_requests_never_run() {
     tokio::time::sleep(Duration::from_millis(50)).await;
     let stats = stats(&mut client, "slow_batcher").await;
     assert_eq!(stats.execution_count, 0, "nothing ran");
-    assert_eq!(stats.inference_stats.unwrap().fail.unwrap().count, 2);
+    assert_eq!(stats.inference_stats.unwrap().fail.unwrap().count, 1);
+    // The request's own timeout (µs) cannot give a queue policy without one a timeout (Triton's
+    // rule: it only shortens the policy's): the request waits out its batch delay and runs.
+    let mut request = slow(1.0, 1);
+    request.parameters.insert(
+        "timeout".into(),
+        InferParameter {
+            parameter_choice: Some(ParameterChoice::Int64Param(100_000)),
+        },
+    );
+    let response = client.model_infer(request).await.unwrap().into_inner();
+    assert_eq!(fp32_values(&response.raw_output_contents[0]), vec![2.0]);
 }
 
 #[tokio::test]
