@@ -164,7 +164,7 @@ def test_prometheus_text_uses_triton_names(fresh):
     assert samples[f"nv_inference_exec_count{labels}"] >= 1
     assert samples[f"nv_inference_pending_request_count{labels}"] == 0
     assert samples[f"nv_inference_request_duration_us{labels}"] > 0
-    assert 'nv_inference_request_failure{model="add_sub",version="1",reason="REJECTED"}' in samples
+    assert 'nv_inference_request_failure{model="add_sub",reason="REJECTED",version="1"}' in samples
     for name in ("queue", "compute_input", "compute_infer", "compute_output"):
         assert f"nv_inference_{name}_duration_us{labels}" in samples
     # Latency summaries are off unless --metrics-config asks for them, as in Triton.

@@ -353,7 +353,8 @@ impl ModelStats {
     ) -> ModelStats {
         let version = version.to_string();
         let labels = [("model", model.to_string()), ("version", version.clone())];
-        let failure = |reason: FailureReason| counter!("nv_inference_request_failure", "model" => model.to_string(), "version" => version.clone(), "reason" => reason.label());
+        // Labels in Triton's order (alphabetical), as its exporter writes them.
+        let failure = |reason: FailureReason| counter!("nv_inference_request_failure", "model" => model.to_string(), "reason" => reason.label(), "version" => version.clone());
         let gpus = gpus
             .iter()
             .map(|(id, uuid)| {

@@ -279,7 +279,7 @@ async fn statistics_cover_all_models_and_metrics_use_triton_names() {
     let text = server.metrics_text();
     for line in [
         "nv_inference_request_success{model=\"add_sub\",version=\"1\"} 3",
-        "nv_inference_request_failure{model=\"add_sub\",version=\"1\",reason=\"OTHER\"} 1",
+        "nv_inference_request_failure{model=\"add_sub\",reason=\"OTHER\",version=\"1\"} 1",
         "nv_inference_count{model=\"add_sub\",version=\"1\"} 6",
         "nv_inference_exec_count{model=\"add_sub\",version=\"1\"} 3",
         "nv_inference_pending_request_count{model=\"add_sub\",version=\"1\"} 0",
