@@ -98,8 +98,51 @@ fn describe() {
             "Instantaneous number of pending requests awaiting execution per-model.",
         ),
         ("nv_model_load_duration_secs", "Model load time in seconds"),
+        (
+            "kiln_active_sequences",
+            "Generation requests in progress per model version",
+        ),
     ] {
         describe_gauge!(name, help);
+    }
+    for (name, help) in [
+        (
+            "kiln_generation_tokens_total",
+            "Tokens generated per model version",
+        ),
+        (
+            "kiln_prompt_tokens_total",
+            "Prompt tokens read per model version",
+        ),
+    ] {
+        describe_counter!(name, help);
+    }
+    for (name, help) in [
+        (
+            "kiln_time_to_first_token_seconds",
+            "Time from a generation request's arrival to its first token, in seconds",
+        ),
+        (
+            "kiln_inter_token_latency_seconds",
+            "Time between a generation's tokens, in seconds",
+        ),
+    ] {
+        describe_histogram!(name, help);
+    }
+    // Triton's pinned memory pool gauges, which dashboards read: kiln has no pinned pool (its
+    // tensors stay where the request put them), so both say 0.
+    for (name, help) in [
+        (
+            "nv_pinned_memory_pool_total_bytes",
+            "Pinned memory pool total memory size, in bytes",
+        ),
+        (
+            "nv_pinned_memory_pool_used_bytes",
+            "Pinned memory pool used memory size, in bytes",
+        ),
+    ] {
+        describe_gauge!(name, help);
+        gauge!(name).set(0.0);
     }
     for (name, help) in [
         ("nv_inference_request_summary_us", "Summary of inference request duration in microseconds (includes cached requests)"),
