@@ -660,27 +660,8 @@ def test_an_ensemble_with_a_decoupled_step_streams_a_response_per_step_response(
     whole = post(server, "llm_pipeline", {"text_input": "what is triton server"})
     assert whole.json()["text_output"] == "WHAT IS TRITON!"
     # gRPC streams it too; plain inference refuses it as Triton refuses decoupled models.
-    client = grpcclient.InferenceServerClient(server.grpc_url)
-    got = queue.Queue()
-    client.start_stream(callback=lambda result, error: got.put((result, error)))
-    try:
-        text = grpcclient.InferInput("text_input", [1], "BYTES")
-        text.set_data_from_numpy(np.array([b"a kiln"], dtype=np.object_))
-        stream = grpcclient.InferInput("stream", [1], "BOOL")
-        stream.set_data_from_numpy(np.array([True]))
-        client.async_stream_infer("llm_pipeline", [text, stream], enable_empty_final_response=True)
-        pieces = []
-        while True:
-            result, error = got.get(timeout=RPC_TIMEOUT)
-            assert error is None, error
-            response = result.get_response()
-            if response.outputs:
-                pieces.append(result.as_numpy("text_output").tolist())
-            if response.parameters["triton_final_response"].bool_param:
-                break
-        assert pieces == [[b"A!"], [b"KILN!"]]
-    finally:
-        client.stop_stream()
+    pieces = [text for text, _ in streamed_text(server, "llm_pipeline", b"a kiln") if text is not None]
+    assert pieces == ["A!", "KILN!"]
     refused = requests.post(f"http://{server.http_url}/v2/models/llm_pipeline/infer", timeout=RPC_TIMEOUT, json={
         "inputs": [{"name": "text_input", "shape": [1], "datatype": "BYTES", "data": ["x"]}]})
     assert refused.status_code == 501
@@ -693,30 +674,35 @@ def test_an_ensemble_with_a_decoupled_step_streams_a_response_per_step_response(
     assert "".join(c.choices[0].text for c in chunks) == "WHAT!IS!KILN!"
 
 
-def test_an_ensemble_streams_through_every_decoupled_step_and_a_generation_model(server):
-    # py_gen streams words, py_spell each word's letters: every letter is a response, and only
-    # the last letter of the last word ends the stream.
+def streamed_text(server, model, prompt):
+    """An LLM-shaped model's responses to `prompt` streamed over gRPC (`stream` true, with
+    `triton_enable_empty_final_response`): (its one text_output element or None, final) each."""
     client = grpcclient.InferenceServerClient(server.grpc_url)
     got = queue.Queue()
     client.start_stream(callback=lambda result, error: got.put((result, error)))
     try:
         text = grpcclient.InferInput("text_input", [1], "BYTES")
-        text.set_data_from_numpy(np.array([b"ab cde"], dtype=np.object_))
+        text.set_data_from_numpy(np.array([prompt], dtype=np.object_))
         stream = grpcclient.InferInput("stream", [1], "BOOL")
         stream.set_data_from_numpy(np.array([True]))
-        client.async_stream_infer("llm_spelled", [text, stream], enable_empty_final_response=True)
+        client.async_stream_infer(model, [text, stream], enable_empty_final_response=True)
         seen = []
-        while True:
+        while not seen or not seen[-1][1]:
             result, error = got.get(timeout=RPC_TIMEOUT)
             assert error is None, error
             response = result.get_response()
             final = response.parameters["triton_final_response"].bool_param
-            seen.append((result.as_numpy("text_output")[0].decode() if response.outputs else None, final))
-            if final:
-                break
-        assert seen == [(letter, False) for letter in "ABCDE"] + [(None, True)], seen
+            seen.append((result.as_numpy("text_output").reshape(-1)[0].decode() if response.outputs else None, final))
+        return seen
     finally:
         client.stop_stream()
+
+
+def test_an_ensemble_streams_through_every_decoupled_step_and_a_generation_model(server):
+    # py_gen streams words, py_spell each word's letters: every letter is a response, and only
+    # the last letter of the last word ends the stream.
+    seen = streamed_text(server, "llm_spelled", b"ab cde")
+    assert seen == [(letter, False) for letter in "ABCDE"] + [(None, True)], seen
     # A generation model's pieces run the steps after it, one ensemble response each.
     prompt = {"text_input": "the kiln"}
     pieces = [e["text_output"] for e in events(post(server, "tiny_decoder", prompt, stream=True))]

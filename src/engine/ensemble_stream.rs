@@ -10,8 +10,7 @@
 
 use super::ensemble::{ensemble_outputs, step_error, step_request, take_outputs, MAX_DEPTH};
 use super::{response, Admission, Engine, StreamedResponse};
-use crate::core::tensor::frame_bytes;
-use crate::core::{DataType, Error, InferRequest, InferResponse, Tensor};
+use crate::core::{Error, InferRequest, Tensor};
 use crate::metrics::{ComputeTimes, FailureReason};
 use crate::repository::ensemble::{EnsemblePlan, Step};
 use crate::repository::{Executor, Model, ServingVersion};
@@ -236,7 +235,7 @@ impl Engine {
         tokio::spawn(async move {
             if !generation.request.stream {
                 let text = generation.text().await;
-                let response = text.map(|text| Some(text_response(&generation, &text)));
+                let response = text.map(|text| Some(generation.text_response(&text)));
                 let _ = sender.send(StreamedResponse {
                     response,
                     last: true,
@@ -253,28 +252,12 @@ impl Engine {
                     () = sender.closed() => return,
                 };
                 let last = chunk.as_ref().map_or(true, |chunk| chunk.last());
-                let response = chunk.map(|chunk| Some(text_response(&generation, &chunk.text)));
+                let response = chunk.map(|chunk| Some(generation.text_response(&chunk.text)));
                 if sender.send(StreamedResponse { response, last }).is_err() || last {
                     return;
                 }
             }
         });
         Ok(receiver)
-    }
-}
-
-/// A generation model's piece of text as a response: its `text_output`, BYTES `[1]`.
-pub(super) fn text_response(generation: &super::generate::Generation, text: &str) -> InferResponse {
-    InferResponse {
-        model_name: generation.model_name.clone(),
-        model_version: generation.model_version.clone(),
-        id: generation.id.clone(),
-        outputs: vec![Tensor::new(
-            "text_output",
-            DataType::Bytes,
-            vec![1],
-            frame_bytes([text]),
-        )],
-        ..InferResponse::default()
     }
 }

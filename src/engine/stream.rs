@@ -4,8 +4,7 @@
 
 use super::{response, tensors, validate, Admission, Engine};
 use crate::backend::python;
-use crate::core::tensor::frame_bytes;
-use crate::core::{DataType, Error, InferRequest, InferResponse, Tensor};
+use crate::core::{Error, InferRequest, InferResponse, Tensor};
 use crate::metrics::{ComputeTimes, FailureReason};
 use crate::repository::sequence::{Place, SequenceFlags, Sequences};
 use crate::repository::Executor;
@@ -58,26 +57,14 @@ impl Engine {
             return Ok(());
         }
         let mut generation = self.generate(admission, request).await?;
-        let text_response = |generation: &super::generate::Generation, text: &str| InferResponse {
-            model_name: generation.model_name.clone(),
-            model_version: generation.model_version.clone(),
-            id: generation.id.clone(),
-            outputs: vec![Tensor::new(
-                "text_output",
-                DataType::Bytes,
-                vec![1],
-                frame_bytes([text]),
-            )],
-            ..InferResponse::default()
-        };
         if !generation.request.stream {
             let text = generation.text().await;
-            each(text.map(|text| text_response(&generation, &text)));
+            each(text.map(|text| generation.text_response(&text)));
             return Ok(());
         }
         while let Some(chunk) = generation.next().await {
             let failed = chunk.is_err();
-            if !each(chunk.map(|chunk| text_response(&generation, &chunk.text))) || failed {
+            if !each(chunk.map(|chunk| generation.text_response(&chunk.text))) || failed {
                 break;
             }
         }

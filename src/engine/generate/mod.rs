@@ -64,6 +64,23 @@ impl Drop for Generation {
 }
 
 impl Generation {
+    /// A piece of its text (or all of it) as a response: `text_output`, BYTES `[1]`, what a
+    /// Python model's call or an ensemble's next step gets from a generation model.
+    pub fn text_response(&self, text: &str) -> crate::core::InferResponse {
+        crate::core::InferResponse {
+            model_name: self.model_name.clone(),
+            model_version: self.model_version.clone(),
+            id: self.id.clone(),
+            outputs: vec![crate::core::Tensor::new(
+                "text_output",
+                crate::core::DataType::Bytes,
+                vec![1],
+                crate::core::tensor::frame_bytes([text]),
+            )],
+            ..crate::core::InferResponse::default()
+        }
+    }
+
     /// The next chunk; `None` after the last one.
     ///
     /// # Errors
