@@ -42,6 +42,9 @@ use std::process::{Child, ChildStdin, ChildStdout, Stdio};
 use std::sync::{Arc, Mutex, OnceLock};
 use std::time::{Duration, Instant};
 
+/// Triton's `TRITONSERVER_REQUEST_FLAG_SEQUENCE_START`, a request's first of its sequence.
+const SEQUENCE_START: u32 = 1;
+
 /// The `backend` of a Python model.
 pub const BACKEND: &str = "python";
 /// Its model file when the config names none.
@@ -918,6 +921,16 @@ impl scheduler::Instance for Slot {
                 })
                 .collect()
         };
+        // A rescheduled request runs on in its sequence: its next runs are not its START (as
+        // Triton 2.51 shows them to the model).
+        for (work, answer) in batch.iter_mut().zip(&answers) {
+            let answer: &Answer = answer;
+            if answer.as_ref().is_ok_and(|outputs| outputs.rescheduled) {
+                if let Some(sequence) = &mut work.request.sequence {
+                    sequence.flags &= !SEQUENCE_START;
+                }
+            }
+        }
         let times = ComputeTimes {
             infer: started.elapsed(),
             ..ComputeTimes::default()

@@ -1,0 +1,35 @@
+#!/usr/bin/env bash
+# kiln's Python backend tests against the real Triton 2.51 (see bench/triton_parity.py):
+#
+#   bench/triton_parity.sh [TEST_NAME ...]
+#
+# Needs the peers' Triton (`../shared/peers/setup.sh --only triton`) and the conformance venv
+# (`.ci/setup.sh`). Triton takes ports 9800-9802; its log goes to $OUT/triton.log.
+set -euo pipefail
+ROOT=$(cd "$(dirname "$0")/.." && pwd)
+export PEERS_HOME=${PEERS_HOME:-$HOME/.cache/kiln-peers}
+VENV=$PEERS_HOME/venvs/triton
+SP=$("$VENV/bin/python" -c 'import sysconfig;print(sysconfig.get_paths()["purelib"])')
+TS=$SP/pytriton/tritonserver
+BACKENDS=$PEERS_HOME/triton/backends
+for need in "$TS/bin/tritonserver" "$BACKENDS/python/triton_python_backend_stub" "$ROOT/.venv/bin/python"; do
+  [ -e "$need" ] || { echo "missing $need (../shared/peers/setup.sh --only triton; .ci/setup.sh)" >&2; exit 1; }
+done
+if curl -s -o /dev/null localhost:9800/v2/health/live; then
+  echo "port 9800 is taken (a Triton still stopping takes up to 30 s): try again when it is free" >&2; exit 1
+fi
+OUT=$(mktemp -d)
+REPO=$("$ROOT/.venv/bin/python" "$ROOT/bench/triton_parity.py" make "$OUT/fixture")
+PYLIB=$("$VENV/bin/python" -c 'import sysconfig;print(sysconfig.get_config_var("LIBDIR"))')
+export LD_LIBRARY_PATH=$SP/nvidia_pytriton.libs:$PYLIB${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}
+export PEER_SITE_PACKAGES=$SP PYTHONDONTWRITEBYTECODE=1
+setsid "$TS/bin/tritonserver" --model-repository="$REPO" --backend-directory="$BACKENDS" \
+  --http-port=9800 --grpc-port=9801 --metrics-port=9802 --allow-gpu-metrics=false --log-verbose=0 \
+  --model-control-mode=explicit --load-model='*' --exit-on-error=false --strict-readiness=false \
+  >"$OUT/triton.log" 2>&1 &
+PID=$!
+trap 'kill -- -"$PID" 2>/dev/null || true' EXIT
+for _ in $(seq 120); do curl -sf localhost:9800/v2/health/live >/dev/null && break; sleep 0.5; done
+sleep 3  # the models load after the server goes live
+"$ROOT/.venv/bin/python" "$ROOT/bench/triton_parity.py" run "$REPO" 9800,9801,9802 "$@"
+echo "Triton's log: $OUT/triton.log"
