@@ -42,7 +42,26 @@ pub fn to_json<T: prost::Message>(message: &T, type_name: &str) -> serde_json::V
         .use_proto_field_name(true)
         .stringify_64_bit_integers(false)
         .skip_default_fields(false);
-    dynamic
+    let mut json = dynamic
         .serialize_with_options(serde_json::value::Serializer, &options)
-        .unwrap_or(serde_json::Value::Null)
+        .unwrap_or(serde_json::Value::Null);
+    integral_floats(&mut json);
+    json
+}
+
+/// Writes floats with integral values as protobuf's JSON printer (and so Triton) writes them:
+/// `1`, not `1.0` (a config's `fp32_false_true: [ 0, 1 ]`).
+fn integral_floats(value: &mut serde_json::Value) {
+    match value {
+        serde_json::Value::Number(number) if number.is_f64() => {
+            if let Some(float) = number.as_f64() {
+                if float.fract() == 0.0 && float.abs() < 9.0e15 {
+                    *value = serde_json::Value::from(float as i64);
+                }
+            }
+        }
+        serde_json::Value::Array(items) => items.iter_mut().for_each(integral_floats),
+        serde_json::Value::Object(fields) => fields.values_mut().for_each(integral_floats),
+        _ => {}
+    }
 }

@@ -401,3 +401,15 @@ fn scheduler_defaults_are_filled_in_as_triton_fills_them() {
     };
     assert_eq!(sequence.max_sequence_idle_microseconds, 1_000_000);
 }
+
+#[test]
+fn integral_floats_are_written_as_protobuf_writes_them() {
+    let config = parse_config(
+        r#"name: "m" sequence_batching { control_input [ { name: "S" control [ { kind: CONTROL_SEQUENCE_START fp32_false_true: [ 0, 1.5 ] } ] } ] }"#,
+    )
+    .unwrap();
+    let json = config_to_json(&config);
+    let values = &json["sequence_batching"]["control_input"][0]["control"][0]["fp32_false_true"];
+    assert_eq!(values.to_string(), "[0,1.5]");
+    assert_eq!(json["max_batch_size"].to_string(), "0");
+}
