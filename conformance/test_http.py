@@ -9,6 +9,7 @@ import asyncio
 
 import numpy as np
 import pytest
+import requests
 import tritonclient.grpc as grpcclient
 import tritonclient.http as httpclient
 import tritonclient.http.aio as aioclient
@@ -85,6 +86,15 @@ def test_model_metadata_and_config(hclient):
     assert cfg["version_policy"] == {"all": {}}
     auto = hclient.get_model_config("identity_types")
     assert auto["max_batch_size"] == 4 and len(auto["input"]) == 14
+
+
+def test_model_metadata_is_written_as_triton_writes_it(server):
+    # Written as Triton 2.51's REST front end writes model metadata (keys in its order, no
+    # spaces): byte for byte the same on a Python model served by both.
+    body = requests.get(f"http://{server.http_url}/v2/models/mlp_classifier/versions/1", timeout=30).text
+    assert body == ('{"name":"mlp_classifier","versions":["1"],"platform":"onnxruntime_onnx",'
+                    '"inputs":[{"name":"INPUT0","datatype":"FP32","shape":[-1,64]}],'
+                    '"outputs":[{"name":"OUTPUT0","datatype":"FP32","shape":[-1,10]}]}'), body
 
 
 def test_metadata_matches_grpc(hclient, client):
