@@ -23,6 +23,15 @@ impl ParamValue {
         }
     }
 
+    /// The value as a non-negative integer, from either integer kind (`priority`, `timeout`).
+    pub fn as_unsigned(&self) -> Option<u64> {
+        match self {
+            ParamValue::Uint64(v) => Some(*v),
+            ParamValue::Int64(v) => u64::try_from(*v).ok(),
+            _ => None,
+        }
+    }
+
     /// A JSON scalar as a parameter (integers as `Int64`, or `Uint64` beyond it; other numbers
     /// as `Double`); `None` for null, arrays and objects, which parameters cannot be.
     pub fn from_json(value: serde_json::Value) -> Option<ParamValue> {

@@ -166,7 +166,7 @@ impl Engine {
                 .await?;
             let step = step_request(decoupled, &tensors, request);
             let mut responses = self
-                .step_stream(step)
+                .decoupled_stream(step)
                 .await
                 .map_err(|e| step_error(name, decoupled, e))?;
             loop {
@@ -218,46 +218,5 @@ impl Engine {
                 }
             }
         })
-    }
-
-    /// A decoupled step's responses: a decoupled Python model's or an ensemble's through
-    /// [`Engine::infer_stream`], a generation model's pieces as `text_output` responses (one
-    /// per piece when the request streams, else one with the whole text).
-    async fn step_stream(
-        self: &Arc<Self>,
-        request: InferRequest,
-    ) -> Result<mpsc::UnboundedReceiver<StreamedResponse>, Error> {
-        if !self.generates_text(&request.model_name, &request.model_version) {
-            return self.infer_stream(self.admit()?, request).await;
-        }
-        let mut generation = self.generate(self.admit()?, request).await?;
-        let (sender, receiver) = mpsc::unbounded_channel();
-        tokio::spawn(async move {
-            if !generation.request.stream {
-                let text = generation.text().await;
-                let response = text.map(|text| Some(generation.text_response(&text)));
-                let _ = sender.send(StreamedResponse {
-                    response,
-                    last: true,
-                });
-                return;
-            }
-            loop {
-                // A step whose ensemble's client went away is dropped: so is its generation.
-                let chunk = tokio::select! {
-                    chunk = generation.next() => match chunk {
-                        Some(chunk) => chunk,
-                        None => return,
-                    },
-                    () = sender.closed() => return,
-                };
-                let last = chunk.as_ref().map_or(true, |chunk| chunk.last());
-                let response = chunk.map(|chunk| Some(generation.text_response(&chunk.text)));
-                if sender.send(StreamedResponse { response, last }).is_err() || last {
-                    return;
-                }
-            }
-        });
-        Ok(receiver)
     }
 }

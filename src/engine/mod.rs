@@ -18,7 +18,7 @@ mod traces;
 pub mod validate;
 
 use crate::backend::BackendError;
-use crate::core::{Error, InferRequest, InferResponse, ParamValue};
+use crate::core::{Error, InferRequest, InferResponse};
 use crate::invalid_arg;
 use crate::metrics::{FailureReason, ModelStats};
 use crate::proto::inference::{ModelConfig, ModelStatistics};
@@ -647,11 +647,7 @@ fn queued<T>(request: &InferRequest, rows: usize, inputs: T) -> scheduler::Reque
 
 /// A non-negative integer request parameter (`priority`, `timeout`), from either integer kind.
 fn unsigned_param(request: &InferRequest, key: &str) -> Option<u64> {
-    match request.parameters.get(key)? {
-        ParamValue::Uint64(v) => Some(*v),
-        ParamValue::Int64(v) => u64::try_from(*v).ok(),
-        _ => None,
-    }
+    request.parameters.get(key)?.as_unsigned()
 }
 
 /// Scheduler outcomes in Triton's words, with the failure reason for metrics.
@@ -751,6 +747,7 @@ fn check_parameters(request: &InferRequest) -> Result<(), Error> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::core::ParamValue;
 
     #[test]
     fn reserved_triton_parameters_are_rejected() {

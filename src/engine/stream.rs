@@ -38,37 +38,63 @@ impl Engine {
         request: InferRequest,
         mut each: impl FnMut(Result<InferResponse, Error>) -> bool + Send,
     ) -> Result<(), Error> {
-        let admission = self.admit()?;
-        if !self.generates_text(&request.model_name, &request.model_version) {
-            let mut stream = self.infer_stream(admission, request).await?;
-            while let Some(streamed) = stream.recv().await {
-                // The final flag alone is a response without outputs, as Triton's BLS
-                // iterator yields it.
-                let response = match streamed.response {
-                    Ok(None) if !streamed.last => continue,
-                    Ok(response) => Ok(response.unwrap_or_default()),
-                    Err(error) => Err(error),
-                };
-                let failed = response.is_err();
-                if !each(response) || failed || streamed.last {
-                    break;
-                }
-            }
-            return Ok(());
-        }
-        let mut generation = self.generate(admission, request).await?;
-        if !generation.request.stream {
-            let text = generation.text().await;
-            each(text.map(|text| generation.text_response(&text)));
-            return Ok(());
-        }
-        while let Some(chunk) = generation.next().await {
-            let failed = chunk.is_err();
-            if !each(chunk.map(|chunk| generation.text_response(&chunk.text))) || failed {
+        let mut stream = self.decoupled_stream(request).await?;
+        while let Some(streamed) = stream.recv().await {
+            // The final flag alone is a response without outputs, as Triton's BLS iterator
+            // yields it.
+            let response = match streamed.response {
+                Ok(None) if !streamed.last => continue,
+                Ok(response) => Ok(response.unwrap_or_default()),
+                Err(error) => Err(error),
+            };
+            let failed = response.is_err();
+            if !each(response) || failed || streamed.last {
                 break;
             }
         }
         Ok(())
+    }
+
+    /// A decoupled model's responses (a call's, an ensemble step's): a decoupled Python model's
+    /// or an ensemble's through [`Engine::infer_stream`], a generation model's pieces as
+    /// `text_output` responses (one per piece when the request streams, else one with the whole
+    /// text). Dropping the receiver drops the request.
+    pub(super) async fn decoupled_stream(
+        self: &Arc<Self>,
+        request: InferRequest,
+    ) -> Result<mpsc::UnboundedReceiver<StreamedResponse>, Error> {
+        if !self.generates_text(&request.model_name, &request.model_version) {
+            return self.infer_stream(self.admit()?, request).await;
+        }
+        let mut generation = self.generate(self.admit()?, request).await?;
+        let (sender, receiver) = mpsc::unbounded_channel();
+        tokio::spawn(async move {
+            if !generation.request.stream {
+                let text = generation.text().await;
+                let response = text.map(|text| Some(generation.text_response(&text)));
+                let _ = sender.send(StreamedResponse {
+                    response,
+                    last: true,
+                });
+                return;
+            }
+            loop {
+                let chunk = tokio::select! {
+                    chunk = generation.next() => match chunk {
+                        Some(chunk) => chunk,
+                        None => return,
+                    },
+                    // Nobody listens any more: the generation is dropped.
+                    () = sender.closed() => return,
+                };
+                let last = chunk.as_ref().map_or(true, |chunk| chunk.last());
+                let response = chunk.map(|chunk| Some(generation.text_response(&chunk.text)));
+                if sender.send(StreamedResponse { response, last }).is_err() || last {
+                    return;
+                }
+            }
+        });
+        Ok(receiver)
     }
 
     /// Whether `name` (the version given, or the newest) answers through

@@ -503,17 +503,11 @@ impl<I: Instance> Scheduler<I> {
                 let (answers, again) = execute(&mut instance, vec![job], &self.shared);
                 requeue(&self.shared, again);
                 self.shared.give_back(instance);
-                if let Some((_, result)) = answers.into_iter().next() {
-                    return result;
-                }
-                // Rescheduled: it is queued now.
-                let mut guard = CancelOnDrop {
-                    shared: &self.shared,
-                    ticket: Some(ticket),
+                return match answers.into_iter().next() {
+                    Some((_, result)) => result,
+                    // Rescheduled: it is queued now.
+                    None => self.queued_answer(ticket, answer).await,
                 };
-                let outcome = answer.await;
-                guard.ticket = None;
-                return outcome.map_err(|_| ScheduleError::Stopped)?;
             }
         }
         let signature = if self.batching {
@@ -547,21 +541,35 @@ impl<I: Instance> Scheduler<I> {
             pushed.map_err(|(rejection, _)| ScheduleError::from(rejection))?
         };
         self.shared.work.notify_one();
-        let mut guard = CancelOnDrop {
-            shared: &self.shared,
-            ticket: Some(ticket),
-        };
         if let Some((at, rejection)) = rejection_at {
-            if let Ok(outcome) = tokio::time::timeout_at(at.into(), &mut answer).await {
-                guard.ticket = None;
+            let mut guard = CancelOnDrop {
+                shared: &self.shared,
+                ticket: Some(ticket),
+            };
+            let waited = tokio::time::timeout_at(at.into(), &mut answer).await;
+            guard.ticket = None;
+            if let Ok(outcome) = waited {
                 return outcome.map_err(|_| ScheduleError::Stopped)?;
             }
             // Still queued: it leaves the queue unanswered. Already running: wait for it.
             if self.shared.cancel(ticket) {
-                guard.ticket = None;
                 return Err(rejection.into());
             }
         }
+        self.queued_answer(ticket, answer).await
+    }
+
+    /// The answer of queued request `ticket`; a caller that goes away (drops this) takes the
+    /// request out of the queue.
+    async fn queued_answer(
+        &self,
+        ticket: u64,
+        answer: oneshot::Receiver<Result<Outcome<I::Output>, ScheduleError>>,
+    ) -> Result<Outcome<I::Output>, ScheduleError> {
+        let mut guard = CancelOnDrop {
+            shared: &self.shared,
+            ticket: Some(ticket),
+        };
         let outcome = answer.await;
         guard.ticket = None;
         outcome.map_err(|_| ScheduleError::Stopped)?

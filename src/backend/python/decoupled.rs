@@ -39,7 +39,7 @@ struct State {
     open: HashMap<(u64, usize), Open>,
     /// The last call whose `execute` returned (or raised).
     returned: u64,
-    /// The requests calls that returned rescheduled, by call, until their caller asks.
+    /// The requests each returned call rescheduled (by index), until the call's thread asks.
     rescheduled: HashMap<u64, Vec<usize>>,
     /// Why the stub stopped answering.
     dead: Option<String>,
@@ -143,11 +143,7 @@ fn read(
         let header = &message.header;
         match header["op"].as_str() {
             Some("call" | "manage") => spawn_call(input, &names.caller, &streams, message),
-            Some("cancel") => {
-                if let Some(stream) = header["stream"].as_u64() {
-                    streams.cancel(stream);
-                }
-            }
+            Some("cancel") => streams.cancel(header),
             Some("metric") => metric(&names.model, header),
             Some("log") => log_line(&names.model, &names.instance, header),
             Some("response") => {

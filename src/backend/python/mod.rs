@@ -102,9 +102,12 @@ impl Streams {
         cancelled
     }
 
-    /// Cancels call `stream` if it is still the one open.
-    fn cancel(&self, stream: u64) {
-        if let Some(cancel) = self.take(stream) {
+    /// Cancels the call a stub's `cancel` message names, if it is still the one open.
+    fn cancel(&self, message: &Value) {
+        if let Some(cancel) = message["stream"]
+            .as_u64()
+            .and_then(|stream| self.take(stream))
+        {
             let _ = cancel.send(());
         }
     }
@@ -460,16 +463,14 @@ struct Common {
     reschedules: bool,
 }
 
-impl Common {
-    /// The error of a request the model rescheduled without `iterative_sequence`, in Triton's
-    /// words (Triton 2.51 logs them, and its client waits for ever).
-    fn cannot_reschedule(&self) -> Error {
-        Error::Internal(
-            "Request is released with TRITONSERVER_REQUEST_RELEASE_RESCHEDULE, while the model is \
-             not configured to handle such a flag."
-                .into(),
-        )
-    }
+/// The error of a request the model rescheduled without `iterative_sequence`, in Triton's words
+/// (Triton 2.51 logs them, and its client waits for ever).
+fn cannot_reschedule() -> Error {
+    Error::Internal(
+        "Request is released with TRITONSERVER_REQUEST_RELEASE_RESCHEDULE, while the model is not \
+         configured to handle such a flag."
+            .into(),
+    )
 }
 
 /// An instance, its stub running or (after a crash) to be started again; the scheduler hands it
@@ -607,6 +608,12 @@ impl PythonModel {
             .model_transaction_policy
             .as_ref()
             .is_some_and(|p| p.decoupled);
+        let sequence_batching = match &config.scheduling_choice {
+            Some(crate::proto::inference::model_config::SchedulingChoice::SequenceBatching(
+                batching,
+            )) => Some(batching),
+            _ => None,
+        };
         let common = Arc::new(Common {
             launcher: Launcher {
                 model: config.name.clone(),
@@ -618,12 +625,7 @@ impl PythonModel {
             },
             all_outputs: config.output.iter().map(|o| o.name.clone()).collect(),
             runtime: OnceLock::new(),
-            reschedules: matches!(
-                &config.scheduling_choice,
-                Some(crate::proto::inference::model_config::SchedulingChoice::SequenceBatching(
-                    batching
-                )) if batching.iterative_sequence
-            ),
+            reschedules: sequence_batching.is_some_and(|batching| batching.iterative_sequence),
         });
         let launcher = &common.launcher;
         let started: Vec<Result<Stub, String>> = std::thread::scope(|scope| {
@@ -674,10 +676,7 @@ impl PythonModel {
                 .collect(),
             ..Default::default()
         });
-        let sequences = matches!(
-            config.scheduling_choice,
-            Some(crate::proto::inference::model_config::SchedulingChoice::SequenceBatching(_))
-        );
+        let sequences = sequence_batching.is_some();
         let label = format!("{}-{version}", config.name);
         // A stateful model's instances each keep their sequences' state: one scheduler each.
         let groups: Vec<Vec<Slot>> = if sequences {
@@ -881,22 +880,27 @@ impl scheduler::Instance for Slot {
         let requests: Vec<&Request> = batch.iter().map(|work| &work.request).collect();
         let reschedules = self.common.reschedules;
         let answers = if self.common.launcher.decoupled {
-            let senders: Vec<_> = batch
+            let senders = batch
                 .iter()
                 .filter_map(|work| match &work.caller {
                     Caller::Streaming(stream) => Some(stream.clone()),
                     Caller::Waiting(_) => None,
                 })
                 .collect();
-            let rescheduled = self.execute(&requests, gone, Deliver::Later(senders.clone()));
-            (0..requests.len())
-                .map(|index| {
+            let rescheduled = self.execute(&requests, gone, Deliver::Later(senders));
+            batch
+                .iter()
+                .enumerate()
+                .map(|(index, work)| {
                     let again = rescheduled.contains(&index);
-                    if let Some(stream) = senders.get(index).filter(|_| again && !reschedules) {
-                        let _ = stream.send(Streamed {
-                            outputs: Err(self.common.cannot_reschedule()),
-                            last: true,
-                        });
+                    match &work.caller {
+                        Caller::Streaming(stream) if again && !reschedules => {
+                            let _ = stream.send(Streamed {
+                                outputs: Err(cannot_reschedule()),
+                                last: true,
+                            });
+                        }
+                        _ => {}
                     }
                     Ok(Outputs {
                         rescheduled: again && reschedules,
@@ -913,7 +917,7 @@ impl scheduler::Instance for Slot {
                 .into_iter()
                 .map(|answer| match answer {
                     Some(Ok(Some(outputs))) if outputs.rescheduled && !reschedules => {
-                        Err(self.common.cannot_reschedule())
+                        Err(cannot_reschedule())
                     }
                     Some(Ok(outputs)) => Ok(outputs.unwrap_or_default()),
                     Some(Err(error)) => Err(error),
@@ -924,8 +928,7 @@ impl scheduler::Instance for Slot {
         // A rescheduled request runs on in its sequence: its next runs are not its START (as
         // Triton 2.51 shows them to the model).
         for (work, answer) in batch.iter_mut().zip(&answers) {
-            let answer: &Answer = answer;
-            if answer.as_ref().is_ok_and(|outputs| outputs.rescheduled) {
+            if <Slot as scheduler::Instance>::rescheduled(answer) {
                 if let Some(sequence) = &mut work.request.sequence {
                     sequence.flags &= !SEQUENCE_START;
                 }
@@ -1546,15 +1549,6 @@ fn parameters_json(parameters: &Parameters) -> String {
     Value::Object(map).to_string()
 }
 
-/// The request's `timeout` parameter, in microseconds (0: none), for `request.timeout()`.
-fn timeout_us(parameters: &Parameters) -> u64 {
-    match parameters.get("timeout") {
-        Some(ParamValue::Uint64(us)) => *us,
-        Some(ParamValue::Int64(us)) => u64::try_from(*us).unwrap_or(0),
-        _ => 0,
-    }
-}
-
 /// The error a response's `TritonError` fails its request with.
 fn model_error(message: String, code: i64) -> Error {
     match ERROR_CODES.iter().find(|(known, _)| *known == code) {
@@ -1639,11 +1633,7 @@ impl Stub {
                 Some("call") if message.header["request"]["decoupled"] == true => {
                     spawn_call(&self.input, caller, &self.streams, message);
                 }
-                Some("cancel") => {
-                    if let Some(stream) = message.header["stream"].as_u64() {
-                        self.streams.cancel(stream);
-                    }
-                }
+                Some("cancel") => self.streams.cancel(&message.header),
                 Some("call") => {
                     let mut broken = None;
                     call(caller, message, None, &mut |header, tensors| {
@@ -1696,7 +1686,8 @@ impl Stub {
                     "inputs": request.inputs.iter().map(channel::describe).collect::<Vec<_>>(),
                     "correlation_id": correlation_id,
                     "flags": flags,
-                    "timeout": timeout_us(&request.parameters),
+                    // For `request.timeout()`, in microseconds (0: none).
+                    "timeout": request.parameters.get("timeout").and_then(ParamValue::as_unsigned).unwrap_or(0),
                 })
             })
             .collect();

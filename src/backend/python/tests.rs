@@ -303,17 +303,17 @@ fn management_messages_become_requests_to_the_repository() {
 fn a_stream_is_cancelled_only_while_it_is_the_open_one() {
     let streams = Streams::default();
     let mut first = streams.open(1);
-    streams.cancel(2);
+    streams.cancel(&json!({"op": "cancel", "stream": 2}));
     assert!(
         first.try_recv().is_err(),
         "another stream's cancel reached it"
     );
-    streams.cancel(1);
+    streams.cancel(&json!({"op": "cancel", "stream": 1}));
     assert_eq!(first.try_recv(), Ok(()));
     // Closed, then asked to cancel: nothing is sent (its sender is gone).
     let mut second = streams.open(2);
     streams.close(2);
-    streams.cancel(2);
+    streams.cancel(&json!({"op": "cancel", "stream": 2}));
     assert!(matches!(
         second.try_recv(),
         Err(tokio::sync::oneshot::error::TryRecvError::Closed)
