@@ -4,6 +4,7 @@ backend), on a repository made from that module's fixture: what kiln answers, ch
 what Triton answers to the same models and requests.
 
     bench/triton_parity.sh [TEST_NAME ...]    # no names: every test that takes python_server
+    bench/triton_parity.sh --json             # REST JSON of both servers, byte for byte
 
 Prints PASS or FAIL (with the failing line) per test. Expected failures, each a known
 difference (see bench/RESULTS.md, "Eighteenth session"): tests that use the bundled ONNX models
@@ -11,6 +12,7 @@ difference (see bench/RESULTS.md, "Eighteenth session"): tests that use the bund
 clients gone noticed, BLS cancel, which Triton 2.51 lacks).
 """
 
+import json
 import pathlib
 import shutil
 import sys
@@ -57,9 +59,88 @@ class Triton:
         pass
 
 
+def stream_count(http: str, n: int) -> None:
+    """py_count's `n` responses (and the final flag) over a gRPC stream; gRPC is the next port."""
+    import queue
+
+    import numpy as np
+    import tritonclient.grpc as grpcclient
+
+    host, port = http.rsplit(":", 1)
+    client = grpcclient.InferenceServerClient(f"{host}:{int(port) + 1}")
+    answers = queue.Queue()
+    client.start_stream(callback=lambda result, error: answers.put((result, error)))
+    x = grpcclient.InferInput("N", [1], "INT32")
+    x.set_data_from_numpy(np.array([n], dtype=np.int32))
+    client.async_stream_infer("py_count", [x], enable_empty_final_response=True)
+    while True:
+        result, error = answers.get(timeout=30)
+        if error or result.get_response().parameters["triton_final_response"].bool_param:
+            break
+    client.stop_stream()
+
+
+def compare_json(triton_http: str, kiln_http: str) -> None:
+    """Every model both servers have ready: `/config` byte for byte, and `/stats` after the same
+    requests with its numbers blanked (timings differ); then `/v2` and the model metadata."""
+    import numpy as np
+    import requests
+    import tritonclient.http as httpclient
+
+    def get(base, path):
+        return requests.get(f"http://{base}{path}", timeout=30)
+
+    def blank(value):
+        if isinstance(value, bool) or value is None:
+            return value
+        if isinstance(value, (int, float)):
+            return 0
+        if isinstance(value, list):
+            return [blank(v) for v in value]
+        if isinstance(value, dict):
+            return {k: blank(v) for k, v in value.items()}
+        return value
+
+    def ready(base):
+        index = requests.post(f"http://{base}/v2/repository/index", json={}, timeout=30).json()
+        return {m["name"] for m in index if m.get("state") == "READY"}
+
+    for base in (triton_http, kiln_http):
+        client = httpclient.InferenceServerClient(base)
+        a = np.arange(16, dtype=np.float32).reshape(1, 16)
+        inputs = [httpclient.InferInput(n, [1, 16], "FP32") for n in ("INPUT0", "INPUT1")]
+        for tensor in inputs:
+            tensor.set_data_from_numpy(a)
+        for _ in range(3):
+            client.infer("py_add_sub", inputs)
+        stream_count(base, 3)
+        stream_count(base, 0)
+    same = differ = 0
+    paths = ["/v2"] + [f"/v2/models/{m}{tail}" for m in sorted(ready(triton_http) & ready(kiln_http))
+                       for tail in ("", "/config", "/stats")]
+    for path in paths:
+        theirs, ours = get(triton_http, path), get(kiln_http, path)
+        if path.endswith("/stats"):
+            equal = json.dumps(blank(theirs.json())) == json.dumps(blank(ours.json()))
+        elif path == "/v2":
+            equal = list(theirs.json()) == list(ours.json())
+        else:
+            equal = theirs.content == ours.content
+        same += equal
+        differ += not equal
+        if not equal:
+            print("DIFFER", path)
+            print("  triton:", theirs.text[:1500])
+            print("  kiln:  ", ours.text[:1500])
+    print(f"{same} identical, {differ} different")
+
+
 def main():
     if sys.argv[1] == "make":
         print(make_repo(pathlib.Path(sys.argv[2])))
+        return
+    if sys.argv[1] == "json":
+        compare_json(sys.argv[2], sys.argv[3])
         return
     repo, ports, names = pathlib.Path(sys.argv[2]), sys.argv[3].split(","), sys.argv[4:]
     if not names:

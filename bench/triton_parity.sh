@@ -2,6 +2,8 @@
 # kiln's Python backend tests against the real Triton 2.51 (see bench/triton_parity.py):
 #
 #   bench/triton_parity.sh [TEST_NAME ...]
+#   bench/triton_parity.sh --json     # also starts kiln (target/release, else target/debug) on the
+#                                     # same repository and compares the REST JSON both write
 #
 # Needs the peers' Triton (`../shared/peers/setup.sh --only triton`) and the conformance venv
 # (`.ci/setup.sh`). Triton takes ports 9800-9802; its log goes to $OUT/triton.log.
@@ -31,5 +33,19 @@ PID=$!
 trap 'kill -- -"$PID" 2>/dev/null || true' EXIT
 for _ in $(seq 120); do curl -sf localhost:9800/v2/health/live >/dev/null && break; sleep 0.5; done
 sleep 3  # the models load after the server goes live
-"$ROOT/.venv/bin/python" "$ROOT/bench/triton_parity.py" run "$REPO" 9800,9801,9802 "$@"
+if [ "${1:-}" = --json ]; then
+  KILN=${KILN_BIN:-$ROOT/target/release/kiln}
+  [ -x "$KILN" ] || KILN=$ROOT/target/debug/kiln
+  PEER_SITE_PACKAGES=$("$ROOT/.venv/bin/python" -c 'import sysconfig;print(sysconfig.get_paths()["purelib"])') \
+    KILN_PYTHON=$ROOT/.venv/bin/python setsid "$KILN" --model-repository="$REPO" --http-port=9810 \
+    --grpc-port=9811 --metrics-port=9812 --model-control-mode=explicit --load-model='*' \
+    >"$OUT/kiln.log" 2>&1 &
+  KPID=$!
+  trap 'kill -- -"$PID" 2>/dev/null || true; kill -- -"$KPID" 2>/dev/null || true' EXIT
+  for _ in $(seq 120); do curl -sf localhost:9810/v2/health/ready >/dev/null && break; sleep 0.5; done
+  "$ROOT/.venv/bin/python" "$ROOT/bench/triton_parity.py" json 127.0.0.1:9800 127.0.0.1:9810
+  echo "kiln's log: $OUT/kiln.log"
+else
+  "$ROOT/.venv/bin/python" "$ROOT/bench/triton_parity.py" run "$REPO" 9800,9801,9802 "$@"
+fi
 echo "Triton's log: $OUT/triton.log"

@@ -3,7 +3,7 @@
 //! `config.pbtxt` text-format parser and by the REST API's protobuf JSON. A leaf module: every
 //! layer may use these types.
 
-use prost_reflect::{DescriptorPool, DynamicMessage};
+use prost_reflect::{DescriptorPool, DynamicMessage, Kind, MessageDescriptor};
 use std::sync::OnceLock;
 
 #[allow(clippy::all, clippy::pedantic, missing_docs)]
@@ -25,8 +25,9 @@ pub fn descriptor_pool() -> &'static DescriptorPool {
 }
 
 /// A message as Triton's REST API prints it (`/config`, `/stats`): protobuf JSON with proto field
-/// names, enum names, 64-bit integers as numbers, and every field without presence printed even
-/// at its default (`always_print_primitive_fields`).
+/// names, enum names, 64-bit integers as numbers, every field without presence printed even at
+/// its default (`always_print_primitive_fields`), and fields in the order the `.proto` declares
+/// them, as protobuf's printer writes them (prost-reflect writes field-number order).
 ///
 /// # Panics
 /// When `type_name` is not the full name of `T` in the protos (a programming error).
@@ -34,7 +35,7 @@ pub fn to_json<T: prost::Message>(message: &T, type_name: &str) -> serde_json::V
     let descriptor = descriptor_pool()
         .get_message_by_name(type_name)
         .unwrap_or_else(|| panic!("{type_name} is in the descriptor set"));
-    let mut dynamic = DynamicMessage::new(descriptor);
+    let mut dynamic = DynamicMessage::new(descriptor.clone());
     dynamic
         .transcode_from(message)
         .unwrap_or_else(|e| panic!("a prost message transcodes into its own descriptor: {e}"));
@@ -46,7 +47,41 @@ pub fn to_json<T: prost::Message>(message: &T, type_name: &str) -> serde_json::V
         .serialize_with_options(serde_json::value::Serializer, &options)
         .unwrap_or(serde_json::Value::Null);
     integral_floats(&mut json);
+    declaration_order(&mut json, &descriptor);
     json
+}
+
+/// Rewrites `value`, a `message` as prost-reflect serialized it, with each object's fields in the
+/// order `message` declares them (nested messages too: single, repeated and map values).
+fn declaration_order(value: &mut serde_json::Value, message: &MessageDescriptor) {
+    let serde_json::Value::Object(fields) = value else {
+        return;
+    };
+    let mut ordered = serde_json::Map::with_capacity(fields.len());
+    for declared in &message.descriptor_proto().field {
+        let name = declared.name();
+        let Some(mut field_value) = fields.shift_remove(name) else {
+            continue;
+        };
+        if let Some(Kind::Message(nested)) = message.get_field_by_name(name).map(|f| f.kind()) {
+            if nested.is_map_entry() {
+                if let (Kind::Message(entry), serde_json::Value::Object(entries)) =
+                    (nested.map_entry_value_field().kind(), &mut field_value)
+                {
+                    entries
+                        .values_mut()
+                        .for_each(|v| declaration_order(v, &entry));
+                }
+            } else if let serde_json::Value::Array(items) = &mut field_value {
+                items.iter_mut().for_each(|v| declaration_order(v, &nested));
+            } else {
+                declaration_order(&mut field_value, &nested);
+            }
+        }
+        ordered.insert(name.to_string(), field_value);
+    }
+    ordered.append(fields);
+    *fields = ordered;
 }
 
 /// Writes floats with integral values as protobuf's JSON printer (and so Triton) writes them:

@@ -217,11 +217,22 @@ async fn model_statistics(
 /// Triton's REST API answers (the same numbers the gRPC `ModelStatistics` returns).
 fn statistics(state: &AppState, name: &str, version: &str) -> Result<Json<Value>, HttpError> {
     let stats = state.engine.model_statistics(name, version)?;
-    let model_stats: Vec<Value> = stats
-        .iter()
-        .map(|s| crate::proto::to_json(s, "inference.ModelStatistics"))
-        .collect();
+    let model_stats: Vec<Value> = stats.iter().map(statistics_json).collect();
     Ok(Json(json!({ "model_stats": model_stats })))
+}
+
+/// One version's statistics in the order Triton writes them: its server builds this JSON by
+/// hand, with `response_stats` right after `inference_stats` (the .proto declares it last).
+fn statistics_json(stats: &crate::proto::inference::ModelStatistics) -> Value {
+    let mut json = crate::proto::to_json(stats, "inference.ModelStatistics");
+    if let Value::Object(fields) = &mut json {
+        let response = fields.shift_remove("response_stats");
+        let at = fields.keys().position(|key| key == "batch_stats");
+        if let (Some(response), Some(at)) = (response, at) {
+            fields.shift_insert(at, "response_stats".to_string(), response);
+        }
+    }
+    json
 }
 
 /// `POST /v2/repository/index` with an optional `{"ready": bool}` body; answers a JSON array.
@@ -346,4 +357,42 @@ async fn repository_name() -> HttpError {
     HttpError::from(Error::Unsupported(
         "'repository_name' specification is not supported".into(),
     ))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn statistics_keep_tritons_field_order() {
+        let stats = crate::metrics::ModelStats::new("m", 1).snapshot();
+        let json = statistics_json(&stats);
+        let keys: Vec<&str> = json
+            .as_object()
+            .unwrap()
+            .keys()
+            .map(String::as_str)
+            .collect();
+        assert_eq!(
+            keys,
+            [
+                "name",
+                "version",
+                "last_inference",
+                "inference_count",
+                "execution_count",
+                "inference_stats",
+                "response_stats",
+                "batch_stats",
+                "memory_usage"
+            ]
+        );
+        let inference: Vec<&str> = json["inference_stats"]
+            .as_object()
+            .unwrap()
+            .keys()
+            .map(String::as_str)
+            .collect();
+        assert_eq!(inference[..3], ["success", "fail", "queue"]);
+    }
 }

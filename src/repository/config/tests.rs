@@ -247,6 +247,45 @@ fn json_uses_proto_names_and_enum_names() {
 }
 
 #[test]
+fn json_fields_follow_the_proto_declaration_order() {
+    // protobuf's printer (and so Triton) writes declaration order, not field-number order:
+    // `backend` (17) right after `platform` (2), an instance group's `kind` (4) before `count` (2).
+    let config =
+        parse_config(&ADD_SUB.replace("reshape_placeholder_ignored_by_test: 0", "")).unwrap();
+    let json = config_to_json(&config);
+    let keys = |value: &serde_json::Value| -> Vec<String> {
+        value.as_object().unwrap().keys().cloned().collect()
+    };
+    assert_eq!(
+        keys(&json)[..6],
+        [
+            "name",
+            "platform",
+            "backend",
+            "runtime",
+            "version_policy",
+            "max_batch_size"
+        ]
+    );
+    assert_eq!(
+        keys(&json["instance_group"][0])[..3],
+        ["name", "kind", "count"]
+    );
+    let input = keys(&json["input"][0]);
+    assert_eq!(input[..4], ["name", "data_type", "format", "dims"]);
+    // Map values are messages too: their fields keep the declared order.
+    let mut with_parameter = config.clone();
+    with_parameter.parameters.insert(
+        "p".to_string(),
+        crate::proto::inference::ModelParameter {
+            string_value: "v".to_string(),
+        },
+    );
+    let json = config_to_json(&with_parameter);
+    assert_eq!(keys(&json["parameters"]["p"]), ["string_value"]);
+}
+
+#[test]
 fn absurd_dims_and_counts_are_refused() {
     let with = |n: usize, dims: &str| {
         let inputs: Vec<String> = (0..n)
