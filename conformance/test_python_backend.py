@@ -1694,6 +1694,12 @@ def test_a_decoupled_model_streams_its_responses(python_server):
     assert counted(server, 0, True, 1) == [(None, True)]
     error, final = counted(server, -1, True, 2)
     assert "cannot count to -1" in error[0] and final == (None, True)
+    # A streamed request's statistics have its time queued and in `execute`, as its batch's do.
+    stats = grpcclient.InferenceServerClient(server.grpc_url).get_inference_statistics("py_count")
+    inference = stats.model_stats[0].inference_stats
+    assert inference.success.count >= 3
+    assert inference.compute_infer.count == inference.queue.count == inference.success.count
+    assert inference.compute_infer.ns > 0 and inference.queue.ns > 0
     # Unary inference is refused, as Triton refuses it.
     with pytest.raises(InferenceServerException) as e:
         x = grpcclient.InferInput("N", [1], "INT32")

@@ -250,6 +250,26 @@ pub struct ComputeTimes {
     pub output: Duration,
 }
 
+/// Where one request's time went, for its statistics: queued, then computing (its batch's
+/// times), on GPU `gpu` or (`None`) on CPU.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct Timing {
+    pub queue: Duration,
+    pub compute: ComputeTimes,
+    pub gpu: Option<i32>,
+}
+
+impl Timing {
+    /// A request that waited `queue` and whose compute is not timed per request (a generation
+    /// model's sequence: its steps are executions of their own).
+    pub fn queued(queue: Duration) -> Timing {
+        Timing {
+            queue,
+            ..Timing::default()
+        }
+    }
+}
+
 #[derive(Debug, Default, Clone, Copy)]
 struct Total {
     count: u64,
@@ -492,16 +512,13 @@ impl ModelStats {
         self.device(gpu).exec_count.increment(1);
     }
 
-    /// One request answered successfully: `rows` inferences, `total` end to end, executed on
-    /// GPU `gpu` or (`None`) on CPU.
-    pub fn record_success(
-        &self,
-        rows: usize,
-        total: Duration,
-        queue: Duration,
-        times: ComputeTimes,
-        gpu: Option<i32>,
-    ) {
+    /// One request answered successfully: `rows` inferences, `total` end to end.
+    pub fn record_success(&self, rows: usize, total: Duration, timing: Timing) {
+        let Timing {
+            queue,
+            compute: times,
+            gpu,
+        } = timing;
         {
             let mut totals = self.totals();
             totals.last_inference_ms = now_ms();
@@ -620,8 +637,13 @@ mod tests {
         };
         // One execution of a batch of 3 rows serving two requests (1 + 2 rows).
         stats.record_execution(3, times, None);
-        stats.record_success(1, 5 * MS, MS, times, None);
-        stats.record_success(2, 6 * MS, 2 * MS, times, Some(0));
+        let timing = |queue, gpu| Timing {
+            queue,
+            compute: times,
+            gpu,
+        };
+        stats.record_success(1, 5 * MS, timing(MS, None));
+        stats.record_success(2, 6 * MS, timing(2 * MS, Some(0)));
         stats.record_failure(MS, FailureReason::Rejected);
         let snapshot = stats.snapshot();
         assert_eq!(snapshot.inference_count, 3);

@@ -11,7 +11,7 @@
 use super::ensemble::{ensemble_outputs, step_error, step_request, take_outputs, MAX_DEPTH};
 use super::{response, Admission, Engine, StreamedResponse};
 use crate::core::{Error, InferRequest, Tensor};
-use crate::metrics::{ComputeTimes, FailureReason};
+use crate::metrics::FailureReason;
 use crate::repository::ensemble::{EnsemblePlan, Step};
 use crate::repository::{Executor, Model, ServingVersion};
 use futures_util::future::BoxFuture;
@@ -77,13 +77,7 @@ impl Engine {
             let (stats, total) = (&streaming.serving.stats, streaming.arrived.elapsed());
             match outcome {
                 Ok(false) => stats.record_failure(total, FailureReason::Canceled),
-                Ok(true) => stats.record_success(
-                    streaming.rows,
-                    total,
-                    Default::default(),
-                    ComputeTimes::default(),
-                    None,
-                ),
+                Ok(true) => stats.record_success(streaming.rows, total, Default::default()),
                 Err(error) => {
                     stats.record_failure(total, FailureReason::Other);
                     let _ = sender.send(StreamedResponse {

@@ -436,9 +436,7 @@ impl Engine {
                 ran.map(|outcome| {
                     let ran = Ran::Executed {
                         rows,
-                        queue: outcome.queue,
-                        compute: outcome.compute,
-                        gpu: outcome.gpu,
+                        timing: outcome.timing(),
                     };
                     (outcome.outputs, ran)
                 })
@@ -485,10 +483,13 @@ impl Engine {
                     traces::record_outcome(trace, outcome);
                 }
                 let mut ran = match executed {
-                    Ok(outcome) => outcome
-                        .outputs
-                        .map(|outputs| (outputs, outcome.queue, outcome.compute))
-                        .map_err(|error| (error, FailureReason::Backend)),
+                    Ok(outcome) => {
+                        let timing = outcome.timing();
+                        match outcome.outputs {
+                            Ok(outputs) => Ok((outputs, timing)),
+                            Err(error) => Err((error, FailureReason::Backend)),
+                        }
+                    }
                     Err(error) => Err(schedule_error(error, &prefix, &model.name)),
                 };
                 if let Some((sequences, turn)) = turn {
@@ -511,13 +512,8 @@ impl Engine {
                         serving.stats.record_cache_miss(looked + stored.elapsed());
                     }
                 }
-                ran.map(|(outputs, queue, compute)| {
-                    let ran = Ran::Executed {
-                        rows,
-                        queue,
-                        compute,
-                        gpu: None,
-                    };
+                ran.map(|(outputs, timing)| {
+                    let ran = Ran::Executed { rows, timing };
                     model_parameters = outputs.parameters;
                     (outputs.tensors, ran)
                 })
@@ -587,9 +583,7 @@ enum Ran {
     /// Its model ran it (in a batch, possibly).
     Executed {
         rows: usize,
-        queue: Duration,
-        compute: crate::metrics::ComputeTimes,
-        gpu: Option<i32>,
+        timing: crate::metrics::Timing,
     },
     /// The response cache held them; finding them took `lookup`.
     Cached { lookup: Duration },
@@ -601,16 +595,9 @@ impl Ran {
     /// Statistics of a request answered in `total`.
     fn record_success(&self, stats: &ModelStats, total: Duration) {
         match self {
-            Ran::Executed {
-                rows,
-                queue,
-                compute,
-                gpu,
-            } => stats.record_success(*rows, total, *queue, *compute, *gpu),
+            Ran::Executed { rows, timing } => stats.record_success(*rows, total, *timing),
             Ran::Cached { lookup } => stats.record_cache_hit(total, *lookup),
-            Ran::Composed { rows } => {
-                stats.record_success(*rows, total, Duration::ZERO, Default::default(), None)
-            }
+            Ran::Composed { rows } => stats.record_success(*rows, total, Default::default()),
         }
     }
 }

@@ -5,7 +5,7 @@
 use super::{response, tensors, validate, Admission, Engine};
 use crate::backend::python;
 use crate::core::{Error, InferRequest, InferResponse, Tensor};
-use crate::metrics::{ComputeTimes, FailureReason};
+use crate::metrics::FailureReason;
 use crate::repository::sequence::{Place, SequenceFlags, Sequences};
 use crate::repository::Executor;
 use std::future::Future;
@@ -273,10 +273,14 @@ impl Queued {
             let _ = refused.set(reason);
             error
         };
-        let returned = move || {
+        // The request's time queued and computing, known once `execute` has returned: its
+        // statistics are recorded when both that and the last response have come.
+        let (timed, timing) = tokio::sync::oneshot::channel();
+        let returned = move |times| {
             if let Some((sequences, turn)) = turn {
                 sequences.finish(turn, &mut Vec::new());
             }
+            let _ = timed.send(times);
         };
         let mut responses = python.execute_stream(job, refused, returned);
         let (sender, receiver) = mpsc::unbounded_channel();
@@ -310,34 +314,29 @@ impl Queued {
                         })
                         .transpose()
                 });
-                if last {
-                    let total = arrived.elapsed();
-                    match &shaped {
-                        Ok(_) => serving.stats.record_success(
-                            rows,
-                            total,
-                            Default::default(),
-                            ComputeTimes::default(),
-                            None,
-                        ),
-                        Err(_) => serving.stats.record_failure(
-                            total,
-                            refusal.get().copied().unwrap_or(FailureReason::Backend),
-                        ),
-                    }
-                }
+                let total = arrived.elapsed();
+                let succeeded = shaped.is_ok();
                 let gone = sender
                     .send(StreamedResponse {
                         response: shaped,
                         last,
                     })
                     .is_err();
-                if gone && !last {
+                if last {
+                    if succeeded {
+                        // `execute` may still be running (its last response sent from it).
+                        let timing = timing.await.ok().flatten().unwrap_or_default();
+                        serving.stats.record_success(rows, total, timing);
+                    } else {
+                        let reason = refusal.get().copied().unwrap_or(FailureReason::Backend);
+                        serving.stats.record_failure(total, reason);
+                    }
+                    return;
+                }
+                if gone {
                     serving
                         .stats
                         .record_failure(arrived.elapsed(), FailureReason::Canceled);
-                }
-                if last || gone {
                     return;
                 }
             }

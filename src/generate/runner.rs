@@ -9,7 +9,7 @@ use super::text::{IncrementalDecoder, StopMatcher, TextCodec};
 use super::{Event, Finish, Finished, Sequence, Shared};
 use crate::backend::decoder::{DecoderSession, Forward, KvCache, RowSource, Step};
 use crate::backend::BackendError;
-use crate::metrics::{ComputeTimes, FailureReason, GenerationMetrics, ModelStats};
+use crate::metrics::{ComputeTimes, FailureReason, GenerationMetrics, ModelStats, Timing};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -201,8 +201,7 @@ impl Runner {
             let elapsed = sequence.request.arrived.elapsed();
             if sequence.done {
                 let queue = sequence.joined - sequence.request.arrived;
-                self.stats
-                    .record_success(1, elapsed, queue, ComputeTimes::default(), None);
+                self.stats.record_success(1, elapsed, Timing::queued(queue));
             } else {
                 self.stats.record_failure(elapsed, FailureReason::Canceled);
             }
@@ -252,8 +251,7 @@ impl Runner {
             let elapsed = sequence.request.arrived.elapsed();
             if sequence.done {
                 let queue = started - sequence.request.arrived;
-                self.stats
-                    .record_success(1, elapsed, queue, ComputeTimes::default(), None);
+                self.stats.record_success(1, elapsed, Timing::queued(queue));
             } else if sequence.cancelled() {
                 self.stats.record_failure(elapsed, FailureReason::Canceled);
             } else {

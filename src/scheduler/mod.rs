@@ -30,7 +30,7 @@ pub mod state;
 
 use crate::backend::{Backend, BackendError};
 use crate::core::Tensor;
-use crate::metrics::{ComputeTimes, ModelStats};
+use crate::metrics::{ComputeTimes, ModelStats, Timing};
 use state::{Next, Rejection, State, Submission};
 use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
@@ -230,6 +230,17 @@ pub struct Outcome<T = Vec<Tensor>> {
     pub compute: ComputeTimes,
     /// The GPU (CUDA ordinal) of the instance that ran it; `None`: a CPU instance.
     pub gpu: Option<i32>,
+}
+
+impl<T> Outcome<T> {
+    /// The request's time queued and computing, and where it ran.
+    pub fn timing(&self) -> Timing {
+        Timing {
+            queue: self.queue,
+            compute: self.compute,
+            gpu: self.gpu,
+        }
+    }
 }
 
 /// Where a request's outcome goes.

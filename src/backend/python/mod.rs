@@ -755,13 +755,13 @@ impl PythonModel {
     /// `last` (or an error for the request, last too: the scheduler's refusal as `refused`
     /// words it). A request the model reschedules runs again, its responses going on in the
     /// same stream. `returned` runs once the request is out of the model's hands: its last
-    /// `execute` call has returned (its responses may still be coming), the scheduler refused
-    /// it, or its client went away.
+    /// `execute` call has returned (its responses may still be coming), with its time queued
+    /// and computing; or the scheduler refused it, or its client went away (no times).
     pub fn execute_stream(
         self: &Arc<Self>,
         job: scheduler::Request<Request>,
         refused: impl FnOnce(ScheduleError) -> Error + Send + 'static,
-        returned: impl FnOnce() + Send + 'static,
+        returned: impl FnOnce(Option<crate::metrics::Timing>) + Send + 'static,
     ) -> tokio::sync::mpsc::UnboundedReceiver<Streamed> {
         let (sender, receiver) = tokio::sync::mpsc::unbounded_channel();
         self.common
@@ -776,13 +776,17 @@ impl PythonModel {
             let scheduler = this.scheduler(&job.inputs.request);
             // Waits until `execute` has returned (the last time, for a request the model
             // reschedules); a client gone meanwhile takes the request out of the queue.
-            tokio::select! {
-                outcome = scheduler.submit(job) => if let Err(error) = outcome {
-                    let _ = sender.send(Streamed { outputs: Err(refused(error)), last: true });
+            let timing = tokio::select! {
+                outcome = scheduler.submit(job) => match outcome {
+                    Ok(outcome) => Some(outcome.timing()),
+                    Err(error) => {
+                        let _ = sender.send(Streamed { outputs: Err(refused(error)), last: true });
+                        None
+                    }
                 },
-                () = sender.closed() => {}
-            }
-            returned();
+                () = sender.closed() => None,
+            };
+            returned(timing);
         });
         receiver
     }
