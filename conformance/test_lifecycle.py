@@ -214,9 +214,12 @@ def test_warmup_runs_before_the_model_serves(http_client, explicit):
     log = explicit.log_text()
     for sample in ("from_file", "random"):
         assert f"model 'warm': 2 instance(s) warmed up with sample '{sample}'" in log, log
-    # Warmup requests are not the clients': the statistics start at zero.
+    # As in Triton, the samples count in the statistics: each of the 2 instances ran "from_file"
+    # (4 one-row requests in one execution) twice and "random" (1) twice.
     stats = http_client.get_inference_statistics("warm")["model_stats"][0]
-    assert stats["execution_count"] == 0 and stats["inference_count"] == 0
+    assert stats["execution_count"] == 8 and stats["inference_count"] == 20
+    assert stats["inference_stats"]["success"]["count"] == 20
+    assert [(b["batch_size"], b["compute_infer"]["count"]) for b in stats["batch_stats"]] == [(1, 4), (4, 4)]
     http_client.unload_model("warm")
 
 

@@ -1720,6 +1720,12 @@ def test_warmup_samples_run_before_the_model_serves(python_server):
     assert notes.read_text().splitlines() == ["2 [[1.5]]"] * 4
     assert "model 'py_warm': 1 instance(s) warmed up with sample 'ones'" in server.log_text()
     client = grpcclient.InferenceServerClient(server.grpc_url)
+    # The statistics count the samples, as Triton 2.51's do: 4 requests in 2 executions of 2.
+    stats = client.get_inference_statistics("py_warm").model_stats[0]
+    assert (stats.inference_count, stats.execution_count, stats.inference_stats.success.count) == (4, 2, 4)
+    assert [(b.batch_size, b.compute_infer.count) for b in stats.batch_stats] == [(2, 2)]
+    metrics = requests.get(f"http://{server.metrics_url}/metrics", timeout=RPC_TIMEOUT).text
+    assert 'nv_inference_count{model="py_warm",version="1"} 4' in metrics
     entry = next(m for m in client.get_model_repository_index().models if m.name == "py_warm_fail")
     assert entry.state == "UNAVAILABLE"
     assert ("failed to warm up model 'py_warm_fail' with sample 'ones': Failed to process the request(s) for "

@@ -655,7 +655,6 @@ fn start_version(
         backends.push(backend);
     }
     let io = io.ok_or_else(|| format!("model '{name}' has no instances"))?;
-    warmup::run(dir, config, &io, &layout, &mut backends)?;
     let mut gpus: Vec<(i32, String)> = Vec::new();
     for device in devices {
         if let Device::Cuda { gpu, options } = device {
@@ -670,6 +669,8 @@ fn start_version(
         }
     }
     let stats = Arc::new(ModelStats::with_gpus(name, version, &gpus, cache_responses));
+    let gpu = |index: usize| devices[index].gpu().map(|gpu| gpu.id);
+    warmup::run(dir, config, &io, &layout, &mut backends, &stats, gpu)?;
     let sessions = backends
         .into_iter()
         .zip(limits)

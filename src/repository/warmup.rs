@@ -1,7 +1,7 @@
 //! Triton's `model_warmup`: sample requests every instance runs while its version loads, before
 //! the version serves, so that the first clients do not pay for ONNX Runtime's first-run work
 //! (arena growth, kernel selection, CUDA's lazy initialisation). A sample that fails fails the
-//! load.
+//! load. As in Triton, the samples count in the version's statistics and metrics.
 //!
 //! Each input of a sample is all zeros (`zero_data`), random values (`random_data`), or the raw
 //! contents of a file in the model's `warmup/` directory (`input_data_file`), for one batch
@@ -14,17 +14,20 @@ use crate::backend::Backend;
 use crate::core::tensor::{check_bytes_framing, element_count};
 use crate::core::{DataType, InferRequest, Tensor};
 use crate::engine::validate;
+use crate::metrics::{ComputeTimes, ModelStats, Timing};
 use crate::proto::inference::model_warmup::input::InputDataType;
 use crate::proto::inference::{ModelConfig, ModelWarmup};
 use crate::repository::config::datatype_from_config;
 use crate::scheduler::layout::BatchLayout;
 use bytes::Bytes;
 use std::path::Path;
+use std::time::{Duration, Instant};
 
 /// Largest tensor a warmup sample may make (batch included): 256 MiB.
 const MAX_SAMPLE_BYTES: usize = 256 << 20;
 
-/// Runs every warmup sample of `config`, `count` times (at least once), on every instance.
+/// Runs every warmup sample of `config`, `count` times (at least once), on every instance (on
+/// GPU `gpu(index)` or CPU), counting each run in `stats`.
 ///
 /// # Errors
 /// A message naming the sample and what is wrong with it, or how the model failed on it.
@@ -34,6 +37,8 @@ pub fn run(
     io: &IoSpec,
     layout: &BatchLayout,
     backends: &mut [Box<dyn Backend>],
+    stats: &ModelStats,
+    gpu: impl Fn(usize) -> Option<i32>,
 ) -> Result<(), String> {
     let stateful = matches!(
         config.scheduling_choice,
@@ -48,11 +53,13 @@ pub fn run(
     for sample in samples(model_dir, config, io)? {
         // Laid out as a batch of one request (ragged inputs flat, batch inputs added).
         let inputs = layout.assemble(&[&sample.inputs]);
-        for backend in backends.iter_mut() {
+        for (index, backend) in backends.iter_mut().enumerate() {
             for _ in 0..sample.count {
+                let started = Instant::now();
                 backend
                     .run(&inputs)
                     .map_err(|e| sample.failed(&config.name, &e.to_string()))?;
+                sample.record(stats, started.elapsed(), gpu(index));
             }
         }
         tracing::info!(
@@ -98,6 +105,25 @@ impl Sample {
             })
             .collect();
         vec![one; self.batch]
+    }
+
+    /// Counts one run of the sample, `elapsed` long, in the version's statistics, as Triton
+    /// counts its warmup requests (statistics and metrics): an execution of `batch` rows, each
+    /// row a request of its own.
+    pub fn record(&self, stats: &ModelStats, elapsed: Duration, gpu: Option<i32>) {
+        let compute = ComputeTimes {
+            infer: elapsed,
+            ..ComputeTimes::default()
+        };
+        stats.record_execution(self.batch, compute, gpu);
+        let timing = Timing {
+            compute,
+            gpu,
+            ..Timing::default()
+        };
+        for _ in 0..self.batch {
+            stats.record_success(1, elapsed, timing);
+        }
     }
 
     /// The load error for this sample failing with `why`.

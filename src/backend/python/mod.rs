@@ -659,7 +659,7 @@ impl PythonModel {
             }
         }
         if failure.is_none() {
-            failure = warm_up(&mut slots, samples, &config.name, decoupled).err();
+            failure = warm_up(&mut slots, samples, (&config.name, stats), decoupled).err();
         }
         if let Some(why) = failure {
             slots.into_iter().for_each(scheduler::Instance::retire);
@@ -809,7 +809,7 @@ impl PythonModel {
 fn warm_up(
     slots: &mut [Slot],
     samples: &[crate::repository::warmup::Sample],
-    model: &str,
+    (model, stats): (&str, &crate::metrics::ModelStats),
     decoupled: bool,
 ) -> Result<(), String> {
     for sample in samples {
@@ -826,6 +826,7 @@ fn warm_up(
         for slot in slots.iter_mut() {
             for _ in 0..sample.count {
                 let mut failure = None;
+                let started = std::time::Instant::now();
                 if decoupled {
                     // Every response of each request, until its last.
                     let (senders, receivers): (Vec<_>, Vec<_>) = requests
@@ -854,6 +855,7 @@ fn warm_up(
                 if let Some(error) = failure {
                     return Err(sample.failed(model, error.message()));
                 }
+                sample.record(stats, started.elapsed(), None);
             }
         }
         tracing::info!(

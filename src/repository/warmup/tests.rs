@@ -23,6 +23,25 @@ impl Backend for Failing {
     }
 }
 
+/// [`super::run`] on CPU instances, counting in statistics nobody reads.
+fn run(
+    dir: &Path,
+    config: &ModelConfig,
+    io: &IoSpec,
+    layout: &BatchLayout,
+    backends: &mut [Box<dyn Backend>],
+) -> Result<(), String> {
+    super::run(
+        dir,
+        config,
+        io,
+        layout,
+        backends,
+        &ModelStats::new("m", 1),
+        |_| None,
+    )
+}
+
 fn io(max_batch_size: usize) -> IoSpec {
     IoSpec {
         max_batch_size,
@@ -64,7 +83,27 @@ fn every_instance_runs_every_sample_count_times() {
              inputs {{ key: "A" value {{ data_type: TYPE_FP32 dims: [2] random_data: true }} }} {BOTH} }}
         ]"#
     ));
-    run(&dir, &config, &io(4), &Default::default(), &mut backends).unwrap();
+    let stats = ModelStats::new("m", 1);
+    let gpu = |index| (index == 1).then_some(0);
+    super::run(
+        &dir,
+        &config,
+        &io(4),
+        &Default::default(),
+        &mut backends,
+        &stats,
+        gpu,
+    )
+    .unwrap();
+    // Counted as Triton counts its samples: each row a request, each run an execution.
+    let counted = stats.snapshot();
+    assert_eq!((counted.execution_count, counted.inference_count), (6, 14));
+    let batches: Vec<(u64, u64)> = counted
+        .batch_stats
+        .iter()
+        .map(|b| (b.batch_size, b.compute_infer.as_ref().unwrap().count))
+        .collect();
+    assert_eq!(batches, [(1, 2), (3, 4)]);
     let seen = seen.lock().unwrap();
     assert_eq!(seen.len(), 2 * 2 + 2);
     let zeros = &seen[0];
