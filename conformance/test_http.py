@@ -304,9 +304,13 @@ def test_validation_errors_have_triton_statuses(hclient):
     with pytest.raises(InferenceServerException) as e:
         hclient.infer("broken", [make_input("x", np.zeros(1, np.float32))], model_version="1")
     assert e.value.status() == "503"
+    # Statistics of a model without a ready version: Triton 2.51's words and status.
     with pytest.raises(InferenceServerException) as e:
         hclient.get_inference_statistics("nope")
-    assert e.value.status() == "404"
+    assert (e.value.status(), e.value.message()) == ("400", "requested model 'nope' is not available")
+    with pytest.raises(InferenceServerException) as e:
+        hclient.get_inference_statistics("add_sub", model_version="7")
+    assert e.value.status() == "404" and "'add_sub' version 7 is not found" in e.value.message()
 
 
 def test_statistics_match_grpc(hclient, client):

@@ -148,12 +148,26 @@ def test_raw_binary_request(server):
     assert meta["outputs"][0]["shape"] == [1, 10] and meta["model_version"] == "2"
     probabilities = np.frombuffer(r.body[n:], np.float32)
     assert abs(probabilities.sum() - 1) < 1e-4
-    text = "h\u00e9llo".encode()
-    r = post(server.http_url, "/v2/models/string_echo/infer", struct.pack("<I", len(text)) + text, {IHCL: "0"})
+    # A string input of shape [1] takes the body as its one string, as Triton takes it (the
+    # server frames it); an empty body without the header is a raw request too.
+    text = "h\u00e9llo wörld".encode()
+    r = post(server.http_url, "/v2/models/all_minilm_l6_v2/infer", text, {IHCL: "0"})
     assert r.status == 200, r
     n = int(r.headers[IHCL.lower()])
-    assert json.loads(r.body[:n])["outputs"][0]["shape"] == [1, 1]
-    assert r.body[n:] == struct.pack("<I", len(text)) + text
+    meta = json.loads(r.body[:n])
+    assert meta["outputs"][0]["shape"] == [1, 384]
+    embedding = np.frombuffer(r.body[n:], np.float32)
+    framed = json.dumps({"inputs": [{"name": "text", "datatype": "BYTES", "shape": [1, 1],
+                                     "data": ["h\u00e9llo wörld"]}]}).encode()
+    r = post(server.http_url, "/v2/models/all_minilm_l6_v2/infer", framed)
+    np.testing.assert_allclose(embedding, np.array(json.loads(r.body)["outputs"][0]["data"], np.float32), atol=1e-6)
+    # Triton's rule for strings: shape [1] only (string_echo's is [-1]).
+    r = post(server.http_url, "/v2/models/string_echo/infer", text, {IHCL: "0"})
+    assert (r.status, r.error()) == (400, "[request id: <id_unknown>] For BYTE datatype raw input 'input-1', "
+                                          "the model must have input shape [1]")
+    r = post(server.http_url, "/v2/models/mlp_classifier/infer", b"")
+    assert (r.status, r.error()) == (400, "[request id: <id_unknown>] input byte size mismatch for input "
+                                          "'raw_input' for model 'mlp_classifier'. Expected 256, got 0")
 
 
 @pytest.mark.parametrize("encoding", ["gzip", "deflate"])
@@ -190,7 +204,7 @@ def _input(shape, datatype="FP32", **source):
 
 BAD_JSON = [
     ("garbage", b"\x00\xff\xfe garbage", "failed to parse the request JSON buffer"),
-    ("empty body", b"", "The document is empty"),
+    ("empty body", b"", "Raw request must only have 1 input (found 1) to be deduced but got 2 inputs"),
     ("json array", b"[]", "must be a JSON object"),
     ("negative shape", _input([-1, 16], data=[1]), "Unable to parse 'shape'"),
     ("overflowing shape", _input([2**32, 2**32, 2**32], data=[1]), "too many elements"),
@@ -199,7 +213,7 @@ BAD_JSON = [
      "deeper than the limit"),
     ("object depth bomb", b'{"a":' * 200_000, "deeper than the limit"),
     ("value count bomb", b'{"inputs":[],"x":[' + b"0," * 1_100_000 + b"0]}", "more than 1000000 values"),
-    ("unknown datatype", _input([1, 16], "FLOAT", data=[1]), "invalid datatype 'FLOAT'"),
+    ("unknown datatype", _input([1, 16], "FLOAT", data=[1]), "invalid datatype for input INPUT0"),
     ("data of the wrong kind", _input([1, 1], data=["1"]), "expected a number for FP32 input 'INPUT0'"),
     ("int out of range", _input([1, 1], "INT8", data=[300]), "signed integer in range"),
     ("too little data", _input([1, 16], data=[1, 2]), "Shape does not match true shape of 'data' field"),
@@ -207,7 +221,7 @@ BAD_JSON = [
     ("data and binary", _input([1, 16], data=[1], parameters={"binary_data_size": 64}),
      "Input must set only one of the following fields"),
     ("binary without header", _input([1, 16], parameters={"binary_data_size": 64}),
-     "must specify valid 'Infer-Header-Content-Length'"),
+     "unexpected size for input 'INPUT0', expecting 64 additional bytes for model 'add_sub'"),
 ]
 
 
@@ -241,10 +255,12 @@ def test_header_length_larger_than_body(alive):
 def test_huge_binary_data_size(alive):
     header = _input([1, 16], parameters={"binary_data_size": 2**64 - 1})
     r = post(alive.http_url, INFER, header + b"\0" * 64, {IHCL: str(len(header))})
-    assert r.status == 400 and f"expecting {2**64 - 1} bytes" in r.error(), r
+    # Triton's words name the bytes missing.
+    assert r.status == 400 and f"expecting {2**64 - 1 - 64} additional bytes" in r.error(), r
     header = _input([1, 16], parameters={"binary_data_size": 2**40})
     r = post(alive.http_url, INFER, header + b"\0" * 64, {IHCL: str(len(header))})
-    assert r.status == 400 and "expecting 1099511627776 bytes" in r.error(), r
+    assert (r.status, r.error()) == (400, f"unexpected size for input 'INPUT0', expecting {2**40 - 64} "
+                                          "additional bytes for model 'add_sub'"), r
 
 
 def test_extra_binary_data(alive):

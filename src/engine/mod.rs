@@ -258,12 +258,19 @@ impl Engine {
                 .flat_map(serving_versions)
                 .collect());
         }
-        let (model, serving) = self.resolve(name, version)?;
         if version.is_empty() {
-            Ok(serving_versions(&model))
-        } else {
-            Ok(vec![serving.stats.snapshot()])
+            // Triton looks the name up among the models with a ready version, in its words.
+            let snapshot = self.repository.snapshot();
+            let model = snapshot.get(name).and_then(|slot| slot.serving.as_deref());
+            return match model {
+                Some(model) if !model.versions.is_empty() => Ok(serving_versions(model)),
+                _ => Err(Error::InvalidArgument(format!(
+                    "requested model '{name}' is not available"
+                ))),
+            };
         }
+        let (_, serving) = self.resolve(name, version)?;
+        Ok(vec![serving.stats.snapshot()])
     }
 
     /// Every model in the repository with the state of each known version. `ready_only` keeps

@@ -51,7 +51,9 @@ pub fn prepare_inputs(
              required input(s) {}. Please provide all required input(s).",
             request.inputs.len(),
             quoted_list(request.inputs.iter().map(|i| i.name.as_str())),
-            quoted_list(missing)
+            // Triton 2.51 writes an empty list of missing inputs as "]" (its "[" is taken off
+            // with the trailing comma that is not there); clients may match its text.
+            Some(quoted_list(missing)).filter(|m| m != "[]").unwrap_or_else(|| "]".into())
         )
     };
     if request.inputs.len() > io.inputs.len() || request.inputs.len() < required {
@@ -397,7 +399,7 @@ mod tests {
         ];
         assert!(err(&io, request(three)).starts_with(
             "[request id: <id_unknown>] expected 2 inputs but got 3 inputs for model 'add_sub'. \
-             Got input(s) ['INPUT0','INPUT1','INPUT2'], but missing required input(s) []."
+             Got input(s) ['INPUT0','INPUT1','INPUT2'], but missing required input(s) ]."
         ));
     }
 

@@ -349,7 +349,9 @@ async fn raw_binary_request() {
     )
     .await;
     assert_eq!(two_inputs.status, 400);
-    assert!(two_inputs.error().contains("exactly one input"));
+    assert!(two_inputs
+        .error()
+        .contains("Raw request must only have 1 input (found 1) to be deduced but got 2 inputs"));
 }
 
 fn classification_strings(values: &[Value]) -> Vec<String> {

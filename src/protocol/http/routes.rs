@@ -246,9 +246,7 @@ async fn repository_index(
     let ready = if request.iter().all(u8::is_ascii_whitespace) {
         false
     } else {
-        let doc: Value = serde_json::from_slice(&request)
-            .map_err(|e| bad(format!("failed to parse the request JSON buffer: {e}")))?;
-        match doc.get("ready") {
+        match super::json::document(&request)?.get("ready") {
             None => false,
             Some(Value::Bool(ready)) => *ready,
             Some(_) => return Err(bad("Unable to parse 'ready': expected a boolean".into())),
@@ -319,8 +317,7 @@ async fn repository_parameters(
     if request.iter().all(u8::is_ascii_whitespace) {
         return Ok(BTreeMap::new());
     }
-    let doc: Value = serde_json::from_slice(&request)
-        .map_err(|e| bad(format!("failed to parse the request JSON buffer: {e}")))?;
+    let doc = super::json::document(&request)?;
     let parameters = match doc.get("parameters") {
         None | Some(Value::Null) => return Ok(BTreeMap::new()),
         Some(Value::Object(parameters)) => parameters,

@@ -93,10 +93,9 @@ async fn json_object(
     request: Body,
 ) -> Result<Map<String, Value>, HttpError> {
     let request = body::read(request, headers, state.config.max_input_bytes).await?;
-    match serde_json::from_slice(&request) {
-        Ok(Value::Object(doc)) => Ok(doc),
-        Ok(_) => Err(invalid_arg!("the request body must be a JSON object").into()),
-        Err(e) => Err(invalid_arg!("failed to parse the request JSON buffer: {e}").into()),
+    match super::json::document(&request)? {
+        Value::Object(doc) => Ok(doc),
+        _ => Err(invalid_arg!("the request body must be a JSON object").into()),
     }
 }
 

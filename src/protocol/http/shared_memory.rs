@@ -114,9 +114,7 @@ async fn cuda_unregister() -> StatusCode {
 
 /// `{"key": string, "offset": unsigned (default 0), "byte_size": unsigned}`.
 fn register_body(request: &[u8]) -> Result<(String, u64, u64), Error> {
-    let doc: Value = serde_json::from_slice(request).map_err(|e| {
-        Error::InvalidArgument(format!("failed to parse the request JSON buffer: {e}"))
-    })?;
+    let doc = super::json::document(request)?;
     let key = doc
         .get("key")
         .and_then(Value::as_str)

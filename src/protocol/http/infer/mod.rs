@@ -64,14 +64,15 @@ async fn infer(
         trace.record(Activity::HttpRecvEnd, Instant::now());
     }
     let header_length = header_length(headers, body.len())?;
-    let (mut request, formats) = match header_length {
-        Some(0) => {
-            let request = state
-                .engine
-                .raw_input_request(&model.name, &model.version, body)?;
-            (request, OutputFormats::all_binary())
-        }
-        _ => request::decode(&model.name, &model.version, body, header_length)?,
+    // No JSON at all (a header length of 0, or an empty body without one): the body is the
+    // data of the model's only input, as Triton reads it.
+    let (mut request, formats) = if header_length.unwrap_or(body.len()) == 0 {
+        let request = state
+            .engine
+            .raw_input_request(&model.name, &model.version, body)?;
+        (request, OutputFormats::all_binary())
+    } else {
+        request::decode(&model.name, &model.version, body, header_length)?
     };
     request.trace = trace.clone();
     let response = state.engine.infer_admitted(&admission, request).await?;

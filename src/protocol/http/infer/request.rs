@@ -82,12 +82,7 @@ pub fn decode(
         .ok_or_else(|| invalid_arg!("Unable to parse 'inputs': expected an array"))?;
     let mut tensors = Vec::with_capacity(inputs.len());
     for input in inputs {
-        tensors.push(decode_input(
-            model,
-            input,
-            &mut binary,
-            header_length.is_some(),
-        )?);
+        tensors.push(decode_input(model, input, &mut binary)?);
     }
     if !binary.is_empty() {
         return Err(invalid_arg!(
@@ -116,12 +111,7 @@ pub fn decode(
     Ok((request, formats))
 }
 
-fn decode_input(
-    model: &str,
-    input: &Value<'_>,
-    binary: &mut Bytes,
-    has_header_length: bool,
-) -> Result<Tensor, Error> {
+fn decode_input(model: &str, input: &Value<'_>, binary: &mut Bytes) -> Result<Tensor, Error> {
     if input.as_object().is_none() {
         return Err(invalid_arg!("Unable to parse 'inputs': expected objects"));
     }
@@ -159,9 +149,9 @@ fn decode_input(
         .get("datatype")
         .and_then(Value::as_str)
         .ok_or_else(|| invalid_arg!("Unable to parse 'datatype': expected a string"))?;
-    let datatype = DataType::from_wire(datatype_name).ok_or_else(|| {
-        invalid_arg!("invalid datatype '{datatype_name}' for input '{name}' for model '{model}'")
-    })?;
+    // Triton's words (checked against 2.51).
+    let datatype = DataType::from_wire(datatype_name)
+        .ok_or_else(|| invalid_arg!("invalid datatype for input {name}"))?;
     let shape = shape(input.get("shape"))?;
     let data = if has_shm {
         // The engine reads it out of the region its parameters name.
@@ -173,7 +163,7 @@ fn decode_input(
             .ok_or_else(|| {
                 invalid_arg!("Unable to parse 'binary_data_size': expected an unsigned integer")
             })?;
-        take_binary(model, &name, size, binary, has_header_length)?
+        take_binary(model, &name, size, binary)?
     } else {
         let count = element_count(&shape).map_err(|e| {
             invalid_arg!(
@@ -202,28 +192,15 @@ fn decode_input(
     })
 }
 
-/// The next `size` bytes of binary data, without copying.
-fn take_binary(
-    model: &str,
-    name: &str,
-    size: u64,
-    binary: &mut Bytes,
-    has_header_length: bool,
-) -> Result<Bytes, Error> {
-    if size == 0 {
-        return Ok(Bytes::new());
-    }
-    if !has_header_length {
-        return Err(invalid_arg!(
-            "must specify valid 'Infer-Header-Content-Length' in request header and \
-             'binary_data_size' when passing inputs in binary data format"
-        ));
-    }
+/// The next `size` bytes of binary data, without copying. Without an
+/// `Inference-Header-Content-Length` the whole body is JSON and there are none: Triton's
+/// message names the bytes missing.
+fn take_binary(model: &str, name: &str, size: u64, binary: &mut Bytes) -> Result<Bytes, Error> {
     match usize::try_from(size) {
         Ok(size) if size <= binary.len() => Ok(binary.split_to(size)),
         _ => Err(invalid_arg!(
-            "unexpected size for input '{name}', expecting {size} bytes but only {} remain in the request body for model '{model}'",
-            binary.len()
+            "unexpected size for input '{name}', expecting {} additional bytes for model '{model}'",
+            size - binary.len() as u64
         )),
     }
 }

@@ -167,6 +167,22 @@ pub fn parse<'a>(src: &'a [u8], lazy_key: Option<&str>) -> Result<Value<'a>, Par
     Ok(value)
 }
 
+/// A small request body (repository, settings, shared-memory APIs) as a `serde_json` tree.
+///
+/// # Errors
+/// INVALID_ARGUMENT "failed to parse the request JSON buffer: ..." with the syntax error as
+/// [`parse`] (and so Triton's rapidjson) words it.
+pub fn document(src: &[u8]) -> Result<serde_json::Value, crate::core::Error> {
+    serde_json::from_slice(src).map_err(|serde| {
+        let why = parse(src, None)
+            .err()
+            .map_or(serde.to_string(), |e| e.to_string());
+        crate::core::Error::InvalidArgument(format!(
+            "failed to parse the request JSON buffer: {why}"
+        ))
+    })
+}
+
 /// One leaf of a nested array, as [`visit_scalars`] reports it.
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub enum Scalar<'s> {
