@@ -293,7 +293,39 @@ def test_bytes_typed_huge_shape(stub):
 def test_reserved_triton_parameter(stub):
     req = add_sub_req()
     req.parameters["triton_bogus"].string_param = "x"
-    assert_rpc_error(infer_err(stub, req), INV, "parameter keys starting with 'triton_' are reserved")
+    assert_rpc_error(infer_err(stub, req), INV, "parameter keys starting with 'triton_' are reserved for Triton "
+                     "usage. Only the following keys starting with 'triton_' are allowed: "
+                     "triton_enable_empty_final_response")
+
+
+# Triton 2.51's gRPC front end checks the type of each parameter (bench/triton_parity.sh --json).
+@pytest.mark.parametrize("key,field,value,message", [
+    ("priority", "string_param", "high", "invalid value type for 'priority' parameter, expected int64_param or "
+                                         "uint64_param."),
+    ("priority", "int64_param", -1, "invalid value for 'priority', expected value >= 0."),
+    ("timeout", "uint64_param", 5, "invalid value type for 'timeout' parameter, expected int64_param."),
+    ("sequence_id", "uint64_param", 5, "invalid value type for 'sequence_id' parameter, expected int64_param or "
+                                       "string_param."),
+    ("sequence_start", "int64_param", 1, "invalid value type for 'sequence_start' parameter, expected bool_param."),
+    ("triton_enable_empty_final_response", "int64_param", 1,
+     "invalid value type for 'triton_enable_empty_final_response' parameter, expected bool_param."),
+    ("custom", "uint64_param", 5, "invalid value type for 'custom' parameter, expected int64_param, bool_param, "
+                                  "or string_param."),
+])
+def test_parameters_of_the_wrong_type(stub, key, field, value, message):
+    req = add_sub_req()
+    setattr(req.parameters[key], field, value)
+    err = infer_err(stub, req)
+    assert (err.code(), err.details()) == (INV, message)
+
+
+def test_parameters_of_the_right_type_pass(stub):
+    req = add_sub_req()
+    req.parameters["priority"].uint64_param = 1
+    req.parameters["timeout"].int64_param = 10_000_000
+    req.parameters["custom"].double_param = 0.5
+    req.parameters["triton_enable_empty_final_response"].bool_param = True
+    assert len(stub.ModelInfer(req).outputs) == 2
 
 
 # --------------------------------------------------------------------------- unimplemented RPCs

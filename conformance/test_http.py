@@ -310,7 +310,8 @@ def test_validation_errors_have_triton_statuses(hclient):
     assert (e.value.status(), e.value.message()) == ("400", "requested model 'nope' is not available")
     with pytest.raises(InferenceServerException) as e:
         hclient.get_inference_statistics("add_sub", model_version="7")
-    assert e.value.status() == "404" and "'add_sub' version 7 is not found" in e.value.message()
+    assert (e.value.status(), e.value.message()) == (
+        "400", "requested model version is not available for model 'add_sub'")
 
 
 def test_statistics_match_grpc(hclient, client):

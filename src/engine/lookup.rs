@@ -56,7 +56,7 @@ impl Engine {
 }
 
 /// Parses a version string as Triton does: an integer greater than zero.
-fn parse_version(version: &str) -> Result<i64, Error> {
+pub(super) fn parse_version(version: &str) -> Result<i64, Error> {
     version.parse::<i64>().ok().filter(|&v| v > 0).ok_or_else(|| {
         invalid_arg!(
             "failed to get model version from specified version string '{version}' (details: stol), \

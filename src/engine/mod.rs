@@ -258,18 +258,23 @@ impl Engine {
                 .flat_map(serving_versions)
                 .collect());
         }
+        // Triton looks the name up among the models with a ready version, in its words
+        // (checked against 2.51).
+        let snapshot = self.repository.snapshot();
+        let model = snapshot
+            .get(name)
+            .and_then(|slot| slot.serving.as_deref())
+            .filter(|model| !model.versions.is_empty())
+            .ok_or_else(|| invalid_arg!("requested model '{name}' is not available"))?;
         if version.is_empty() {
-            // Triton looks the name up among the models with a ready version, in its words.
-            let snapshot = self.repository.snapshot();
-            let model = snapshot.get(name).and_then(|slot| slot.serving.as_deref());
-            return match model {
-                Some(model) if !model.versions.is_empty() => Ok(serving_versions(model)),
-                _ => Err(Error::InvalidArgument(format!(
-                    "requested model '{name}' is not available"
-                ))),
-            };
+            return Ok(serving_versions(model));
         }
-        let (_, serving) = self.resolve(name, version)?;
+        let serving = model
+            .versions
+            .get(&lookup::parse_version(version)?)
+            .ok_or_else(|| {
+                invalid_arg!("requested model version is not available for model '{name}'")
+            })?;
         Ok(vec![serving.stats.snapshot()])
     }
 
@@ -724,6 +729,7 @@ fn python_sequence(flags: &SequenceFlags, slot: usize) -> crate::backend::python
 fn check_parameters(request: &InferRequest) -> Result<(), Error> {
     for key in request.parameters.keys() {
         if key.starts_with("triton_") && key != "triton_enable_empty_final_response" {
+            // Triton's REST words; its gRPC front end words it otherwise (protocol::codec).
             return Err(invalid_arg!(
                 "parameter keys starting with 'triton_' are reserved for Triton usage and should not be specified."
             ));

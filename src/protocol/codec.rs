@@ -34,6 +34,51 @@ pub fn params_from_wire(params: HashMap<String, InferParameter>) -> Parameters {
         .collect()
 }
 
+/// The request parameters Triton's gRPC front end refuses, in its words (checked against 2.51):
+/// the sequence, priority and timeout keys of another type, a negative priority, `triton_*` keys
+/// but `triton_enable_empty_final_response` (a bool), and `uint64_param` for any other key.
+fn check_parameter_types(params: &HashMap<String, InferParameter>) -> Result<(), Error> {
+    use ParameterChoice::{BoolParam, DoubleParam, Int64Param, StringParam, Uint64Param};
+    const EMPTY_FINAL: &str = "triton_enable_empty_final_response";
+    for (key, param) in params {
+        let choice = param.parameter_choice.as_ref();
+        let expected = match key.as_str() {
+            "sequence_id" => (!matches!(choice, Some(Int64Param(_) | StringParam(_))))
+                .then_some("int64_param or string_param"),
+            "sequence_start" | "sequence_end" | EMPTY_FINAL => {
+                (!matches!(choice, Some(BoolParam(_)))).then_some("bool_param")
+            }
+            "priority" => match choice {
+                Some(Int64Param(p)) if *p < 0 => {
+                    return Err(invalid_arg!(
+                        "invalid value for 'priority', expected value >= 0."
+                    ))
+                }
+                Some(Int64Param(_) | Uint64Param(_)) => None,
+                _ => Some("int64_param or uint64_param"),
+            },
+            "timeout" => (!matches!(choice, Some(Int64Param(_)))).then_some("int64_param"),
+            _ if key.starts_with("triton_") => {
+                return Err(invalid_arg!(
+                    "parameter keys starting with 'triton_' are reserved for Triton usage. Only \
+                     the following keys starting with 'triton_' are allowed: {EMPTY_FINAL}"
+                ))
+            }
+            _ => (!matches!(
+                choice,
+                Some(Int64Param(_) | BoolParam(_) | StringParam(_) | DoubleParam(_))
+            ))
+            .then_some("int64_param, bool_param, or string_param"),
+        };
+        if let Some(expected) = expected {
+            return Err(invalid_arg!(
+                "invalid value type for '{key}' parameter, expected {expected}."
+            ));
+        }
+    }
+    Ok(())
+}
+
 /// Engine parameters → wire parameters.
 pub fn params_to_wire(params: Parameters) -> HashMap<String, InferParameter> {
     params
@@ -64,6 +109,7 @@ pub fn params_to_wire(params: Parameters) -> HashMap<String, InferParameter> {
 /// INVALID_ARGUMENT with Triton's message for missing data, mixed raw/typed data, a typed field
 /// that does not match the datatype, typed contents beside shared memory, or an unknown datatype.
 pub fn request_from_wire(request: ModelInferRequest) -> Result<InferRequest, Error> {
+    check_parameter_types(&request.parameters)?;
     let model = request.model_name;
     let uses_raw = !request.raw_input_contents.is_empty();
     // Clients such as MLServer's converter send an empty `contents` beside raw data: only a
@@ -533,5 +579,49 @@ mod tests {
             .map(Result::unwrap)
             .collect();
         assert_eq!(elements, vec![&b"a"[..], &b""[..]]);
+    }
+
+    #[test]
+    fn parameter_types_are_checked_as_triton_checks_them() {
+        let request = |key: &str, choice: ParameterChoice| ModelInferRequest {
+            parameters: HashMap::from([(
+                key.to_string(),
+                InferParameter {
+                    parameter_choice: Some(choice),
+                },
+            )]),
+            ..Default::default()
+        };
+        let refusal = |key, choice| {
+            request_from_wire(request(key, choice))
+                .unwrap_err()
+                .message()
+                .to_string()
+        };
+        use ParameterChoice::{BoolParam, DoubleParam, Int64Param, StringParam, Uint64Param};
+        assert_eq!(
+            refusal("timeout", Uint64Param(1)),
+            "invalid value type for 'timeout' parameter, expected int64_param."
+        );
+        assert_eq!(
+            refusal("priority", Int64Param(-1)),
+            "invalid value for 'priority', expected value >= 0."
+        );
+        assert!(refusal("priority", BoolParam(true)).ends_with("int64_param or uint64_param."));
+        assert!(refusal("sequence_id", Uint64Param(1)).ends_with("int64_param or string_param."));
+        assert!(refusal("sequence_end", StringParam("y".into())).ends_with("bool_param."));
+        assert!(refusal("triton_x", BoolParam(true)).contains("are allowed: triton_enable_empty"));
+        assert!(refusal("k", Uint64Param(1)).ends_with("int64_param, bool_param, or string_param."));
+        for (key, choice) in [
+            ("priority", Uint64Param(3)),
+            ("priority", Int64Param(3)),
+            ("timeout", Int64Param(5)),
+            ("sequence_id", StringParam("s".into())),
+            ("sequence_start", BoolParam(true)),
+            ("triton_enable_empty_final_response", BoolParam(true)),
+            ("k", DoubleParam(0.5)),
+        ] {
+            assert!(request_from_wire(request(key, choice)).is_ok(), "{key}");
+        }
     }
 }

@@ -271,9 +271,13 @@ async fn statistics_cover_all_models_and_metrics_use_triton_names() {
         name: "nope".into(),
         version: String::new(),
     };
+    let refused = client.model_statistics(unknown).await.unwrap_err();
     assert_eq!(
-        client.model_statistics(unknown).await.unwrap_err().code(),
-        Code::NotFound
+        (refused.code(), refused.message()),
+        (
+            Code::InvalidArgument,
+            "requested model 'nope' is not available"
+        )
     );
 
     let text = server.metrics_text();
