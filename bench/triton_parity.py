@@ -182,6 +182,10 @@ def rest_probes():
         return {"name": name, "datatype": datatype, "shape": list(shape), "data": data}
 
     both = [tensor("INPUT0"), tensor("INPUT1")]
+    types = ["BOOL", "UINT8", "UINT16", "UINT32", "UINT64", "INT8", "INT16", "INT32", "INT64", "FP16", "FP32",
+             "FP64", "BYTES"]
+    sample = {"BOOL": [True], "BYTES": ["a"], "FP16": [1.0], "FP32": [1.0], "FP64": [1.0]}
+    identity = [tensor(f"IN_{t}", t, shape=(1, 1), data=sample.get(t, [1])) for t in types]
     j = {"Content-Type": "application/json"}
     binary = json.dumps({"inputs": [dict(tensor("INPUT0"), data=None, parameters={"binary_data_size": 64}),
                                     tensor("INPUT1")]}).replace(', "data": null', "")
@@ -238,6 +242,15 @@ def rest_probes():
         ("system shm status unknown region", "GET", "/v2/systemsharedmemory/region/nope/status", None, {}),
         ("register shm bad key", "POST", "/v2/systemsharedmemory/region/r/register",
          '{"key": "/no_such_region", "offset": 0, "byte_size": 64}', j),
+        # Several inputs wrong: which one the answer names (Triton's hash map order).
+        ("both FP64", "POST", f"{add}/infer", infer([tensor("INPUT0", "FP64"), tensor("INPUT1", "FP64")]), j),
+        ("both FP64, reversed", "POST", f"{add}/infer", infer([tensor("INPUT1", "FP64"), tensor("INPUT0", "FP64")]), j),
+        ("five of thirteen", "POST", "/v2/models/py_identity/infer", infer(identity[:5]), j),
+        ("thirteen and one more", "POST", "/v2/models/py_identity/infer",
+         infer(identity + [tensor("EXTRA", "INT8", shape=(1, 1), data=[1])]), j),
+        ("thirteen all INT8", "POST", "/v2/models/py_identity/infer",
+         infer([dict(t, datatype="INT8", data=[1]) for t in identity if t["datatype"] != "INT8"]
+               + [t for t in identity if t["datatype"] == "INT8"]), j),
         ("raw string", "POST", "/v2/models/raw_text/infer", b"hello", {"Inference-Header-Content-Length": "0"}),
         ("raw empty string", "POST", "/v2/models/raw_text/infer", b"", {}),
         ("raw string, variable dims", "POST", "/v2/models/py_echo/infer", b"hello",
@@ -256,7 +269,7 @@ def rest_probes():
 
 # Differences kept on purpose (bench/RESULTS.md, "Nineteenth session").
 MALFORMED = "400, not Triton's 500 (its JSON reader's errors are INTERNAL): the client's mistake"
-WORDED = MALFORMED + "; kiln's words name the input where Triton's are rapidjson's"
+WORDED = MALFORMED + "; kiln's own words (naming the input) where Triton's are rapidjson's"
 KNOWN = {
     "garbage body": MALFORMED,
     "index garbage": MALFORMED,
@@ -269,8 +282,6 @@ KNOWN = {
     "bad priority": WORDED,
     "bad timeout": WORDED,
     "log settings bad body": WORDED,
-    "unknown input": "Triton lists the inputs in its hash map's order, kiln in the request's",
-    "batches disagree": "Triton names the input its hash map visits second, kiln the request's second",
     "huge shape": "Triton 2.51 aborts (the process dies); kiln refuses it, 400",
 }
 
@@ -359,6 +370,10 @@ def grpc_probes():
         ("wrong shape", "ModelInfer", infer(inputs=[tensor(shape=(1, 15)), tensor("INPUT1")],
                                             raw_contents=[raw[:60], raw])),
         ("raw size mismatch", "ModelInfer", infer(raw_contents=[raw[:60], raw])),
+        ("short data and wrong shape", "ModelInfer",
+         infer(inputs=[tensor(), tensor("INPUT1", shape=(1, 15))], raw_contents=[raw[:60], raw[:60]])),
+        ("both FP64", "ModelInfer", infer(inputs=[tensor(datatype="FP64"), tensor("INPUT1", "FP64")],
+                                          raw_contents=[raw * 2, raw * 2])),
         ("fewer raw entries", "ModelInfer", infer(raw_contents=[raw])),
         ("more raw entries", "ModelInfer", infer(raw_contents=[raw, raw, raw])),
         ("typed count mismatch", "ModelInfer",
@@ -414,8 +429,6 @@ def grpc_probes():
 
 # gRPC differences kept on purpose (bench/RESULTS.md, "Nineteenth session").
 GRPC_KNOWN = {
-    "unknown input": KNOWN["unknown input"],
-    "negative dim": KNOWN["batches disagree"],
     "unknown datatype": "kiln refuses an unknown datatype as it decodes the request, naming it; Triton "
                         "reads it as INVALID and refuses it later as a datatype mismatch",
     "more raw entries": "kiln refuses raw_input_contents that match no input; Triton ignores them",

@@ -16,6 +16,9 @@ pub mod shared_memory;
 mod stream;
 mod traces;
 pub mod validate;
+mod visit_order;
+
+use visit_order::visit_order;
 
 use crate::backend::BackendError;
 use crate::core::{Error, InferRequest, InferResponse};

@@ -20,7 +20,12 @@ fn quoted_list<'a>(names: impl Iterator<Item = &'a str>) -> String {
 }
 
 /// Validates the request's inputs and requested outputs, and returns the inputs reshaped for the
-/// model, in request order.
+/// model, in the model's order.
+///
+/// The checks follow Triton's: requested outputs, the input count, then a pass over the inputs
+/// for their names and batch dimension, one for datatype and shape, one for their data. Where
+/// several inputs are wrong, the one reported is the one Triton's core meets first
+/// ([`super::visit_order`]).
 ///
 /// # Errors
 /// [`Error::InvalidArgument`] with Triton's message for the first problem found.
@@ -30,6 +35,14 @@ pub fn prepare_inputs(
     request: &mut InferRequest,
 ) -> Result<Vec<Tensor>, Error> {
     let prefix = request_prefix(&request.id);
+    for output in &request.outputs {
+        if io.output(&output.name).is_none() {
+            return Err(invalid_arg!(
+                "unexpected inference output '{}' for model '{model}'",
+                output.name
+            ));
+        }
+    }
     let required = io.inputs.iter().filter(|spec| !spec.optional).count();
     let count_error = |request: &InferRequest| {
         let missing = io
@@ -46,11 +59,13 @@ pub fn prepare_inputs(
                 io.inputs.len()
             )
         };
+        let names: Vec<&str> = request.inputs.iter().map(|i| i.name.as_str()).collect();
+        let got = super::visit_order(&names).into_iter().map(|i| names[i]);
         invalid_arg!(
             "{prefix}{expected} but got {} inputs for model '{model}'. Got input(s) {}, but missing \
              required input(s) {}. Please provide all required input(s).",
             request.inputs.len(),
-            quoted_list(request.inputs.iter().map(|i| i.name.as_str())),
+            quoted_list(got),
             // Triton 2.51 writes an empty list of missing inputs as "]" (its "[" is taken off
             // with the trailing comma that is not there); clients may match its text.
             Some(quoted_list(missing)).filter(|m| m != "[]").unwrap_or_else(|| "]".into())
@@ -60,12 +75,6 @@ pub fn prepare_inputs(
         return Err(count_error(request));
     }
     for (index, input) in request.inputs.iter().enumerate() {
-        if io.input(&input.name).is_none() {
-            return Err(invalid_arg!(
-                "unexpected inference input '{}' for model '{model}'",
-                input.name
-            ));
-        }
         if request.inputs[..index]
             .iter()
             .any(|earlier| earlier.name == input.name)
@@ -76,6 +85,28 @@ pub fn prepare_inputs(
             ));
         }
     }
+    let batched = io.max_batch_size > 0;
+    let batch = if batched {
+        in_triton_order(&request.inputs, |inputs| {
+            batch_size(model, io, inputs, &prefix)
+        })?
+    } else {
+        None
+    };
+    if let Some(b) = batch {
+        if b < 0 || b as u64 > io.max_batch_size as u64 {
+            return Err(invalid_arg!(
+                "{prefix}inference request batch-size must be <= {} for '{model}'",
+                io.max_batch_size
+            ));
+        }
+    }
+    in_triton_order(&request.inputs, |inputs| {
+        for input in inputs {
+            check_declared(model, batched, io, input, &prefix)?;
+        }
+        Ok(())
+    })?;
     // With optional inputs the count can be right and a required input still missing.
     if io
         .inputs
@@ -84,28 +115,39 @@ pub fn prepare_inputs(
     {
         return Err(count_error(request));
     }
-    for output in &request.outputs {
-        if io.output(&output.name).is_none() {
-            return Err(invalid_arg!(
-                "unexpected inference output '{}' for model '{model}'",
-                output.name
-            ));
+    in_triton_order(&request.inputs, |inputs| {
+        for input in inputs {
+            check_data(model, io, input, &prefix)?;
         }
-    }
-
-    let batch = batch_size(model, io, request, &prefix)?;
+        Ok(())
+    })?;
     let mut inputs = std::mem::take(&mut request.inputs);
     // The model's order, so that requests batch input by input.
     inputs.sort_by_key(|input| io.inputs.iter().position(|spec| spec.name == input.name));
-    inputs
+    Ok(inputs
         .into_iter()
         .map(|input| {
             let spec = io.input(&input.name).expect("checked above");
-            check_input(model, io.max_batch_size > 0, spec, &input, &prefix)?;
-            Ok(to_model_shape(input, spec, batch))
+            to_model_shape(input, spec, batch)
         })
-        .collect()
+        .collect())
 }
+
+/// Runs a pass over the inputs in request order; when it finds a problem, runs it again in the
+/// order Triton's core visits them, to report the problem Triton reports.
+fn in_triton_order<T>(
+    inputs: &[Tensor],
+    pass: impl Fn(Inputs<'_, '_>) -> Result<T, Error>,
+) -> Result<T, Error> {
+    pass(&mut inputs.iter()).or_else(|first| {
+        let names: Vec<&str> = inputs.iter().map(|input| input.name.as_str()).collect();
+        let order = super::visit_order(&names);
+        pass(&mut order.into_iter().map(|index| &inputs[index])).and(Err(first))
+    })
+}
+
+/// The inputs as one pass walks them.
+type Inputs<'p, 'a> = &'p mut dyn Iterator<Item = &'a Tensor>;
 
 /// Rows a validated request adds to a batch: its batch size, or 1 for models without batching.
 pub fn rows(io: &IoSpec, inputs: &[Tensor]) -> usize {
@@ -118,18 +160,17 @@ pub fn rows(io: &IoSpec, inputs: &[Tensor]) -> usize {
         .map_or(1, |&b| b.max(0) as usize)
 }
 
-/// The request's batch size (1 for models that do not batch).
+/// The batch size the inputs of a batching model agree on, checking each is the model's: the
+/// first pass of Triton's normalisation.
 fn batch_size(
     model: &str,
     io: &IoSpec,
-    request: &InferRequest,
+    inputs: Inputs<'_, '_>,
     prefix: &str,
 ) -> Result<Option<i64>, Error> {
-    if io.max_batch_size == 0 {
-        return Ok(None);
-    }
     let mut batch = None;
-    for input in &request.inputs {
+    for input in inputs {
+        known(model, io, input)?;
         let Some(&first) = input.shape.first() else {
             return Err(invalid_arg!(
                 "{prefix}input '{}' has no shape but model requires batch dimension for '{model}'",
@@ -147,24 +188,28 @@ fn batch_size(
             Some(_) => {}
         }
     }
-    if let Some(b) = batch {
-        if b < 0 || b as u64 > io.max_batch_size as u64 {
-            return Err(invalid_arg!(
-                "{prefix}inference request batch-size must be <= {} for '{model}'",
-                io.max_batch_size
-            ));
-        }
-    }
     Ok(batch)
 }
 
-fn check_input(
+/// The model's spec of `input`, or Triton's refusal of a name the model does not have.
+fn known<'s>(model: &str, io: &'s IoSpec, input: &Tensor) -> Result<&'s TensorSpec, Error> {
+    io.input(&input.name).ok_or_else(|| {
+        invalid_arg!(
+            "unexpected inference input '{}' for model '{model}'",
+            input.name
+        )
+    })
+}
+
+/// An input's name, datatype and shape against the model's: the second pass.
+fn check_declared(
     model: &str,
     batched: bool,
-    spec: &TensorSpec,
+    io: &IoSpec,
     input: &Tensor,
     prefix: &str,
 ) -> Result<(), Error> {
+    let spec = known(model, io, input)?;
     let name = &input.name;
     if input.datatype != spec.datatype {
         return Err(invalid_arg!(
@@ -203,6 +248,13 @@ fn check_input(
             format_dims(&input.shape)
         ));
     }
+    Ok(())
+}
+
+/// An input's data against its shape (and UTF-8 for a text model's input): the third pass.
+fn check_data(model: &str, io: &IoSpec, input: &Tensor, prefix: &str) -> Result<(), Error> {
+    let spec = known(model, io, input)?;
+    let name = &input.name;
     let count = element_count(&input.shape).map_err(|e| match e {
         ShapeError::Negative(_) | ShapeError::Overflow(_) => invalid_arg!(
             "{prefix}invalid shape {} for input '{name}' for model '{model}': {e}",
@@ -399,7 +451,7 @@ mod tests {
         ];
         assert!(err(&io, request(three)).starts_with(
             "[request id: <id_unknown>] expected 2 inputs but got 3 inputs for model 'add_sub'. \
-             Got input(s) ['INPUT0','INPUT1','INPUT2'], but missing required input(s) ]."
+             Got input(s) ['INPUT2','INPUT1','INPUT0'], but missing required input(s) ]."
         ));
     }
 
@@ -464,6 +516,37 @@ mod tests {
             .contains("has no shape but model requires batch dimension"));
         let mut req = request(vec![fp32("INPUT0", &[0, 16]), fp32("INPUT1", &[0, 16])]);
         assert!(prepare_inputs("add_sub", &io, &mut req).is_ok());
+    }
+
+    #[test]
+    fn of_several_wrong_inputs_the_one_triton_meets_first_is_named() {
+        let fp64 = |name: &str| {
+            let mut t = fp32(name, &[1, 16]);
+            t.datatype = DataType::Fp64;
+            t.data = Bytes::from(vec![0u8; 128]);
+            t
+        };
+        // Both FP64: Triton's core (its hash map) visits the input added last first here.
+        for (inputs, named) in [
+            (vec![fp64("INPUT0"), fp64("INPUT1")], "INPUT1"),
+            (vec![fp64("INPUT1"), fp64("INPUT0")], "INPUT0"),
+        ] {
+            assert!(err(&add_sub(), request(inputs))
+                .contains(&format!("inference input '{named}' data-type is 'FP64'")));
+        }
+        // Datatype and shape are checked on every input before any input's data.
+        let mut short = fp32("INPUT0", &[1, 16]);
+        short.data = Bytes::from(vec![0u8; 60]);
+        assert!(
+            err(&add_sub(), request(vec![short, fp32("INPUT1", &[1, 15])]))
+                .contains("unexpected shape for input 'INPUT1'")
+        );
+        // Batch sizes: the input met second is the odd one.
+        assert!(err(
+            &add_sub(),
+            request(vec![fp32("INPUT0", &[2, 16]), fp32("INPUT1", &[1, 16])])
+        )
+        .contains("input 'INPUT0' batch size does not match other inputs"));
     }
 
     #[test]

@@ -164,7 +164,12 @@ async fn routes_methods_and_placeholders() {
     assert_eq!(one["model_stats"].as_array().unwrap().len(), 1);
     assert_eq!(one["model_stats"][0]["version"], "1");
     assert!(one["model_stats"][0]["inference_stats"]["success"]["count"].is_u64());
-    assert_eq!(get(http, "/v2/models/nope/stats").await.status, 404);
+    // Triton's answer for a model without a ready version.
+    let unknown = get(http, "/v2/models/nope/stats").await;
+    assert_eq!(
+        (unknown.status, unknown.error()),
+        (400, "requested model 'nope' is not available".to_string())
+    );
     // CUDA shared memory as Triton without GPUs answers it: no regions.
     assert_eq!(
         get(http, "/v2/cudasharedmemory/status").await.json(),

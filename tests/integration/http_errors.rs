@@ -140,7 +140,7 @@ async fn binary_extension_abuse() {
     assert!(
         response
             .error()
-            .contains("expecting 18446744073709551615 bytes"),
+            .contains("expecting 18446744073709551551 additional bytes"),
         "{}",
         response.error()
     );
