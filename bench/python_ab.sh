@@ -4,7 +4,10 @@
 # 2 instances each, v2bench over gRPC (batch-1 add_sub requests) in interleaved rounds; prints
 # each round and the medians. For "did this change slow the Python backend down?".
 #
-#   bench/python_ab.sh OLD_KILN NEW_KILN [--rounds 3] [--duration 5]
+#   bench/python_ab.sh OLD_KILN NEW_KILN [--rounds 3] [--duration 5] [--repo DIR]
+#
+# `--repo model_repository` compares them on the bundled ONNX add_sub instead (any repository
+# whose add_sub takes INPUT0/INPUT1 FP32 [16]).
 #
 # Build the old one from another checkout sharing the target directory, e.g.
 #   git worktree add /tmp/old <commit> && (cd /tmp/old && CARGO_TARGET_DIR=$PWD/target cargo build --release)
@@ -12,15 +15,15 @@
 # (`../shared/peers/setup.sh --only triton`, which also writes the repository). Ports 9500-9502
 # and 9600-9602.
 set -euo pipefail
-[ $# -ge 2 ] || { echo "usage: $0 OLD_KILN NEW_KILN [--rounds N] [--duration S]" >&2; exit 2; }
+[ $# -ge 2 ] || { echo "usage: $0 OLD_KILN NEW_KILN [--rounds N] [--duration S] [--repo DIR]" >&2; exit 2; }
 OLD=$1; NEW=$2; shift 2
 ROUNDS=3; DURATION=5
 while [ $# -gt 0 ]; do case $1 in
-  --rounds) ROUNDS=$2; shift 2;; --duration) DURATION=$2; shift 2;;
+  --rounds) ROUNDS=$2; shift 2;; --duration) DURATION=$2; shift 2;; --repo) REPO_ARG=$2; shift 2;;
   *) echo "bad argument $1" >&2; exit 2;; esac; done
 export PEERS_HOME=${PEERS_HOME:-$HOME/.cache/kiln-peers}
 VENV=$PEERS_HOME/venvs/triton; V2BENCH=$PEERS_HOME/target/release/v2bench
-REPO=$PEERS_HOME/triton/repo-triton
+REPO=${REPO_ARG:-$PEERS_HOME/triton/repo-triton}
 for need in "$OLD" "$NEW" "$V2BENCH" "$VENV/bin/python" "$REPO/add_sub/config.pbtxt"; do
   [ -e "$need" ] || { echo "missing $need (see the usage above)" >&2; exit 1; }
 done
