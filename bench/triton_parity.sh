@@ -38,7 +38,7 @@ if [ "${1:-}" = --json ]; then
   [ -x "$KILN" ] || KILN=$ROOT/target/debug/kiln
   PEER_SITE_PACKAGES=$("$ROOT/.venv/bin/python" -c 'import sysconfig;print(sysconfig.get_paths()["purelib"])') \
     KILN_PYTHON=$ROOT/.venv/bin/python setsid "$KILN" --model-repository="$REPO" --http-port=9810 \
-    --grpc-port=9811 --metrics-port=9812 --model-control-mode=explicit --load-model='*' \
+    --grpc-port=9811 --metrics-port=9812 --model-control-mode=explicit --load-model='*' --strict-readiness=false \
     >"$OUT/kiln.log" 2>&1 &
   KPID=$!
   trap 'kill -- -"$PID" 2>/dev/null || true; kill -- -"$KPID" 2>/dev/null || true' EXIT
