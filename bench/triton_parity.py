@@ -203,6 +203,7 @@ def compare_json(triton_http: str, kiln_http: str) -> None:
     grpc_port = lambda http: f"{http.rsplit(':', 1)[0]}:{int(http.rsplit(':', 1)[1]) + 1}"  # noqa: E731
     compare_grpc_replies(grpc_port(triton_http), grpc_port(kiln_http), ready(triton_http) & ready(kiln_http))
     compare_grpc_answers(grpc_port(triton_http), grpc_port(kiln_http))
+    compare_streams(grpc_port(triton_http), grpc_port(kiln_http))
     compare_rest_answers(triton_http, kiln_http)
 
 
@@ -561,6 +562,99 @@ def compare_grpc_replies(triton_grpc: str, kiln_grpc: str, models: set[str]) -> 
     if entries[0] != entries[1]:
         print("DIFFER gRPC reply RepositoryIndex")
     print(f"gRPC replies: {same} identical, {differ} different")
+
+
+def stream_probes():
+    """(name, requests) sent one after another on one ModelStreamInfer stream."""
+    import struct
+
+    from tritonclient.grpc import service_pb2 as pb
+
+    def request(model, name, datatype, shape, data, **params):
+        r = pb.ModelInferRequest(model_name=model, id=f"{model}-1")
+        r.inputs.add(name=name, datatype=datatype, shape=list(shape))
+        r.raw_input_contents.append(data)
+        for key, value in params.items():
+            field = {bool: "bool_param", int: "int64_param", str: "string_param"}[type(value)]
+            setattr(r.parameters[key], field, value)
+        return r
+
+    def count(n, **params):
+        return request("py_count", "N", "INT32", [1], struct.pack("<i", n), **params)
+
+    add = pb.ModelInferRequest(model_name="py_add_sub", id="add")
+    for name in ("INPUT0", "INPUT1"):
+        add.inputs.add(name=name, datatype="FP32", shape=[1, 16])
+        add.raw_input_contents.append(struct.pack("<16f", *range(16)))
+    return [
+        ("count 3, empty final", [count(3, triton_enable_empty_final_response=True)]),
+        ("count 3", [count(3)]),
+        ("count 0, empty final", [count(0, triton_enable_empty_final_response=True)]),
+        ("count fails", [count(-1, triton_enable_empty_final_response=True)]),
+        ("unknown model", [request("nope", "N", "INT32", [1], struct.pack("<i", 1))]),
+        ("wrong datatype", [request("py_count", "N", "FP32", [1], struct.pack("<f", 1))]),
+        ("not decoupled", [add]),
+        ("decoupled after not decoupled", [add, count(1)]),
+        ("sequence without id", [request("py_accumulate", "X", "FP32", [1, 1], struct.pack("<f", 1))]),
+        ("model refuses (not decoupled)", [request("py_faulty", "X", "INT32", [1], struct.pack("<i", 1))]),
+        ("model raises (not decoupled)", [request("py_faulty", "X", "INT32", [1], struct.pack("<i", 2))]),
+        ("unknown version", [pb.ModelInferRequest(model_name="py_count", model_version="9", id="v")]),
+    ]
+
+
+def compare_streams(triton_grpc: str, kiln_grpc: str) -> None:
+    """Each of `stream_probes` on a stream to both servers: every response, in order within its
+    request, compared as a parsed message (waiting for half a second of quiet after the last)."""
+    import queue
+    import threading
+
+    import grpc
+    from tritonclient.grpc import service_pb2_grpc
+
+    def run(url, requests_):
+        stub = service_pb2_grpc.GRPCInferenceServiceStub(grpc.insecure_channel(url))
+        done = threading.Event()
+
+        def sent():
+            yield from requests_
+            done.wait(10)
+
+        got = queue.Queue()
+        call = stub.ModelStreamInfer(sent(), timeout=30)
+        def read():
+            try:
+                for response in call:
+                    got.put(response)
+            except grpc.RpcError:  # cancelled below, once the answers are in
+                pass
+
+        threading.Thread(target=read, daemon=True).start()
+        answers = []
+        try:
+            while True:
+                answers.append(got.get(timeout=0.5 if answers else 10))
+        except queue.Empty:
+            pass
+        done.set()
+        call.cancel()
+        return answers
+
+    def by_request(answers):
+        """Responses of different requests may interleave: in order within each request."""
+        return sorted(answers, key=lambda a: a.infer_response.id)  # a stable sort
+
+    same = differ = 0
+    for name, requests_ in stream_probes():
+        theirs, ours = by_request(run(triton_grpc, requests_)), by_request(run(kiln_grpc, requests_))
+        if theirs == ours:
+            same += 1
+            continue
+        differ += 1
+        print(f"DIFFER stream {name}: {len(theirs)} responses from Triton, {len(ours)} from kiln")
+        for label, answers in (("triton", theirs), ("kiln", ours)):
+            for answer in answers:
+                print(f"  {label}:", str(answer).replace("\n", " ")[:400])
+    print(f"gRPC streams: {same} identical, {differ} different")
 
 
 def compare_grpc_answers(triton_grpc: str, kiln_grpc: str) -> None:

@@ -25,14 +25,26 @@ REPO=$("$ROOT/.venv/bin/python" "$ROOT/bench/triton_parity.py" make "$OUT/fixtur
 PYLIB=$("$VENV/bin/python" -c 'import sysconfig;print(sysconfig.get_config_var("LIBDIR"))')
 export LD_LIBRARY_PATH=$SP/nvidia_pytriton.libs:$PYLIB${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}
 export PEER_SITE_PACKAGES=$SP PYTHONDONTWRITEBYTECODE=1
-setsid "$TS/bin/tritonserver" --model-repository="$REPO" --backend-directory="$BACKENDS" \
-  --http-port=9800 --grpc-port=9801 --metrics-port=9802 --allow-gpu-metrics=false --log-verbose=0 \
-  --model-control-mode=explicit --load-model='*' --exit-on-error=false --strict-readiness=false \
-  >"$OUT/triton.log" 2>&1 &
-PID=$!
+PID=
 trap 'kill -- -"$PID" 2>/dev/null || true' EXIT
-for _ in $(seq 120); do curl -sf localhost:9800/v2/health/live >/dev/null && break; sleep 0.5; done
-sleep 3  # the models load after the server goes live
+# Triton 2.51 sometimes dies while it loads this repository: up to three tries, each until the
+# last model it loads answers ready.
+for attempt in 1 2 3; do
+  setsid "$TS/bin/tritonserver" --model-repository="$REPO" --backend-directory="$BACKENDS" \
+    --http-port=9800 --grpc-port=9801 --metrics-port=9802 --allow-gpu-metrics=false --log-verbose=0 \
+    --model-control-mode=explicit --load-model='*' --exit-on-error=false --strict-readiness=false \
+    >"$OUT/triton.log" 2>&1 &
+  PID=$!
+  for _ in $(seq 240); do
+    kill -0 "$PID" 2>/dev/null || break
+    curl -sf localhost:9800/v2/models/py_add_sub/ready >/dev/null && break
+    sleep 0.5
+  done
+  sleep 3  # the other models finish loading
+  kill -0 "$PID" 2>/dev/null && break
+  echo "Triton died while loading (try $attempt): $(tail -1 "$OUT/triton.log")" >&2
+  while curl -s -o /dev/null localhost:9800/v2/health/live; do sleep 1; done
+done
 if [ "${1:-}" = --json ]; then
   KILN=${KILN_BIN:-$ROOT/target/release/kiln}
   [ -x "$KILN" ] || KILN=$ROOT/target/debug/kiln

@@ -59,6 +59,29 @@ def test_stream_infer_responses_and_inline_error(server):
         assert results[rid].get_response().model_version == "1"
     assert len(errors) == 1
     assert "Request for unknown model: 'no_such_model' is not found" in errors[0].message()
+    # As Triton 2.51 writes them: a response flagged final, a refusal carrying the id alone.
+    assert results["s0"].get_response().parameters["triton_final_response"].bool_param is True
+
+
+def test_stream_answers_are_shaped_as_tritons(server):
+    """A refused request's answer carries its id alone; a response, the final flag (compared with
+    Triton 2.51 by bench/triton_parity.sh --json)."""
+    from tritonclient.grpc import service_pb2, service_pb2_grpc
+    stub = service_pb2_grpc.GRPCInferenceServiceStub(server.channel())
+    good = service_pb2.ModelInferRequest(model_name="add_sub", id="good")
+    for name in ("INPUT0", "INPUT1"):
+        good.inputs.add(name=name, datatype="FP32", shape=[1, 16])
+        good.raw_input_contents.append(np.ones(16, np.float32).tobytes())
+    wrong = service_pb2.ModelInferRequest()
+    wrong.CopyFrom(good)
+    wrong.id, wrong.inputs[0].datatype = "wrong", "FP64"
+    answers = list(stub.ModelStreamInfer(iter([good, wrong]), timeout=30))
+    by_id = {a.infer_response.id: a for a in answers}
+    assert by_id["good"].infer_response.parameters["triton_final_response"].bool_param is True
+    refused = by_id["wrong"]
+    assert refused.error_message == ("[request id: wrong] inference input 'INPUT0' data-type is 'FP64', but model "
+                                     "'add_sub' expects 'FP32'")
+    assert refused.infer_response == service_pb2.ModelInferResponse(id="wrong")
 
 
 def test_sigterm_exits_cleanly():

@@ -362,11 +362,37 @@ impl Engine {
         self.run(request, 0).await
     }
 
+    /// Runs one request of a gRPC stream: on failure, also whether its model had it (and
+    /// failed it) or it was refused before, which Triton's stream answers tell apart.
+    ///
+    /// # Errors
+    /// As [`Engine::infer`], with [`Stage`].
+    pub async fn infer_staged(
+        &self,
+        request: InferRequest,
+    ) -> Result<InferResponse, (Error, Stage)> {
+        let _admission = self.admit().map_err(|e| (e, Stage::Refused))?;
+        self.run_staged(request, 0).await
+    }
+
     /// Runs one request; `depth` counts the ensembles it is a step of.
-    async fn run(&self, mut request: InferRequest, depth: usize) -> Result<InferResponse, Error> {
+    async fn run(&self, request: InferRequest, depth: usize) -> Result<InferResponse, Error> {
+        self.run_staged(request, depth)
+            .await
+            .map_err(|(error, _)| error)
+    }
+
+    /// [`Engine::run`], telling where a failure happened.
+    async fn run_staged(
+        &self,
+        mut request: InferRequest,
+        depth: usize,
+    ) -> Result<InferResponse, (Error, Stage)> {
         let arrived = Instant::now();
         let trace = request.trace.take();
-        let (model, serving) = self.resolve(&request.model_name, &request.model_version)?;
+        let (model, serving) = self
+            .resolve(&request.model_name, &request.model_version)
+            .map_err(|e| (e, Stage::Refused))?;
         if let Some(trace) = &trace {
             trace.describe(&model.name, serving.version, &request.id);
             trace.record(Activity::RequestStart, arrived);
@@ -551,7 +577,11 @@ impl Engine {
             Ok(done) => done,
             Err((error, reason)) => {
                 serving.stats.record_failure(arrived.elapsed(), reason);
-                return Err(error);
+                let stage = match reason {
+                    FailureReason::Backend => Stage::Failed,
+                    _ => Stage::Refused,
+                };
+                return Err((error, stage));
             }
         };
         let answer =
@@ -565,7 +595,7 @@ impl Engine {
             Ok(_) => ran.record_success(&serving.stats, total),
             Err(_) => serving.stats.record_failure(total, FailureReason::Other),
         }
-        answer
+        answer.map_err(|e| (e, Stage::Failed))
     }
 
     /// Builds the request for Triton's raw binary HTTP request (`Inference-Header-Content-Length:
@@ -591,6 +621,15 @@ impl Engine {
             ..Default::default()
         })
     }
+}
+
+/// Where a failed request stopped.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Stage {
+    /// Refused before its model had it: lookup, validation, admission, its sequence, the queue.
+    Refused,
+    /// Its model had it and failed it (or its outputs could not be answered).
+    Failed,
 }
 
 /// How a request got its outputs, for its statistics.

@@ -69,7 +69,7 @@ pub fn answer(
                         () = responses.closed() => {}
                     },
                     Err(error) => {
-                        let _ = responses.send(Ok(failure(header, &error))).await;
+                        let _ = responses.send(Ok(refused(header.id, &error))).await;
                     }
                 }
                 return;
@@ -88,7 +88,7 @@ pub fn answer(
         let generation = match started {
             Ok(generation) => generation,
             Err(error) => {
-                let _ = responses.send(Ok(failure(header, &error))).await;
+                let _ = responses.send(Ok(refused(header.id, &error))).await;
                 return;
             }
         };
@@ -204,7 +204,8 @@ fn header(generation: &Generation) -> ModelInferResponse {
     }
 }
 
-fn final_flag(is_final: bool) -> (String, InferParameter) {
+/// The `triton_final_response` parameter.
+pub(super) fn final_flag(is_final: bool) -> (String, InferParameter) {
     (
         FINAL_RESPONSE.to_string(),
         InferParameter {
@@ -233,6 +234,18 @@ fn text_response(generation: &Generation, text: &str, is_final: bool) -> ModelSt
 /// The empty response that only says "final".
 fn final_only(generation: &Generation) -> ModelStreamInferResponse {
     flag_only(header(generation))
+}
+
+/// The answer to a request refused before its model had it: as Triton 2.51 writes it, the
+/// error and the request's id alone (no model, no final flag).
+pub fn refused(id: String, error: &Error) -> ModelStreamInferResponse {
+    ModelStreamInferResponse {
+        error_message: error.message().to_string(),
+        infer_response: Some(ModelInferResponse {
+            id,
+            ..Default::default()
+        }),
+    }
 }
 
 /// A request's error, which ends it.

@@ -4,7 +4,7 @@
 use super::codec::{request_from_wire, response_to_wire};
 use super::decoupled;
 use crate::core::Error;
-use crate::engine::{shared_memory, Engine, LoadParameter};
+use crate::engine::{shared_memory, Engine, LoadParameter, Stage};
 use crate::logging::{self, LogFormat, LogUpdate};
 use crate::trace::{Activity, RecordOnDrop, TraceUpdate};
 
@@ -130,8 +130,9 @@ fn traceparent(metadata: &tonic::metadata::MetadataMap) -> Option<Arc<str>> {
 /// Requests of one stream that may run at the same time.
 const STREAM_CONCURRENCY: usize = 64;
 
-/// One stream request's answer: the response, or its error in `error_message` with the request's
-/// model and id so the client can match it.
+/// One stream request's answer, as Triton 2.51 writes it: the response flagged final, or its
+/// error in `error_message` with the request's id (and, when the model failed it, the model's
+/// name and the final flag) so that the client can match it.
 async fn stream_answer(
     engine: Arc<Engine>,
     wire: ModelInferRequest,
@@ -145,14 +146,14 @@ async fn stream_answer(
         trace.record(Activity::GrpcWaitreadEnd, Instant::now());
     }
     let id = wire.id.clone();
-    let (model_name, model_version) = (wire.model_name.clone(), wire.model_version.clone());
+    let model_name = wire.model_name.clone();
     let result = match request_from_wire(wire) {
         Ok(mut request) => {
             request.deadline = deadline;
             request.trace = trace.clone();
-            engine.infer(request).await
+            engine.infer_staged(request).await
         }
-        Err(e) => Err(e),
+        Err(e) => Err((e, Stage::Refused)),
     };
     if let (Some(trace), Ok(_)) = (&trace, &result) {
         trace.record(Activity::InferResponseComplete, Instant::now());
@@ -160,16 +161,20 @@ async fn stream_answer(
     if let Some(trace) = trace {
         trace.record(Activity::GrpcSendStart, Instant::now());
     }
+    let flagged = |mut response: ModelInferResponse| {
+        response.parameters.extend([decoupled::final_flag(true)]);
+        Some(response)
+    };
     match result {
         Ok(response) => ModelStreamInferResponse {
             error_message: String::new(),
-            infer_response: Some(response_to_wire(response)),
+            infer_response: flagged(response_to_wire(response)),
         },
-        Err(e) => ModelStreamInferResponse {
+        Err((e, Stage::Refused)) => decoupled::refused(id, &e),
+        Err((e, Stage::Failed)) => ModelStreamInferResponse {
             error_message: e.message().to_string(),
-            infer_response: Some(ModelInferResponse {
+            infer_response: flagged(ModelInferResponse {
                 model_name,
-                model_version,
                 id,
                 ..Default::default()
             }),
