@@ -204,6 +204,7 @@ def compare_json(triton_http: str, kiln_http: str) -> None:
     compare_grpc_replies(grpc_port(triton_http), grpc_port(kiln_http), ready(triton_http) & ready(kiln_http))
     compare_grpc_answers(grpc_port(triton_http), grpc_port(kiln_http))
     compare_streams(grpc_port(triton_http), grpc_port(kiln_http))
+    compare_lifecycle(triton_http, kiln_http)
     compare_rest_answers(triton_http, kiln_http)
 
 
@@ -355,6 +356,61 @@ KNOWN = {
     "log settings bad body": WORDED,
     "huge shape": "Triton 2.51 aborts (the process dies); kiln refuses it, 400",
 }
+
+
+def lifecycle_probes():
+    """(name, method, path, body) REST calls, in order, that load, unload and use a model of
+    their own: what both servers answer as the model's life goes on."""
+    import base64
+
+    config = dict(PROBE_MODELS["raw_vec"], name="probe_life")
+    model_py = base64.b64encode(ECHO_MODEL.encode()).decode()
+    raising = base64.b64encode(b"class TritonPythonModel:\n    def initialize(self, args):\n"
+                               b"        raise RuntimeError('cannot start')\n").decode()
+    load = "/v2/repository/models/probe_life/load"
+    body = lambda **parameters: json.dumps({"parameters": parameters})  # noqa: E731
+    infer = json.dumps({"inputs": [{"name": "IN", "datatype": "FP32", "shape": [1, 2], "data": [1, 2]}]})
+    return [
+        ("load without files", "POST", load, ""),
+        ("config not JSON", "POST", load, body(config="{nope")),
+        ("config not a string", "POST", load, json.dumps({"parameters": {"config": 5}})),
+        ("file not base64", "POST", load, body(config=json.dumps(config), **{"file:1/model.py": "%%%"})),
+        ("file without config", "POST", load, body(**{"file:1/model.py": model_py})),
+        ("load", "POST", load, body(config=json.dumps(config), **{"file:1/model.py": model_py})),
+        ("infer", "POST", "/v2/models/probe_life/infer", infer),
+        ("index entry", "POST", "/v2/repository/index", "{}"),
+        ("unload", "POST", "/v2/repository/models/probe_life/unload", ""),
+        ("infer after unload", "POST", "/v2/models/probe_life/infer", infer),
+        ("ready after unload", "GET", "/v2/models/probe_life/ready", None),
+        ("metadata after unload", "GET", "/v2/models/probe_life", None),
+        ("unload again", "POST", "/v2/repository/models/probe_life/unload", ""),
+        ("load a model that raises", "POST", load, body(config=json.dumps(config), **{"file:1/model.py": raising})),
+        ("ready after a failed load", "GET", "/v2/models/probe_life/ready", None),
+        ("infer after a failed load", "POST", "/v2/models/probe_life/infer", infer),
+    ]
+
+
+def compare_lifecycle(triton_http: str, kiln_http: str) -> None:
+    """`lifecycle_probes` on both servers: status and body (the index: probe_life's entry)."""
+    import requests
+
+    same = differ = 0
+    for name, method, path, body in lifecycle_probes():
+        answers = []
+        for base in (triton_http, kiln_http):
+            answer = requests.request(method, f"http://{base}{path}", data=body, timeout=120)
+            text = answer.text.strip()
+            if path.endswith("/index"):
+                text = json.dumps([e for e in answer.json() if e["name"] == "probe_life"])
+            answers.append((answer.status_code, text))
+        if answers[0] == answers[1]:
+            same += 1
+        else:
+            differ += 1
+            print(f"DIFFER lifecycle {name}: {method} {path}")
+            print("  triton:", *answers[0])
+            print("  kiln:  ", *answers[1])
+    print(f"model lifecycle answers: {same} identical, {differ} different")
 
 
 def compare_rest_answers(triton_http: str, kiln_http: str) -> tuple[int, int]:
