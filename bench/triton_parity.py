@@ -208,6 +208,32 @@ def compare_json(triton_http: str, kiln_http: str) -> None:
     compare_rest_answers(triton_http, kiln_http)
 
 
+class Tally:
+    """Counts one comparison's outcomes: identical, known differences (kept on purpose, printed
+    with their reason), and others (printed with both answers)."""
+
+    def __init__(self, title: str, known: dict[str, str]):
+        self.title, self.known = title, known
+        self.same = self.kept = self.differ = 0
+
+    def compare(self, name: str, what: str, theirs, ours) -> None:
+        if theirs == ours:
+            self.same += 1
+        elif name in self.known:
+            self.kept += 1
+            print(f"KNOWN {self.title} {name}: {self.known[name]}")
+        else:
+            self.differ += 1
+            show = lambda answer: " ".join(  # noqa: E731
+                part.decode(errors="replace")[:600] if isinstance(part, bytes) else str(part) for part in answer)
+            print(f"DIFFER {self.title} {name}: {what}")
+            print("  triton:", show(theirs))
+            print("  kiln:  ", show(ours))
+
+    def summary(self) -> None:
+        print(f"{self.title}: {self.same} identical, {self.kept} known differences, {self.differ} other")
+
+
 # Loaded on both servers (explicit mode) for the probes: one input each, for raw binary requests.
 ECHO_MODEL = """import os, sys
 sys.path.insert(0, os.environ["PEER_SITE_PACKAGES"])
@@ -411,7 +437,7 @@ def compare_lifecycle(triton_http: str, kiln_http: str) -> None:
     """`lifecycle_probes` on both servers: status and body (the index: probe_life's entry)."""
     import requests
 
-    same = known = differ = 0
+    tally = Tally("model lifecycle", LIFECYCLE_KNOWN)
     for name, method, path, body in lifecycle_probes():
         answers = []
         for base in (triton_http, kiln_http):
@@ -420,27 +446,18 @@ def compare_lifecycle(triton_http: str, kiln_http: str) -> None:
             if path.endswith("/index"):
                 text = json.dumps([e for e in answer.json() if e["name"] == "probe_life"])
             answers.append((answer.status_code, text))
-        if answers[0] == answers[1]:
-            same += 1
-        elif name in LIFECYCLE_KNOWN:
-            known += 1
-            print(f"KNOWN lifecycle {name}: {LIFECYCLE_KNOWN[name]}")
-        else:
-            differ += 1
-            print(f"DIFFER lifecycle {name}: {method} {path}")
-            print("  triton:", *answers[0])
-            print("  kiln:  ", *answers[1])
-    print(f"model lifecycle answers: {same} identical, {known} known differences, {differ} other")
+        tally.compare(name, f"{method} {path}", *answers)
+    tally.summary()
 
 
-def compare_rest_answers(triton_http: str, kiln_http: str) -> tuple[int, int]:
+def compare_rest_answers(triton_http: str, kiln_http: str) -> None:
     """Each of `rest_probes` to both servers: status and body compared; the differences kept
     on purpose are listed as KNOWN, the others as DIFFER with both answers."""
     import requests
 
     for base in (triton_http, kiln_http):
         load_probe_models(base)
-    same = known = differ = 0
+    tally = Tally("REST answers to bad requests", KNOWN)
     for name, method, path, body, headers in rest_probes():
         answers = []
         for base in (triton_http, kiln_http):
@@ -449,20 +466,8 @@ def compare_rest_answers(triton_http: str, kiln_http: str) -> tuple[int, int]:
                 answers.append((answer.status_code, answer.content.strip()))
             except requests.RequestException as error:
                 answers.append((0, f"no answer: {type(error).__name__}".encode()))
-        theirs, ours = answers
-        if theirs == ours:
-            same += 1
-            continue
-        if name in KNOWN:
-            known += 1
-            print(f"KNOWN {name}: {KNOWN[name]}")
-            continue
-        differ += 1
-        print(f"DIFFER {name}: {method} {path}")
-        print("  triton:", theirs[0], theirs[1][:600].decode(errors="replace"))
-        print("  kiln:  ", ours[0], ours[1][:600].decode(errors="replace"))
-    print(f"REST answers to bad requests: {same} identical, {known} known differences, {differ} other")
-    return same, differ
+        tally.compare(name, f"{method} {path}", *answers)
+    tally.summary()
 
 
 class U64(int):
@@ -739,7 +744,7 @@ def compare_grpc_answers(triton_grpc: str, kiln_grpc: str) -> None:
     from tritonclient.grpc import service_pb2_grpc
 
     stubs = [service_pb2_grpc.GRPCInferenceServiceStub(grpc.insecure_channel(url)) for url in (triton_grpc, kiln_grpc)]
-    same = known = differ = 0
+    tally = Tally("gRPC answers to bad calls", GRPC_KNOWN)
     for name, method, request in grpc_probes():
         answers = []
         for stub in stubs:
@@ -748,18 +753,8 @@ def compare_grpc_answers(triton_grpc: str, kiln_grpc: str) -> None:
                 answers.append(("OK", str(reply).replace("\n", " ")[:300]))
             except grpc.RpcError as error:
                 answers.append((error.code().name, error.details()))
-        theirs, ours = answers
-        if theirs == ours:
-            same += 1
-        elif name in GRPC_KNOWN:
-            known += 1
-            print(f"KNOWN gRPC {name}: {GRPC_KNOWN[name]}")
-        else:
-            differ += 1
-            print(f"DIFFER gRPC {name}: {method}")
-            print("  triton:", *theirs)
-            print("  kiln:  ", *ours)
-    print(f"gRPC answers to bad requests: {same} identical, {known} known differences, {differ} other")
+        tally.compare(name, method, *answers)
+    tally.summary()
 
 
 def main():
