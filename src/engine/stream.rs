@@ -285,7 +285,7 @@ impl Queued {
         let mut responses = python.execute_stream(job, refused, returned);
         let (sender, receiver) = mpsc::unbounded_channel();
         tokio::spawn(async move {
-            let _admission = admission;
+            let admission = admission;
             loop {
                 // A client that goes away is noticed at once, not at the next response: the
                 // model's `is_cancelled()` turns true when `responses` is dropped.
@@ -323,8 +323,10 @@ impl Queued {
                     })
                     .is_err();
                 if last {
+                    // The request is answered; its statistics may wait for `execute` to return
+                    // (the last response can come from it), the server's count of work need not.
+                    drop(admission);
                     if succeeded {
-                        // `execute` may still be running (its last response sent from it).
                         let timing = timing.await.ok().flatten().unwrap_or_default();
                         serving.stats.record_success(rows, total, timing);
                     } else {

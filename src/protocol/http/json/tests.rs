@@ -462,3 +462,20 @@ fn eight_digit_words_read_as_numbers() {
         n += 7_919;
     }
 }
+
+#[test]
+fn small_documents_report_syntax_errors_in_rapidjsons_words() {
+    let message = |src: &[u8]| super::document(src).unwrap_err().message().to_string();
+    assert_eq!(
+        message(b"garbage"),
+        "failed to parse the request JSON buffer: Invalid value. at 0"
+    );
+    assert_eq!(
+        message(b""),
+        "failed to parse the request JSON buffer: The document is empty. at 0"
+    );
+    assert_eq!(
+        super::document(br#"{"ready": true}"#).unwrap()["ready"],
+        serde_json::json!(true)
+    );
+}
