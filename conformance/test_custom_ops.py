@@ -51,10 +51,20 @@ def ops_server(tmp_path_factory):
     custom_add_model(repo, "custom_add_by_name", [LIBRARY.name])
     custom_add_model(repo, "custom_add_no_library", [])
     custom_add_model(repo, "custom_add_elsewhere", [str(elsewhere / LIBRARY.name)])
+    for n in range(6):  # loaded in parallel with the others: ONNX Runtime's registration races
+        custom_add_model(repo, f"custom_add_copy{n}", [str(LIBRARY)])
     server = start_server([repo], name="custom-ops",
                           extra_args=["--allowed-op-library", str(LIBRARY_DIR)])
     yield server
     stop_server(server)
+
+
+def test_models_sharing_a_library_all_load(ops_server):
+    """ONNX Runtime adds a library's operator domain to a process-wide map without a lock; kiln
+    creates such sessions one at a time, so models loading in parallel all load."""
+    entries = index(ops_server)
+    names = ["custom_add", "custom_add_by_name"] + [f"custom_add_copy{n}" for n in range(6)]
+    assert {name: entries[name].get("state") for name in names} == {name: "READY" for name in names}, entries
 
 
 def index(server) -> dict:

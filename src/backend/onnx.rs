@@ -191,6 +191,17 @@ pub(super) fn build_session(
 ) -> Result<Session, String> {
     let text = |e: ort::Error<ort::session::builder::SessionBuilder>| e.to_string();
     let tuning = &options.tuning;
+    // Creating a session whose library adds an operator domain, ONNX Runtime checks ONNX's
+    // process-wide domain map and adds the domain without a lock: two such sessions created at
+    // once (models loading in parallel) can both add it, and the second fails ("Trying to add
+    // a domain to DomainToVersion map, but the domain is already exist"). They are created one
+    // at a time.
+    static CUSTOM_OPERATORS: std::sync::Mutex<()> = std::sync::Mutex::new(());
+    let _one_at_a_time = (!tuning.op_libraries.is_empty()).then(|| {
+        CUSTOM_OPERATORS
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+    });
     let mut builder = Session::builder(runtime.environment())
         .map_err(|e| e.to_string())?
         .with_intra_threads(options.intra_op_threads.max(1))
