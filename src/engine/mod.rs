@@ -346,8 +346,7 @@ impl Engine {
     /// INVALID_ARGUMENT for a request that does not fit the model; RESOURCE_EXHAUSTED when the
     /// model version is at its `max_inflight_requests`; INTERNAL when the model fails while running.
     pub async fn infer(&self, request: InferRequest) -> Result<InferResponse, Error> {
-        let admission = self.admit()?;
-        self.infer_admitted(&admission, request).await
+        self.infer_staged(request).await.map_err(|(error, _)| error)
     }
 
     /// Runs one inference request admitted earlier with [`Engine::admit`].

@@ -44,12 +44,15 @@ pub fn prepare_inputs(
         }
     }
     let required = io.inputs.iter().filter(|spec| !spec.optional).count();
-    let count_error = |request: &InferRequest| {
-        let missing = io
-            .inputs
+    // The required inputs the request leaves out.
+    let missing = |request: &InferRequest| {
+        io.inputs
             .iter()
             .filter(|spec| !spec.optional && !request.inputs.iter().any(|i| i.name == spec.name))
-            .map(|spec| spec.name.as_str());
+            .map(|spec| spec.name.as_str())
+            .collect::<Vec<_>>()
+    };
+    let count_error = |request: &InferRequest| {
         // Triton's words: an exact count unless the model has optional inputs.
         let expected = if required == io.inputs.len() {
             format!("expected {required} inputs")
@@ -68,7 +71,9 @@ pub fn prepare_inputs(
             quoted_list(got),
             // Triton 2.51 writes an empty list of missing inputs as "]" (its "[" is taken off
             // with the trailing comma that is not there); clients may match its text.
-            Some(quoted_list(missing)).filter(|m| m != "[]").unwrap_or_else(|| "]".into())
+            Some(quoted_list(missing(request).into_iter()))
+                .filter(|m| m != "[]")
+                .unwrap_or_else(|| "]".into())
         )
     };
     if request.inputs.len() > io.inputs.len() || request.inputs.len() < required {
@@ -108,11 +113,7 @@ pub fn prepare_inputs(
         Ok(())
     })?;
     // With optional inputs the count can be right and a required input still missing.
-    if io
-        .inputs
-        .iter()
-        .any(|spec| !spec.optional && !request.inputs.iter().any(|i| i.name == spec.name))
-    {
+    if !missing(request).is_empty() {
         return Err(count_error(request));
     }
     in_triton_order(&request.inputs, |inputs| {

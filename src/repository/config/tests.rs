@@ -408,34 +408,32 @@ fn sequence_batching_batches_requests_of_different_sequences() {
 
 #[test]
 fn scheduler_defaults_are_filled_in_as_triton_fills_them() {
-    let mut batched = parse_config(
-        r#"name: "m" max_batch_size: 8 dynamic_batching { max_queue_delay_microseconds: 5 }"#,
-    )
-    .unwrap();
-    fill_scheduler_defaults(&mut batched);
-    let Some(SchedulingChoice::DynamicBatching(dynamic)) = &batched.scheduling_choice else {
-        panic!("dynamic batching");
+    let filled = |text: &str| {
+        let mut config = parse_config(text).unwrap();
+        fill_scheduler_defaults(&mut config);
+        config.scheduling_choice
     };
-    assert_eq!(dynamic.preferred_batch_size, [8]);
+    let preferred = |text: &str| match filled(text) {
+        Some(SchedulingChoice::DynamicBatching(dynamic)) => dynamic.preferred_batch_size,
+        other => panic!("dynamic batching, not {other:?}"),
+    };
+    assert_eq!(
+        preferred(
+            r#"name: "m" max_batch_size: 8 dynamic_batching { max_queue_delay_microseconds: 5 }"#
+        ),
+        [8]
+    );
     // Preferred sizes a config gives are left alone, and so is a model that does not batch.
-    let mut chosen = parse_config(
-        r#"name: "m" max_batch_size: 8 dynamic_batching { preferred_batch_size: [ 2, 4 ] }"#,
-    )
-    .unwrap();
-    fill_scheduler_defaults(&mut chosen);
-    let Some(SchedulingChoice::DynamicBatching(dynamic)) = &chosen.scheduling_choice else {
-        panic!("dynamic batching");
-    };
-    assert_eq!(dynamic.preferred_batch_size, [2, 4]);
-    let mut alone = parse_config(r#"name: "m" dynamic_batching { }"#).unwrap();
-    fill_scheduler_defaults(&mut alone);
-    let Some(SchedulingChoice::DynamicBatching(dynamic)) = &alone.scheduling_choice else {
-        panic!("dynamic batching");
-    };
-    assert!(dynamic.preferred_batch_size.is_empty());
-    let mut stateful = parse_config(r#"name: "m" sequence_batching { }"#).unwrap();
-    fill_scheduler_defaults(&mut stateful);
-    let Some(SchedulingChoice::SequenceBatching(sequence)) = &stateful.scheduling_choice else {
+    assert_eq!(
+        preferred(
+            r#"name: "m" max_batch_size: 8 dynamic_batching { preferred_batch_size: [ 2, 4 ] }"#
+        ),
+        [2, 4]
+    );
+    assert!(preferred(r#"name: "m" dynamic_batching { }"#).is_empty());
+    let Some(SchedulingChoice::SequenceBatching(sequence)) =
+        filled(r#"name: "m" sequence_batching { }"#)
+    else {
         panic!("sequence batching");
     };
     assert_eq!(sequence.max_sequence_idle_microseconds, 1_000_000);
