@@ -410,6 +410,7 @@ impl Engine {
             .as_ref()
             .map(|sequences| sequences.flags(&request, &model.name))
             .transpose();
+        let arrival = arrival(&serving.executor, &request);
         let scheduled = check_parameters(&request)
             .and_then(|()| flags.as_ref().map(|_| ()).map_err(Clone::clone))
             .and_then(|()| tensors::read_inputs(memory, &model.name, &prefix, &mut request))
@@ -515,6 +516,7 @@ impl Engine {
                     id: request.id.clone(),
                     parameters: request.parameters.clone(),
                     outputs: request.outputs.iter().map(|o| o.name.clone()).collect(),
+                    listed: python_listing(&arrival, &inputs),
                     inputs,
                     sequence,
                 });
@@ -748,6 +750,23 @@ async fn take_turn<'s>(
     let turn = sequences.begin(flags.clone(), rows, model).await?;
     inputs.extend(sequences.inputs(&turn));
     Ok(Some((sequences, turn)))
+}
+
+/// The names of the inputs a request sent, in its order, where they matter: a Python model lists
+/// them in an order that follows it ([`python_listing`]).
+fn arrival(executor: &Executor, request: &InferRequest) -> Vec<String> {
+    match executor {
+        Executor::Python(_) => request.inputs.iter().map(|i| i.name.clone()).collect(),
+        _ => Vec::new(),
+    }
+}
+
+/// The order a Python model's `request.inputs()` lists a request's validated `inputs` in, those
+/// it sent in `arrival` order and the sequence controls the server added: Triton's.
+fn python_listing(arrival: &[String], inputs: &[crate::core::Tensor]) -> Vec<usize> {
+    let arrival: Vec<&str> = arrival.iter().map(String::as_str).collect();
+    let names: Vec<&str> = inputs.iter().map(|input| input.name.as_str()).collect();
+    visit_order::listed_order(&arrival, &names)
 }
 
 /// Where a stateful Python model's request stands in its sequence: its correlation ID, its

@@ -152,6 +152,7 @@ impl Engine {
             let place = sequences.place(flags.clone(), rows, &model.name)?;
             Ok(Some((Arc::clone(sequences), flags, place)))
         };
+        let arrival = super::arrival(&serving.executor, &request);
         let checked = super::check_parameters(&request)
             .and_then(|()| {
                 tensors::read_inputs(&self.shared_memory, &model.name, &prefix, &mut request)
@@ -176,6 +177,7 @@ impl Engine {
                 model,
                 serving,
                 request,
+                arrival,
                 inputs,
                 rows,
                 sequence,
@@ -215,6 +217,8 @@ struct Queued {
     model: Arc<crate::repository::Model>,
     serving: Arc<crate::repository::ServingVersion>,
     request: InferRequest,
+    /// The names of the inputs it sent, in its order.
+    arrival: Vec<String>,
     inputs: Vec<Tensor>,
     rows: usize,
     /// A stateful model's sequence and the request's place in it.
@@ -233,6 +237,7 @@ impl Queued {
             model,
             serving,
             request,
+            arrival,
             mut inputs,
             rows,
             sequence,
@@ -259,6 +264,7 @@ impl Queued {
                 id: request.id.clone(),
                 parameters: request.parameters.clone(),
                 outputs: request.outputs.iter().map(|o| o.name.clone()).collect(),
+                listed: super::python_listing(&arrival, &inputs),
                 inputs,
                 sequence,
             },

@@ -64,6 +64,23 @@ pub fn visit_order(names: &[&str]) -> Vec<usize> {
     walk
 }
 
+/// Indexes into `inputs` in the order a Python model's `request.inputs()` lists them in
+/// Triton: its core copies the request's inputs, walking them as [`visit_order`] does, into a
+/// second map, adds to that the inputs the server fills (sequence controls, in `inputs`' order),
+/// and the backend lists the second map as it walks it. `arrival` names the request's own
+/// inputs in the order it sent them; `inputs` are those and the added ones, in any order.
+pub fn listed_order(arrival: &[&str], inputs: &[&str]) -> Vec<usize> {
+    let mut names: Vec<&str> = visit_order(arrival)
+        .into_iter()
+        .map(|index| arrival[index])
+        .collect();
+    names.extend(inputs.iter().filter(|name| !arrival.contains(name)));
+    visit_order(&names)
+        .into_iter()
+        .filter_map(|index| inputs.iter().position(|name| *name == names[index]))
+        .collect()
+}
+
 /// libstdc++'s insertion: at the front of the nodes of the same bucket, else at the very front.
 fn insert(walk: &mut Vec<usize>, node: usize, hashes: &[u64], buckets: u64) {
     let bucket = hashes[node] % buckets;
@@ -118,6 +135,40 @@ mod tests {
         let expected = "IN_19 IN_18 IN_17 IN_14 IN_0 IN_16 IN_10 IN_2 IN_15 IN_6 IN_4 IN_3 IN_11 \
                         IN_13 IN_5 IN_1 IN_7 IN_12 IN_8 IN_9";
         assert_eq!(walked(&twenty).join(" "), expected);
+    }
+
+    #[test]
+    fn a_python_model_lists_inputs_as_triton() {
+        // What `request.inputs()` gave in Triton 2.51 (REST requests sending these names in
+        // this order to a model with inputs A to M, all optional; and to a stateful one with
+        // START, END, READY and CORRID controls added).
+        let listed = |arrival: &str, added: &[&str]| {
+            let arrival: Vec<&str> = arrival.split(',').collect();
+            // As validation leaves them: sorted, then the added ones.
+            let mut inputs = arrival.clone();
+            inputs.sort_unstable();
+            inputs.extend(added);
+            listed_order(&arrival, &inputs)
+                .into_iter()
+                .map(|index| inputs[index])
+                .collect::<Vec<_>>()
+                .join(",")
+        };
+        for (arrival, triton) in [
+            ("L,F,H,K,B,A,C,D", "L,F,H,B,K,A,C,D"),
+            ("G,D,E,B,K,L", "G,D,E,K,B,L"),
+            ("I,K,G,M,D,H,B,E,A,J,C,L", "I,D,A,C,K,E,G,M,L,H,B,J"),
+            ("I,H,M,D,B,A,L,K,F,E,C", "I,D,A,C,H,B,M,L,K,E,F"),
+            ("J,K,G,M", "J,K,G,M"),
+            ("A", "A"),
+        ] {
+            assert_eq!(listed(arrival, &[]), triton, "{arrival}");
+        }
+        let controls = ["START", "END", "READY", "CORRID"];
+        assert_eq!(listed("Z", &controls), "READY,CORRID,END,START,Z");
+        assert_eq!(listed("Y,X,Z", &controls), "READY,CORRID,END,START,Y,X,Z");
+        assert_eq!(listed("X,Y", &controls), "READY,CORRID,END,START,X,Y");
+        assert_eq!(listed_order(&[], &[]), Vec::<usize>::new());
     }
 
     #[test]

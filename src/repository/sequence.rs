@@ -104,6 +104,15 @@ impl SequenceSpec {
             };
             controls.push(control_input(model, &input.name, control)?);
         }
+        // In the order Triton's sequence batcher adds them to a request, whatever the config's:
+        // START, END, READY, then CORRID (a Python model lists its inputs in an order that
+        // follows it).
+        controls.sort_by_key(|control| match control.kind {
+            ControlKind::Flag(Flag::Start, _) => 0,
+            ControlKind::Flag(Flag::End, _) => 1,
+            ControlKind::Flag(Flag::Ready, _) => 2,
+            ControlKind::CorrId => 3,
+        });
         let mut states = Vec::new();
         for state in &batching.state {
             let datatype = datatype_from_config(state.data_type).ok_or_else(|| {

@@ -395,8 +395,19 @@ pub struct Request {
     /// The outputs asked for; empty: all.
     pub outputs: Vec<String>,
     pub inputs: Vec<Tensor>,
+    /// The order `request.inputs()` lists `inputs` in, as indexes (Triton's order, which
+    /// follows the client's); empty: as they are.
+    pub listed: Vec<usize>,
     /// Its sequence, for a model with `sequence_batching`.
     pub sequence: Option<SequenceOf>,
+}
+
+impl Request {
+    /// The inputs in the order the model is given them.
+    fn listed_inputs(&self) -> impl Iterator<Item = &Tensor> {
+        let listed = (self.listed.len() == self.inputs.len()).then_some(&self.listed);
+        (0..self.inputs.len()).map(move |at| &self.inputs[listed.map_or(at, |order| order[at])])
+    }
 }
 
 /// Where a request of a stateful model stands in its sequence.
@@ -1689,7 +1700,7 @@ impl Stub {
                     "id": request.id,
                     "parameters": parameters_json(&request.parameters),
                     "outputs": asked,
-                    "inputs": request.inputs.iter().map(channel::describe).collect::<Vec<_>>(),
+                    "inputs": request.listed_inputs().map(channel::describe).collect::<Vec<_>>(),
                     "correlation_id": correlation_id,
                     "flags": flags,
                     // For `request.timeout()`, in microseconds (0: none).
@@ -1699,7 +1710,7 @@ impl Stub {
             .collect();
         let blobs: Vec<&[u8]> = requests
             .iter()
-            .flat_map(|request| request.inputs.iter().map(|t| t.data.as_ref()))
+            .flat_map(|request| request.listed_inputs().map(|t| t.data.as_ref()))
             .collect();
         self.calls.set(self.calls.get() + 1);
         self.send(json!({"op": "execute", "requests": described}), &blobs)

@@ -373,7 +373,7 @@ def make_caller(exchange):
         header = {"op": "call", "request": {
             "model": request._model_name, "version": "" if version in (-1, None) else str(version),
             "id": request.request_id(), "parameters": call_parameters(request),
-            "outputs": request.requested_output_names(), "inputs": inputs, "decoupled": decoupled}}
+            "outputs": request._requested, "inputs": inputs, "decoupled": decoupled}}
         if not decoupled:
             answer, parts = exchange(header, blobs)
             return response_of(answer, iter(parts))

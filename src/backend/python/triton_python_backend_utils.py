@@ -268,7 +268,8 @@ class InferenceRequest:
         return self._parameters
 
     def requested_output_names(self):
-        return self._requested
+        # A set, as Triton's (its C++ std::set made a Python set): no order to rely on.
+        return set(self._requested)
 
     def is_cancelled(self):
         """Whether the request's client went away (a closed connection, a cancelled stream or

@@ -137,6 +137,32 @@ fn flags_come_from_tritons_parameters() {
 }
 
 #[tokio::test]
+async fn controls_are_added_in_tritons_order_whatever_the_configs() {
+    // Triton's sequence batcher adds START, END, READY, then CORRID; a Python model lists its
+    // inputs in an order that follows it.
+    let reversed = r#"control_input [
+      { name: "C" control [ { kind: CONTROL_SEQUENCE_CORRID data_type: TYPE_UINT64 } ] },
+      { name: "R" control [ { kind: CONTROL_SEQUENCE_READY fp32_false_true: [ 0, 1 ] } ] },
+      { name: "E" control [ { kind: CONTROL_SEQUENCE_END fp32_false_true: [ 0, 1 ] } ] },
+      { name: "S" control [ { kind: CONTROL_SEQUENCE_START fp32_false_true: [ 0, 1 ] } ] }
+    ]"#;
+    let spec = SequenceSpec::from_config(&config(reversed), Path::new("/nonexistent"))
+        .unwrap()
+        .unwrap();
+    let sequences = Sequences::new(spec);
+    let flags = SequenceFlags {
+        id: CorrId::Number(3),
+        start: true,
+        end: true,
+        alone: false,
+    };
+    let turn = sequences.begin(flags, 1, "m").await.unwrap();
+    let inputs = sequences.inputs(&turn);
+    let names: Vec<&str> = inputs.iter().map(|t| t.name.as_str()).collect();
+    assert_eq!(names, ["S", "E", "R", "C"]);
+}
+
+#[tokio::test]
 async fn states_carry_over_within_a_sequence_and_start_again_at_start() {
     let spec = SequenceSpec::from_config(&config(ACCUMULATE), Path::new("/nonexistent"))
         .unwrap()
