@@ -127,6 +127,18 @@ def stream_count(http: str, n: int) -> None:
     client.stop_stream()
 
 
+def grpc_port(http: str) -> str:
+    """A server's gRPC address from its REST one (the ports follow each other)."""
+    host, port = http.rsplit(":", 1)
+    return f"{host}:{int(port) + 1}"
+
+
+def metrics_port(http: str) -> str:
+    """A server's metrics address from its REST one."""
+    host, port = http.rsplit(":", 1)
+    return f"{host}:{int(port) + 2}"
+
+
 def compare_json(triton_http: str, kiln_http: str) -> None:
     """Every model both servers have ready: metadata and `/config` byte for byte, `/stats` after
     the same requests with its times blanked (counts must agree), and `/v2`'s keys."""
@@ -198,14 +210,13 @@ def compare_json(triton_http: str, kiln_http: str) -> None:
             print("  triton:", theirs.text[:1500])
             print("  kiln:  ", ours.text[:1500])
     print(f"REST JSON: {same} identical, {differ} different")
-    metrics_port = lambda http: f"{http.rsplit(':', 1)[0]}:{int(http.rsplit(':', 1)[1]) + 2}"  # noqa: E731
     compare_metrics(metrics_port(triton_http), metrics_port(kiln_http), ready(triton_http) & ready(kiln_http))
-    grpc_port = lambda http: f"{http.rsplit(':', 1)[0]}:{int(http.rsplit(':', 1)[1]) + 1}"  # noqa: E731
     compare_grpc_replies(grpc_port(triton_http), grpc_port(kiln_http), ready(triton_http) & ready(kiln_http))
     compare_grpc_answers(grpc_port(triton_http), grpc_port(kiln_http))
     compare_streams(grpc_port(triton_http), grpc_port(kiln_http))
     compare_lifecycle(triton_http, kiln_http)
     compare_rest_answers(triton_http, kiln_http)
+    compare_shared_memory(triton_http, kiln_http)
 
 
 class Tally:
@@ -498,6 +509,164 @@ def compare_rest_answers(triton_http: str, kiln_http: str) -> None:
                 answers.append((0, f"no answer: {type(error).__name__}".encode()))
         tally.compare(name, f"{method} {path}", *answers)
     tally.summary()
+
+
+def shared_memory_probes(keys: dict[str, str]):
+    """(name, method, path, body) REST calls, in order, that register system shared memory
+    regions (in object A, 256 bytes: py_add_sub's INPUT0, INPUT1, OUTPUT0, OUTPUT1 in turn; in
+    object B, 8 KiB: a region from 4096 on), infer through them, misuse them and unregister
+    them. `keys`: the objects' keys."""
+    region = "/v2/systemsharedmemory/region"
+
+    def register(name, key="A", offset=0, size=256, **fields):
+        body = {"key": keys[key], "offset": offset, "byte_size": size} | fields
+        return "POST", f"{region}/{name}/register", json.dumps({k: v for k, v in body.items() if v is not None})
+
+    def shm(name, at, size=64, region_name="io"):
+        parameters = {"shared_memory_region": region_name, "shared_memory_byte_size": size}
+        if at:
+            parameters["shared_memory_offset"] = at
+        return {"name": name, "parameters": parameters}
+
+    def infer(inputs=None, outputs=None):
+        inputs = inputs or [shm("INPUT0", 0), shm("INPUT1", 64)]
+        for tensor in inputs:
+            tensor.update(datatype="FP32", shape=[1, 16])
+        body = {"inputs": inputs} | ({} if outputs is None else {"outputs": outputs})
+        return "POST", "/v2/models/py_add_sub/infer", json.dumps(body)
+
+    binary = shm("OUTPUT0", 128)
+    binary["parameters"]["binary_data"] = True
+    return [
+        ("status before", "GET", "/v2/systemsharedmemory/status", None),
+        ("register past the end", *register("io", offset=128)),
+        ("register", *register("io")),
+        ("register again", *register("io")),
+        ("register a page on", *register("part", key="B", offset=4096, size=4096)),
+        ("register without key", "POST", f"{region}/x/register", json.dumps({"byte_size": 64})),
+        ("register without byte size", *register("x", size=None)),
+        ("register a list", "POST", f"{region}/x/register", "[1]"),
+        ("status", "GET", "/v2/systemsharedmemory/status", None),
+        ("status of one", "GET", f"{region}/part/status", None),
+        ("infer in and out", *infer(outputs=[shm("OUTPUT0", 128), shm("OUTPUT1", 192)])),
+        ("infer in, out as JSON", *infer()),
+        ("infer out to the page", *infer(outputs=[shm("OUTPUT0", 0, region_name="part")])),
+        ("infer out past its offset", *infer(outputs=[shm("OUTPUT0", 4096, region_name="part")])),
+        ("output region too small", *infer(outputs=[shm("OUTPUT0", 128, size=32)])),
+        ("output past the region", *infer(outputs=[shm("OUTPUT0", 224)])),
+        ("input past the region", *infer([shm("INPUT0", 224), shm("INPUT1", 64)])),
+        ("input byte size wrong", *infer([shm("INPUT0", 0, size=60), shm("INPUT1", 64)])),
+        ("input region unknown", *infer([shm("INPUT0", 0, region_name="nope"), shm("INPUT1", 64)])),
+        ("input with data too", *infer([dict(shm("INPUT0", 0), data=list(range(16))), shm("INPUT1", 64)])),
+        ("binary output to shm", *infer(outputs=[binary])),
+        ("classified output to shm", *infer(outputs=[dict(shm("OUTPUT0", 128), parameters=dict(
+            shm("OUTPUT0", 128)["parameters"], classification=2))])),
+        ("gRPC status", "gRPC", "SystemSharedMemoryStatus", {}),
+        ("gRPC register again", "gRPC", "SystemSharedMemoryRegister",
+         {"name": "io", "key": keys["A"], "byte_size": 256}),
+        ("gRPC infer in and out", "gRPC", "ModelInfer", grpc_shm_infer(["OUTPUT0", 128, 64], ["OUTPUT1", 192, 64])),
+        ("gRPC output too small", "gRPC", "ModelInfer", grpc_shm_infer(["OUTPUT0", 128, 32])),
+        ("gRPC classified output to shm", "gRPC", "ModelInfer",
+         grpc_shm_infer(["OUTPUT0", 128, 64, {"classification": 2}])),
+        ("unregister one", "POST", f"{region}/part/unregister", ""),
+        ("unregister it again", "POST", f"{region}/part/unregister", ""),
+        ("infer after unregister", *infer(outputs=[shm("OUTPUT0", 0, region_name="part")])),
+        ("register the same key again", *register("again")),
+        ("register an unaligned offset", *register("odd", key="B", offset=100, size=64)),
+        ("unregister all", "POST", "/v2/systemsharedmemory/unregister", ""),
+        ("status after", "GET", "/v2/systemsharedmemory/status", None),
+    ]
+
+
+def grpc_shm_infer(*outputs):
+    """A ModelInferRequest (as a dict) to py_add_sub with its inputs from region "io" (0 and 64)
+    and `outputs` ([name, offset, byte size, other parameters]) to it."""
+    def shm(offset, size, **more):
+        parameters = {"shared_memory_region": {"string_param": "io"},
+                      "shared_memory_byte_size": {"int64_param": size}}
+        if offset:
+            parameters["shared_memory_offset"] = {"int64_param": offset}
+        return parameters | {k: {"int64_param": v} for k, v in more.items()}
+
+    return {"model_name": "py_add_sub",
+            "inputs": [{"name": name, "datatype": "FP32", "shape": [1, 16], "parameters": shm(at, 64)}
+                       for name, at in (("INPUT0", 0), ("INPUT1", 64))],
+            "outputs": [{"name": name, "parameters": shm(at, size, **(more[0] if more else {}))}
+                        for name, at, size, *more in outputs]}
+
+
+def compare_shared_memory(triton_http: str, kiln_http: str) -> None:
+    """`shared_memory_probes` on both servers, each with objects of its own (the same region
+    names, its own keys): answers compared, and after each call the outputs' bytes."""
+    import struct
+    from multiprocessing import shared_memory
+
+    import requests
+
+    objects = {}
+    inputs = struct.pack("<32f", *range(16), *([2.0] * 16)) + bytes(128)
+    try:
+        for side in ("triton", "kiln"):
+            objects[side] = {"A": shared_memory.SharedMemory(name=f"kiln_parity_a_{side}", create=True, size=256),
+                             "B": shared_memory.SharedMemory(name=f"kiln_parity_b_{side}", create=True, size=8192)}
+            objects[side]["A"].buf[:] = inputs
+        tally = Tally("shared memory", SHARED_MEMORY_KNOWN)
+        calls = {side: shared_memory_probes({k: f"/{o.name}" for k, o in made.items()})
+                 for side, made in objects.items()}
+        for index, (name, *_) in enumerate(calls["triton"]):
+            answers = []
+            for base, side in ((triton_http, "triton"), (kiln_http, "kiln")):
+                _, method, path, body = calls[side][index]
+                if method == "gRPC":
+                    status, text = grpc_call(grpc_port(base), path, body)
+                else:
+                    answer = requests.request(method, f"http://{base}{path}", data=body, timeout=30)
+                    status, text = answer.status_code, answer.text.strip()
+                for made in objects[side].values():
+                    text = text.replace(made.name, "<key>")
+                # Both objects whole (a write out of place shows), then as they were.
+                a, b = objects[side]["A"].buf, objects[side]["B"].buf
+                answers.append((status, text, bytes(a).hex(), bytes(b).hex()))
+                a[:], b[:] = inputs, bytes(len(b))
+            tally.compare(name, "", *answers)
+        tally.summary()
+    finally:
+        for made in objects.values():
+            for region in made.values():
+                region.close()
+                region.unlink()
+
+
+def grpc_call(url: str, method: str, fields: dict) -> tuple[str, str]:
+    """`method` of the inference service called with a request made of `fields`: its status
+    code's name and the reply (as protobuf text on one line) or the error's details."""
+    import grpc
+    from google.protobuf import json_format
+    from tritonclient.grpc import service_pb2, service_pb2_grpc
+
+    stub = service_pb2_grpc.GRPCInferenceServiceStub(grpc.insecure_channel(url))
+    request = json_format.ParseDict(fields, getattr(service_pb2, f"{method}Request")())
+    try:
+        return "OK", str(getattr(stub, method)(request, timeout=30)).replace("\n", " ")
+    except grpc.RpcError as error:
+        return error.code().name, error.details()
+
+
+# Shared memory differences kept on purpose.
+SHARED_MEMORY_KNOWN = {
+    "register the same key again": "Triton reuses the descriptor of the region registered with that key, "
+                                   "which it has closed (a FIXME in its code): 500 'Invalid shared memory "
+                                   "region'; kiln registers it",
+    "infer out to the page": "a region that starts 4096 bytes into its object: kiln writes the output there; "
+                             "Triton 2.51 answers 200 and writes it into the other region's object (over "
+                             "io's inputs), nothing into its own",
+    "infer out past its offset": "an offset past the region's end (4096 in a region of 4096 bytes): kiln "
+                                 "refuses it; Triton checks offsets as if they counted from the object's start "
+                                 "and answers 200 (its write lands in neither object)",
+    "register an unaligned offset": "Triton maps the region at its offset, which mmap refuses unless it is a "
+                                    "multiple of the page size: 400 'unable to process address space'; kiln "
+                                    "maps the object and registers any offset within it",
+}
 
 
 class U64(int):

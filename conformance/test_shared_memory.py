@@ -226,3 +226,23 @@ def test_cuda_shared_memory_answers_as_triton_without_gpus(triton):
     with pytest.raises(InferenceServerException) as e:
         client.get_cuda_shared_memory_status("r")
     assert "Unable to find cuda shared memory region: 'r'" in str(e.value)
+
+
+def test_rest_refusals_in_tritons_words(server):
+    """What Triton's REST front end refuses before it looks at a region: a register body without
+    its key or size, and an output to shared memory asked for as binary data or classified."""
+    import requests
+
+    url = f"http://{server.http_url}"
+    for body, field in [({"byte_size": 64}, "key"), ({"key": "/kiln_anything"}, "byte_size")]:
+        answer = requests.post(f"{url}/v2/systemsharedmemory/region/r/register", json=body, timeout=T)
+        assert (answer.status_code, answer.json()) == (
+            400, {"error": f"Shared memory register request has no '{field}' field"})
+    row = {"datatype": "FP32", "shape": [1, 16], "data": list(range(16))}
+    for parameter, refused in [({"binary_data": True}, "binary_data"), ({"classification": 2}, "classification")]:
+        body = {"inputs": [dict(row, name="INPUT0"), dict(row, name="INPUT1")],
+                "outputs": [{"name": "OUTPUT0", "parameters": {"shared_memory_region": "unregistered",
+                                                               "shared_memory_byte_size": 64, **parameter}}]}
+        answer = requests.post(f"{url}/v2/models/add_sub/infer", json=body, timeout=T)
+        assert (answer.status_code, answer.json()) == (
+            400, {"error": f"Output can't set both 'shared_memory_region' and '{refused}'"})

@@ -115,14 +115,19 @@ async fn cuda_unregister() -> StatusCode {
 /// `{"key": string, "offset": unsigned (default 0), "byte_size": unsigned}`.
 fn register_body(request: &[u8]) -> Result<(String, u64, u64), Error> {
     let doc = super::json::document(request)?;
+    // Triton's words for a field left out.
+    let missing = |field: &str| {
+        Error::InvalidArgument(format!(
+            "Shared memory register request has no '{field}' field"
+        ))
+    };
     let key = doc
         .get("key")
-        .and_then(Value::as_str)
+        .ok_or_else(|| missing("key"))?
+        .as_str()
         .ok_or_else(|| Error::InvalidArgument("Unable to parse 'key': expected a string".into()))?;
     let unsigned = |field: &str, default: Option<u64>| match doc.get(field) {
-        None => default.ok_or_else(|| {
-            Error::InvalidArgument(format!("Unable to parse '{field}': it is missing"))
-        }),
+        None => default.ok_or_else(|| missing(field)),
         Some(value) => value.as_u64().ok_or_else(|| {
             Error::InvalidArgument(format!(
                 "Unable to parse '{field}': expected an unsigned integer"
@@ -153,15 +158,16 @@ mod tests {
         for (body, message) in [
             (
                 &br#"{"byte_size": 64}"#[..],
-                "Unable to parse 'key': expected a string",
+                "Shared memory register request has no 'key' field",
             ),
+            (b"[1]", "Shared memory register request has no 'key' field"),
             (
                 br#"{"key": 1, "byte_size": 64}"#,
                 "Unable to parse 'key': expected a string",
             ),
             (
                 br#"{"key": "/k"}"#,
-                "Unable to parse 'byte_size': it is missing",
+                "Shared memory register request has no 'byte_size' field",
             ),
             (
                 br#"{"key": "/k", "byte_size": -1}"#,

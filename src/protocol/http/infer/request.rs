@@ -299,6 +299,19 @@ fn decode_output(
         Some(p) => tensor_parameters(p)?,
         None => Parameters::new(),
     };
+    // An output written to shared memory has no data in the body, binary or classified.
+    if parameters.contains_key(SHARED_MEMORY_REGION) {
+        if parameters.contains_key("classification") {
+            return Err(invalid_arg!(
+                "Output can't set both 'shared_memory_region' and 'classification'"
+            ));
+        }
+        if parameters.get(BINARY_DATA) == Some(&ParamValue::Bool(true)) {
+            return Err(invalid_arg!(
+                "Output can't set both 'shared_memory_region' and 'binary_data'"
+            ));
+        }
+    }
     if let Some(binary) = parameters.remove(BINARY_DATA) {
         let ParamValue::Bool(binary) = binary else {
             return Err(invalid_arg!(

@@ -230,7 +230,20 @@ fn malformed_fields() {
         let got = message(json_only(body));
         assert!(got.contains(expected), "{body}: {got}");
     }
-    let shm_out = r#"{"inputs": [], "outputs": [{"name": "o", "parameters": {"shared_memory_region": "r"}}]}"#;
+    // Triton's words, before the region is looked up.
+    for (parameter, refused) in [
+        (r#""binary_data": true"#, "'binary_data'"),
+        (r#""classification": 2"#, "'classification'"),
+    ] {
+        let body = format!(
+            r#"{{"inputs": [], "outputs": [{{"name": "o", "parameters": {{"shared_memory_region": "r", {parameter}}}}}]}}"#
+        );
+        assert_eq!(
+            message(json_only(&body)),
+            format!("Output can't set both 'shared_memory_region' and {refused}")
+        );
+    }
+    let shm_out = r#"{"inputs": [], "outputs": [{"name": "o", "parameters": {"shared_memory_region": "r", "binary_data": false}}]}"#;
     let (request, _) = json_only(shm_out).unwrap();
     assert_eq!(
         request.outputs[0].parameters["shared_memory_region"],
