@@ -217,6 +217,10 @@ def compare_json(triton_http: str, kiln_http: str) -> None:
     compare_lifecycle(triton_http, kiln_http)
     compare_rest_answers(triton_http, kiln_http)
     compare_shared_memory(triton_http, kiln_http)
+    compare_sequences(triton_http, kiln_http)
+    compare_counts(triton_http, kiln_http, ready(triton_http) & ready(kiln_http))
+    # Last: these end Triton.
+    compare_rest_answers(triton_http, kiln_http, fatal=True)
 
 
 class Tally:
@@ -474,32 +478,145 @@ LIFECYCLE_KNOWN = {
 }
 
 
-def compare_lifecycle(triton_http: str, kiln_http: str) -> None:
-    """`lifecycle_probes` on both servers: status and body (the index: probe_life's entry)."""
+def sequence_probes():
+    """(name, method, path, body) REST calls, in order, to py_accumulate (a running total per
+    sequence; START and a UINT64 CORRID control): sequences started, continued, ended, misused,
+    and the model's statistics after."""
+    def step(x, **parameters):
+        body = {"inputs": [{"name": "X", "datatype": "FP32", "shape": [1, 1], "data": [x]}]}
+        if parameters:
+            body["parameters"] = parameters
+        return "POST", "/v2/models/py_accumulate/infer", json.dumps(body)
+
+    return [
+        # One sequence at a time: each has the instance's first slot.
+        ("start", *step(1, sequence_id=71, sequence_start=True)),
+        ("continue", *step(2, sequence_id=71)),
+        ("end", *step(4, sequence_id=71, sequence_end=True)),
+        ("continue after the end", *step(5, sequence_id=71)),
+        ("start and end at once", *step(8, sequence_id=73, sequence_start=True, sequence_end=True)),
+        ("end one never started", *step(9, sequence_id=74, sequence_end=True)),
+        ("string id", *step(1, sequence_id="abc", sequence_start=True, sequence_end=True)),
+        ("id zero", *step(1, sequence_id=0, sequence_start=True, sequence_end=True)),
+        ("negative id", *step(1, sequence_id=-3, sequence_start=True, sequence_end=True)),
+        ("start without an id", *step(1, sequence_start=True)),
+        ("end without an id", *step(1, sequence_end=True)),
+        ("batch of two", "POST", "/v2/models/py_accumulate/infer", json.dumps(
+            {"inputs": [{"name": "X", "datatype": "FP32", "shape": [2, 1], "data": [1, 2]}],
+             "parameters": {"sequence_id": 75, "sequence_start": True}})),
+        ("start while live", *step(6, sequence_id=76, sequence_start=True)),
+        ("start it again", *step(7, sequence_id=76, sequence_start=True)),
+        ("end it", *step(1, sequence_id=76, sequence_end=True)),
+        ("statistics", "GET", "/v2/models/py_accumulate/stats", None),
+        # Two live at once.
+        ("first of two", *step(1, sequence_id=81, sequence_start=True)),
+        ("second of two", *step(10, sequence_id=82, sequence_start=True)),
+        ("the first goes on", *step(2, sequence_id=81)),
+        ("the second ends", *step(20, sequence_id=82, sequence_end=True)),
+        ("the first ends", *step(3, sequence_id=81, sequence_end=True)),
+    ]
+
+
+def blank_times(value):
+    """`value` (JSON) with every "ns" and "last_inference" zeroed: times differ run to run."""
+    if isinstance(value, dict):
+        return {k: 0 if k in ("ns", "last_inference") else blank_times(v) for k, v in value.items()}
+    if isinstance(value, list):
+        return [blank_times(v) for v in value]
+    return value
+
+
+def compare_sequences(triton_http: str, kiln_http: str) -> None:
+    """`sequence_probes` on both servers: status and body (statistics with times blanked)."""
+    compare_calls("sequences", SEQUENCE_KNOWN, sequence_probes(), triton_http, kiln_http)
+
+
+def compare_counts(triton_http: str, kiln_http: str, models: set[str]) -> None:
+    """After every probe: the counts both servers keep of `models`' requests (statistics and
+    Prometheus counters), which say how each refusal and failure was counted."""
     import requests
 
-    tally = Tally("model lifecycle", LIFECYCLE_KNOWN)
-    for name, method, path, body in lifecycle_probes():
+    counters = ("nv_inference_request_success", "nv_inference_request_failure", "nv_inference_count",
+                "nv_inference_exec_count")
+
+    def counts(http):
+        text = requests.get(f"http://{metrics_port(http)}/metrics", timeout=30).text
+        found = {}
+        for line in text.splitlines():
+            series, _, value = line.rpartition(" ")
+            if series.split("{")[0] in counters and any(f'model="{m}"' in series for m in models):
+                found[series] = value
+        for entry in requests.get(f"http://{http}/v2/models/stats", timeout=30).json()["model_stats"]:
+            if entry["name"] in models:
+                stats = entry["inference_stats"]
+                found[f"stats {entry['name']}"] = (
+                    entry["inference_count"], entry["execution_count"],
+                    {k: v["count"] for k, v in stats.items() if v["count"]})
+        return found
+
+    theirs, ours = counts(triton_http), counts(kiln_http)
+    keys = sorted(set(theirs) | set(ours))
+    model = lambda key: key.split()[1] if key.startswith("stats ") else key.split('model="')[1].split('"')[0]  # noqa: E731
+    tally = Tally("counts after the probes", {k: COUNT_KNOWN[model(k)] for k in keys if model(k) in COUNT_KNOWN})
+    for key in keys:
+        tally.compare(key, "", (theirs.get(key),), (ours.get(key),))
+    tally.summary()
+
+
+# Count differences kept on purpose, by model: probes one server runs and the other refuses.
+COUNT_KNOWN = {
+    "py_add_sub": "kiln refuses two requests Triton runs: 'infer out past its offset' (shared memory) and "
+                  "'more raw entries' (gRPC)",
+    "py_accumulate": "kiln refuses 'string id' (sequences), which Triton runs",
+}
+
+
+# REST probes after which Triton 2.51 is gone.
+FATAL = {"huge shape"}
+
+
+# Sequence differences kept on purpose.
+SEQUENCE_KNOWN: dict[str, str] = {}
+
+
+def compare_calls(title: str, known: dict[str, str], calls, triton_http: str, kiln_http: str) -> None:
+    """Each of `calls` ((name, method, path, body), in order) to both servers: status and body
+    compared (the index: probe_life's entry; statistics: times blanked)."""
+    import requests
+
+    tally = Tally(title, known)
+    for name, method, path, body in calls:
         answers = []
         for base in (triton_http, kiln_http):
             answer = requests.request(method, f"http://{base}{path}", data=body, timeout=120)
             text = answer.text.strip()
             if path.endswith("/index"):
                 text = json.dumps([e for e in answer.json() if e["name"] == "probe_life"])
+            elif path.endswith("/stats") and answer.ok:
+                text = json.dumps(blank_times(answer.json()))
             answers.append((answer.status_code, text))
         tally.compare(name, f"{method} {path}", *answers)
     tally.summary()
 
 
-def compare_rest_answers(triton_http: str, kiln_http: str) -> None:
+def compare_lifecycle(triton_http: str, kiln_http: str) -> None:
+    """`lifecycle_probes` on both servers: status and body (the index: probe_life's entry)."""
+    compare_calls("model lifecycle", LIFECYCLE_KNOWN, lifecycle_probes(), triton_http, kiln_http)
+
+
+def compare_rest_answers(triton_http: str, kiln_http: str, fatal: bool = False) -> None:
     """Each of `rest_probes` to both servers: status and body compared; the differences kept
-    on purpose are listed as KNOWN, the others as DIFFER with both answers."""
+    on purpose are listed as KNOWN, the others as DIFFER with both answers. `fatal`: only the
+    probes that end Triton (`FATAL`), else all the others."""
     import requests
 
-    for base in (triton_http, kiln_http):
-        load_probe_models(base)
-    tally = Tally("REST answers to bad requests", KNOWN)
+    if not fatal:
+        for base in (triton_http, kiln_http):
+            load_probe_models(base)
+    tally = Tally("REST answers to requests that end Triton" if fatal else "REST answers to bad requests", KNOWN)
     for name, method, path, body, headers in rest_probes():
+        if (name in FATAL) != fatal:
+            continue
         answers = []
         for base in (triton_http, kiln_http):
             try:
@@ -884,7 +1001,7 @@ def stream_probes():
 
 def compare_streams(triton_grpc: str, kiln_grpc: str) -> None:
     """Each of `stream_probes` on a stream to both servers: every response, in order within its
-    request, compared as a parsed message (waiting for half a second of quiet after the last)."""
+    request, compared as a parsed message (waiting for 1.5 s of quiet after the last)."""
     import queue
     import threading
 
@@ -912,7 +1029,7 @@ def compare_streams(triton_grpc: str, kiln_grpc: str) -> None:
         answers = []
         try:
             while True:
-                answers.append(got.get(timeout=0.5 if answers else 10))
+                answers.append(got.get(timeout=1.5 if answers else 10))
         except queue.Empty:
             pass
         done.set()

@@ -1889,6 +1889,38 @@ def test_errors_keep_their_code_and_a_dead_stub_comes_back(python_server):
     server.assert_alive()
 
 
+def test_failures_count_as_triton_counts_them(python_server):
+    """Triton 2.51's counts (bench/triton_parity.sh --json, "counts after the probes"): a request
+    refused before its model's scheduler has it counts nowhere; a model's error response is a
+    response sent, a success; an exception in execute a BACKEND failure."""
+    server, _ = python_server
+    client = grpcclient.InferenceServerClient(server.grpc_url)
+
+    def counts():
+        stats = client.get_inference_statistics("py_faulty", as_json=True)["model_stats"][0]["inference_stats"]
+        text = requests.get(f"http://{server.metrics_url}/metrics", timeout=RPC_TIMEOUT).text
+        backend = re.search(r'^nv_inference_request_failure\{[^}]*model="py_faulty"[^}]*reason="BACKEND"[^}]*\} (\S+)$',
+                            text, flags=re.M)
+        return (int(stats["success"].get("count", 0)), int(stats["fail"].get("count", 0)),
+                float(backend.group(1)) if backend else 0.0)
+
+    before = counts()
+    with pytest.raises(InferenceServerException):
+        faulty(client, 1)
+    assert counts() == (before[0] + 1, before[1], before[2]), "an error response is a success"
+    with pytest.raises(InferenceServerException):
+        faulty(client, 2)
+    assert counts() == (before[0] + 1, before[1] + 1, before[2] + 1), "an exception is a BACKEND failure"
+    wrong = grpcclient.InferInput("X", [1], "FP32")
+    wrong.set_data_from_numpy(np.array([1], dtype=np.float32))
+    with pytest.raises(InferenceServerException) as e:
+        client.infer("py_faulty", [wrong])
+    assert "data-type is 'FP32'" in e.value.message()
+    with pytest.raises(InferenceServerException):
+        client.infer("py_faulty", [wrong], outputs=[grpcclient.InferRequestedOutput("NOPE")])
+    assert counts() == (before[0] + 1, before[1] + 1, before[2] + 1), "refusals count nowhere"
+
+
 def test_an_initialize_that_raises_fails_the_load_with_its_message(python_server):
     server, _ = python_server
     client = grpcclient.InferenceServerClient(server.grpc_url)

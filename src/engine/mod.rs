@@ -418,7 +418,8 @@ impl Engine {
                 output_slots = tensors::output_slots(memory, &request)?;
                 validate::prepare_inputs(&model.name, &serving.io, &mut request)
             })
-            .map_err(|e| (e, FailureReason::Other))
+            // Refused before the model's scheduler had it: counted nowhere, as in Triton.
+            .map_err(|e| (e, Counted::Nowhere))
             .inspect(|inputs| {
                 if let Some(trace) = &trace {
                     trace.tensors(TensorActivity::QueueInput, inputs);
@@ -452,12 +453,13 @@ impl Engine {
                 let turn =
                     match take_turn(&serving, sequence, rows, &model.name, &mut job.inputs).await {
                         Ok(turn) => turn,
-                        Err(e) => break 'arm Err((e, FailureReason::Other)),
+                        // Its sequence refused it: counted nowhere, as in Triton.
+                        Err(e) => break 'arm Err((e, Counted::Nowhere)),
                     };
-                let mut ran = scheduler
-                    .submit(job)
-                    .await
-                    .map_err(|e| schedule_error(e, &prefix, &model.name));
+                let mut ran = scheduler.submit(job).await.map_err(|e| {
+                    let (error, reason) = schedule_error(e, &prefix, &model.name);
+                    (error, Counted::from(reason))
+                });
                 if let Some((sequences, turn)) = turn {
                     if let Ok(outcome) = &mut ran {
                         sequences.finish(turn, &mut outcome.outputs);
@@ -488,14 +490,14 @@ impl Engine {
                 self.run_ensemble(&model.name, plan, &serving.io, job.inputs, caller, depth)
                     .await
                     .map(|outputs| (outputs, Ran::Composed { rows }))
-                    .map_err(|e| (e, FailureReason::Other))
+                    .map_err(|e| (e, Counted::Failure(FailureReason::Other)))
             }
             (Ok(_), _, Executor::Python(python)) if python.decoupled() => Err((
                 Error::Unsupported(format!(
                     "model '{}' is decoupled: use ModelStreamInfer",
                     model.name
                 )),
-                FailureReason::Other,
+                Counted::Nowhere,
             )),
             (Ok(mut job), lookup, Executor::Python(python)) => 'arm: {
                 let looked = lookup.as_ref().map(|(.., started)| started.elapsed());
@@ -507,7 +509,8 @@ impl Engine {
                 let turn =
                     match take_turn(&serving, sequence, rows, &model.name, &mut job.inputs).await {
                         Ok(turn) => turn,
-                        Err(e) => break 'arm Err((e, FailureReason::Other)),
+                        // Its sequence refused it: counted nowhere, as in Triton.
+                        Err(e) => break 'arm Err((e, Counted::Nowhere)),
                     };
                 let sequence = sequence
                     .zip(turn.as_ref())
@@ -528,11 +531,20 @@ impl Engine {
                     Ok(outcome) => {
                         let timing = outcome.timing();
                         match outcome.outputs {
-                            Ok(outputs) => Ok((outputs, timing)),
-                            Err(error) => Err((error, FailureReason::Backend)),
+                            Ok(mut outputs) => match outputs.refused.take() {
+                                Some(error) => {
+                                    let ran = Ran::Executed { rows, timing };
+                                    Err((error, Counted::Answered(ran)))
+                                }
+                                None => Ok((outputs, timing)),
+                            },
+                            Err(error) => Err((error, Counted::Failure(FailureReason::Backend))),
                         }
                     }
-                    Err(error) => Err(schedule_error(error, &prefix, &model.name)),
+                    Err(error) => {
+                        let (error, reason) = schedule_error(error, &prefix, &model.name);
+                        Err((error, Counted::from(reason)))
+                    }
                 };
                 if let Some((sequences, turn)) = turn {
                     if let Ok((outputs, ..)) = &mut ran {
@@ -565,7 +577,7 @@ impl Engine {
                     "model '{}' is decoupled: use ModelStreamInfer or the generate endpoints",
                     model.name
                 )),
-                FailureReason::Other,
+                Counted::Nowhere,
             )),
             (Err(failure), _, _) => Err(failure),
         };
@@ -576,11 +588,21 @@ impl Engine {
         });
         let (outputs, ran) = match result {
             Ok(done) => done,
-            Err((error, reason)) => {
-                serving.stats.record_failure(arrived.elapsed(), reason);
-                let stage = match reason {
-                    FailureReason::Backend => Stage::Failed,
-                    _ => Stage::Refused,
+            Err((error, counted)) => {
+                let total = arrived.elapsed();
+                let stage = match counted {
+                    Counted::Nowhere => Stage::Refused,
+                    Counted::Failure(reason) => {
+                        serving.stats.record_failure(total, reason);
+                        match reason {
+                            FailureReason::Backend => Stage::Failed,
+                            _ => Stage::Refused,
+                        }
+                    }
+                    Counted::Answered(ran) => {
+                        ran.record_success(&serving.stats, total);
+                        Stage::Failed
+                    }
                 };
                 return Err((error, stage));
             }
@@ -591,11 +613,9 @@ impl Engine {
                 answer.parameters.extend(model_parameters);
                 Ok(answer)
             });
-        let total = arrived.elapsed();
-        match &answer {
-            Ok(_) => ran.record_success(&serving.stats, total),
-            Err(_) => serving.stats.record_failure(total, FailureReason::Other),
-        }
+        // The model answered: a success, even when its outputs cannot be written as asked (a
+        // shared memory region too small), as Triton counts it.
+        ran.record_success(&serving.stats, arrived.elapsed());
         answer.map_err(|e| (e, Stage::Failed))
     }
 
@@ -631,6 +651,23 @@ pub enum Stage {
     Refused,
     /// Its model had it and failed it (or its outputs could not be answered).
     Failed,
+}
+
+/// How a request that failed counts in its model's statistics, as Triton counts it.
+enum Counted {
+    /// Refused before its model's scheduler had it: nowhere.
+    Nowhere,
+    /// A failure, for this reason.
+    Failure(FailureReason),
+    /// A success: its model answered it, with an error (a Python model's error response, which
+    /// Triton's Python backend counts as a response sent).
+    Answered(Ran),
+}
+
+impl From<Option<FailureReason>> for Counted {
+    fn from(reason: Option<FailureReason>) -> Counted {
+        reason.map_or(Counted::Nowhere, Counted::Failure)
+    }
 }
 
 /// How a request got its outputs, for its statistics.
@@ -692,36 +729,39 @@ fn unsigned_param(request: &InferRequest, key: &str) -> Option<u64> {
     request.parameters.get(key)?.as_unsigned()
 }
 
-/// Scheduler outcomes in Triton's words, with the failure reason for metrics.
-fn schedule_error(error: ScheduleError, prefix: &str, model: &str) -> (Error, FailureReason) {
+/// Scheduler outcomes in Triton's words, with the failure reason for metrics: `None` for a
+/// request refused as it was queued (a full queue, an overload), which Triton counts nowhere.
+fn schedule_error(
+    error: ScheduleError,
+    prefix: &str,
+    model: &str,
+) -> (Error, Option<FailureReason>) {
     match error {
-        ScheduleError::QueueFull => (
-            Error::Unavailable(format!("{prefix}{error}")),
-            FailureReason::Rejected,
-        ),
+        ScheduleError::QueueFull => (Error::Unavailable(format!("{prefix}{error}")), None),
         // Triton says this one without the request's id.
         ScheduleError::Timeout => (
             Error::Unavailable(error.to_string()),
-            FailureReason::Rejected,
+            Some(FailureReason::Rejected),
         ),
         ScheduleError::Overloaded(_) => (
             Error::ResourceExhausted(format!("{prefix}{error} for model '{model}'")),
-            FailureReason::Rejected,
+            None,
         ),
         ScheduleError::Deadline => (
             Error::DeadlineExceeded(format!("{prefix}{error}")),
-            FailureReason::Rejected,
+            Some(FailureReason::Rejected),
         ),
         ScheduleError::Backend(BackendError::Input(message)) => (
             invalid_arg!("{message} (model '{model}')"),
-            FailureReason::Other,
+            Some(FailureReason::Other),
         ),
-        ScheduleError::Backend(other) => {
-            (Error::Internal(other.to_string()), FailureReason::Backend)
-        }
+        ScheduleError::Backend(other) => (
+            Error::Internal(other.to_string()),
+            Some(FailureReason::Backend),
+        ),
         ScheduleError::Stopped => (
             Error::Unavailable(format!("{prefix}{error}")),
-            FailureReason::Other,
+            Some(FailureReason::Other),
         ),
     }
 }

@@ -153,7 +153,9 @@ impl Engine {
             Ok(Some((Arc::clone(sequences), flags, place)))
         };
         let arrival = super::arrival(&serving.executor, &request);
-        let checked = super::check_parameters(&request)
+        // A request refused here, before the model's scheduler has it, counts nowhere (as in
+        // Triton).
+        let (inputs, rows, sequence) = super::check_parameters(&request)
             .and_then(|()| {
                 tensors::read_inputs(&self.shared_memory, &model.name, &prefix, &mut request)
             })
@@ -161,16 +163,7 @@ impl Engine {
             .and_then(|inputs| {
                 let rows = validate::rows(&serving.io, &inputs);
                 Ok((inputs, rows, placed(&request, rows)?))
-            });
-        let (inputs, rows, sequence) = match checked {
-            Ok(checked) => checked,
-            Err(error) => {
-                serving
-                    .stats
-                    .record_failure(arrived.elapsed(), FailureReason::Other);
-                return Err(error);
-            }
-        };
+            })?;
         match runs {
             Ok(python) => Ok(Started::Queued(Box::new(Queued {
                 python,
@@ -336,8 +329,14 @@ impl Queued {
                         let timing = timing.await.ok().flatten().unwrap_or_default();
                         serving.stats.record_success(rows, total, timing);
                     } else {
-                        let reason = refusal.get().copied().unwrap_or(FailureReason::Backend);
-                        serving.stats.record_failure(total, reason);
+                        // A refusal as the request was queued counts nowhere.
+                        let reason = refusal
+                            .get()
+                            .copied()
+                            .unwrap_or(Some(FailureReason::Backend));
+                        if let Some(reason) = reason {
+                            serving.stats.record_failure(total, reason);
+                        }
                     }
                     return;
                 }

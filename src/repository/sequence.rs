@@ -557,7 +557,8 @@ impl Sequences {
     pub fn place(&self, flags: SequenceFlags, rows: usize, model: &str) -> Result<Place, Error> {
         if self.spec.batched && rows != 1 {
             return Err(invalid_arg!(
-                "inference request to model '{model}' must have batch size 1 in a sequence, got {rows}"
+                "inference request to model '{model}' must specify batch-size 1 due to requirements \
+                 of sequence batcher"
             ));
         }
         if matches!(flags.id, CorrId::Text(_)) && !self.spec.text_ids {

@@ -7,7 +7,9 @@
 
 use super::cancel::Watch;
 use super::ModelCaller;
-use super::{channel, log_line, metric, pipe_error, read_outputs, spawn_call, Streamed, Streams};
+use super::{
+    channel, log_line, metric, pipe_error, read_outputs, spawn_call, Outputs, Streamed, Streams,
+};
 use crate::core::Error;
 use std::collections::HashMap;
 use std::io::{BufReader, BufWriter};
@@ -236,8 +238,10 @@ fn respond(shared: &Shared, model: &str, message: channel::Message) -> Result<()
         Ok(None)
     } else {
         let mut data = message.blobs.into_iter();
+        // A decoupled model's error response fails its request as any error does.
         read_outputs(model, &open.asked, header, &mut data)
             .map_err(|e| e.to_string())?
+            .and_then(Outputs::answered)
             .map(Some)
     };
     // A client that went away does not stop the others.

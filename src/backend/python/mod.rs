@@ -430,6 +430,20 @@ pub struct Outputs {
     /// The model rescheduled the request (`set_release_flags(TRITONSERVER_REQUEST_RELEASE_
     /// RESCHEDULE)`): it runs again in a later `execute` call, which answers it.
     pub rescheduled: bool,
+    /// The model's error response (`InferenceResponse(error=...)`) to a request of a model that
+    /// is not decoupled: the request fails with it, yet counts as a success, as Triton's Python
+    /// backend counts a response it sent.
+    pub refused: Option<Error>,
+}
+
+impl Outputs {
+    /// The outputs, or the model's error response as the error.
+    pub fn answered(self) -> Result<Outputs, Error> {
+        match self.refused {
+            Some(error) => Err(error),
+            None => Ok(self),
+        }
+    }
 }
 
 /// Starts a model's stubs.
@@ -857,7 +871,10 @@ fn warm_up(
                     }
                 } else {
                     let mut note = |_, item: Streamed| {
-                        if let Err(error) = item.outputs {
+                        let answered = item
+                            .outputs
+                            .and_then(|o| o.map(Outputs::answered).transpose());
+                        if let Err(error) = answered {
                             failure.get_or_insert(error);
                         }
                     };
@@ -1499,7 +1516,10 @@ fn read_outputs(
 ) -> std::io::Result<Result<Outputs, Error>> {
     if let Some(why) = response["error"].as_str() {
         let code = response["code"].as_i64().unwrap_or(1);
-        return Ok(Err(model_error(why.to_string(), code)));
+        return Ok(Ok(Outputs {
+            refused: Some(model_error(why.to_string(), code)),
+            ..Outputs::default()
+        }));
     }
     let described = response["outputs"]
         .as_array()
@@ -1528,7 +1548,7 @@ fn read_outputs(
         (None, None) => Ok(Outputs {
             tensors: outputs,
             parameters,
-            rescheduled: false,
+            ..Outputs::default()
         }),
     })
 }
