@@ -496,7 +496,6 @@ def sequence_probes():
         ("continue after the end", *step(5, sequence_id=71)),
         ("start and end at once", *step(8, sequence_id=73, sequence_start=True, sequence_end=True)),
         ("end one never started", *step(9, sequence_id=74, sequence_end=True)),
-        ("string id", *step(1, sequence_id="abc", sequence_start=True, sequence_end=True)),
         ("id zero", *step(1, sequence_id=0, sequence_start=True, sequence_end=True)),
         ("negative id", *step(1, sequence_id=-3, sequence_start=True, sequence_end=True)),
         ("start without an id", *step(1, sequence_start=True)),
@@ -514,6 +513,8 @@ def sequence_probes():
         ("the first goes on", *step(2, sequence_id=81)),
         ("the second ends", *step(20, sequence_id=82, sequence_end=True)),
         ("the first ends", *step(3, sequence_id=81, sequence_end=True)),
+        # Last: Triton runs it (a slot taken and freed), kiln refuses it.
+        ("string id", *step(1, sequence_id="abc", sequence_start=True, sequence_end=True)),
     ]
 
 
@@ -527,8 +528,19 @@ def blank_times(value):
 
 
 def compare_sequences(triton_http: str, kiln_http: str) -> None:
-    """`sequence_probes` on both servers: status and body (statistics with times blanked)."""
-    compare_calls("sequences", SEQUENCE_KNOWN, sequence_probes(), triton_http, kiln_http)
+    """`sequence_probes` on both servers: status and body (statistics with times blanked). The
+    instances a model's answers name are lettered in the order each server's answers first name
+    them: which of its instances Triton 2.51 gives the first free sequence slot changes from one
+    start to the next (its instances load in parallel), the order of the others follows."""
+    import re
+
+    letters = {}
+
+    def letter(side, text):
+        names = letters.setdefault(side, {})
+        return re.sub(r"py_accumulate_0_\d+", lambda m: names.setdefault(m.group(0), "ABCDEFGH"[len(names)]), text)
+
+    compare_calls("sequences", SEQUENCE_KNOWN, sequence_probes(), triton_http, kiln_http, rewrite=letter)
 
 
 def compare_counts(triton_http: str, kiln_http: str, models: set[str]) -> None:
@@ -576,25 +588,31 @@ FATAL = {"huge shape"}
 
 
 # Sequence differences kept on purpose.
-SEQUENCE_KNOWN: dict[str, str] = {}
+SEQUENCE_KNOWN = {
+    "string id": "a string correlation ID for a model whose CORRID control is UINT64: kiln refuses it, 400; "
+                 "Triton runs it with the string's serialized bytes read as the number (27974191445704707)",
+    "negative id": "400 'Unable to parse 'sequence_id'', not Triton's 500 (its JSON reader's words)",
+}
 
 
-def compare_calls(title: str, known: dict[str, str], calls, triton_http: str, kiln_http: str) -> None:
+def compare_calls(title: str, known: dict[str, str], calls, triton_http: str, kiln_http: str,
+                  rewrite=lambda side, text: text) -> None:
     """Each of `calls` ((name, method, path, body), in order) to both servers: status and body
-    compared (the index: probe_life's entry; statistics: times blanked)."""
+    compared (the index: probe_life's entry; statistics: times blanked), each body through
+    `rewrite(side, text)` first."""
     import requests
 
     tally = Tally(title, known)
     for name, method, path, body in calls:
         answers = []
-        for base in (triton_http, kiln_http):
+        for base, side in ((triton_http, "triton"), (kiln_http, "kiln")):
             answer = requests.request(method, f"http://{base}{path}", data=body, timeout=120)
             text = answer.text.strip()
             if path.endswith("/index"):
                 text = json.dumps([e for e in answer.json() if e["name"] == "probe_life"])
             elif path.endswith("/stats") and answer.ok:
                 text = json.dumps(blank_times(answer.json()))
-            answers.append((answer.status_code, text))
+            answers.append((answer.status_code, rewrite(side, text)))
         tally.compare(name, f"{method} {path}", *answers)
     tally.summary()
 

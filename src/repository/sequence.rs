@@ -11,12 +11,13 @@ use crate::core::{DataType, Error, InferRequest, ParamValue, Tensor};
 use crate::invalid_arg;
 use crate::proto::inference::model_config::SchedulingChoice;
 use crate::proto::inference::model_sequence_batching::{
-    control::Kind, initial_state::StateData, Control,
+    control::Kind, initial_state::StateData, Control, StrategyChoice,
 };
 use crate::proto::inference::ModelConfig;
 use crate::repository::config::datatype_from_config;
 use crate::repository::store::contained;
 use bytes::Bytes;
+use slots::Seats;
 use std::collections::HashMap;
 use std::path::Path;
 use std::sync::{Arc, Mutex};
@@ -77,6 +78,9 @@ pub struct SequenceSpec {
     /// `iterative_sequence`: a request may come without a sequence (it is one of its own, which
     /// the model reschedules until it is done).
     iterative: bool,
+    /// Sequence slots per instance, as Triton's sequence batcher has them: `max_batch_size`
+    /// (at least 1), or the oldest strategy's `max_candidate_sequences` when it sets one.
+    seats: usize,
 }
 
 impl SequenceSpec {
@@ -192,8 +196,15 @@ impl SequenceSpec {
         let text_ids = !controls
             .iter()
             .any(|c| c.kind == ControlKind::CorrId && c.datatype != DataType::Bytes);
+        let seats = match &batching.strategy_choice {
+            Some(StrategyChoice::Oldest(oldest)) if oldest.max_candidate_sequences > 0 => {
+                oldest.max_candidate_sequences as usize
+            }
+            _ => config.max_batch_size.max(1) as usize,
+        };
         Ok(Some(SequenceSpec {
             text_ids,
+            seats,
             iterative: batching.iterative_sequence,
             idle,
             controls,
@@ -389,8 +400,12 @@ const GIVEN_IDS: u64 = 1 << 62;
 #[derive(Debug)]
 struct Table {
     sequences: HashMap<CorrId, Live>,
+    /// The free sequence slots of the instances: a new sequence takes one as Triton's batcher
+    /// gives it ([`slots`]).
+    seats: Seats,
     /// Live sequences per slot (a stateful Python model's instance, which keeps the sequence's
-    /// state): a new sequence takes the slot with the fewest.
+    /// state): when every sequence slot is taken (Triton would make a new sequence wait), a new
+    /// one goes to the instance with the fewest.
     per_slot: Vec<usize>,
     /// When idle sequences were last looked for: at most every tenth of the idle time, so that
     /// many live sequences do not make every request scan them all.
@@ -402,6 +417,8 @@ struct Live {
     states: Arc<tokio::sync::Mutex<Vec<Tensor>>>,
     last_used: Instant,
     slot: usize,
+    /// Its sequence slot on that instance, if it got one.
+    seat: Option<usize>,
     /// What the sequence's last request to take its place releases when its turn ends (or it
     /// gives its place up): the next request's go-ahead.
     line: Option<tokio::sync::oneshot::Receiver<()>>,
@@ -491,16 +508,18 @@ impl Sequences {
     }
 
     /// Sequences spread over `slots` instances, each kept by one (a stateful Python model's
-    /// instances keep their sequences' state): a new sequence goes to the slot with the fewest
-    /// live sequences, as Triton's sequence batcher gives it a free slot.
+    /// instances keep their sequences' state): a new sequence goes to the instance Triton's
+    /// sequence batcher would give it a free slot on ([`slots`]).
     pub fn with_slots(spec: SequenceSpec, slots: usize) -> Sequences {
+        let slots = slots.max(1);
         Sequences {
-            spec,
             live: Mutex::new(Table {
                 sequences: HashMap::new(),
-                per_slot: vec![0; slots.max(1)],
+                seats: Seats::new(slots, spec.seats),
+                per_slot: vec![0; slots],
                 swept: Instant::now(),
             }),
+            spec,
             given: std::sync::atomic::AtomicU64::new(GIVEN_IDS),
         }
     }
@@ -576,12 +595,17 @@ impl Sequences {
             if now.duration_since(table.swept) >= idle / 10 {
                 // Sequences idle too long go, unless a request of theirs is running.
                 table.swept = now;
-                let per_slot = &mut table.per_slot;
-                table.sequences.retain(|_, l| {
+                let Table {
+                    sequences,
+                    seats,
+                    per_slot,
+                    ..
+                } = table;
+                sequences.retain(|_, l| {
                     let keep =
                         now.duration_since(l.last_used) < idle || l.states.try_lock().is_err();
                     if !keep {
-                        per_slot[l.slot] -= 1;
+                        release(seats, per_slot, l);
                     }
                     keep
                 });
@@ -593,16 +617,23 @@ impl Sequences {
                         "model '{model}' already has {MAX_SEQUENCES} sequences in progress"
                     )));
                 }
-                let per_slot = &mut table.per_slot;
+                let (seats, per_slot) = (&mut table.seats, &mut table.per_slot);
                 let entry = live.entry(flags.id.clone()).or_insert_with(|| {
-                    let slot = (0..per_slot.len())
-                        .min_by_key(|&slot| per_slot[slot])
-                        .unwrap_or(0);
+                    let (slot, seat) = match seats.take() {
+                        Some((slot, seat)) => (slot, Some(seat)),
+                        None => {
+                            let slot = (0..per_slot.len())
+                                .min_by_key(|&slot| per_slot[slot])
+                                .unwrap_or(0);
+                            (slot, None)
+                        }
+                    };
                     per_slot[slot] += 1;
                     Live {
                         states: Arc::new(tokio::sync::Mutex::new(Vec::new())),
                         last_used: now,
                         slot,
+                        seat,
                         line: None,
                     }
                 });
@@ -700,10 +731,11 @@ impl Sequences {
         if next.len() == self.spec.states.len() {
             *turn.states = next;
         }
-        let mut table = self.live.lock().unwrap_or_else(|e| e.into_inner());
+        let mut guard = self.live.lock().unwrap_or_else(|e| e.into_inner());
+        let table = &mut *guard;
         if turn.flags.end || turn.flags.alone {
             if let Some(ended) = table.sequences.remove(&turn.flags.id) {
-                table.per_slot[ended.slot] -= 1;
+                release(&mut table.seats, &mut table.per_slot, &ended);
             }
         } else if let Some(live) = table.sequences.get_mut(&turn.flags.id) {
             // Idle time counts from the end of its last request, however long that one ran.
@@ -715,6 +747,14 @@ impl Sequences {
     #[cfg(test)]
     fn len(&self) -> usize {
         self.live.lock().unwrap().sequences.len()
+    }
+}
+
+/// An ended sequence's place on its instance, free again.
+fn release(seats: &mut Seats, per_slot: &mut [usize], ended: &Live) {
+    per_slot[ended.slot] -= 1;
+    if let Some(seat) = ended.seat {
+        seats.give_back((ended.slot, seat));
     }
 }
 
@@ -737,5 +777,6 @@ fn corrid_data(id: &CorrId, datatype: DataType) -> Bytes {
     }
 }
 
+mod slots;
 #[cfg(test)]
 mod tests;

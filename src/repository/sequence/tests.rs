@@ -286,55 +286,48 @@ async fn idle_sequences_are_dropped() {
 }
 
 #[tokio::test]
-async fn a_new_sequence_takes_the_slot_with_the_fewest_live_sequences() {
+async fn a_new_sequence_takes_a_free_slot_as_tritons_batcher_gives_it() {
+    // Two instances of four sequence slots each (max_batch_size 4): slots come out of Triton's
+    // heap (see `slots`), a sequence keeps its instance, an ended one frees its slot, and beyond
+    // the eight slots a new sequence goes to the instance with the fewest.
     let spec = SequenceSpec::from_config(&config(ACCUMULATE), Path::new("/nonexistent"))
         .unwrap()
         .unwrap();
     let sequences = Sequences::with_slots(spec, 2);
-    let flags = |n: u64, start: bool, end: bool| SequenceFlags {
-        id: CorrId::Number(n),
-        start,
-        end,
-        alone: false,
+    let step = |n: u64, start: bool, end: bool| {
+        let sequences = &sequences;
+        async move {
+            let flags = SequenceFlags {
+                id: CorrId::Number(n),
+                start,
+                end,
+                alone: false,
+            };
+            let turn = sequences.begin(flags, 1, "m").await.unwrap();
+            let slot = turn.slot();
+            sequences.finish(turn, &mut vec![state_out(1.0)]);
+            slot
+        }
     };
     let mut slot_of = Vec::new();
     for n in 1..=3 {
-        let turn = sequences
-            .begin(flags(n, true, false), 1, "m")
-            .await
-            .unwrap();
-        slot_of.push(turn.slot());
-        sequences.finish(turn, &mut vec![state_out(1.0)]);
+        slot_of.push(step(n, true, false).await);
     }
-    assert_eq!(slot_of, [0, 1, 0]);
+    assert_eq!(slot_of, [0, 1, 1]);
     // A sequence keeps its slot, and a restarted one too.
-    for (n, start) in [(2, false), (2, true)] {
-        let turn = sequences
-            .begin(flags(n, start, false), 1, "m")
-            .await
-            .unwrap();
-        assert_eq!(turn.slot(), 1);
-        sequences.finish(turn, &mut vec![state_out(1.0)]);
+    assert_eq!(step(2, false, false).await, 1);
+    assert_eq!(step(2, true, false).await, 1);
+    for n in 4..=8 {
+        slot_of.push(step(n, true, false).await);
     }
-    // Slot 0 has two, slot 1 one: the next goes to 1; once 1 and 3 end, to 0.
-    let turn = sequences
-        .begin(flags(4, true, false), 1, "m")
-        .await
-        .unwrap();
-    assert_eq!(turn.slot(), 1);
-    sequences.finish(turn, &mut vec![state_out(1.0)]);
-    for n in [1, 3] {
-        let turn = sequences
-            .begin(flags(n, false, true), 1, "m")
-            .await
-            .unwrap();
-        sequences.finish(turn, &mut vec![state_out(1.0)]);
-    }
-    let turn = sequences
-        .begin(flags(5, true, false), 1, "m")
-        .await
-        .unwrap();
-    assert_eq!(turn.slot(), 0);
+    assert_eq!(slot_of.iter().filter(|&&slot| slot == 0).count(), 4);
+    // Every slot taken: the ninth goes where fewest are (a tie: the first), and so does the
+    // tenth once instance 0 has one more.
+    assert_eq!(step(9, true, false).await, 0);
+    assert_eq!(step(10, true, false).await, 1);
+    // Sequence 1 (instance 0) ends: its slot is free for the next.
+    step(1, false, true).await;
+    assert_eq!(step(11, true, false).await, 0);
 }
 
 #[tokio::test]
