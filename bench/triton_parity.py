@@ -44,9 +44,84 @@ def make_repo(base: pathlib.Path) -> pathlib.Path:
     namespace["tmp_path_factory"] = Factory()
     exec("def _fixture():\n" + body + "\n    return repo\n_repo = _fixture()\n", namespace)
     repo = namespace["_repo"]
-    for model in repo.glob("*/1/model.py"):
+    for name, (config, versions) in EXTRA_MODELS.items():
+        (repo / name).mkdir()
+        (repo / name / "config.pbtxt").write_text(config)
+        for version, code in versions.items():
+            (repo / name / version).mkdir()
+            if code:
+                (repo / name / version / "model.py").write_text(code)
+    for model in repo.glob("*/*/model.py"):
         model.write_text("import os, sys\nsys.path.insert(0, os.environ['PEER_SITE_PACKAGES'])\n" + model.read_text())
     return repo
+
+
+# Models only the comparison serves (`compare_extras`): versions, the response cache, ensembles.
+VERSIONED = """import numpy as np
+import triton_python_backend_utils as pb_utils
+
+
+class TritonPythonModel:
+    def initialize(self, args):
+        self.version = int(args["model_version"])
+
+    def execute(self, requests):
+        return [pb_utils.InferenceResponse([pb_utils.Tensor("V", np.array([self.version], dtype=np.int32))])
+                for _ in requests]
+"""
+DOUBLING = """import triton_python_backend_utils as pb_utils
+
+
+class TritonPythonModel:
+    def execute(self, requests):
+        return [pb_utils.InferenceResponse([pb_utils.Tensor(
+            "Y", 2 * pb_utils.get_input_tensor_by_name(r, "X").as_numpy())]) for r in requests]
+"""
+EXTRA_MODELS = {
+    "pversions": ("""name: "pversions"
+backend: "python"
+input [ { name: "X" data_type: TYPE_INT32 dims: [ 1 ] } ]
+output [ { name: "V" data_type: TYPE_INT32 dims: [ 1 ] } ]
+version_policy { latest { num_versions: 2 } }
+""", {"1": VERSIONED, "2": VERSIONED, "3": VERSIONED}),
+    "pcached": ("""name: "pcached"
+backend: "python"
+input [ { name: "X" data_type: TYPE_FP32 dims: [ 1 ] } ]
+output [ { name: "Y" data_type: TYPE_FP32 dims: [ 1 ] } ]
+response_cache { enable: true }
+""", {"1": DOUBLING}),
+    "pchain": ("""name: "pchain"
+platform: "ensemble"
+max_batch_size: 8
+input [ { name: "A" data_type: TYPE_FP32 dims: [ 16 ] }, { name: "B" data_type: TYPE_FP32 dims: [ 16 ] } ]
+output [ { name: "A2" data_type: TYPE_FP32 dims: [ 16 ] }, { name: "B2" data_type: TYPE_FP32 dims: [ 16 ] },
+         { name: "SUM" data_type: TYPE_FP32 dims: [ 16 ] } ]
+ensemble_scheduling { step [
+  { model_name: "py_add_sub" model_version: -1
+    input_map { key: "INPUT0" value: "A" } input_map { key: "INPUT1" value: "B" }
+    output_map { key: "OUTPUT0" value: "SUM" } output_map { key: "OUTPUT1" value: "diff" } },
+  { model_name: "py_add_sub" model_version: -1
+    input_map { key: "INPUT0" value: "SUM" } input_map { key: "INPUT1" value: "diff" }
+    output_map { key: "OUTPUT0" value: "A2" } output_map { key: "OUTPUT1" value: "B2" } }
+] }
+""", {"1": None}),
+    "pfaulty_chain": ("""name: "pfaulty_chain"
+platform: "ensemble"
+input [ { name: "X" data_type: TYPE_INT32 dims: [ 1 ] } ]
+output [ { name: "Y" data_type: TYPE_INT32 dims: [ 1 ] } ]
+ensemble_scheduling { step [
+  { model_name: "py_faulty" model_version: -1 input_map { key: "X" value: "X" } output_map { key: "Y" value: "Y" } }
+] }
+""", {"1": None}),
+    "pcount_chain": ("""name: "pcount_chain"
+platform: "ensemble"
+input [ { name: "N" data_type: TYPE_INT32 dims: [ 1 ] } ]
+output [ { name: "I" data_type: TYPE_INT32 dims: [ 1 ] } ]
+ensemble_scheduling { step [
+  { model_name: "py_count" model_version: -1 input_map { key: "N" value: "N" } output_map { key: "I" value: "I" } }
+] }
+""", {"1": None}),
+}
 
 
 class Triton:
@@ -139,6 +214,26 @@ def metrics_port(http: str) -> str:
     return f"{host}:{int(port) + 2}"
 
 
+def ensemble_config(text: str) -> str:
+    """An ensemble's config JSON with each step's maps by key, and without kiln's
+    `ensemble_scheduling.max_inflight_requests` when 0: Triton writes protobuf maps in its hash
+    map's order, which changes from start to start, and its 2.51 protocol has no such field
+    (kiln's, from later Triton releases, does). Other configs as they are."""
+    try:
+        config = json.loads(text)
+    except ValueError:
+        return text
+    scheduling = config.get("ensemble_scheduling") if isinstance(config, dict) else None
+    if not scheduling:
+        return text
+    if scheduling.get("max_inflight_requests") == 0:
+        del scheduling["max_inflight_requests"]
+    for step in scheduling.get("step", []):
+        for key in ("input_map", "output_map"):
+            step[key] = dict(sorted(step.get(key, {}).items()))
+    return json.dumps(config, separators=(",", ":"))
+
+
 def compare_json(triton_http: str, kiln_http: str) -> None:
     """Every model both servers have ready: metadata and `/config` byte for byte, `/stats` after
     the same requests with its times blanked (counts must agree), and `/v2`'s keys."""
@@ -201,6 +296,8 @@ def compare_json(triton_http: str, kiln_http: str) -> None:
         elif path == "/v2":
             # The version and the extensions differ on purpose (kiln's own, and its extras).
             equal = list(theirs.json()) == list(ours.json())
+        elif path.endswith("/config") and "ensemble_scheduling" in theirs.text:
+            equal = (theirs.status_code, ensemble_config(theirs.text)) == (ours.status_code, ensemble_config(ours.text))
         else:
             equal = (theirs.status_code, theirs.content) == (ours.status_code, ours.content)
         same += equal
@@ -218,6 +315,7 @@ def compare_json(triton_http: str, kiln_http: str) -> None:
     compare_rest_answers(triton_http, kiln_http)
     compare_shared_memory(triton_http, kiln_http)
     compare_sequences(triton_http, kiln_http)
+    compare_extras(triton_http, kiln_http)
     compare_counts(triton_http, kiln_http, ready(triton_http) & ready(kiln_http))
     # Last: these end Triton.
     compare_rest_answers(triton_http, kiln_http, fatal=True)
@@ -577,9 +675,69 @@ def compare_counts(triton_http: str, kiln_http: str, models: set[str]) -> None:
 
 # Count differences kept on purpose, by model: probes one server runs and the other refuses.
 COUNT_KNOWN = {
+    "pfaulty_chain": "Triton counts each failed ensemble request twice; kiln once",
     "py_add_sub": "kiln refuses two requests Triton runs: 'infer out past its offset' (shared memory) and "
                   "'more raw entries' (gRPC)",
     "py_accumulate": "kiln refuses 'string id' (sequences), which Triton runs",
+}
+
+
+def extra_probes():
+    """(name, method, path, body) REST calls, in order, to the models only the comparison serves
+    (`EXTRA_MODELS`): a model's versions, the response cache, ensembles."""
+    def infer(model, inputs, version=None):
+        path = f"/v2/models/{model}" + (f"/versions/{version}" if version else "") + "/infer"
+        return "POST", path, json.dumps({"inputs": inputs})
+
+    x = lambda value, datatype="INT32": [{"name": "X", "datatype": datatype, "shape": [1], "data": [value]}]  # noqa: E731
+    row = [{"name": n, "datatype": "FP32", "shape": [1, 16], "data": list(range(16))} for n in ("A", "B")]
+    return [
+        ("versions metadata", "GET", "/v2/models/pversions", None),
+        ("version 1 ready", "GET", "/v2/models/pversions/versions/1/ready", None),
+        ("version 2 ready", "GET", "/v2/models/pversions/versions/2/ready", None),
+        ("version 3 ready", "GET", "/v2/models/pversions/versions/3/ready", None),
+        ("version 1 metadata", "GET", "/v2/models/pversions/versions/1", None),
+        ("version 2 metadata", "GET", "/v2/models/pversions/versions/2", None),
+        ("infer the latest", *infer("pversions", x(1))),
+        ("infer version 2", *infer("pversions", x(1), 2)),
+        ("infer version 1", *infer("pversions", x(1), 1)),
+        ("versions statistics", "GET", "/v2/models/pversions/stats", None),
+        ("version 2 statistics", "GET", "/v2/models/pversions/versions/2/stats", None),
+        ("version 1 statistics", "GET", "/v2/models/pversions/versions/1/stats", None),
+        ("versions config", "GET", "/v2/models/pversions/config", None),
+        ("version 2 config", "GET", "/v2/models/pversions/versions/2/config", None),
+        ("cache miss", *infer("pcached", x(1.5, "FP32"))),
+        ("cache hit", *infer("pcached", x(1.5, "FP32"))),
+        ("cache another miss", *infer("pcached", x(2.5, "FP32"))),
+        ("cache statistics", "GET", "/v2/models/pcached/stats", None),
+        ("ensemble metadata", "GET", "/v2/models/pchain", None),
+        ("ensemble config", "GET", "/v2/models/pchain/config", None),
+        ("ensemble infer", *infer("pchain", row)),
+        ("ensemble wrong shape", *infer("pchain", [dict(row[0], shape=[1, 8], data=list(range(8))), row[1]])),
+        ("ensemble missing input", *infer("pchain", row[:1])),
+        ("ensemble statistics", "GET", "/v2/models/pchain/stats", None),
+        ("failing step runs", *infer("pfaulty_chain", x(5))),
+        ("failing step refuses", *infer("pfaulty_chain", x(1))),
+        ("failing step raises", *infer("pfaulty_chain", x(2))),
+        ("failing step statistics", "GET", "/v2/models/pfaulty_chain/stats", None),
+    ]
+
+
+def compare_extras(triton_http: str, kiln_http: str) -> None:
+    """`extra_probes` on both servers: status and body (statistics with times blanked)."""
+    rewrite = lambda side, text: ensemble_config(text)  # noqa: E731
+    compare_calls("versions, cache, ensembles", EXTRA_KNOWN, extra_probes(), triton_http, kiln_http, rewrite)
+
+
+# Differences kept on purpose in `extra_probes`.
+ENSEMBLE_PARAMETERS = ("Triton's ensemble response repeats its steps' sequence parameters (sequence_id 0, "
+                       "sequence_start and sequence_end false) once per ensemble output, as duplicate JSON "
+                       "keys; kiln's has none")
+EXTRA_KNOWN = {
+    "ensemble infer": ENSEMBLE_PARAMETERS,
+    "failing step runs": ENSEMBLE_PARAMETERS,
+    "failing step statistics": "Triton counts each failed ensemble request twice (fail 4 after 2 failures); "
+                               "kiln once",
 }
 
 

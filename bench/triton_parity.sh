@@ -32,6 +32,7 @@ trap 'kill -- -"$PID" 2>/dev/null || true' EXIT
 for attempt in 1 2 3; do
   setsid "$TS/bin/tritonserver" --model-repository="$REPO" --backend-directory="$BACKENDS" \
     --http-port=9800 --grpc-port=9801 --metrics-port=9802 --allow-gpu-metrics=false --log-verbose=0 \
+    --cache-directory="$TS/caches" --cache-config=local,size=1048576 \
     --model-control-mode=explicit --load-model='*' --exit-on-error=false --strict-readiness=false \
     >"$OUT/triton.log" 2>&1 &
   PID=$!
@@ -51,6 +52,7 @@ if [ "${1:-}" = --json ]; then
   PEER_SITE_PACKAGES=$("$ROOT/.venv/bin/python" -c 'import sysconfig;print(sysconfig.get_paths()["purelib"])') \
     KILN_PYTHON=$ROOT/.venv/bin/python setsid "$KILN" --model-repository="$REPO" --http-port=9810 \
     --grpc-port=9811 --metrics-port=9812 --model-control-mode=explicit --load-model='*' --strict-readiness=false \
+    --cache-config=local,size=1048576 \
     >"$OUT/kiln.log" 2>&1 &
   KPID=$!
   trap 'kill -- -"$PID" 2>/dev/null || true; kill -- -"$KPID" 2>/dev/null || true' EXIT

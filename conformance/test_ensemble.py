@@ -38,6 +38,10 @@ def test_a_pipeline_of_two_steps(server, module):
     # Step 1: A+B, A-B; step 2: their sum and difference.
     np.testing.assert_array_equal(result.as_numpy("TWICE_A"), 2 * a)
     np.testing.assert_array_equal(result.as_numpy("TWICE_B"), 2 * b)
+    # The outputs in the order Triton answers them: its walk of a hash map of the config's.
+    response = result.get_response()
+    names = [o.name for o in response.outputs] if module is grpcclient else [o["name"] for o in response["outputs"]]
+    assert names == ["TWICE_B", "TWICE_A"]
     only = run(client, module, a, b, outputs=["TWICE_B"])
     assert only.as_numpy("TWICE_A") is None
     np.testing.assert_array_equal(only.as_numpy("TWICE_B"), 2 * b)
@@ -51,6 +55,8 @@ def test_metadata_config_readiness_and_statistics(server):
     assert [(t["name"], t["shape"]) for t in metadata["inputs"]] == [("A", ["-1", "16"]), ("B", ["-1", "16"])]
     config = client.get_model_config(ENSEMBLE, as_json=True)["config"]
     assert config["platform"] == "ensemble"
+    # As Triton's: no optimization of its own; decoupled when a step is (none here).
+    assert "optimization" not in config and config["model_transaction_policy"] == {}
     steps = config["ensemble_scheduling"]["step"]
     assert [(s["model_name"], s["model_version"]) for s in steps] == [("add_sub", "-1"), ("add_sub", "1")]
     before = client.get_inference_statistics(ENSEMBLE, as_json=True)["model_stats"][0]
@@ -58,6 +64,9 @@ def test_metadata_config_readiness_and_statistics(server):
     after = client.get_inference_statistics(ENSEMBLE, as_json=True)["model_stats"][0]
     count = lambda s: int(s["inference_stats"]["success"].get("count", 0))  # noqa: E731
     assert count(after) == count(before) + 1
+    # Triton counts an ensemble's request as an execution too.
+    executions = lambda s: int(s.get("execution_count", 0))  # noqa: E731
+    assert executions(after) == executions(before) + 1
 
 
 def test_bad_input_is_the_ensembles_own_error(server):
@@ -91,7 +100,9 @@ def test_composing_models_load_with_the_ensemble_and_readiness_follows_them(expl
     assert not client.is_model_ready(ENSEMBLE)
     with pytest.raises(InferenceServerException) as e:
         run(client, httpclient, np.ones((1, 16), np.float32), np.ones((1, 16), np.float32))
-    assert f"ensemble '{ENSEMBLE}', step 'add_sub': " in e.value.message(), e.value.message()
+    # Triton's words: the ensemble, then the step's error (which names the model).
+    assert e.value.message().startswith(f"in ensemble '{ENSEMBLE}', "), e.value.message()
+    assert "'add_sub'" in e.value.message(), e.value.message()
 
     client.load_model("add_sub")
     assert client.is_model_ready(ENSEMBLE)

@@ -84,6 +84,17 @@ def test_identical_requests_are_answered_from_the_cache(cached):
     assert metric(cached, "nv_cache_num_misses_per_model", "add_sub") == 2
     assert metric(cached, "nv_inference_request_success", "add_sub") == 4
     assert metric(cached, "nv_inference_count", "add_sub") == 2
+    # A hit counts as queued, as Triton counts it (bench/triton_parity.sh --json).
+    queue = http.get_inference_statistics("add_sub")["model_stats"][-1]["inference_stats"]["queue"]["count"]
+    assert queue == 4
+    # The whole cache's gauges, Triton's names.
+    with urllib.request.urlopen(f"http://{cached.metrics_url}/metrics", timeout=T) as response:
+        text = response.read().decode()
+    gauges = dict(re.findall(r"^(nv_cache_[a-z_]+) (\S+)$", text, flags=re.M))
+    assert {"nv_cache_util", "nv_cache_num_entries", "nv_cache_num_lookups", "nv_cache_num_evictions",
+            "nv_cache_lookup_duration", "nv_cache_insertion_duration"} <= set(gauges), gauges
+    assert float(gauges["nv_cache_num_hits"]) >= 2 and float(gauges["nv_cache_num_misses"]) >= 2
+    assert float(gauges["nv_cache_num_entries"]) >= 2 and 0 < float(gauges["nv_cache_util"]) < 1
 
 
 def test_models_without_the_setting_always_run(cached):
@@ -150,6 +161,8 @@ def test_a_python_models_answers_are_cached_too(cached):
     assert again.as_numpy("RUNS").tolist() == [[2]] and again.as_numpy("TWICE").tolist() == [[2.0, 2.0]]
     assert ask(1.0, outputs=["TWICE"]).get_response()["outputs"][0]["name"] == "TWICE"
     assert stats(http, "py_counting")["hit"] == 2
+    # Its cache series too, as any cached model's.
+    assert metric(cached, "nv_cache_num_hits_per_model", "py_counting") == 2
     # A response with parameters of its own is not cached (the cache keeps tensors only).
     assert ask(3.0, parameters={"tag": "t"}).get_response()["parameters"] == {"tag": "t"}
     assert ask(3.0).as_numpy("RUNS").tolist() == [[4]]

@@ -98,6 +98,35 @@ fn describe() {
             "Instantaneous number of pending requests awaiting execution per-model.",
         ),
         ("nv_model_load_duration_secs", "Model load time in seconds"),
+        ("nv_cache_util", "Cache utilization [0.0 - 1.0]"),
+        (
+            "nv_cache_num_entries",
+            "Number of responses stored in response cache",
+        ),
+        (
+            "nv_cache_num_hits",
+            "Number of cache hits in response cache",
+        ),
+        (
+            "nv_cache_num_misses",
+            "Number of cache misses in response cache",
+        ),
+        (
+            "nv_cache_num_lookups",
+            "Number of cache lookups in response cache",
+        ),
+        (
+            "nv_cache_num_evictions",
+            "Number of cache evictions in response cache",
+        ),
+        (
+            "nv_cache_lookup_duration",
+            "Total cache lookup duration (hit and miss), in microseconds",
+        ),
+        (
+            "nv_cache_insertion_duration",
+            "Total cache insertion duration, in microseconds",
+        ),
         (
             "kiln_active_sequences",
             "Generation requests in progress per model version",
@@ -444,18 +473,21 @@ impl ModelStats {
         }
     }
 
-    /// A request answered from the response cache: a success that ran nothing (no inference,
-    /// queue or compute time), `lookup` of it spent finding the entry.
-    pub fn record_cache_hit(&self, total: Duration, lookup: Duration) {
+    /// A request answered from the response cache: a success that ran nothing (no inference or
+    /// compute time); it waited `queue` before the lookup (Triton counts that as queued) and
+    /// spent `lookup` finding the entry.
+    pub fn record_cache_hit(&self, total: Duration, queue: Duration, lookup: Duration) {
         {
             let mut totals = self.totals();
             totals.last_inference_ms = now_ms();
             totals.success.add(total);
+            totals.queue.add(queue);
             totals.cache_hit.add(lookup);
         }
         self.cpu.success.increment(1);
         self.cpu.request_us.increment(micros(total));
-        self.cpu.queue_summary.record(0.0);
+        self.cpu.queue_us.increment(micros(queue));
+        self.cpu.queue_summary.record(micros(queue) as f64);
         if let Some(cache) = &self.cache {
             cache.hits.increment(1);
             cache.hit_us.increment(micros(lookup));

@@ -52,7 +52,9 @@ pub fn to_json<T: prost::Message>(message: &T, type_name: &str) -> serde_json::V
 }
 
 /// Rewrites `value`, a `message` as prost-reflect serialized it, with each object's fields in the
-/// order `message` declares them (nested messages too: single, repeated and map values).
+/// order `message` declares them (nested messages too: single, repeated and map values), and
+/// map entries by key (prost-reflect keeps maps in hash order, which changes from run to run;
+/// Triton's order is its own hash map's).
 fn declaration_order(value: &mut serde_json::Value, message: &MessageDescriptor) {
     let serde_json::Value::Object(fields) = value else {
         return;
@@ -65,12 +67,13 @@ fn declaration_order(value: &mut serde_json::Value, message: &MessageDescriptor)
         };
         if let Some(Kind::Message(nested)) = message.get_field_by_name(name).map(|f| f.kind()) {
             if nested.is_map_entry() {
-                if let (Kind::Message(entry), serde_json::Value::Object(entries)) =
-                    (nested.map_entry_value_field().kind(), &mut field_value)
-                {
-                    entries
-                        .values_mut()
-                        .for_each(|v| declaration_order(v, &entry));
+                if let serde_json::Value::Object(entries) = &mut field_value {
+                    entries.sort_keys();
+                    if let Kind::Message(entry) = nested.map_entry_value_field().kind() {
+                        entries
+                            .values_mut()
+                            .for_each(|v| declaration_order(v, &entry));
+                    }
                 }
             } else if let serde_json::Value::Array(items) = &mut field_value {
                 items.iter_mut().for_each(|v| declaration_order(v, &nested));

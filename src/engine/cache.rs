@@ -6,13 +6,16 @@
 //! found by a 128-bit keyed hash of the request (two SipHash keys drawn at start-up), so a client
 //! cannot craft two requests that share an entry, and a chance collision is beyond reach (Triton
 //! uses a 64-bit unkeyed hash). Outputs are shared, not copied, between the cache and the
-//! responses it answers.
+//! responses it answers. Triton's gauges of the whole cache (`nv_cache_*`) follow every lookup
+//! and insertion.
 
 use crate::core::Tensor;
+use metrics::{gauge, Gauge};
 use std::collections::hash_map::RandomState;
 use std::collections::{BTreeMap, HashMap};
 use std::hash::{BuildHasher, Hash, Hasher};
 use std::sync::{Arc, Mutex, MutexGuard};
+use std::time::Instant;
 
 /// The parsed `--cache-config` values.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -62,6 +65,7 @@ pub struct ResponseCache {
     capacity: usize,
     keys: (RandomState, RandomState),
     inner: Mutex<Inner>,
+    gauges: Gauges,
 }
 
 #[derive(Debug, Default)]
@@ -71,6 +75,62 @@ struct Inner {
     by_use: BTreeMap<u64, Key>,
     clock: u64,
     bytes: usize,
+    counts: Counts,
+}
+
+/// What the cache has done since it started, for its gauges.
+#[derive(Debug, Default, Clone, Copy)]
+struct Counts {
+    hits: u64,
+    misses: u64,
+    evictions: u64,
+    lookup_us: u64,
+    insertion_us: u64,
+}
+
+/// Triton's gauges of the whole cache.
+#[derive(Debug)]
+struct Gauges {
+    util: Gauge,
+    entries: Gauge,
+    hits: Gauge,
+    misses: Gauge,
+    lookups: Gauge,
+    evictions: Gauge,
+    lookup_us: Gauge,
+    insertion_us: Gauge,
+}
+
+impl Gauges {
+    fn new() -> Gauges {
+        Gauges {
+            util: gauge!("nv_cache_util"),
+            entries: gauge!("nv_cache_num_entries"),
+            hits: gauge!("nv_cache_num_hits"),
+            misses: gauge!("nv_cache_num_misses"),
+            lookups: gauge!("nv_cache_num_lookups"),
+            evictions: gauge!("nv_cache_num_evictions"),
+            lookup_us: gauge!("nv_cache_lookup_duration"),
+            insertion_us: gauge!("nv_cache_insertion_duration"),
+        }
+    }
+
+    fn show(&self, inner: &Inner, capacity: usize) {
+        let c = inner.counts;
+        self.util.set(inner.bytes as f64 / capacity.max(1) as f64);
+        self.entries.set(inner.entries.len() as f64);
+        self.hits.set(c.hits as f64);
+        self.misses.set(c.misses as f64);
+        self.lookups.set((c.hits + c.misses) as f64);
+        self.evictions.set(c.evictions as f64);
+        self.lookup_us.set(c.lookup_us as f64);
+        self.insertion_us.set(c.insertion_us as f64);
+    }
+}
+
+/// Microseconds since `started`.
+fn micros_since(started: Instant) -> u64 {
+    u64::try_from(started.elapsed().as_micros()).unwrap_or(u64::MAX)
 }
 
 #[derive(Debug)]
@@ -82,11 +142,14 @@ struct Entry {
 
 impl ResponseCache {
     pub fn new(config: CacheConfig) -> ResponseCache {
-        ResponseCache {
+        let cache = ResponseCache {
             capacity: config.size,
             keys: (RandomState::new(), RandomState::new()),
             inner: Mutex::new(Inner::default()),
-        }
+            gauges: Gauges::new(),
+        };
+        cache.gauges.show(&cache.lock(), cache.capacity);
+        cache
     }
 
     fn lock(&self) -> MutexGuard<'_, Inner> {
@@ -114,15 +177,24 @@ impl ResponseCache {
 
     /// The outputs cached for `key`, which becomes the most recently used entry.
     pub fn get(&self, key: Key) -> Option<Arc<[Tensor]>> {
+        let started = Instant::now();
         let mut inner = self.lock();
         inner.clock += 1;
         let now = inner.clock;
-        let entry = inner.entries.get_mut(&key)?;
-        let before = std::mem::replace(&mut entry.used, now);
-        let outputs = Arc::clone(&entry.outputs);
-        inner.by_use.remove(&before);
-        inner.by_use.insert(now, key);
-        Some(outputs)
+        let found = inner.entries.get_mut(&key).map(|entry| {
+            let before = std::mem::replace(&mut entry.used, now);
+            (before, Arc::clone(&entry.outputs))
+        });
+        if let Some((before, _)) = found {
+            inner.by_use.remove(&before);
+            inner.by_use.insert(now, key);
+            inner.counts.hits += 1;
+        } else {
+            inner.counts.misses += 1;
+        }
+        inner.counts.lookup_us += micros_since(started);
+        self.gauges.show(&inner, self.capacity);
+        found.map(|(_, outputs)| outputs)
     }
 
     /// Keeps `outputs` for `key`, evicting the least recently used entries to make room. Outputs
@@ -136,6 +208,7 @@ impl ResponseCache {
         if bytes > self.capacity {
             return;
         }
+        let started = Instant::now();
         let mut inner = self.lock();
         if inner.entries.contains_key(&key) {
             return;
@@ -146,6 +219,7 @@ impl ResponseCache {
             };
             if let Some(evicted) = inner.entries.remove(&oldest) {
                 inner.bytes -= evicted.bytes;
+                inner.counts.evictions += 1;
             }
         }
         inner.clock += 1;
@@ -160,6 +234,8 @@ impl ResponseCache {
                 used,
             },
         );
+        inner.counts.insertion_us += micros_since(started);
+        self.gauges.show(&inner, self.capacity);
     }
 
     /// Entries and bytes held.
@@ -240,6 +316,9 @@ mod tests {
         cache.insert(keys[1], entry(&[9; 1000]));
         assert!(cache.get(keys[1]).is_none());
         assert_eq!(cache.usage().0, 3);
+        // What the nv_cache_* gauges show: 4 hits, 2 misses, 1 eviction.
+        let counts = cache.lock().counts;
+        assert_eq!((counts.hits, counts.misses, counts.evictions), (4, 2, 1));
     }
 
     #[test]

@@ -62,7 +62,7 @@ impl Engine {
             let mut step_request = step_request(step, tensors, request);
             step_request.trace = trace.map(Trace::child);
             let answer = self.run_request(step_request, depth + 1);
-            async move { answer.await.map_err(|e| step_error(name, step, e)) }
+            async move { answer.await.map_err(|e| step_error(name, e)) }
         });
         let answers = futures_util::future::try_join_all(runs).await?;
         for (step, answer) in wave.iter().zip(answers) {
@@ -90,13 +90,9 @@ impl Engine {
     }
 }
 
-/// A step's error, its kind kept and its message prefixed with the ensemble and step.
-pub(super) fn step_error(name: &str, step: &Step, error: Error) -> Error {
-    let message = format!(
-        "ensemble '{name}', step '{}': {}",
-        step.model,
-        error.message()
-    );
+/// A step's error, its kind kept and its message prefixed with the ensemble, in Triton's words.
+pub(super) fn step_error(name: &str, error: Error) -> Error {
+    let message = format!("in ensemble '{name}', {}", error.message());
     error.with_message(message)
 }
 
@@ -128,7 +124,8 @@ pub(super) fn take_outputs(
     Ok(())
 }
 
-/// The ensemble's outputs, in the order of `io`, from its tensors.
+/// The ensemble's outputs from its tensors, in the order Triton's answer lists them: its walk
+/// of a hash map of the config's outputs ([`super::visit_order`]).
 ///
 /// # Errors
 /// INTERNAL for an output no step made, or one of another type than the config's.
@@ -137,9 +134,11 @@ pub(super) fn ensemble_outputs(
     io: &IoSpec,
     mut tensors: HashMap<String, Tensor>,
 ) -> Result<Vec<Tensor>, Error> {
-    io.outputs
-        .iter()
-        .map(|spec| {
+    let names: Vec<&str> = io.outputs.iter().map(|spec| spec.name.as_str()).collect();
+    super::visit_order(&names)
+        .into_iter()
+        .map(|index| {
+            let spec = &io.outputs[index];
             let tensor = tensors.remove(&spec.name).ok_or_else(|| {
                 Error::Internal(format!("ensemble '{name}' made no output '{}'", spec.name))
             })?;

@@ -162,15 +162,17 @@ impl Engine {
             let mut responses = self
                 .decoupled_stream(step)
                 .await
-                .map_err(|e| step_error(name, decoupled, e))?;
+                .map_err(|e| step_error(name, e))?;
             loop {
                 let streamed = tokio::select! {
                     streamed = responses.recv() => match streamed {
                         Some(streamed) => streamed,
                         None => return Err(step_error(
                             name,
-                            decoupled,
-                            Error::Unavailable("the step stopped before its last response".into()),
+                            Error::Unavailable(format!(
+                                "step '{}' stopped before its last response",
+                                decoupled.model
+                            )),
                         )),
                     },
                     // The client went away: dropping `responses` cancels the step's request.
@@ -178,7 +180,7 @@ impl Engine {
                 };
                 let this_last = last && streamed.last;
                 match streamed.response {
-                    Err(error) => return Err(step_error(name, decoupled, error)),
+                    Err(error) => return Err(step_error(name, error)),
                     // The word alone that the response before was the step's last: the
                     // ensemble's too when every decoupled step before is at its last.
                     Ok(None) => {

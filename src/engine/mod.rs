@@ -231,7 +231,18 @@ impl Engine {
     /// # Errors
     /// As [`Engine::model_metadata`].
     pub fn model_config(&self, name: &str, version: &str) -> Result<Arc<ModelConfig>, Error> {
-        let (model, _) = self.resolve(name, version)?;
+        let (model, serving) = self.resolve(name, version)?;
+        // Triton's config of an ensemble says whether it is decoupled: whether a step is.
+        if let (Executor::Ensemble(plan), None) =
+            (&serving.executor, &model.config.model_transaction_policy)
+        {
+            let mut config = ModelConfig::clone(&model.config);
+            config.model_transaction_policy =
+                Some(crate::proto::inference::ModelTransactionPolicy {
+                    decoupled: self.has_decoupled_step(plan, 0),
+                });
+            return Ok(Arc::new(config));
+        }
         Ok(Arc::clone(&model.config))
     }
 
@@ -442,6 +453,7 @@ impl Engine {
             (Ok(_), Some((_, _, Some(outputs), started)), _) => Ok((
                 outputs.to_vec(),
                 Ran::Cached {
+                    queue: started.duration_since(arrived),
                     lookup: started.elapsed(),
                 },
             )),
@@ -678,7 +690,9 @@ enum Ran {
         timing: crate::metrics::Timing,
     },
     /// The response cache held them; finding them took `lookup`.
-    Cached { lookup: Duration },
+    /// The response cache held them; the request reached it after `queue` (checks, as Triton
+    /// counts a hit's time queued) and finding them took `lookup`.
+    Cached { queue: Duration, lookup: Duration },
     /// An ensemble's steps made them.
     Composed { rows: usize },
 }
@@ -688,8 +702,12 @@ impl Ran {
     fn record_success(&self, stats: &ModelStats, total: Duration) {
         match self {
             Ran::Executed { rows, timing } => stats.record_success(*rows, total, *timing),
-            Ran::Cached { lookup } => stats.record_cache_hit(total, *lookup),
-            Ran::Composed { rows } => stats.record_success(*rows, total, Default::default()),
+            Ran::Cached { queue, lookup } => stats.record_cache_hit(total, *queue, *lookup),
+            // Triton counts an ensemble's request as one execution of its rows too.
+            Ran::Composed { rows } => {
+                stats.record_execution(*rows, Default::default(), None);
+                stats.record_success(*rows, total, Default::default());
+            }
         }
     }
 }

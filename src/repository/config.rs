@@ -256,12 +256,16 @@ pub fn normalize_identity(
             )),
         });
     }
-    // Triton's defaults, which its effective config shows: pinned host buffers on.
-    let optimization = config.optimization.get_or_insert_with(Default::default);
-    let pinned =
-        || crate::proto::inference::model_optimization_policy::PinnedMemoryBuffer { enable: true };
-    optimization.input_pinned_memory.get_or_insert_with(pinned);
-    optimization.output_pinned_memory.get_or_insert_with(pinned);
+    // Triton's defaults, which its effective config shows: pinned host buffers on (an
+    // ensemble's config has none: it runs nothing itself).
+    if !ensemble {
+        let optimization = config.optimization.get_or_insert_with(Default::default);
+        let pinned = || crate::proto::inference::model_optimization_policy::PinnedMemoryBuffer {
+            enable: true,
+        };
+        optimization.input_pinned_memory.get_or_insert_with(pinned);
+        optimization.output_pinned_memory.get_or_insert_with(pinned);
+    }
     if config.max_batch_size < 0 {
         return Err(ConfigError::Invalid(format!(
             "max_batch_size must be non-negative for model '{}', got {}",

@@ -449,16 +449,24 @@ pub fn build(prepared: Prepared, reuse: Reuse<'_>) -> Result<Model, LoadFailure>
         let started = file.and_then(|path| {
             if let Some(spec) = &python {
                 let limited = (rate_limiter.as_ref(), limits.as_slice());
-                return start_python(&name, version, (&dir, &path), &config, spec, limited).map(
-                    |serving| ServingVersion {
-                        cache: cache_responses,
-                        sequences: sequence.as_ref().map(|sequence| {
-                            let slots = spec.instances.len();
-                            Arc::new(Sequences::with_slots(sequence.clone(), slots))
-                        }),
-                        ..serving
-                    },
-                );
+                let files = (dir.as_path(), path.as_path());
+                return start_python(
+                    &name,
+                    version,
+                    files,
+                    &config,
+                    spec,
+                    limited,
+                    cache_responses,
+                )
+                .map(|serving| ServingVersion {
+                    cache: cache_responses,
+                    sequences: sequence.as_ref().map(|sequence| {
+                        let slots = spec.instances.len();
+                        Arc::new(Sequences::with_slots(sequence.clone(), slots))
+                    }),
+                    ..serving
+                });
             }
             if generation::is_generation(&config) {
                 let options = SessionOptions {
@@ -706,13 +714,15 @@ fn start_python(
     config: &ModelConfig,
     spec: &PythonSpec,
     (rate_limiter, limits): (Option<&Arc<RateLimiter>>, &[Option<InstanceLimit>]),
+    cached: bool,
 ) -> Result<ServingVersion, String> {
     if !path.is_file() {
         return Err(format!("model file {} not found", path.display()));
     }
     let started = std::time::Instant::now();
     let io = IoSpec::from_config(config)?;
-    let stats = Arc::new(ModelStats::new(name, version));
+    // A version whose responses are cached has the cache's series too.
+    let stats = Arc::new(ModelStats::with_gpus(name, version, &[], cached));
     let samples = super::warmup::samples(dir, config, &io)?;
     let limits = limits
         .iter()
