@@ -265,7 +265,7 @@ def test_log_setting_errors(logged):
         ({"log_info": "false"}, 400, "expect boolean for 'log_info'"),
         ({"log_verbose_level": -1}, 400, "expect uint32 for 'log_verbose_level'"),
         ({"log_verbose_level": "1"}, 400, "expect uint32 for 'log_verbose_level'"),
-        ({"log_format": "json"}, 400, "invalid argument for log_format, got: json"),
+        ({"log_format": "json"}, 400, "invalid argument for --log_format, got: json"),
         (b"", 400, "failed to parse the request JSON buffer"),
         # One bad value and nothing is applied, not even the good ones before it.
         ({"log_info": False, "log_error": 1}, 400, "expect boolean for 'log_error'"),
@@ -289,7 +289,7 @@ def test_log_setting_errors(logged):
         (request("log_verbose_level", "bool_param", True), grpc.StatusCode.INVALID_ARGUMENT,
          "expect int32 for 'log_verbose_level'"),
         (request("log_format", "string_param", "json"), grpc.StatusCode.INVALID_ARGUMENT,
-         "invalid argument for log_format, got: json"),
+         "invalid argument for --log_format, got: json"),
     ]:
         with pytest.raises(grpc.RpcError) as e:
             server.stub().LogSettings(req, timeout=T)

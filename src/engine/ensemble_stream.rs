@@ -77,7 +77,10 @@ impl Engine {
             let (stats, total) = (&streaming.serving.stats, streaming.arrived.elapsed());
             match outcome {
                 Ok(false) => stats.record_failure(total, FailureReason::Canceled),
-                Ok(true) => stats.record_success(streaming.rows, total, Default::default()),
+                Ok(true) => super::Ran::Composed {
+                    rows: streaming.rows,
+                }
+                .record_success(stats, total),
                 Err(error) => {
                     stats.record_failure(total, FailureReason::Other);
                     let _ = sender.send(StreamedResponse {

@@ -606,9 +606,11 @@ impl Engine {
                     Counted::Nowhere => Stage::Refused,
                     Counted::Failure(reason) => {
                         serving.stats.record_failure(total, reason);
+                        // The model (or an ensemble's step) had it: its answer says so. A
+                        // timeout in the queue or a cancellation is a refusal.
                         match reason {
-                            FailureReason::Backend => Stage::Failed,
-                            _ => Stage::Refused,
+                            FailureReason::Backend | FailureReason::Other => Stage::Failed,
+                            FailureReason::Rejected | FailureReason::Canceled => Stage::Refused,
                         }
                     }
                     Counted::Answered(ran) => {

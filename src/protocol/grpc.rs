@@ -111,7 +111,7 @@ fn log_update(request: LogSettingsRequest) -> Result<LogUpdate, Error> {
             None => None,
             Some(Some(ParameterChoice::StringParam(name))) => {
                 Some(LogFormat::parse(name).ok_or_else(|| {
-                    crate::invalid_arg!("invalid argument for log_format, got: {name}")
+                    crate::invalid_arg!("invalid argument for --log_format, got: {name}")
                 })?)
             }
             Some(_) => return Err(crate::invalid_arg!("expect string for 'log_format'")),

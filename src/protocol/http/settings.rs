@@ -56,7 +56,7 @@ pub async fn post_log(
         format: present("log_format")
             .map(|v| match v.as_str() {
                 Some(name) => LogFormat::parse(name)
-                    .ok_or_else(|| invalid_arg!("invalid argument for log_format, got: {name}")),
+                    .ok_or_else(|| invalid_arg!("invalid argument for --log_format, got: {name}")),
                 None => Err(invalid_arg!("expect string for 'log_format'")),
             })
             .transpose()?,
