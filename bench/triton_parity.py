@@ -481,6 +481,9 @@ def rest_probes():
          *with_fp16([dict(t, data=extreme.get(t["datatype"], t["data"])) for t in identity])),
         ("echo strings", "POST", "/v2/models/py_echo/infer",
          infer([tensor("TEXT", "BYTES", shape=(3,), data=["héllo", "", "a \"quoted\" \\ line\n"])]), j),
+        ("echo parameters in order", "POST", "/v2/models/py_echo/infer",
+         infer([tensor("TEXT", "BYTES", shape=(1,), data=["p"])],
+               parameters={"zeta": 1, "alpha": "x", "mid": True, "beta": 0.5, "priority": 1}), j),
         # Several inputs wrong: which one the answer names (Triton's hash map order).
         ("both FP64", "POST", f"{add}/infer", infer([tensor("INPUT0", "FP64"), tensor("INPUT1", "FP64")]), j),
         ("both FP64, reversed", "POST", f"{add}/infer", infer([tensor("INPUT1", "FP64"), tensor("INPUT0", "FP64")]), j),

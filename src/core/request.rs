@@ -1,7 +1,6 @@
 //! Inference requests and responses as the engine sees them, independent of the wire format.
 
 use super::tensor::Tensor;
-use std::collections::HashMap;
 use std::time::Instant;
 
 /// A request or tensor parameter value. Triton's protocol carries five kinds; all are accepted.
@@ -60,8 +59,9 @@ impl ParamValue {
     }
 }
 
-/// Named parameters of a request, a tensor or a response.
-pub type Parameters = HashMap<String, ParamValue>;
+/// Named parameters of a request, a tensor or a response, in the order they came: a Python
+/// model's `request.parameters()` lists them so, as Triton keeps them.
+pub type Parameters = indexmap::IndexMap<String, ParamValue>;
 
 /// An output the client asked for, with its per-output parameters.
 #[derive(Debug, Clone, Default)]

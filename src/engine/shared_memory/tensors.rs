@@ -137,7 +137,7 @@ pub fn read_inputs(
             input.data = Bytes::from(data);
         }
         for key in [REGION, BYTE_SIZE, OFFSET] {
-            input.parameters.remove(key);
+            input.parameters.shift_remove(key);
         }
     }
     Ok(())

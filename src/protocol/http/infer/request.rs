@@ -182,7 +182,7 @@ fn decode_input(model: &str, input: &Value<'_>, binary: &mut Bytes) -> Result<Te
         Some(p) => tensor_parameters(p)?,
         None => Parameters::new(),
     };
-    parameters.remove(BINARY_DATA_SIZE);
+    parameters.shift_remove(BINARY_DATA_SIZE);
     Ok(Tensor {
         name,
         datatype,
@@ -312,7 +312,7 @@ fn decode_output(
             ));
         }
     }
-    if let Some(binary) = parameters.remove(BINARY_DATA) {
+    if let Some(binary) = parameters.shift_remove(BINARY_DATA) {
         let ParamValue::Bool(binary) = binary else {
             return Err(invalid_arg!(
                 "Unable to parse 'binary_data': expected a boolean"
