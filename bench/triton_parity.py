@@ -318,6 +318,8 @@ def compare_json(triton_http: str, kiln_http: str) -> None:
     compare_extras(triton_http, kiln_http)
     compare_settings(triton_http, kiln_http)
     compare_counts(triton_http, kiln_http, ready(triton_http) & ready(kiln_http))
+    # After the counts: unloading and loading models starts their counts again.
+    compare_repository(triton_http, kiln_http)
     # Last: these end Triton.
     compare_rest_answers(triton_http, kiln_http, fatal=True)
 
@@ -799,6 +801,69 @@ SETTINGS_KNOWN = {
                            "and answers 200",
     "unknown trace setting": "kiln refuses an unknown setting, 400 naming the settings; Triton ignores it",
     "log format unknown": "400, not Triton's 503 (UNAVAILABLE, which tells a client to try again); the same words",
+}
+
+
+def repository_probes():
+    """(name, method, path, body) REST calls, in order, of the repository API on the models only
+    the comparison serves: unload, index states, load again, a config override, dependents."""
+    repo = "/v2/repository"
+    index = ("POST", f"{repo}/index", "{}")
+    body = lambda **parameters: json.dumps({"parameters": parameters})  # noqa: E731
+    override = json.dumps({"name": "pcached", "backend": "python",
+                           "input": [{"name": "X", "data_type": "TYPE_FP32", "dims": [1]}],
+                           "output": [{"name": "Y", "data_type": "TYPE_FP32", "dims": [1]}]})
+    return [
+        ("ready index", "POST", f"{repo}/index", json.dumps({"ready": True})),
+        ("unload versions", "POST", f"{repo}/models/pversions/unload", ""),
+        ("index after unload", *index),
+        ("ready after unload", "GET", "/v2/models/pversions/ready", None),
+        ("load versions again", "POST", f"{repo}/models/pversions/load", ""),
+        ("index after load", *index),
+        ("override a config", "POST", f"{repo}/models/pcached/load", body(config=override)),
+        ("overridden config", "GET", "/v2/models/pcached/config", None),
+        ("load the repository's config again", "POST", f"{repo}/models/pcached/load", ""),
+        ("config again", "GET", "/v2/models/pcached/config", None),
+        ("unload an ensemble's step", "POST", f"{repo}/models/py_faulty/unload", ""),
+        ("the ensemble after", "GET", "/v2/models/pfaulty_chain/ready", None),
+        ("infer the ensemble after", "POST", "/v2/models/pfaulty_chain/infer",
+         json.dumps({"inputs": [{"name": "X", "datatype": "INT32", "shape": [1], "data": [5]}]})),
+        ("load the step again", "POST", f"{repo}/models/py_faulty/load", ""),
+        ("unload with dependents", "POST", f"{repo}/models/py_count/unload", body(unload_dependents=True)),
+        ("index after unloading dependents", *index),
+        ("load the decoupled step again", "POST", f"{repo}/models/py_count/load", ""),
+        ("load the ensemble again", "POST", f"{repo}/models/pcount_chain/load", ""),
+        ("unknown model unload", "POST", f"{repo}/models/nope/unload", ""),
+        ("unknown model load", "POST", f"{repo}/models/nope/load", ""),
+    ]
+
+
+EXTRA_NAMES = ("pversions", "pcached", "pchain", "pfaulty_chain", "pcount_chain", "py_faulty", "py_count")
+
+
+def compare_repository(triton_http: str, kiln_http: str) -> None:
+    """`repository_probes` on both servers: status and body (index answers: the entries of the
+    models involved)."""
+    def entries(side, text):
+        try:
+            index = json.loads(text)
+        except ValueError:
+            return text
+        if not isinstance(index, list):
+            return text
+        return json.dumps([e for e in index if e.get("name") in EXTRA_NAMES])
+
+    compare_calls("repository API", REPOSITORY_KNOWN, repository_probes(), triton_http, kiln_http, entries)
+
+
+# Differences kept on purpose in `repository_probes`.
+REPOSITORY_KNOWN = {
+    "config again": "a load without a config after one with an override: kiln loads the repository's config "
+                    "again; Triton keeps the override (its files did not change)",
+    "index after unloading dependents": "kiln's index keeps an ensemble whose step is unloaded (not ready: "
+                                        "its requests, metadata and statistics answer as Triton's for an "
+                                        "unloaded model); Triton unloads it ('unloaded') and loads it again "
+                                        "with the step",
 }
 
 

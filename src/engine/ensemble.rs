@@ -84,7 +84,7 @@ impl Engine {
         };
         depth < MAX_DEPTH
             && plan.waves.iter().flatten().all(|step| {
-                self.resolve(&step.model, &step.version)
+                self.resolve_loaded(&step.model, &step.version)
                     .is_ok_and(|(_, composing)| self.serves(&composing, depth + 1))
             })
     }

@@ -10,8 +10,31 @@ use std::sync::Arc;
 impl Engine {
     /// Finds the model and the version to serve: the given one, or the newest ready one. Both
     /// come out of the current snapshot by `Arc`, so a reload or unload that happens meanwhile
-    /// lets this request finish on what it resolved.
+    /// lets this request finish on what it resolved. An ensemble a step of which is not served
+    /// is not available, as in Triton (which unloads it with the step, and loads it again with
+    /// it).
     pub(super) fn resolve(
+        &self,
+        name: &str,
+        version: &str,
+    ) -> Result<(Arc<Model>, Arc<ServingVersion>), Error> {
+        let (model, serving) = self.resolve_loaded(name, version)?;
+        if self.serves(&serving, 0) {
+            return Ok((model, serving));
+        }
+        Err(if version.is_empty() {
+            Error::NotFound(format!(
+                "Request for unknown model: '{name}' has no available versions"
+            ))
+        } else {
+            Error::Unavailable(format!(
+                "Request for unknown model: '{name}' version {version} is not at ready state"
+            ))
+        })
+    }
+
+    /// [`Engine::resolve`], whether or not an ensemble's steps are served.
+    pub(super) fn resolve_loaded(
         &self,
         name: &str,
         version: &str,

@@ -256,10 +256,13 @@ impl Engine {
         name: &str,
         version: &str,
     ) -> Result<Vec<ModelStatistics>, Error> {
+        // Versions an ensemble's unserved step makes unavailable are left out, as Triton has
+        // unloaded them.
         let serving_versions = |model: &Model| -> Vec<ModelStatistics> {
             model
                 .versions
                 .values()
+                .filter(|v| self.serves(v, 0))
                 .map(|v| v.stats.snapshot())
                 .collect()
         };
@@ -278,7 +281,7 @@ impl Engine {
         let model = snapshot
             .get(name)
             .and_then(|slot| slot.serving.as_deref())
-            .filter(|model| !model.versions.is_empty())
+            .filter(|model| model.versions.values().any(|v| self.serves(v, 0)))
             .ok_or_else(|| invalid_arg!("requested model '{name}' is not available"))?;
         if version.is_empty() {
             return Ok(serving_versions(model));
@@ -286,6 +289,7 @@ impl Engine {
         let serving = model
             .versions
             .get(&lookup::parse_version(version)?)
+            .filter(|v| self.serves(v, 0))
             .ok_or_else(|| {
                 invalid_arg!("requested model version is not available for model '{name}'")
             })?;
