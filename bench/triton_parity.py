@@ -4,8 +4,11 @@ backend), on a repository made from that module's fixture: what kiln answers, ch
 what Triton answers to the same models and requests.
 
     bench/triton_parity.sh [TEST_NAME ...]    # no names: every test that takes python_server
-    bench/triton_parity.sh --json             # REST JSON of both servers, byte for byte, and
-                                              # their answers to bad requests
+    bench/triton_parity.sh --json             # kiln started beside it: what both answer, compared
+                                              # (REST JSON byte for byte, metrics, gRPC, streams,
+                                              # bad requests, a model's life, shared memory,
+                                              # sequences, versions, the cache, ensembles,
+                                              # settings, every count, the repository API)
 
 Prints PASS or FAIL (with the failing line) per test. Expected failures, each a known
 difference (see bench/RESULTS.md, "Eighteenth session"): tests that use the bundled ONNX models
@@ -77,6 +80,19 @@ class TritonPythonModel:
         return [pb_utils.InferenceResponse([pb_utils.Tensor(
             "Y", 2 * pb_utils.get_input_tensor_by_name(r, "X").as_numpy())]) for r in requests]
 """
+def one_step_ensemble(name: str, model: str, input_: str, output: str) -> str:
+    """The config of an ensemble of one step: `model`, one INT32 [1] input and output."""
+    return f"""name: "{name}"
+platform: "ensemble"
+input [ {{ name: "{input_}" data_type: TYPE_INT32 dims: [ 1 ] }} ]
+output [ {{ name: "{output}" data_type: TYPE_INT32 dims: [ 1 ] }} ]
+ensemble_scheduling {{ step [
+  {{ model_name: "{model}" model_version: -1 input_map {{ key: "{input_}" value: "{input_}" }}
+    output_map {{ key: "{output}" value: "{output}" }} }}
+] }}
+"""
+
+
 EXTRA_MODELS = {
     "pversions": ("""name: "pversions"
 backend: "python"
@@ -105,22 +121,8 @@ ensemble_scheduling { step [
     output_map { key: "OUTPUT0" value: "A2" } output_map { key: "OUTPUT1" value: "B2" } }
 ] }
 """, {"1": None}),
-    "pfaulty_chain": ("""name: "pfaulty_chain"
-platform: "ensemble"
-input [ { name: "X" data_type: TYPE_INT32 dims: [ 1 ] } ]
-output [ { name: "Y" data_type: TYPE_INT32 dims: [ 1 ] } ]
-ensemble_scheduling { step [
-  { model_name: "py_faulty" model_version: -1 input_map { key: "X" value: "X" } output_map { key: "Y" value: "Y" } }
-] }
-""", {"1": None}),
-    "pcount_chain": ("""name: "pcount_chain"
-platform: "ensemble"
-input [ { name: "N" data_type: TYPE_INT32 dims: [ 1 ] } ]
-output [ { name: "I" data_type: TYPE_INT32 dims: [ 1 ] } ]
-ensemble_scheduling { step [
-  { model_name: "py_count" model_version: -1 input_map { key: "N" value: "N" } output_map { key: "I" value: "I" } }
-] }
-""", {"1": None}),
+    "pfaulty_chain": (one_step_ensemble("pfaulty_chain", "py_faulty", "X", "Y"), {"1": None}),
+    "pcount_chain": (one_step_ensemble("pcount_chain", "py_count", "N", "I"), {"1": None}),
 }
 
 
