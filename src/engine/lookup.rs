@@ -28,7 +28,8 @@ impl Engine {
             ))
         } else {
             Error::Unavailable(format!(
-                "Request for unknown model: '{name}' version {version} is not at ready state"
+                "Request for unknown model: '{name}' version {} is not at ready state",
+                serving.version
             ))
         })
     }

@@ -695,7 +695,6 @@ enum Ran {
         rows: usize,
         timing: crate::metrics::Timing,
     },
-    /// The response cache held them; finding them took `lookup`.
     /// The response cache held them; the request reached it after `queue` (checks, as Triton
     /// counts a hit's time queued) and finding them took `lookup`.
     Cached { queue: Duration, lookup: Duration },
