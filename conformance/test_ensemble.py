@@ -105,9 +105,13 @@ def test_composing_models_load_with_the_ensemble_and_readiness_follows_them(expl
     with pytest.raises(InferenceServerException) as e:
         client.get_model_metadata(ENSEMBLE)
     assert "has no available versions" in e.value.message()
+    # Listed as Triton lists it (state and reason measured on Triton 2.51).
+    entry = lambda: next(m for m in client.get_model_repository_index() if m["name"] == ENSEMBLE)  # noqa: E731
+    assert (entry()["state"], entry()["reason"]) == ("UNAVAILABLE", "unloaded")
 
     client.load_model("add_sub")
     assert client.is_model_ready(ENSEMBLE)
+    assert entry()["state"] == "READY"
     result = run(client, httpclient, np.ones((1, 16), np.float32), np.zeros((1, 16), np.float32))
     np.testing.assert_array_equal(result.as_numpy("TWICE_A"), np.full((1, 16), 2, np.float32))
 

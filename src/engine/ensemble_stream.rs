@@ -183,7 +183,20 @@ impl Engine {
                 };
                 let this_last = last && streamed.last;
                 match streamed.response {
-                    Err(error) => return Err(step_error(name, error)),
+                    Err(error) => {
+                        // The step's request runs on to its last response, as in Triton (an
+                        // error does not cancel it), its statistics its own.
+                        if !streamed.last {
+                            tokio::spawn(async move {
+                                while let Some(rest) = responses.recv().await {
+                                    if rest.last {
+                                        break;
+                                    }
+                                }
+                            });
+                        }
+                        return Err(step_error(name, error));
+                    }
                     // The word alone that the response before was the step's last: the
                     // ensemble's too when every decoupled step before is at its last.
                     Ok(None) => {

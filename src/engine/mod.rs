@@ -299,7 +299,24 @@ impl Engine {
     /// Every model in the repository with the state of each known version. `ready_only` keeps
     /// only READY versions.
     pub fn repository_index(&self, ready_only: bool) -> Vec<IndexEntry> {
-        self.repository.index(ready_only)
+        let mut index = self.repository.index(false);
+        // A loaded ensemble a step of which is not served is listed as Triton lists the ensemble
+        // it unloaded with the step.
+        let snapshot = self.repository.snapshot();
+        for entry in &mut index {
+            let serving = snapshot
+                .get(&entry.name)
+                .and_then(|slot| slot.serving.as_deref())
+                .and_then(|model| model.versions.get(&entry.version.parse().ok()?));
+            if entry.state == "READY" && serving.is_some_and(|v| !self.serves(v, 0)) {
+                entry.state = "UNAVAILABLE".into();
+                entry.reason = "unloaded".into();
+            }
+        }
+        if ready_only {
+            index.retain(|entry| entry.state == "READY");
+        }
+        index
     }
 
     /// Loads or reloads a model (explicit model-control mode), off the async runtime.
