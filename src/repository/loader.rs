@@ -460,7 +460,6 @@ pub fn build(prepared: Prepared, reuse: Reuse<'_>) -> Result<Model, LoadFailure>
                     cache_responses,
                 )
                 .map(|serving| ServingVersion {
-                    cache: cache_responses,
                     sequences: sequence.as_ref().map(|sequence| {
                         let slots = spec.instances.len();
                         Arc::new(Sequences::with_slots(sequence.clone(), slots))
@@ -706,7 +705,8 @@ fn start_version(
     })
 }
 
-/// Starts one version of a Python model: a process per instance, each through `initialize`.
+/// Starts one version of a Python model: a process per instance, each through `initialize`;
+/// `cached`: its responses go to the response cache.
 fn start_python(
     name: &str,
     version: i64,
@@ -736,7 +736,7 @@ fn start_python(
         io,
         executor: Executor::Python(Arc::new(model)),
         stats,
-        cache: false,
+        cache: cached,
         sequences: None,
         tokenizer: None,
     })

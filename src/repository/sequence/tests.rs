@@ -28,6 +28,16 @@ fn request(parameters: &[(&str, ParamValue)]) -> InferRequest {
     request
 }
 
+/// The flags of sequence `id` (a number), not a sequence of its own.
+fn numbered(id: u64, start: bool, end: bool) -> SequenceFlags {
+    SequenceFlags {
+        id: CorrId::Number(id),
+        start,
+        end,
+        alone: false,
+    }
+}
+
 fn flags(parameters: &[(&str, ParamValue)]) -> Result<SequenceFlags, Error> {
     SequenceFlags::of(&request(parameters), "m")
 }
@@ -107,12 +117,7 @@ fn flags_come_from_tritons_parameters() {
             ("sequence_id", ParamValue::Int64(9)),
             ("sequence_start", ParamValue::Bool(true)),
         ]),
-        Ok(SequenceFlags {
-            id: CorrId::Number(9),
-            start: true,
-            end: false,
-            alone: false,
-        })
+        Ok(numbered(9, true, false))
     );
     assert_eq!(
         flags(&[
@@ -150,12 +155,7 @@ async fn controls_are_added_in_tritons_order_whatever_the_configs() {
         .unwrap()
         .unwrap();
     let sequences = Sequences::new(spec);
-    let flags = SequenceFlags {
-        id: CorrId::Number(3),
-        start: true,
-        end: true,
-        alone: false,
-    };
+    let flags = numbered(3, true, true);
     let turn = sequences.begin(flags, 1, "m").await.unwrap();
     let inputs = sequences.inputs(&turn);
     let names: Vec<&str> = inputs.iter().map(|t| t.name.as_str()).collect();
@@ -297,12 +297,7 @@ async fn a_new_sequence_takes_a_free_slot_as_tritons_batcher_gives_it() {
     let step = |n: u64, start: bool, end: bool| {
         let sequences = &sequences;
         async move {
-            let flags = SequenceFlags {
-                id: CorrId::Number(n),
-                start,
-                end,
-                alone: false,
-            };
+            let flags = numbered(n, start, end);
             let turn = sequences.begin(flags, 1, "m").await.unwrap();
             let slot = turn.slot();
             sequences.finish(turn, &mut vec![state_out(1.0)]);
@@ -352,12 +347,7 @@ async fn initial_states_can_come_from_a_file() {
         .unwrap()
         .unwrap();
     let sequences = Sequences::new(spec);
-    let flags = SequenceFlags {
-        id: CorrId::Number(1),
-        start: true,
-        end: false,
-        alone: false,
-    };
+    let flags = numbered(1, true, false);
     let turn = sequences.begin(flags, 1, "m").await.unwrap();
     let inputs = sequences.inputs(&turn);
     assert_eq!(
@@ -373,12 +363,7 @@ async fn idle_time_counts_from_the_end_of_the_last_request() {
         .unwrap()
         .unwrap();
     let sequences = Sequences::new(spec);
-    let flags = |start: bool| SequenceFlags {
-        id: CorrId::Number(5),
-        start,
-        end: false,
-        alone: false,
-    };
+    let flags = |start: bool| numbered(5, start, false);
     // A request that runs longer than the 100 ms idle time...
     let turn = sequences.begin(flags(true), 1, "m").await.unwrap();
     tokio::time::sleep(Duration::from_millis(150)).await;
@@ -394,12 +379,7 @@ async fn turns_come_in_the_order_places_were_taken_whoever_asks_first() {
         .unwrap()
         .unwrap();
     let sequences = Arc::new(Sequences::new(spec));
-    let flags = |start: bool| SequenceFlags {
-        id: CorrId::Number(9),
-        start,
-        end: false,
-        alone: false,
-    };
+    let flags = |start: bool| numbered(9, start, false);
     // Three requests take their places, in order, before any asks for its turn.
     let first = sequences.place(flags(true), 1, "m").unwrap();
     let second = sequences.place(flags(false), 1, "m").unwrap();
@@ -434,12 +414,7 @@ async fn turns_come_in_the_order_places_were_taken_whoever_asks_first() {
     fourth.await.unwrap();
     assert_eq!(*order.lock().unwrap(), ["second", "fourth"]);
     // A request of an unknown sequence gets no place.
-    let lost = SequenceFlags {
-        id: CorrId::Number(10),
-        start: false,
-        end: false,
-        alone: false,
-    };
+    let lost = numbered(10, false, false);
     assert!(sequences.place(lost, 1, "m").is_err());
 }
 
