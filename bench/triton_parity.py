@@ -20,6 +20,7 @@ import json
 import pathlib
 import shutil
 import sys
+import time
 import traceback
 
 CONFORMANCE = pathlib.Path(__file__).resolve().parent.parent / "conformance"
@@ -808,7 +809,8 @@ SETTINGS_KNOWN = {
 
 def repository_probes():
     """(name, method, path, body) REST calls, in order, of the repository API on the models only
-    the comparison serves: unload, index states, load again, a config override, dependents."""
+    the comparison serves: unload, index states, load again, a config override, dependents; and
+    (method METRICS, path the model) the models' series on /metrics before and after."""
     repo = "/v2/repository"
     index = ("POST", f"{repo}/index", "{}")
     body = lambda **parameters: json.dumps({"parameters": parameters})  # noqa: E731
@@ -817,12 +819,24 @@ def repository_probes():
                            "output": [{"name": "Y", "data_type": "TYPE_FP32", "dims": [1]}]})
     return [
         ("ready index", "POST", f"{repo}/index", json.dumps({"ready": True})),
+        ("series before unload", "METRICS", "pversions", None),
         ("unload versions", "POST", f"{repo}/models/pversions/unload", ""),
         ("index after unload", *index),
         ("ready after unload", "GET", "/v2/models/pversions/ready", None),
+        ("series after unload", "METRICS", "pversions", "gone"),
         ("load versions again", "POST", f"{repo}/models/pversions/load", ""),
         ("index after load", *index),
+        ("series after load", "METRICS", "pversions", None),
+        ("custom metrics' model runs", "POST", "/v2/models/py_metrics/infer",
+         json.dumps({"inputs": [{"name": "X", "datatype": "FP32", "shape": [1], "data": [2.5]}]})),
+        ("custom series before unload", "CUSTOM", "py_metrics", None),
+        ("unload the custom metrics' model", "POST", f"{repo}/models/py_metrics/unload", ""),
+        ("custom series after unload", "CUSTOM", "py_metrics", "gone"),
+        ("load the custom metrics' model again", "POST", f"{repo}/models/py_metrics/load", ""),
+        ("custom series after load", "CUSTOM", "py_metrics", None),
+        ("series before a reload", "METRICS", "pcached", None),
         ("override a config", "POST", f"{repo}/models/pcached/load", body(config=override)),
+        ("series after a reload", "METRICS", "pcached", None),
         ("overridden config", "GET", "/v2/models/pcached/config", None),
         ("load the repository's config again", "POST", f"{repo}/models/pcached/load", ""),
         ("config again", "GET", "/v2/models/pcached/config", None),
@@ -865,6 +879,8 @@ def compare_repository(triton_http: str, kiln_http: str) -> None:
 
 # Differences kept on purpose in `repository_probes`.
 REPOSITORY_KNOWN = {
+    "series after unload": "Triton 2.51 leaves a model's nv_inference_request_failure series on /metrics when it "
+                           "unloads (its reporter takes the other families away); kiln takes them all",
     "config again": "a load without a config after one with an override: kiln loads the repository's config "
                     "again; Triton keeps the override (its files did not change)",
 }
@@ -882,6 +898,40 @@ SEQUENCE_KNOWN = {
 }
 
 
+# The per-model families `model_series` reads, with their values (the others: whether present;
+# not kiln's nv_model_load_duration_secs, which Triton 2.51 does not have).
+COUNTED = ("nv_inference_request_success", "nv_inference_request_failure", "nv_inference_count",
+           "nv_inference_exec_count", "nv_cache_num_hits_per_model", "nv_cache_num_misses_per_model")
+PRESENT = ("nv_inference_pending_request_count", "nv_inference_request_duration_us",
+           "nv_inference_queue_duration_us", "nv_inference_compute_infer_duration_us",
+           "nv_cache_hit_duration_per_model")
+
+
+def model_series(http: str, model: str, until_gone: bool = False, custom: bool = False) -> str:
+    """The series of `model` on a server's /metrics: counts with their values, the others by name
+    (their values are times), sorted; `custom`: py_metrics' own (`py_test*`), with their values.
+    `until_gone`: read again for up to 20 s until there are none (an unload answers before the
+    model is gone, in Triton as in kiln)."""
+    import requests
+
+    deadline = time.monotonic() + 20
+    while True:
+        text = requests.get(f"http://{metrics_port(http)}/metrics", timeout=30).text
+        found = []
+        for line in text.splitlines():
+            series, _, value = line.rpartition(" ")
+            family = series.split("{")[0]
+            if f'model="{model}"' not in series:
+                continue
+            if custom and family.startswith("py_test") or family in COUNTED:
+                found.append(f"{series} {value}")
+            elif not custom and family in PRESENT:
+                found.append(series)
+        if not (until_gone and found and time.monotonic() < deadline):
+            return "\n".join(sorted(found)) or "(none)"
+        time.sleep(0.2)
+
+
 def compare_calls(title: str, known: dict[str, str], calls, triton_http: str, kiln_http: str,
                   rewrite=lambda side, text: text) -> None:
     """Each of `calls` ((name, method, path, body), in order) to both servers: status and body
@@ -893,6 +943,9 @@ def compare_calls(title: str, known: dict[str, str], calls, triton_http: str, ki
     for name, method, path, body in calls:
         answers = []
         for base, side in ((triton_http, "triton"), (kiln_http, "kiln")):
+            if method in ("METRICS", "CUSTOM"):
+                answers.append((200, model_series(base, path, until_gone=body == "gone", custom=method == "CUSTOM")))
+                continue
             answer = requests.request(method, f"http://{base}{path}", data=body, timeout=120)
             text = answer.text.strip()
             if path.endswith("/index"):

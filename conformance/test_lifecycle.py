@@ -15,7 +15,7 @@ import tritonclient.grpc as grpcclient
 import tritonclient.http as httpclient
 from tritonclient.utils import InferenceServerException
 
-from conftest import BUNDLED_REPO, RPC_TIMEOUT, assert_triton_error, start_server, stop_server
+from conftest import BUNDLED_REPO, RPC_TIMEOUT, assert_triton_error, http_request, start_server, stop_server
 
 import grpc
 
@@ -154,6 +154,47 @@ def test_file_overrides_make_new_models(grpc_client, http_client):
         grpc_client.load_model("evil", config=add_sub_config("evil"),
                                files={"file:../../evil/1/model.onnx": ADD_SUB_ONNX}, client_timeout=T)
     assert_triton_error(e.value, grpc.StatusCode.INVALID_ARGUMENT, "must stay within model directory")
+
+
+def model_series(server, model: str) -> dict[str, float]:
+    """The series of `model` on /metrics, by family and labels."""
+    reply = http_request(server.metrics_url, "GET", "/metrics")
+    assert reply.status == 200
+    found = {}
+    for line in reply.body.decode().splitlines():
+        series, _, value = line.rpartition(" ")
+        if not line.startswith("#") and f'model="{model}"' in series:
+            found[series] = float(value)
+    return found
+
+
+def test_a_models_series_go_with_it_and_come_back_from_zero(explicit, grpc_client, http_client):
+    # As Triton's: a reload (the old copy serves until the new one is ready) keeps counting; an
+    # unload takes the model's series off /metrics; loaded again, they count from 0.
+    files = {"file:1/model.onnx": ADD_SUB_ONNX}
+    success = 'nv_inference_request_success{model="counted",version="1"}'
+    grpc_client.load_model("counted", config=add_sub_config("counted"), files=files, client_timeout=T)
+    for _ in range(2):
+        add_sub_grpc(grpc_client, "counted")
+    series = model_series(explicit, "counted")
+    assert series[success] == 2
+    assert series['nv_inference_count{model="counted",version="1"}'] == 2
+    assert series['nv_inference_request_failure{model="counted",reason="BACKEND",version="1"}'] == 0
+    assert 'nv_model_load_duration_secs{model="counted",version="1"}' in series
+
+    grpc_client.load_model("counted", config=add_sub_config("counted", max_batch_size=4), files=files,
+                           client_timeout=T)
+    add_sub_grpc(grpc_client, "counted")
+    assert model_series(explicit, "counted")[success] == 3
+    assert http_client.get_inference_statistics("counted")["model_stats"][0]["inference_count"] == 1
+
+    grpc_client.unload_model("counted", client_timeout=T)
+    wait_for(lambda: not model_series(explicit, "counted"), "counted's series to leave /metrics")
+    grpc_client.load_model("counted", config=add_sub_config("counted"), files=files, client_timeout=T)
+    series = model_series(explicit, "counted")
+    assert (series[success], series['nv_inference_exec_count{model="counted",version="1"}']) == (0, 0)
+    add_sub_grpc(grpc_client, "counted")
+    assert model_series(explicit, "counted")[success] == 1
 
 
 def test_load_errors_follow_triton(grpc_client, http_client):

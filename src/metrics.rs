@@ -15,6 +15,9 @@
 //! and the load time belong to the model version. [`gpu`] adds the per-GPU gauges, [`cpu`] the
 //! machine's CPU gauges.
 //!
+//! A version's series live as long as it does ([`series`]): a model unloaded leaves `/metrics`,
+//! and loaded again counts from 0, as Triton's; a reload keeps counting.
+//!
 //! Generation models add (same labels; see [`GenerationMetrics`]): the histograms
 //! `kiln_time_to_first_token_seconds` and `kiln_inter_token_latency_seconds`, the counters
 //! `kiln_generation_tokens_total` (tokens/s is its `rate()`) and `kiln_prompt_tokens_total`,
@@ -24,38 +27,33 @@
 pub mod config;
 pub mod cpu;
 pub mod custom;
+mod families;
 pub mod gpu;
 pub mod histogram;
+pub mod series;
 
 pub use config::MetricsConfig;
 
 use crate::proto::inference::{
     InferBatchStatistics, InferStatistics, ModelStatistics, StatisticDuration,
 };
-use metrics::{
-    counter, describe_counter, describe_gauge, describe_histogram, gauge, histogram, Counter,
-    Gauge, Histogram,
-};
+use families::*;
+use metrics::{describe_gauge, gauge};
 use metrics_exporter_prometheus::{PrometheusBuilder, PrometheusHandle};
+use series::{Counter, Gauge, Summary};
 use std::collections::BTreeMap;
-use std::sync::{Mutex, OnceLock};
+use std::sync::{Arc, Mutex, OnceLock};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 /// Installs the Prometheus recorder once per process and returns its handle (`None` if another
-/// recorder was installed first). The summaries report the quantiles of [`config::current`].
+/// recorder was installed first). The recorder has the server's series (CPU, GPUs, the response
+/// cache); the model versions' are [`series`]'.
 pub fn prometheus() -> Option<PrometheusHandle> {
     static HANDLE: OnceLock<Option<PrometheusHandle>> = OnceLock::new();
     HANDLE
         .get_or_init(|| {
             PrometheusBuilder::new()
-                .set_quantiles(&config::current().summary_quantiles)
-                .and_then(|builder| {
-                    builder.set_buckets_for_metric(
-                        metrics_exporter_prometheus::Matcher::Prefix("kiln_".into()),
-                        LATENCY_BUCKETS,
-                    )
-                })
-                .and_then(|builder| builder.install_recorder())
+                .install_recorder()
                 .map_err(|e| tracing::warn!("Prometheus metrics disabled: {e}"))
                 .ok()
                 .inspect(|_| describe())
@@ -63,41 +61,18 @@ pub fn prometheus() -> Option<PrometheusHandle> {
         .clone()
 }
 
-/// The Prometheus text of every series: the exporter's, then the first-response histograms kept
-/// beside it.
+/// The Prometheus text of every series: the exporter's, then the model versions' and the
+/// models' own (custom metrics).
 pub fn render(handle: &PrometheusHandle) -> String {
     let mut text = handle.render();
-    histogram::render(&mut text);
+    series::render(&mut text);
     custom::render(&mut text);
     text
 }
 
-/// The help lines of the per-model series, Triton's texts word for word (the compute summaries
-/// share their counters' texts in Triton too).
+/// The help lines of the server's gauges, Triton's texts word for word.
 fn describe() {
     for (name, help) in [
-        ("nv_inference_request_success", "Number of successful inference requests, all batch sizes"),
-        ("nv_inference_request_failure", "Number of failed inference requests, all batch sizes"),
-        ("nv_inference_count", "Number of inferences performed (does not include cached requests)"),
-        ("nv_inference_exec_count", "Number of model executions performed (does not include cached requests)"),
-        ("nv_inference_request_duration_us", "Cumulative inference request duration in microseconds (includes cached requests)"),
-        ("nv_inference_queue_duration_us", "Cumulative inference queuing duration in microseconds (includes cached requests)"),
-        ("nv_inference_compute_input_duration_us", "Cumulative compute input duration in microseconds (does not include cached requests)"),
-        ("nv_inference_compute_infer_duration_us", "Cumulative compute inference duration in microseconds (does not include cached requests)"),
-        ("nv_inference_compute_output_duration_us", "Cumulative inference compute output duration in microseconds (does not include cached requests)"),
-        ("nv_cache_num_hits_per_model", "Number of cache hits per model"),
-        ("nv_cache_num_misses_per_model", "Number of cache misses per model"),
-        ("nv_cache_hit_duration_per_model", "Total cache hit duration per model, in microseconds"),
-        ("nv_cache_miss_duration_per_model", "Total cache miss (insert+lookup) duration per model, in microseconds"),
-    ] {
-        describe_counter!(name, help);
-    }
-    for (name, help) in [
-        (
-            "nv_inference_pending_request_count",
-            "Instantaneous number of pending requests awaiting execution per-model.",
-        ),
-        ("nv_model_load_duration_secs", "Model load time in seconds"),
         ("nv_cache_util", "Cache utilization [0.0 - 1.0]"),
         (
             "nv_cache_num_entries",
@@ -127,36 +102,8 @@ fn describe() {
             "nv_cache_insertion_duration",
             "Total cache insertion duration, in microseconds",
         ),
-        (
-            "kiln_active_sequences",
-            "Generation requests in progress per model version",
-        ),
     ] {
         describe_gauge!(name, help);
-    }
-    for (name, help) in [
-        (
-            "kiln_generation_tokens_total",
-            "Tokens generated per model version",
-        ),
-        (
-            "kiln_prompt_tokens_total",
-            "Prompt tokens read per model version",
-        ),
-    ] {
-        describe_counter!(name, help);
-    }
-    for (name, help) in [
-        (
-            "kiln_time_to_first_token_seconds",
-            "Time from a generation request's arrival to its first token, in seconds",
-        ),
-        (
-            "kiln_inter_token_latency_seconds",
-            "Time between a generation's tokens, in seconds",
-        ),
-    ] {
-        describe_histogram!(name, help);
     }
     // Triton's pinned memory pool gauges, which dashboards read: kiln has no pinned pool (its
     // tensors stay where the request put them), so both say 0.
@@ -173,15 +120,6 @@ fn describe() {
         describe_gauge!(name, help);
         gauge!(name).set(0.0);
     }
-    for (name, help) in [
-        ("nv_inference_request_summary_us", "Summary of inference request duration in microseconds (includes cached requests)"),
-        ("nv_inference_queue_summary_us", "Summary of inference queuing duration in microseconds (includes cached requests)"),
-        ("nv_inference_compute_input_summary_us", "Cumulative compute input duration in microseconds (does not include cached requests)"),
-        ("nv_inference_compute_infer_summary_us", "Cumulative compute inference duration in microseconds (does not include cached requests)"),
-        ("nv_inference_compute_output_summary_us", "Cumulative inference compute output duration in microseconds (does not include cached requests)"),
-    ] {
-        describe_histogram!(name, help);
-    }
 }
 
 /// Histogram buckets (seconds) of the generation latencies: 0.5 ms to 10 s.
@@ -191,10 +129,10 @@ const LATENCY_BUCKETS: &[f64] = &[
 
 /// Prometheus metrics of one generation model version.
 pub struct GenerationMetrics {
-    time_to_first_token: Histogram,
-    /// Triton's first-response histogram, when the metrics config asks for it.
-    first_response: Option<std::sync::Arc<histogram::Histogram>>,
-    inter_token_latency: Histogram,
+    time_to_first_token: Arc<series::Histogram>,
+    /// Triton's first-response histogram (ms), when the metrics config asks for it.
+    first_response: Option<Arc<series::Histogram>>,
+    inter_token_latency: Arc<series::Histogram>,
     generated: Counter,
     prompt: Counter,
     active: Gauge,
@@ -209,28 +147,28 @@ impl GenerationMetrics {
             ("version", version.to_string()),
         ];
         GenerationMetrics {
-            time_to_first_token: histogram!("kiln_time_to_first_token_seconds", &labels),
+            time_to_first_token: series::histogram(&TIME_TO_FIRST_TOKEN, &labels, LATENCY_BUCKETS),
             first_response: config::current()
                 .histogram_latencies
-                .then(|| histogram::register(model, version, first_response_buckets)),
-            inter_token_latency: histogram!("kiln_inter_token_latency_seconds", &labels),
-            generated: counter!("kiln_generation_tokens_total", &labels),
-            prompt: counter!("kiln_prompt_tokens_total", &labels),
-            active: gauge!("kiln_active_sequences", &labels),
+                .then(|| series::histogram(&FIRST_RESPONSE, &labels, first_response_buckets)),
+            inter_token_latency: series::histogram(&INTER_TOKEN_LATENCY, &labels, LATENCY_BUCKETS),
+            generated: series::counter(&GENERATION_TOKENS, &labels),
+            prompt: series::counter(&PROMPT_TOKENS, &labels),
+            active: series::gauge(&ACTIVE_SEQUENCES, &labels),
         }
     }
 
     /// From a request's arrival to its first generated token.
     pub fn first_token(&self, elapsed: Duration) {
-        self.time_to_first_token.record(elapsed.as_secs_f64());
+        self.time_to_first_token.observe(elapsed.as_secs_f64());
         if let Some(first_response) = &self.first_response {
-            first_response.observe(elapsed);
+            first_response.observe(elapsed.as_secs_f64() * 1e3);
         }
     }
 
     /// Between two tokens of one sequence.
     pub fn token_gap(&self, elapsed: Duration) {
-        self.inter_token_latency.record(elapsed.as_secs_f64());
+        self.inter_token_latency.observe(elapsed.as_secs_f64());
     }
 
     pub fn generated(&self, tokens: usize) {
@@ -347,44 +285,48 @@ struct Handles {
     compute_input_us: Counter,
     compute_infer_us: Counter,
     compute_output_us: Counter,
-    request_summary: Histogram,
-    queue_summary: Histogram,
-    compute_input_summary: Histogram,
-    compute_infer_summary: Histogram,
-    compute_output_summary: Histogram,
+    request_summary: Summary,
+    queue_summary: Summary,
+    compute_input_summary: Summary,
+    compute_infer_summary: Summary,
+    compute_output_summary: Summary,
 }
 
 impl Handles {
     fn new(labels: &[(&'static str, String)], cached: bool) -> Handles {
         let config = config::current();
-        let latency = |name: &'static str| {
+        let latency = |family: &series::Family| {
             if config.counter_latencies {
-                counter!(name, labels)
+                series::counter(family, labels)
             } else {
                 Counter::noop()
             }
         };
-        let summary = |name: &'static str| {
-            if config.summary_latencies && !(cached && name == "nv_inference_request_summary_us") {
-                histogram!(name, labels)
+        let summary = |family: &series::Family| {
+            if config.summary_latencies {
+                series::summary(family, labels, &config.summary_quantiles)
             } else {
-                Histogram::noop()
+                Summary::noop()
             }
         };
         Handles {
-            success: counter!("nv_inference_request_success", labels),
-            inference_count: counter!("nv_inference_count", labels),
-            exec_count: counter!("nv_inference_exec_count", labels),
-            request_us: latency("nv_inference_request_duration_us"),
-            queue_us: latency("nv_inference_queue_duration_us"),
-            compute_input_us: latency("nv_inference_compute_input_duration_us"),
-            compute_infer_us: latency("nv_inference_compute_infer_duration_us"),
-            compute_output_us: latency("nv_inference_compute_output_duration_us"),
-            request_summary: summary("nv_inference_request_summary_us"),
-            queue_summary: summary("nv_inference_queue_summary_us"),
-            compute_input_summary: summary("nv_inference_compute_input_summary_us"),
-            compute_infer_summary: summary("nv_inference_compute_infer_summary_us"),
-            compute_output_summary: summary("nv_inference_compute_output_summary_us"),
+            success: series::counter(&SUCCESS, labels),
+            inference_count: series::counter(&INFERENCE_COUNT, labels),
+            exec_count: series::counter(&EXEC_COUNT, labels),
+            request_us: latency(&REQUEST_DURATION),
+            queue_us: latency(&QUEUE_DURATION),
+            compute_input_us: latency(&COMPUTE_INPUT_DURATION),
+            compute_infer_us: latency(&COMPUTE_INFER_DURATION),
+            compute_output_us: latency(&COMPUTE_OUTPUT_DURATION),
+            request_summary: if cached {
+                Summary::noop()
+            } else {
+                summary(&REQUEST_SUMMARY)
+            },
+            queue_summary: summary(&QUEUE_SUMMARY),
+            compute_input_summary: summary(&COMPUTE_INPUT_SUMMARY),
+            compute_infer_summary: summary(&COMPUTE_INFER_SUMMARY),
+            compute_output_summary: summary(&COMPUTE_OUTPUT_SUMMARY),
         }
     }
 }
@@ -416,10 +358,10 @@ struct CacheHandles {
 impl CacheHandles {
     fn new(labels: &[(&'static str, String)]) -> CacheHandles {
         CacheHandles {
-            hits: counter!("nv_cache_num_hits_per_model", labels),
-            hit_us: counter!("nv_cache_hit_duration_per_model", labels),
-            misses: counter!("nv_cache_num_misses_per_model", labels),
-            miss_us: counter!("nv_cache_miss_duration_per_model", labels),
+            hits: series::counter(&CACHE_HITS, labels),
+            hit_us: series::counter(&CACHE_HIT_DURATION, labels),
+            misses: series::counter(&CACHE_MISSES, labels),
+            miss_us: series::counter(&CACHE_MISS_DURATION, labels),
         }
     }
 }
@@ -446,7 +388,14 @@ impl ModelStats {
         let version = version.to_string();
         let labels = [("model", model.to_string()), ("version", version.clone())];
         // Labels in Triton's order (alphabetical), as its exporter writes them.
-        let failure = |reason: FailureReason| counter!("nv_inference_request_failure", "model" => model.to_string(), "reason" => reason.label(), "version" => version.clone());
+        let failure = |reason: FailureReason| {
+            let labels = [
+                ("model", model.to_string()),
+                ("reason", reason.label().to_string()),
+                ("version", version.clone()),
+            ];
+            series::counter(&FAILURE, &labels)
+        };
         let gpus = gpus
             .iter()
             .map(|(id, uuid)| {
@@ -467,8 +416,8 @@ impl ModelStats {
                 failure(FailureReason::Backend),
                 failure(FailureReason::Other),
             ],
-            pending: gauge!("nv_inference_pending_request_count", &labels),
-            load_secs: gauge!("nv_model_load_duration_secs", &labels),
+            pending: series::gauge(&PENDING, &labels),
+            load_secs: series::gauge(&LOAD_DURATION, &labels),
             cache: cached.then(|| CacheHandles::new(&labels)),
         }
     }

@@ -188,7 +188,7 @@ fn render_families(families: &BTreeMap<String, Family>, out: &mut String) {
         for (labels, value) in &family.series {
             let pairs: Vec<String> = labels
                 .iter()
-                .map(|(key, value)| format!("{key}=\"{}\"", super::histogram::escape(value)))
+                .map(|(key, value)| format!("{key}=\"{}\"", super::series::escape(value)))
                 .collect();
             let with = |extra: Option<String>| {
                 let all: Vec<&String> = pairs.iter().chain(extra.as_ref()).collect();
