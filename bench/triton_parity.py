@@ -827,13 +827,6 @@ def repository_probes():
         ("load versions again", "POST", f"{repo}/models/pversions/load", ""),
         ("index after load", *index),
         ("series after load", "METRICS", "pversions", None),
-        ("custom metrics' model runs", "POST", "/v2/models/py_metrics/infer",
-         json.dumps({"inputs": [{"name": "X", "datatype": "FP32", "shape": [1], "data": [2.5]}]})),
-        ("custom series before unload", "CUSTOM", "py_metrics", None),
-        ("unload the custom metrics' model", "POST", f"{repo}/models/py_metrics/unload", ""),
-        ("custom series after unload", "CUSTOM", "py_metrics", "gone"),
-        ("load the custom metrics' model again", "POST", f"{repo}/models/py_metrics/load", ""),
-        ("custom series after load", "CUSTOM", "py_metrics", None),
         ("series before a reload", "METRICS", "pcached", None),
         ("override a config", "POST", f"{repo}/models/pcached/load", body(config=override)),
         ("series after a reload", "METRICS", "pcached", None),
@@ -907,11 +900,11 @@ PRESENT = ("nv_inference_pending_request_count", "nv_inference_request_duration_
            "nv_cache_hit_duration_per_model")
 
 
-def model_series(http: str, model: str, until_gone: bool = False, custom: bool = False) -> str:
+def model_series(http: str, model: str, until_gone: bool = False) -> str:
     """The series of `model` on a server's /metrics: counts with their values, the others by name
-    (their values are times), sorted; `custom`: py_metrics' own (`py_test*`), with their values.
-    `until_gone`: read again for up to 20 s until there are none (an unload answers before the
-    model is gone, in Triton as in kiln)."""
+    (their values are times), sorted. `until_gone`: read again for up to 20 s until there are
+    none but failure counts (an unload answers before the model is gone, in Triton as in kiln;
+    Triton 2.51 keeps the failure counts: REPOSITORY_KNOWN)."""
     import requests
 
     deadline = time.monotonic() + 20
@@ -921,13 +914,10 @@ def model_series(http: str, model: str, until_gone: bool = False, custom: bool =
         for line in text.splitlines():
             series, _, value = line.rpartition(" ")
             family = series.split("{")[0]
-            if f'model="{model}"' not in series:
-                continue
-            if custom and family.startswith("py_test") or family in COUNTED:
-                found.append(f"{series} {value}")
-            elif not custom and family in PRESENT:
-                found.append(series)
-        if not (until_gone and found and time.monotonic() < deadline):
+            if f'model="{model}"' in series and family in COUNTED + PRESENT:
+                found.append(f"{series} {value}" if family in COUNTED else series)
+        lasting = [series for series in found if not series.startswith("nv_inference_request_failure")]
+        if not (until_gone and lasting and time.monotonic() < deadline):
             return "\n".join(sorted(found)) or "(none)"
         time.sleep(0.2)
 
@@ -943,8 +933,8 @@ def compare_calls(title: str, known: dict[str, str], calls, triton_http: str, ki
     for name, method, path, body in calls:
         answers = []
         for base, side in ((triton_http, "triton"), (kiln_http, "kiln")):
-            if method in ("METRICS", "CUSTOM"):
-                answers.append((200, model_series(base, path, until_gone=body == "gone", custom=method == "CUSTOM")))
+            if method == "METRICS":
+                answers.append((200, model_series(base, path, until_gone=body == "gone")))
                 continue
             answer = requests.request(method, f"http://{base}{path}", data=body, timeout=120)
             text = answer.text.strip()

@@ -473,7 +473,8 @@ def warm_config(name, notes, data):
             f'inputs {{ key: "X" value: {{ data_type: TYPE_FP32 dims: [ 1 ] input_data_file: "{data}" }} }} }} ]')
 
 
-# Counts its requests and keeps its last input in custom metrics (Triton's pb_utils.MetricFamily).
+# Counts its requests and keeps its last input in custom metrics (Triton's pb_utils.MetricFamily);
+# X = 0 makes a series of its own (kind "temporary") that X = 1 lets go.
 PY_METRICS = '''
 import numpy as np
 import triton_python_backend_utils as pb_utils
@@ -488,6 +489,8 @@ class TritonPythonModel:
         # vLLM's backend names its metrics with colons, and times with histograms.
         sizes = pb_utils.MetricFamily("py_test:value_size", "Sizes of the values seen", pb_utils.MetricFamily.HISTOGRAM)
         self.sizes = sizes.Metric(labels={"model": args["model_name"]}, buckets=[1.0, 5.0, 10.0])
+        # Triton deletes a family whose object goes (its metrics refuse to change from then on).
+        self.families = (requests, last, sizes)
 
     def execute(self, requests):
         responses = []
@@ -496,6 +499,11 @@ class TritonPythonModel:
             self.requests.increment(1)
             self.last.set(x)
             self.sizes.observe(abs(x))
+            if x == 0:
+                self.temporary = self.families[0].Metric(labels={"model": "py_metrics", "kind": "temporary"})
+                self.temporary.increment(1)
+            elif x == 1:
+                del self.temporary
             try:
                 self.requests.increment(-1)
                 refused = 0
@@ -1756,6 +1764,42 @@ def test_custom_metrics_reach_the_metrics_endpoint(python_server):
     assert got == {("py_test:value_size_bucket", "1"): 0, ("py_test:value_size_bucket", "5"): 2,
                    ("py_test:value_size_bucket", "10"): 3, ("py_test:value_size_bucket", "+Inf"): 3,
                    ("py_test:value_size_sum", None): 13.5, ("py_test:value_size_count", None): 3}, got
+
+
+def custom_series(server) -> str:
+    text = requests.get(f"http://{server.metrics_url}/metrics", timeout=RPC_TIMEOUT).text
+    return "\n".join(line for line in text.splitlines() if line.startswith("py_test"))
+
+
+def test_custom_series_go_with_their_metric_objects_and_their_model(python_server):
+    server, _ = python_server
+    client = grpcclient.InferenceServerClient(server.grpc_url)
+
+    def infer(value):
+        x = grpcclient.InferInput("X", [1], "FP32")
+        x.set_data_from_numpy(np.array([value], dtype=np.float32))
+        client.infer("py_metrics", [x])
+
+    temporary = 'py_test_requests_total{kind="temporary",model="py_metrics"} 1'
+    infer(0)
+    assert temporary in custom_series(server)
+    infer(1)  # the model deletes its Metric object: the series goes, as in Triton
+    series = custom_series(server)
+    assert temporary.rsplit(" ")[0] not in series and 'kind="test"' in series, series
+
+    # Unloaded, the model's process ends and its series leave /metrics; loaded again, its
+    # `initialize` makes them anew, from 0.
+    client.unload_model("py_metrics")
+    deadline = time.monotonic() + 30
+    while custom_series(server) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert custom_series(server) == ""
+    client.load_model("py_metrics")
+    series = custom_series(server)
+    assert 'py_test_requests_total{kind="test",model="py_metrics"} 0' in series, series
+    assert 'py_test:value_size_count{model="py_metrics"} 0' in series, series
+    infer(5.0)
+    assert 'py_test_requests_total{kind="test",model="py_metrics"} 1' in custom_series(server)
 
 
 def test_a_python_model_collects_decoupled_models_responses(python_server):

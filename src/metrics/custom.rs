@@ -3,9 +3,14 @@
 //! `increment`, `set`, `observe`). A model's process sends each change to kiln, which keeps the
 //! values here and adds them to `/metrics` (counters, gauges and histograms as Prometheus', `f64`
 //! values, the labels the model gave).
+//!
+//! A series lives while a model process holds it: from a `Metric`'s creation (or its first
+//! change) until every `Metric` object of those labels is gone (`Change::Delete`) or their
+//! process ends ([`Owner`]'s drop), so a model's series leave `/metrics` when it unloads.
 
 use std::collections::BTreeMap;
 use std::fmt::Write as _;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Mutex;
 
 /// The most buckets a histogram may have (a model's bound, not Prometheus').
@@ -31,6 +36,8 @@ pub enum Change {
     Set(f64),
     /// One observation of a histogram.
     Observe(f64),
+    /// A `Metric` object of the series is gone.
+    Delete,
 }
 
 /// One series' value.
@@ -53,9 +60,54 @@ struct Family {
     description: String,
     /// By their sorted labels.
     series: BTreeMap<Vec<(String, String)>, Value>,
+    /// Who holds each series: owner → its `Metric` objects of those labels (0: it changed the
+    /// series without making one).
+    holders: BTreeMap<Vec<(String, String)>, BTreeMap<u64, u32>>,
 }
 
 static FAMILIES: Mutex<BTreeMap<String, Family>> = Mutex::new(BTreeMap::new());
+
+fn families() -> std::sync::MutexGuard<'static, BTreeMap<String, Family>> {
+    FAMILIES.lock().unwrap_or_else(|e| e.into_inner())
+}
+
+/// One model process's hold on the series it changes; dropped when the process is gone, it lets
+/// go of them all (a series no one holds leaves `/metrics`).
+#[derive(Debug)]
+pub struct Owner(u64);
+
+impl Owner {
+    pub fn new() -> Owner {
+        static NEXT: AtomicU64 = AtomicU64::new(1);
+        Owner(NEXT.fetch_add(1, Ordering::Relaxed))
+    }
+}
+
+impl Default for Owner {
+    fn default() -> Owner {
+        Owner::new()
+    }
+}
+
+impl Drop for Owner {
+    fn drop(&mut self) {
+        let mut families = families();
+        for family in families.values_mut() {
+            let Family {
+                series, holders, ..
+            } = family;
+            holders.retain(|key, owners| {
+                owners.remove(&self.0);
+                let held = !owners.is_empty();
+                if !held {
+                    series.remove(key);
+                }
+                held
+            });
+        }
+        families.retain(|_, family| !family.series.is_empty());
+    }
+}
 
 /// Whether `name` is a Prometheus metric name.
 pub fn valid_name(name: &str) -> bool {
@@ -66,7 +118,7 @@ pub fn valid_name(name: &str) -> bool {
         && chars.all(|c| c.is_ascii_alphanumeric() || c == '_' || c == ':')
 }
 
-/// Applies one change to the series `labels` of family `name`.
+/// Applies `owner`'s change to the series `labels` of family `name`.
 ///
 /// # Errors
 /// A name that is not Prometheus', a family that exists with another kind or description, a
@@ -74,6 +126,7 @@ pub fn valid_name(name: &str) -> bool {
 /// buckets (at most [`MAX_BUCKETS`]), an observation of a series that is not a histogram's, a
 /// value that is not finite: nothing changes then.
 pub fn apply(
+    owner: &Owner,
     name: &str,
     description: &str,
     kind: Kind,
@@ -90,83 +143,131 @@ pub fn apply(
             return Err(format!("metric '{name}': {v} is not a finite value"));
         }
     }
-    let mut families = FAMILIES.lock().unwrap_or_else(|e| e.into_inner());
+    let mut families = families();
+    let mut key = labels.to_vec();
+    key.sort();
+    if let Change::Delete = change {
+        if let Some(family) = families.get_mut(name) {
+            family.let_go(&key, owner.0);
+        }
+        return Ok(());
+    }
     let family = families.entry(name.to_string()).or_insert_with(|| Family {
         kind,
         description: description.to_string(),
         series: BTreeMap::new(),
+        holders: BTreeMap::new(),
     });
     if family.kind != kind || family.description != description {
         return Err(format!(
             "metric family '{name}' exists with another kind or description"
         ));
     }
-    let mut key = labels.to_vec();
-    key.sort();
-    let zero = || Value::Number(0.0);
-    match (kind, change) {
-        (Kind::Counter, Change::Increment(v)) if *v < 0.0 => Err(format!(
-            "counter '{name}' can only be incremented by a non-negative value"
-        )),
-        (Kind::Counter, Change::Set(_)) => Err(format!("counter '{name}' cannot be set")),
-        (Kind::Histogram, Change::Create { buckets }) => {
-            let increasing = buckets.windows(2).all(|pair| pair[0] < pair[1]);
-            if buckets.len() > MAX_BUCKETS || !increasing || buckets.iter().any(|b| !b.is_finite())
-            {
-                return Err(format!(
-                    "histogram '{name}' needs at most {MAX_BUCKETS} increasing, finite buckets"
-                ));
-            }
-            family
-                .series
-                .entry(key)
-                .or_insert_with(|| Value::Histogram {
-                    bounds: buckets.clone(),
-                    counts: vec![0; buckets.len()],
-                    count: 0,
-                    sum: 0.0,
-                });
-            Ok(())
+    let changed = family.change(name, kind, key.clone(), change);
+    if changed.is_ok() && family.series.contains_key(&key) {
+        let objects = family.holders.entry(key).or_default().entry(owner.0);
+        let objects = objects.or_insert(0);
+        if let Change::Create { .. } = change {
+            *objects += 1;
         }
-        (Kind::Histogram, Change::Observe(v)) => match family.series.get_mut(&key) {
-            Some(Value::Histogram {
-                bounds,
-                counts,
-                count,
-                sum,
-            }) => {
-                if let Some(bucket) = bounds.iter().position(|bound| v <= bound) {
-                    counts[bucket] += 1;
+    }
+    changed
+}
+
+impl Family {
+    /// One `Metric` object of `owner`'s for `key` is gone: the series goes when no one holds it.
+    fn let_go(&mut self, key: &Vec<(String, String)>, owner: u64) {
+        let Some(owners) = self.holders.get_mut(key) else {
+            return;
+        };
+        if let Some(objects) = owners.get_mut(&owner) {
+            *objects = objects.saturating_sub(1);
+            if *objects == 0 {
+                owners.remove(&owner);
+            }
+        }
+        if owners.is_empty() {
+            self.holders.remove(key);
+            self.series.remove(key);
+        }
+    }
+
+    /// Applies `change` to the series `key` (of a family of `kind`).
+    fn change(
+        &mut self,
+        name: &str,
+        kind: Kind,
+        key: Vec<(String, String)>,
+        change: &Change,
+    ) -> Result<(), String> {
+        let family = self;
+        let zero = || Value::Number(0.0);
+        match (kind, change) {
+            (Kind::Counter, Change::Increment(v)) if *v < 0.0 => Err(format!(
+                "counter '{name}' can only be incremented by a non-negative value"
+            )),
+            (Kind::Counter, Change::Set(_)) => Err(format!("counter '{name}' cannot be set")),
+            (Kind::Histogram, Change::Create { buckets }) => {
+                let increasing = buckets.windows(2).all(|pair| pair[0] < pair[1]);
+                if buckets.len() > MAX_BUCKETS
+                    || !increasing
+                    || buckets.iter().any(|b| !b.is_finite())
+                {
+                    return Err(format!(
+                        "histogram '{name}' needs at most {MAX_BUCKETS} increasing, finite buckets"
+                    ));
                 }
-                *count += 1;
-                *sum += v;
+                family
+                    .series
+                    .entry(key)
+                    .or_insert_with(|| Value::Histogram {
+                        bounds: buckets.clone(),
+                        counts: vec![0; buckets.len()],
+                        count: 0,
+                        sum: 0.0,
+                    });
                 Ok(())
             }
-            _ => Err(format!("histogram '{name}' has no such series")),
-        },
-        (Kind::Histogram, _) => Err(format!("histogram '{name}' can only observe values")),
-        (_, Change::Observe(_)) => Err(format!("'{name}' is not a histogram")),
-        (_, Change::Create { .. }) => {
-            family.series.entry(key).or_insert_with(zero);
-            Ok(())
-        }
-        (_, Change::Increment(v)) => {
-            if let Value::Number(total) = family.series.entry(key).or_insert_with(zero) {
-                *total += v;
+            (Kind::Histogram, Change::Observe(v)) => match family.series.get_mut(&key) {
+                Some(Value::Histogram {
+                    bounds,
+                    counts,
+                    count,
+                    sum,
+                }) => {
+                    if let Some(bucket) = bounds.iter().position(|bound| v <= bound) {
+                        counts[bucket] += 1;
+                    }
+                    *count += 1;
+                    *sum += v;
+                    Ok(())
+                }
+                _ => Err(format!("histogram '{name}' has no such series")),
+            },
+            (Kind::Histogram, _) => Err(format!("histogram '{name}' can only observe values")),
+            (_, Change::Observe(_)) => Err(format!("'{name}' is not a histogram")),
+            (_, Change::Create { .. }) => {
+                family.series.entry(key).or_insert_with(zero);
+                Ok(())
             }
-            Ok(())
-        }
-        (Kind::Gauge, Change::Set(v)) => {
-            family.series.insert(key, Value::Number(*v));
-            Ok(())
+            (_, Change::Increment(v)) => {
+                if let Value::Number(total) = family.series.entry(key).or_insert_with(zero) {
+                    *total += v;
+                }
+                Ok(())
+            }
+            (Kind::Gauge, Change::Set(v)) => {
+                family.series.insert(key, Value::Number(*v));
+                Ok(())
+            }
+            (_, Change::Delete) => Ok(()),
         }
     }
 }
 
 /// Appends every family to `out`, in Prometheus' text format.
 pub fn render(out: &mut String) {
-    let families = FAMILIES.lock().unwrap_or_else(|e| e.into_inner());
-    render_families(&families, out);
+    render_families(&families(), out);
 }
 
 fn render_families(families: &BTreeMap<String, Family>, out: &mut String) {
@@ -238,9 +339,11 @@ mod tests {
 
     #[test]
     fn counters_and_gauges_render_in_prometheus_text() {
+        let owner = Owner::new();
         // The registry is the process's: names here are this test's own.
         let model = labels(&[("model", "m\"1"), ("b", "x")]);
         apply(
+            &owner,
             "test_custom_total",
             "Requests seen",
             Kind::Counter,
@@ -251,6 +354,7 @@ mod tests {
         )
         .unwrap();
         apply(
+            &owner,
             "test_custom_total",
             "Requests seen",
             Kind::Counter,
@@ -260,6 +364,7 @@ mod tests {
         .unwrap();
         let reordered = labels(&[("b", "x"), ("model", "m\"1")]);
         apply(
+            &owner,
             "test_custom_total",
             "Requests seen",
             Kind::Counter,
@@ -268,6 +373,7 @@ mod tests {
         )
         .unwrap();
         apply(
+            &owner,
             "test_custom_gauge",
             "Depth",
             Kind::Gauge,
@@ -287,8 +393,10 @@ mod tests {
 
     #[test]
     fn what_prometheus_or_triton_refuses_changes_nothing() {
+        let owner = Owner::new();
         let none: &[(String, String)] = &[];
         apply(
+            &owner,
             "test_refusals_total",
             "c",
             Kind::Counter,
@@ -313,11 +421,12 @@ mod tests {
             ("bad-name", Kind::Gauge, Change::Set(1.0)),
         ] {
             assert!(
-                apply(name, "c", kind, none, &change).is_err(),
+                apply(&owner, name, "c", kind, none, &change).is_err(),
                 "{name} {change:?}"
             );
         }
         assert!(apply(
+            &owner,
             "test_refusals_total",
             "other help",
             Kind::Counter,
@@ -335,9 +444,11 @@ mod tests {
 
     #[test]
     fn histograms_count_in_their_buckets_and_refuse_the_rest() {
+        let owner = Owner::new();
         let series = labels(&[("model", "m")]);
         let apply = |change: Change| {
             apply(
+                &owner,
                 "test_histogram:seconds",
                 "Times",
                 Kind::Histogram,
@@ -365,6 +476,7 @@ mod tests {
         }
         let other = labels(&[("model", "n")]);
         assert!(super::apply(
+            &owner,
             "test_histogram:seconds",
             "Times",
             Kind::Histogram,
@@ -388,6 +500,7 @@ mod tests {
             "{text}"
         );
         assert!(super::apply(
+            &owner,
             "test_histogram:seconds",
             "Times",
             Kind::Gauge,
@@ -395,5 +508,47 @@ mod tests {
             &Change::Set(1.0)
         )
         .is_err());
+    }
+
+    #[test]
+    fn a_series_lives_while_a_process_holds_a_metric_of_it() {
+        let rendered = || {
+            let mut text = String::new();
+            render(&mut text);
+            text
+        };
+        let create = Change::Create {
+            buckets: Vec::new(),
+        };
+        let (first, second) = (Owner::new(), Owner::new());
+        let change = |owner: &Owner, model: &str, change: &Change| {
+            let labels = labels(&[("model", model)]);
+            apply(
+                owner,
+                "test_held_total",
+                "Held",
+                Kind::Counter,
+                &labels,
+                change,
+            )
+            .unwrap();
+        };
+        // Two instances of one model hold its series, one of them with two `Metric`s.
+        change(&first, "a", &create);
+        change(&first, "a", &create);
+        change(&second, "a", &create);
+        change(&second, "a", &Change::Increment(2.0));
+        change(&second, "b", &Change::Increment(1.0));
+        change(&first, "a", &Change::Delete);
+        change(&first, "a", &Change::Delete);
+        assert!(rendered().contains("test_held_total{model=\"a\"} 2\n"));
+        drop(second);
+        // Its series go with the last holder; a change makes one again, from 0.
+        let text = rendered();
+        assert!(!text.contains("test_held_total"), "{text}");
+        change(&first, "a", &Change::Increment(1.0));
+        assert!(rendered().contains("test_held_total{model=\"a\"} 1\n"));
+        drop(first);
+        assert!(!rendered().contains("test_held_total"));
     }
 }

@@ -70,6 +70,8 @@ pub(super) struct Names {
     pub model: String,
     pub instance: String,
     pub caller: ModelCaller,
+    /// The stub's hold on its custom metrics, let go when its pipe closes.
+    pub metrics: Arc<crate::metrics::custom::Owner>,
 }
 
 impl Reader {
@@ -146,7 +148,7 @@ fn read(
         match header["op"].as_str() {
             Some("call" | "manage") => spawn_call(input, &names.caller, &streams, message),
             Some("cancel") => streams.cancel(header),
-            Some("metric") => metric(&names.model, header),
+            Some("metric") => metric(&names.metrics, &names.model, header),
             Some("log") => log_line(&names.model, &names.instance, header),
             Some("response") => {
                 if let Err(why) = respond(shared, &names.model, message) {

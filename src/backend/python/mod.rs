@@ -473,6 +473,8 @@ struct Stub {
     calls: std::cell::Cell<u64>,
     /// The decoupled call the model iterates, which it may cancel.
     streams: Streams,
+    /// Its hold on the custom metrics it changes (shared with its reader, if any).
+    metrics: Arc<crate::metrics::custom::Owner>,
 }
 
 /// What a version's instances share.
@@ -1148,6 +1150,7 @@ impl Launcher {
                         model: self.model.clone(),
                         instance: instance.name.clone(),
                         caller: self.caller.clone(),
+                        metrics: Arc::clone(&stub.metrics),
                     });
                 }
                 Ok(stub)
@@ -1416,7 +1419,7 @@ fn call_request(message: channel::Message) -> Result<InferRequest, String> {
 
 /// Applies a model's change to one of its custom metrics (`pb_utils.MetricFamily`); what the
 /// registry refuses is logged (the model has been told already when it could know).
-fn metric(model: &str, header: &Value) {
+fn metric(owner: &crate::metrics::custom::Owner, model: &str, header: &Value) {
     use crate::metrics::custom::{apply, Change, Kind};
     let text = |key: &str| header[key].as_str().unwrap_or_default();
     let kind = match text("kind") {
@@ -1429,6 +1432,7 @@ fn metric(model: &str, header: &Value) {
         "increment" => Change::Increment(value),
         "set" => Change::Set(value),
         "observe" => Change::Observe(value),
+        "delete" => Change::Delete,
         _ => Change::Create {
             buckets: header["buckets"]
                 .as_array()
@@ -1449,7 +1453,14 @@ fn metric(model: &str, header: &Value) {
             (key.clone(), value)
         })
         .collect();
-    if let Err(why) = apply(text("name"), text("description"), kind, &labels, &change) {
+    if let Err(why) = apply(
+        owner,
+        text("name"),
+        text("description"),
+        kind,
+        &labels,
+        &change,
+    ) {
         tracing::warn!(model, "custom metric not changed: {why}");
     }
 }
@@ -1626,6 +1637,7 @@ impl Stub {
             notices: Arc::new(notices),
             calls: std::cell::Cell::new(0),
             streams: Streams::default(),
+            metrics: Arc::default(),
         };
         let mut code = Vec::with_capacity(16 + UTILS.len() + STUB.len());
         code.extend_from_slice(&(UTILS.len() as u64).to_le_bytes());
@@ -1683,7 +1695,7 @@ impl Stub {
                     }
                 }
                 Some("manage") => self.send(manage(caller, &message), &[])?,
-                Some("metric") => metric(model, &message.header),
+                Some("metric") => metric(&self.metrics, model, &message.header),
                 Some("log") => log_line(model, instance, &message.header),
                 _ => return Ok(message),
             }

@@ -76,6 +76,9 @@ class Channel:
         self.writer = writer
         # A model's threads may log while another sends.
         self.sending = threading.Lock()
+        # Messages that go out ahead of the next one: `Metric` objects collected, whose `__del__`
+        # may run inside a send (the garbage collector runs on any allocation).
+        self.later = collections.deque()
 
     def _read_exactly(self, n):
         buffer = bytearray(n)
@@ -103,6 +106,10 @@ class Channel:
         header["sizes"] = [len(b) for b in blobs]
         encoded = json.dumps(header).encode()
         with self.sending:
+            while self.later:
+                before = json.dumps(dict(self.later.popleft(), sizes=[])).encode()
+                self.writer.write(_HEAD.pack(len(before), 0))
+                self.writer.write(before)
             self.writer.write(_HEAD.pack(len(encoded), sum(len(b) for b in blobs)))
             self.writer.write(encoded)
             for blob in blobs:
@@ -524,6 +531,7 @@ def main():
     pb_utils._state["call"] = make_caller(exchange)
     pb_utils._state["manage"] = make_manager(exchange)
     pb_utils._state["metric"] = lambda change: channel.send({"op": "metric", **change})
+    pb_utils._state["metric_later"] = lambda change: channel.later.append({"op": "metric", **change})
     if sys.argv[2:] == ["--auto-complete"]:
         auto_complete(channel, model_path)
         return

@@ -547,10 +547,21 @@ class Metric:
             raise TritonModelException("only a histogram metric has buckets")
         self._send("create", 0.0, **extra)
 
-    def _send(self, action, value, **extra):
+    def _change(self, action, value, **extra):
         family = self._family
-        _state["metric"]({"name": family._name, "description": family._description, "kind": family._kind,
-                          "labels": self._labels, "action": action, "value": value, **extra})
+        return {"name": family._name, "description": family._description, "kind": family._kind,
+                "labels": self._labels, "action": action, "value": value, **extra}
+
+    def _send(self, action, value, **extra):
+        _state["metric"](self._change(action, value, **extra))
+
+    def __del__(self):
+        # As Triton's: the series leaves /metrics once no Metric object of its labels is left
+        # (kiln hears it with the process's next message; all of them go when the process ends).
+        try:
+            _state["metric_later"](self._change("delete", 0.0))
+        except Exception:  # noqa: BLE001 - a half-made Metric, or the interpreter shutting down
+            pass
 
     def increment(self, value):
         value = float(value)
