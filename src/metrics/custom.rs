@@ -149,6 +149,9 @@ pub fn apply(
     if let Change::Delete = change {
         if let Some(family) = families.get_mut(name) {
             family.let_go(&key, owner.0);
+            if family.series.is_empty() {
+                families.remove(name);
+            }
         }
         return Ok(());
     }
@@ -200,7 +203,6 @@ impl Family {
         key: Vec<(String, String)>,
         change: &Change,
     ) -> Result<(), String> {
-        let family = self;
         let zero = || Value::Number(0.0);
         match (kind, change) {
             (Kind::Counter, Change::Increment(v)) if *v < 0.0 => Err(format!(
@@ -217,18 +219,15 @@ impl Family {
                         "histogram '{name}' needs at most {MAX_BUCKETS} increasing, finite buckets"
                     ));
                 }
-                family
-                    .series
-                    .entry(key)
-                    .or_insert_with(|| Value::Histogram {
-                        bounds: buckets.clone(),
-                        counts: vec![0; buckets.len()],
-                        count: 0,
-                        sum: 0.0,
-                    });
+                self.series.entry(key).or_insert_with(|| Value::Histogram {
+                    bounds: buckets.clone(),
+                    counts: vec![0; buckets.len()],
+                    count: 0,
+                    sum: 0.0,
+                });
                 Ok(())
             }
-            (Kind::Histogram, Change::Observe(v)) => match family.series.get_mut(&key) {
+            (Kind::Histogram, Change::Observe(v)) => match self.series.get_mut(&key) {
                 Some(Value::Histogram {
                     bounds,
                     counts,
@@ -247,17 +246,17 @@ impl Family {
             (Kind::Histogram, _) => Err(format!("histogram '{name}' can only observe values")),
             (_, Change::Observe(_)) => Err(format!("'{name}' is not a histogram")),
             (_, Change::Create { .. }) => {
-                family.series.entry(key).or_insert_with(zero);
+                self.series.entry(key).or_insert_with(zero);
                 Ok(())
             }
             (_, Change::Increment(v)) => {
-                if let Value::Number(total) = family.series.entry(key).or_insert_with(zero) {
+                if let Value::Number(total) = self.series.entry(key).or_insert_with(zero) {
                     *total += v;
                 }
                 Ok(())
             }
             (Kind::Gauge, Change::Set(v)) => {
-                family.series.insert(key, Value::Number(*v));
+                self.series.insert(key, Value::Number(*v));
                 Ok(())
             }
             (_, Change::Delete) => Ok(()),
