@@ -180,8 +180,12 @@ def compare_metrics(triton_metrics: str, kiln_metrics: str, models: set[str]) ->
         print("DIFFER metrics: only kiln writes", extra)
     same += len(theirs & ours)
     only = sorted({key[1] for key in their_meta} - families)
+    for key in sorted(k for k in their_meta if k[1] in only):
+        print("  only Triton:", their_meta[key])
+    ours_only = sorted({key[1] for key in our_meta} - families)
     print(f"metrics: {same} HELP/TYPE lines and series identical, {differ} different; "
-          f"families only Triton writes: {', '.join(only) or 'none'}")
+          f"families only Triton writes: {', '.join(only) or 'none'}; "
+          f"only kiln: {', '.join(ours_only) or 'none'}")
 
 
 def stream_count(http: str, n: int) -> None:

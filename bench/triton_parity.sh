@@ -25,6 +25,8 @@ REPO=$("$ROOT/.venv/bin/python" "$ROOT/bench/triton_parity.py" make "$OUT/fixtur
 PYLIB=$("$VENV/bin/python" -c 'import sysconfig;print(sysconfig.get_config_var("LIBDIR"))')
 export LD_LIBRARY_PATH=$SP/nvidia_pytriton.libs:$PYLIB${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}
 export PEER_SITE_PACKAGES=$SP PYTHONDONTWRITEBYTECODE=1
+# Every series both servers can write: the latency summaries and the first-response histogram too.
+METRICS_CONFIG="--metrics-config=summary_latencies=true --metrics-config=histogram_latencies=true"
 PID=
 trap 'kill -- -"$PID" 2>/dev/null || true' EXIT
 # Triton 2.51 sometimes dies while it loads this repository: up to three tries, each until the
@@ -32,7 +34,7 @@ trap 'kill -- -"$PID" 2>/dev/null || true' EXIT
 for attempt in 1 2 3; do
   setsid "$TS/bin/tritonserver" --model-repository="$REPO" --backend-directory="$BACKENDS" \
     --http-port=9800 --grpc-port=9801 --metrics-port=9802 --allow-gpu-metrics=false --log-verbose=0 \
-    --cache-directory="$TS/caches" --cache-config=local,size=1048576 \
+    --cache-directory="$TS/caches" --cache-config=local,size=1048576 $METRICS_CONFIG \
     --model-control-mode=explicit --load-model='*' --exit-on-error=false --strict-readiness=false \
     >"$OUT/triton.log" 2>&1 &
   PID=$!
@@ -52,7 +54,7 @@ if [ "${1:-}" = --json ]; then
   PEER_SITE_PACKAGES=$("$ROOT/.venv/bin/python" -c 'import sysconfig;print(sysconfig.get_paths()["purelib"])') \
     KILN_PYTHON=$ROOT/.venv/bin/python setsid "$KILN" --model-repository="$REPO" --http-port=9810 \
     --grpc-port=9811 --metrics-port=9812 --model-control-mode=explicit --load-model='*' --strict-readiness=false \
-    --cache-config=local,size=1048576 \
+    --cache-config=local,size=1048576 $METRICS_CONFIG \
     >"$OUT/kiln.log" 2>&1 &
   KPID=$!
   trap 'kill -- -"$PID" 2>/dev/null || true; kill -- -"$KPID" 2>/dev/null || true' EXIT

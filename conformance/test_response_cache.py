@@ -25,7 +25,8 @@ T = RPC_TIMEOUT
 def cached():
     srv = start_server([BUNDLED_REPO], name="kiln-cache", env={"KILN_PYTHON": sys.executable},
                        extra_args=["--model-control-mode", "explicit", "--load-model", "mlp_classifier",
-                                   "--cache-config", "local,size=1048576"])
+                                   "--cache-config", "local,size=1048576",
+                                   "--metrics-config", "summary_latencies=true"])
     http = httpclient.InferenceServerClient(srv.http_url, network_timeout=T)
     tensor = lambda n: {"name": n, "data_type": "TYPE_FP32", "dims": [16]}  # noqa: E731
     http.load_model("add_sub", config=json.dumps({
@@ -84,6 +85,12 @@ def test_identical_requests_are_answered_from_the_cache(cached):
     assert metric(cached, "nv_cache_num_misses_per_model", "add_sub") == 2
     assert metric(cached, "nv_inference_request_success", "add_sub") == 4
     assert metric(cached, "nv_inference_count", "add_sub") == 2
+    # With summary_latencies, Triton's cache summaries; no request summary (hits would read as
+    # impossibly fast executions).
+    assert metric(cached, "nv_cache_hit_summary_per_model_count", "add_sub") == 2
+    assert metric(cached, "nv_cache_miss_summary_per_model_count", "add_sub") == 2
+    assert metric(cached, "nv_inference_queue_summary_us_count", "add_sub") == 4
+    assert metric(cached, "nv_inference_request_summary_us_count", "add_sub") == 0
     # A hit counts as queued, as Triton counts it (bench/triton_parity.sh --json).
     queue = http.get_inference_statistics("add_sub")["model_stats"][-1]["inference_stats"]["queue"]["count"]
     assert queue == 4

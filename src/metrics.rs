@@ -353,15 +353,28 @@ struct CacheHandles {
     hit_us: Counter,
     misses: Counter,
     miss_us: Counter,
+    /// With `summary_latencies`: the hits' and the misses' µs.
+    hit_summary: Summary,
+    miss_summary: Summary,
 }
 
 impl CacheHandles {
     fn new(labels: &[(&'static str, String)]) -> CacheHandles {
+        let config = config::current();
+        let summary = |family: &series::Family| {
+            if config.summary_latencies {
+                series::summary(family, labels, &config.summary_quantiles)
+            } else {
+                Summary::noop()
+            }
+        };
         CacheHandles {
             hits: series::counter(&CACHE_HITS, labels),
             hit_us: series::counter(&CACHE_HIT_DURATION, labels),
             misses: series::counter(&CACHE_MISSES, labels),
             miss_us: series::counter(&CACHE_MISS_DURATION, labels),
+            hit_summary: summary(&CACHE_HIT_SUMMARY),
+            miss_summary: summary(&CACHE_MISS_SUMMARY),
         }
     }
 }
@@ -440,6 +453,7 @@ impl ModelStats {
         if let Some(cache) = &self.cache {
             cache.hits.increment(1);
             cache.hit_us.increment(micros(lookup));
+            cache.hit_summary.record(micros(lookup) as f64);
         }
     }
 
@@ -449,6 +463,7 @@ impl ModelStats {
         if let Some(cache) = &self.cache {
             cache.misses.increment(1);
             cache.miss_us.increment(micros(spent));
+            cache.miss_summary.record(micros(spent) as f64);
         }
     }
 

@@ -87,6 +87,14 @@ pub const CACHE_MISS_DURATION: Family = family(
     "nv_cache_miss_duration_per_model",
     "Total cache miss (insert+lookup) duration per model, in microseconds",
 );
+pub const CACHE_HIT_SUMMARY: Family = family(
+    "nv_cache_hit_summary_per_model",
+    "Summary of cache hit counts/durations per model, in microseconds.",
+);
+pub const CACHE_MISS_SUMMARY: Family = family(
+    "nv_cache_miss_summary_per_model",
+    "Summary of cache miss counts/durations per model, in microseconds.",
+);
 pub const FIRST_RESPONSE: Family = family(
     "nv_inference_first_response_histogram_ms",
     "Duration from request to first response in milliseconds",
