@@ -16,6 +16,7 @@ difference (see bench/RESULTS.md, "Eighteenth session"): tests that use the bund
 clients gone noticed, BLS cancel, which Triton 2.51 lacks).
 """
 
+import itertools
 import json
 import pathlib
 import shutil
@@ -325,7 +326,8 @@ def compare_json(triton_http: str, kiln_http: str) -> None:
     compare_extras(triton_http, kiln_http)
     compare_settings(triton_http, kiln_http)
     compare_counts(triton_http, kiln_http, ready(triton_http) & ready(kiln_http))
-    # After the counts: unloading and loading models starts their counts again.
+    # After the counts: tracing and unloading and loading models count requests too.
+    compare_traces(triton_http, kiln_http)
     compare_repository(triton_http, kiln_http)
     # Last: these end Triton.
     compare_rest_answers(triton_http, kiln_http, fatal=True)
@@ -795,6 +797,113 @@ def settings_probes():
 def compare_settings(triton_http: str, kiln_http: str) -> None:
     """`settings_probes` on both servers: status and body."""
     compare_calls("trace and log settings", SETTINGS_KNOWN, settings_probes(), triton_http, kiln_http)
+
+
+def trace_probes():
+    """(name, call(http)) requests traced on both servers, one after the other: py_add_sub over
+    REST, gRPC and a gRPC stream, an ensemble of two Python steps, a decoupled model on a gRPC
+    stream."""
+    import queue
+
+    import numpy as np
+    import requests
+    import tritonclient.grpc as grpcclient
+
+    row = list(range(16))
+
+    def rest(model, inputs):
+        def call(http):
+            body = {"id": "traced", "inputs": inputs}
+            requests.post(f"http://{http}/v2/models/{model}/infer", json=body, timeout=30).raise_for_status()
+        return call
+
+    def grpc_add_sub(stream):
+        def call(http):
+            client = grpcclient.InferenceServerClient(grpc_port(http))
+            inputs = []
+            for name in ("INPUT0", "INPUT1"):
+                tensor = grpcclient.InferInput(name, [1, 16], "FP32")
+                tensor.set_data_from_numpy(np.arange(16, dtype=np.float32).reshape(1, 16))
+                inputs.append(tensor)
+            if stream:
+                answers = queue.Queue()
+                client.start_stream(callback=lambda result, error: answers.put(error))
+                client.async_stream_infer("py_add_sub", inputs, request_id="traced")
+                assert answers.get(timeout=30) is None
+                client.stop_stream()
+            else:
+                client.infer("py_add_sub", inputs, request_id="traced")
+            client.close()
+        return call
+
+    tensors = lambda *names: [{"name": n, "datatype": "FP32", "shape": [1, 16], "data": row} for n in names]  # noqa: E731
+    return [
+        ("REST request", rest("py_add_sub", tensors("INPUT0", "INPUT1"))),
+        ("gRPC request", grpc_add_sub(stream=False)),
+        ("gRPC stream request", grpc_add_sub(stream=True)),
+        ("ensemble", rest("pchain", tensors("A", "B"))),
+        ("decoupled stream", lambda http: stream_count(http, 2)),
+    ]
+
+
+def trace_records(directory: pathlib.Path) -> tuple:
+    """What the trace files in `directory` (`trace.json.<n>`) hold, as compared: how many files,
+    then each trace as its records without its id and times, sorted (the order in which a server
+    writes a trace's records is its own; tools order them by time), a step naming its parent by
+    the parent's model; the traces sorted."""
+    files = sorted(directory.glob("trace.json.*"), key=lambda f: int(f.suffix[1:]))
+    traces = {}
+    for file in files:
+        for record in json.loads(file.read_text() or "[]"):
+            record = dict(record)
+            if "timestamps" in record:
+                record["timestamps"] = [stamp["name"] for stamp in record["timestamps"]]
+            traces.setdefault(record.pop("id"), []).append(record)
+    models = {id: record["model_name"] for id, records in traces.items() for record in records if "model_name" in record}
+    for records in traces.values():
+        for record in records:
+            if "parent_id" in record:
+                record["parent_id"] = models.get(record["parent_id"], "?")
+    return (f"{len(files)} files", *sorted(json.dumps(sorted(map(json.dumps, records))) for records in traces.values()))
+
+
+def compare_traces(triton_http: str, kiln_http: str) -> None:
+    """`trace_probes` traced (TIMESTAMPS and TENSORS, every request, a file per trace) on both
+    servers, which write `trace.json` in their own working directories (PARITY_TRACES: Triton's,
+    kiln's), compared as `trace_records` has them."""
+    import os
+
+    import requests
+
+    directories = [pathlib.Path(d) for d in os.environ["PARITY_TRACES"].split(",")]
+    on = {"trace_level": ["TIMESTAMPS", "TENSORS"], "trace_rate": "1", "trace_count": "-1", "log_frequency": "1"}
+    off = {"trace_level": ["OFF"], "trace_rate": "1000", "trace_count": "-1", "log_frequency": "0"}
+    tally = Tally("traces", TRACE_KNOWN)
+    for name, call in trace_probes():
+        answers = []
+        for http, directory in zip((triton_http, kiln_http), directories):
+            for old in directory.glob("trace.json*"):
+                old.unlink()
+            requests.post(f"http://{http}/v2/trace/setting", json=on, timeout=30).raise_for_status()
+            call(http)
+            time.sleep(1)  # the trace is written once its request and responses are released
+            requests.post(f"http://{http}/v2/trace/setting", json=off, timeout=30).raise_for_status()
+            answers.append(trace_records(directory))
+        tally.compare(name, "", answers[0], answers[1])
+        if answers[0] != answers[1] and name not in TRACE_KNOWN:
+            for theirs, ours in itertools.zip_longest(*answers):
+                if theirs != ours:
+                    print("    triton:", theirs)
+                    print("    kiln:  ", ours)
+    tally.summary()
+
+
+# Trace differences kept on purpose.
+TRACE_KNOWN = {
+    "decoupled stream": "Triton 2.51 records the outputs of a decoupled request's first response and one "
+                        "INFER_RESPONSE_COMPLETE; kiln each response's outputs and one INFER_RESPONSE_COMPLETE per "
+                        "response (the final flag alone too: 3 for N=2), as it traces generation requests",
+}
 
 
 # Differences kept on purpose in `settings_probes`.

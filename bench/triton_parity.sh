@@ -27,16 +27,19 @@ export LD_LIBRARY_PATH=$SP/nvidia_pytriton.libs:$PYLIB${LD_LIBRARY_PATH:+:$LD_LI
 export PEER_SITE_PACKAGES=$SP PYTHONDONTWRITEBYTECODE=1
 # Every series both servers can write: the latency summaries and the first-response histogram too.
 METRICS_CONFIG="--metrics-config=summary_latencies=true --metrics-config=histogram_latencies=true"
+# Each server traces to trace.json in a working directory of its own (the same setting for both).
+mkdir -p "$OUT/triton-run" "$OUT/kiln-run"
+export PARITY_TRACES=$OUT/triton-run,$OUT/kiln-run
 PID=
 trap 'kill -- -"$PID" 2>/dev/null || true' EXIT
 # Triton 2.51 sometimes dies while it loads this repository: up to three tries, each until the
 # last model it loads answers ready.
 for attempt in 1 2 3; do
-  setsid "$TS/bin/tritonserver" --model-repository="$REPO" --backend-directory="$BACKENDS" \
+  (cd "$OUT/triton-run" && exec setsid "$TS/bin/tritonserver" --model-repository="$REPO" --backend-directory="$BACKENDS" \
     --http-port=9800 --grpc-port=9801 --metrics-port=9802 --allow-gpu-metrics=false --log-verbose=0 \
     --cache-directory="$TS/caches" --cache-config=local,size=1048576 $METRICS_CONFIG \
     --model-control-mode=explicit --load-model='*' --exit-on-error=false --strict-readiness=false \
-    >"$OUT/triton.log" 2>&1 &
+    --trace-config=triton,file=trace.json >"$OUT/triton.log" 2>&1) &
   PID=$!
   for _ in $(seq 240); do
     kill -0 "$PID" 2>/dev/null || break
@@ -52,9 +55,10 @@ if [ "${1:-}" = --json ]; then
   KILN=${KILN_BIN:-$ROOT/target/release/kiln}
   [ -x "$KILN" ] || KILN=$ROOT/target/debug/kiln
   PEER_SITE_PACKAGES=$("$ROOT/.venv/bin/python" -c 'import sysconfig;print(sysconfig.get_paths()["purelib"])') \
-    KILN_PYTHON=$ROOT/.venv/bin/python setsid "$KILN" --model-repository="$REPO" --http-port=9810 \
+    KILN_PYTHON=$ROOT/.venv/bin/python bash -c 'cd "$1" && shift && exec setsid "$@"' _ "$OUT/kiln-run" \
+    "$KILN" --model-repository="$REPO" --http-port=9810 \
     --grpc-port=9811 --metrics-port=9812 --model-control-mode=explicit --load-model='*' --strict-readiness=false \
-    --cache-config=local,size=1048576 $METRICS_CONFIG \
+    --cache-config=local,size=1048576 $METRICS_CONFIG --trace-config=triton,file=trace.json \
     >"$OUT/kiln.log" 2>&1 &
   KPID=$!
   trap 'kill -- -"$PID" 2>/dev/null || true; kill -- -"$KPID" 2>/dev/null || true' EXIT

@@ -365,7 +365,7 @@ def test_plain_inference_on_a_decoupled_model_is_refused_as_triton_does(server, 
 def test_generation_requests_are_traced(tmp_path):
     """REST generate and a gRPC decoupled stream are traced as Triton traces decoupled requests:
     the protocol's stamps, REQUEST_START, QUEUE_START, one INFER_RESPONSE_COMPLETE per response,
-    REQUEST_END."""
+    REQUEST_END; on the stream, a send start and end per response."""
     trace_file = tmp_path / "generate.json"
     traced = start_server([BUNDLED_REPO], name="kiln-generate-trace", extra_args=[
         "--trace-config", f"triton,file={trace_file}", "--trace-config", "level=TIMESTAMPS",
@@ -390,13 +390,17 @@ def test_generation_requests_are_traced(tmp_path):
             times.setdefault(record["id"], []).append(stamp["ns"])
     assert len(names) == 2, names
     rest = next(n for n in names.values() if n[0] == "HTTP_RECV_START")
-    grpc_trace = next(n for n in names.values() if n[0] == "GRPC_WAITREAD_END")
+    grpc_trace = next(n for n in names.values() if n[0] == "GRPC_WAITREAD_START")
     tokens = rest.count("INFER_RESPONSE_COMPLETE")
     assert 1 <= tokens <= 4
     assert rest == ["HTTP_RECV_START", "HTTP_RECV_END", "REQUEST_START", "QUEUE_START",
                     *["INFER_RESPONSE_COMPLETE"] * tokens, "REQUEST_END", "HTTP_SEND_START", "HTTP_SEND_END"]
-    assert grpc_trace == ["GRPC_WAITREAD_END", "REQUEST_START", "QUEUE_START",
-                          *["INFER_RESPONSE_COMPLETE"] * responses, "REQUEST_END"]
+    # A response's send ends when the next is taken: the stamps of sending are counted apart.
+    sending = [n for n in grpc_trace if n.startswith("GRPC_SEND")]
+    assert sending.count("GRPC_SEND_START") == sending.count("GRPC_SEND_END") == responses, grpc_trace
+    assert [n for n in grpc_trace if not n.startswith("GRPC_SEND")] == [
+        "GRPC_WAITREAD_START", "GRPC_WAITREAD_END", "REQUEST_START", "QUEUE_START",
+        *["INFER_RESPONSE_COMPLETE"] * responses, "REQUEST_END"]
     for stamps in times.values():
         assert stamps == sorted(stamps)
 

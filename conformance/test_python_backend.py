@@ -1291,6 +1291,45 @@ def test_a_traced_python_request_has_its_queue_and_compute_times(python_server):
                                                          ("OUTPUT1", ",".join(["1"] * 16))], outputs
 
 
+def test_a_traced_decoupled_request_has_each_of_its_responses(python_server):
+    """A decoupled model's request on a gRPC stream, traced: the stream's wait for it and its read,
+    its queue and compute times, its input as queued, each response's outputs with an
+    INFER_RESPONSE_COMPLETE (the final flag alone is a response too), a send start and end per
+    message, and REQUEST_END once execute has returned and the last response has come."""
+    server, _ = python_server
+    client = grpcclient.InferenceServerClient(server.grpc_url)
+    client.update_trace_settings(model_name="py_count", settings={
+        "trace_level": ["TIMESTAMPS", "TENSORS"], "trace_rate": "1", "trace_count": "1"})
+    assert counted(server, 2, True, 3) == [(0, False), (1, False), (None, True)]
+    assert client.get_trace_settings(model_name="py_count", as_json=True)["settings"]["trace_count"]["value"] == ["0"]
+
+    def written():
+        for path in server.repos[0].parent.glob("trace.json.*"):
+            records = json.loads(path.read_text())
+            if any(r.get("model_name") == "py_count" for r in records):
+                return records
+        return None
+    deadline = time.monotonic() + 10
+    while (records := written()) is None and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert records, "py_count's trace was not written"
+    assert {"id": records[0]["id"], "model_name": "py_count", "model_version": 1, "request_id": "count-2"} in records
+    stamps = [(t["name"], t["ns"]) for r in records for t in r.get("timestamps", [])]
+    names = [name for name, _ in stamps]
+    once = ["GRPC_WAITREAD_START", "GRPC_WAITREAD_END", "REQUEST_START", "QUEUE_START", "COMPUTE_START",
+            "COMPUTE_INPUT_END", "COMPUTE_OUTPUT_START", "COMPUTE_END", "REQUEST_END"]
+    assert sorted(names) == sorted(once + ["INFER_RESPONSE_COMPLETE", "GRPC_SEND_START", "GRPC_SEND_END"] * 3), names
+    at = {name: ns for name, ns in stamps if name in once}
+    assert [at[name] for name in once] == sorted(at.values()), stamps
+    responded = [ns for name, ns in stamps if name == "INFER_RESPONSE_COMPLETE"]
+    sent = [ns for name, ns in stamps if name == "GRPC_SEND_END"]
+    assert at["REQUEST_START"] <= min(responded) and max(responded) <= at["REQUEST_END"], stamps
+    assert min(responded) <= min(sent), stamps
+    tensors = [(r["activity"], r["tensor"]["name"], r["tensor"]["data"]) for r in records if "activity" in r]
+    assert tensors == [("TENSOR_QUEUE_INPUT", "N", "2"), ("TENSOR_BACKEND_OUTPUT", "I", "0"),
+                       ("TENSOR_BACKEND_OUTPUT", "I", "1")], tensors
+
+
 def wait_for_note(server, request_id, timeout=10.0):
     path = server.repos[0].parent / "patient_notes" / request_id
     deadline = time.monotonic() + timeout

@@ -113,7 +113,7 @@ def test_trace_settings_and_files(traced):
     assert_in_order(timestamps(http_trace),
                     ["HTTP_RECV_START", "HTTP_RECV_END", *CORE, "INFER_RESPONSE_COMPLETE", "HTTP_SEND_START",
                      "HTTP_SEND_END"])
-    assert_in_order(timestamps(grpc_trace), ["GRPC_WAITREAD_END", *CORE, "INFER_RESPONSE_COMPLETE",
+    assert_in_order(timestamps(grpc_trace), ["GRPC_WAITREAD_START", "GRPC_WAITREAD_END", *CORE, "INFER_RESPONSE_COMPLETE",
                                              "GRPC_SEND_START", "GRPC_SEND_END"])
 
     # Global: every request, two traces per numbered file. add_sub keeps its own level, rate and

@@ -110,7 +110,8 @@ def test_a_caller_context_is_traced_at_rate_zero_and_joined(traced):
     root, model, compute = by_name["InferRequest"], by_name["add_sub"], by_name["compute"]
     assert root.trace_id.hex() == "0af7651916cd43dd8448eb211c12666c"
     assert root.parent_span_id.hex() == "b7ad6b7169242424"
-    assert events(root) == ["GRPC_WAITREAD_END", "INFER_RESPONSE_COMPLETE", "GRPC_SEND_START", "GRPC_SEND_END"]
+    assert events(root) == ["GRPC_WAITREAD_START", "GRPC_WAITREAD_END", "INFER_RESPONSE_COMPLETE", "GRPC_SEND_START",
+                            "GRPC_SEND_END"]
     assert model.parent_span_id == root.span_id and compute.parent_span_id == model.span_id
     assert events(model) == ["REQUEST_START", "QUEUE_START", "REQUEST_END"]
     assert events(compute) == ["COMPUTE_START", "COMPUTE_INPUT_END", "COMPUTE_OUTPUT_START", "COMPUTE_END"]

@@ -14,6 +14,7 @@ use crate::core::{Error, InferRequest, Tensor};
 use crate::metrics::FailureReason;
 use crate::repository::ensemble::{EnsemblePlan, Step};
 use crate::repository::{Executor, Model, ServingVersion};
+use crate::trace::{Activity, RecordOnDrop, TensorActivity, Trace};
 use futures_util::future::BoxFuture;
 use std::collections::HashMap;
 use std::sync::Arc;
@@ -29,6 +30,26 @@ pub(super) struct Streaming {
     pub request: InferRequest,
     pub rows: usize,
     pub arrived: Instant,
+    /// Its trace, which records REQUEST_END once the last response is out.
+    pub trace: Option<Arc<RecordOnDrop>>,
+}
+
+impl Streaming {
+    fn trace(&self) -> Option<&Arc<Trace>> {
+        self.trace.as_ref().map(|traced| &traced.trace)
+    }
+
+    /// Hands one response to the client, recording it on the trace.
+    fn send(
+        &self,
+        sender: &mpsc::UnboundedSender<StreamedResponse>,
+        streamed: StreamedResponse,
+    ) -> bool {
+        if let Some(trace) = self.trace() {
+            trace.record(Activity::InferResponseComplete, Instant::now());
+        }
+        sender.send(streamed).is_ok()
+    }
 }
 
 impl Engine {
@@ -71,6 +92,9 @@ impl Engine {
     ) -> mpsc::UnboundedReceiver<StreamedResponse> {
         let (sender, receiver) = mpsc::unbounded_channel();
         let engine = Arc::clone(self);
+        if let Some(trace) = streaming.trace() {
+            trace.record(Activity::QueueStart, Instant::now());
+        }
         tokio::spawn(async move {
             let _admission = admission;
             let outcome = engine.run_streaming(&streaming, &sender).await;
@@ -83,10 +107,11 @@ impl Engine {
                 .record_success(stats, total),
                 Err(error) => {
                     stats.record_failure(total, FailureReason::Other);
-                    let _ = sender.send(StreamedResponse {
+                    let failed = StreamedResponse {
                         response: Err(error),
                         last: true,
-                    });
+                    };
+                    streaming.send(&sender, failed);
                 }
             }
         });
@@ -132,18 +157,21 @@ impl Engine {
                 ..
             } = streaming;
             let name = model.name.as_str();
-            let caller = (request, None);
+            let caller = (request, streaming.trace());
             let mut wave_at = from;
             let decoupled_at = loop {
                 let Some(wave) = plan.waves.get(wave_at) else {
                     // Every wave ran: one response of the ensemble.
                     let outputs = ensemble_outputs(name, &serving.io, tensors)?;
+                    if let Some(trace) = streaming.trace() {
+                        trace.tensors(TensorActivity::BackendOutput, &outputs);
+                    }
                     let answer = response::response(model, serving, request.clone(), outputs)?;
-                    let sent = sender.send(StreamedResponse {
+                    let answer = StreamedResponse {
                         response: Ok(Some(answer)),
                         last,
-                    });
-                    return Ok(sent.is_ok() && last);
+                    };
+                    return Ok(streaming.send(sender, answer) && last);
                 };
                 if let Some(step) = self.decoupled_in(wave, 0) {
                     break step;
@@ -161,7 +189,8 @@ impl Engine {
                 .collect();
             self.run_wave(name, &siblings, &mut tensors, caller, 1)
                 .await?;
-            let step = step_request(decoupled, &tensors, request);
+            let mut step = step_request(decoupled, &tensors, request);
+            step.trace = streaming.trace().map(Trace::child);
             let mut responses = self
                 .decoupled_stream(step)
                 .await
@@ -200,14 +229,11 @@ impl Engine {
                     // The word alone that the response before was the step's last: the
                     // ensemble's too when every decoupled step before is at its last.
                     Ok(None) => {
-                        if this_last
-                            && sender
-                                .send(StreamedResponse {
-                                    response: Ok(None),
-                                    last: true,
-                                })
-                                .is_err()
-                        {
+                        let flag = StreamedResponse {
+                            response: Ok(None),
+                            last: true,
+                        };
+                        if this_last && !streaming.send(sender, flag) {
                             return Ok(false);
                         }
                     }

@@ -519,10 +519,17 @@ impl Engine {
             }
             (Ok(job), _, Executor::Ensemble(plan)) => {
                 let rows = job.rows;
+                if let Some(trace) = &trace {
+                    trace.record(Activity::QueueStart, Instant::now());
+                }
                 let caller = (&request, trace.as_ref());
-                self.run_ensemble(&model.name, plan, &serving.io, job.inputs, caller, depth)
-                    .await
-                    .map(|outputs| (outputs, Ran::Composed { rows }))
+                let ran = self
+                    .run_ensemble(&model.name, plan, &serving.io, job.inputs, caller, depth)
+                    .await;
+                if let (Some(trace), Ok(outputs)) = (&trace, &ran) {
+                    trace.tensors(TensorActivity::BackendOutput, outputs);
+                }
+                ran.map(|outputs| (outputs, Ran::Composed { rows }))
                     .map_err(|e| (e, Counted::Failure(FailureReason::Other)))
             }
             (Ok(_), _, Executor::Python(python)) if python.decoupled() => Err((

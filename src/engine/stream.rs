@@ -8,6 +8,8 @@ use crate::core::{Error, InferRequest, InferResponse, Tensor};
 use crate::metrics::FailureReason;
 use crate::repository::sequence::{Place, SequenceFlags, Sequences};
 use crate::repository::Executor;
+use crate::scheduler::Outcome;
+use crate::trace::{Activity, RecordOnDrop, TensorActivity};
 use std::future::Future;
 use std::sync::Arc;
 use std::time::Instant;
@@ -136,7 +138,18 @@ impl Engine {
         mut request: InferRequest,
     ) -> Result<Started, Error> {
         let arrived = Instant::now();
+        let trace = request.trace.take();
         let (model, serving) = self.resolve(&request.model_name, &request.model_version)?;
+        // The request's trace, which records REQUEST_END when the last holder lets go: at once
+        // for a request refused here.
+        let trace = trace.map(|trace| {
+            trace.describe(&model.name, serving.version, &request.id);
+            trace.record(Activity::RequestStart, arrived);
+            Arc::new(RecordOnDrop {
+                trace,
+                activity: Activity::RequestEnd,
+            })
+        });
         let runs = match &serving.executor {
             Executor::Python(python) if python.decoupled() => Ok(Arc::clone(python)),
             Executor::Ensemble(plan) if self.has_decoupled_step(plan, 0) => Err(Arc::clone(plan)),
@@ -164,6 +177,9 @@ impl Engine {
                 let rows = validate::rows(&serving.io, &inputs);
                 Ok((inputs, rows, placed(&request, rows)?))
             })?;
+        if let Some(traced) = &trace {
+            traced.trace.tensors(TensorActivity::QueueInput, &inputs);
+        }
         match runs {
             Ok(python) => Ok(Started::Queued(Box::new(Queued {
                 python,
@@ -177,6 +193,7 @@ impl Engine {
                 prefix,
                 arrived,
                 admission,
+                trace,
             }))),
             Err(plan) => {
                 let streaming = super::ensemble_stream::Streaming {
@@ -187,6 +204,7 @@ impl Engine {
                     request,
                     rows,
                     arrived,
+                    trace,
                 };
                 Ok(Started::Streaming(
                     self.stream_ensemble(streaming, admission),
@@ -219,6 +237,7 @@ struct Queued {
     prefix: String,
     arrived: Instant,
     admission: Admission,
+    trace: Option<Arc<RecordOnDrop>>,
 }
 
 impl Queued {
@@ -237,6 +256,7 @@ impl Queued {
             prefix,
             arrived,
             admission,
+            trace,
         } = *self;
         // A sequence's requests run one at a time, in order, on one instance: the next once
         // this one's `execute` has returned (as Triton releases a decoupled model's requests),
@@ -273,13 +293,18 @@ impl Queued {
             error
         };
         // The request's time queued and computing, known once `execute` has returned: its
-        // statistics are recorded when both that and the last response have come.
+        // statistics are recorded when both that and the last response have come (and its
+        // trace's REQUEST_END).
         let (timed, timing) = tokio::sync::oneshot::channel();
-        let returned = move |times| {
+        let traced = trace.clone();
+        let returned = move |outcome: Option<Outcome<()>>| {
             if let Some((sequences, turn)) = turn {
                 sequences.finish(turn, &mut Vec::new());
             }
-            let _ = timed.send(times);
+            if let (Some(traced), Some(outcome)) = (&traced, &outcome) {
+                super::traces::record_outcome(&traced.trace, outcome);
+            }
+            let _ = timed.send(outcome.map(|outcome| outcome.timing()));
         };
         let mut responses = python.execute_stream(job, refused, returned);
         let (sender, receiver) = mpsc::unbounded_channel();
@@ -299,6 +324,16 @@ impl Queued {
                     }
                 };
                 let last = streamed.last;
+                if let Some(traced) = &trace {
+                    if let Ok(Some(outputs)) = &streamed.outputs {
+                        traced
+                            .trace
+                            .tensors(TensorActivity::BackendOutput, &outputs.tensors);
+                    }
+                    traced
+                        .trace
+                        .record(Activity::InferResponseComplete, Instant::now());
+                }
                 let shaped = streamed.outputs.and_then(|outputs| {
                     outputs
                         .map(|outputs| {

@@ -18,29 +18,73 @@ use crate::proto::inference::{
     infer_parameter::ParameterChoice, model_infer_response::InferOutputTensor, InferParameter,
     ModelInferRequest, ModelInferResponse, ModelStreamInferResponse,
 };
-use crate::trace::Activity;
+use crate::trace::{Activity, RecordOnDrop, Trace};
+use futures_util::Stream;
 use std::sync::Arc;
 use std::time::Instant;
 use tokio::sync::mpsc;
 use tonic::Status;
 
 /// Where a stream's responses go.
-pub type Responses = mpsc::Sender<Result<ModelStreamInferResponse, Status>>;
+pub type Responses = mpsc::Sender<Outgoing>;
+
+/// One message of a stream, with what records its GRPC_SEND_END on its request's trace.
+#[derive(Debug)]
+pub struct Outgoing {
+    message: ModelStreamInferResponse,
+    sent: Option<RecordOnDrop>,
+}
+
+/// Queues `message` on the stream, recording GRPC_SEND_START on `trace` now and GRPC_SEND_END
+/// once it has gone (see [`outgoing`]). False once the client is gone.
+pub async fn deliver(
+    responses: &Responses,
+    message: ModelStreamInferResponse,
+    trace: Option<&Arc<Trace>>,
+) -> bool {
+    let sent = trace.map(|trace| {
+        trace.record(Activity::GrpcSendStart, Instant::now());
+        RecordOnDrop {
+            trace: Arc::clone(trace),
+            activity: Activity::GrpcSendEnd,
+        }
+    });
+    responses.send(Outgoing { message, sent }).await.is_ok()
+}
+
+/// A stream's messages as tonic takes them: each one's send end is recorded when tonic asks
+/// for the next (it has encoded the message for the connection), or when the stream ends.
+pub fn outgoing(
+    mut receiver: mpsc::Receiver<Outgoing>,
+) -> impl Stream<Item = Result<ModelStreamInferResponse, Status>> {
+    let mut sending: Option<RecordOnDrop> = None;
+    futures_util::stream::poll_fn(move |cx| {
+        // The message before has been taken: its send end.
+        drop(sending.take());
+        receiver.poll_recv(cx).map(|next| {
+            next.map(|Outgoing { message, sent }| {
+                sending = sent;
+                Ok(message)
+            })
+        })
+    })
+}
 
 /// The parameter Triton sets on every response of a decoupled model.
 pub const FINAL_RESPONSE: &str = "triton_final_response";
 
 /// Runs one request on a decoupled model and sends its responses, until the last one or until
 /// the client goes away (then the generation is dropped, which cancels it).
-/// `traceparent` is the stream's W3C trace context, for OpenTelemetry traces. A request to a
-/// decoupled Python model (or an ensemble with one) is checked, and takes its place in its
-/// sequence, when this is called: a stream's requests keep their order whatever the order in
-/// which their tasks run.
+/// `traceparent` is the stream's W3C trace context, for OpenTelemetry traces; `waited` when the
+/// stream began waiting for this message. A request to a decoupled Python model (or an ensemble
+/// with one) is checked, and takes its place in its sequence, when this is called: a stream's
+/// requests keep their order whatever the order in which their tasks run.
 pub fn answer(
     engine: Arc<Engine>,
     wire: ModelInferRequest,
     responses: Responses,
-    traceparent: Option<Arc<str>>,
+    traceparent: Option<&str>,
+    waited: Instant,
 ) -> impl std::future::Future<Output = ()> + Send + 'static {
     let header = ModelInferResponse {
         model_name: wire.model_name.clone(),
@@ -48,9 +92,16 @@ pub fn answer(
         id: wire.id.clone(),
         ..Default::default()
     };
-    let admitted = engine
-        .admit()
-        .and_then(|admission| Ok((admission, request_from_wire(wire)?)));
+    let trace = engine.tracer().sample_with(&wire.model_name, traceparent);
+    if let Some(trace) = &trace {
+        trace.record(Activity::GrpcWaitreadStart, waited);
+        trace.record(Activity::GrpcWaitreadEnd, Instant::now());
+    }
+    let admitted = engine.admit().and_then(|admission| {
+        let mut request = request_from_wire(wire)?;
+        request.trace = trace.clone();
+        Ok((admission, request))
+    });
     let start = match admitted {
         Ok((admission, request)) if engine.streams(&request.model_name, &request.model_version) => {
             let empty_final = request.parameters.get("triton_enable_empty_final_response")
@@ -61,39 +112,32 @@ pub fn answer(
         Err(error) => Start::Failed(error),
     };
     async move {
+        let trace = trace.as_ref();
         let started = match start {
             Start::Stream(stream, empty_final) => {
                 match stream.await {
                     Ok(stream) => tokio::select! {
-                        () = python_stream(stream, header, empty_final, &responses) => {}
+                        () = python_stream(stream, header, empty_final, &responses, trace) => {}
                         () = responses.closed() => {}
                     },
                     Err(error) => {
-                        let _ = responses.send(Ok(refused(header.id, &error))).await;
+                        deliver(&responses, refused(header.id, &error), trace).await;
                     }
                 }
                 return;
             }
-            Start::Generate(admission, mut request) => {
-                request.trace = engine
-                    .tracer()
-                    .sample_with(&request.model_name, traceparent.as_deref());
-                if let Some(trace) = &request.trace {
-                    trace.record(Activity::GrpcWaitreadEnd, Instant::now());
-                }
-                engine.generate(admission, request).await
-            }
+            Start::Generate(admission, request) => engine.generate(admission, request).await,
             Start::Failed(error) => Err(error),
         };
         let generation = match started {
             Ok(generation) => generation,
             Err(error) => {
-                let _ = responses.send(Ok(refused(header.id, &error))).await;
+                deliver(&responses, refused(header.id, &error), trace).await;
                 return;
             }
         };
         tokio::select! {
-            () = stream(generation, &responses) => {}
+            () = stream(generation, &responses, trace) => {}
             () = responses.closed() => {}
         }
     }
@@ -111,15 +155,15 @@ enum Start<S> {
 }
 
 /// Sends the responses of a running generation.
-async fn stream(mut generation: Generation, responses: &Responses) {
+async fn stream(mut generation: Generation, responses: &Responses, trace: Option<&Arc<Trace>>) {
     if !generation.request.stream {
         let answer = generation.text().await;
-        send(&generation, answer, true, responses).await;
+        send(&generation, answer, true, responses, trace).await;
         return;
     }
     while let Some(chunk) = generation.next().await {
         let last = chunk.as_ref().map_or(true, |c| c.last());
-        if !send(&generation, chunk.map(|c| c.text), last, responses).await || last {
+        if !send(&generation, chunk.map(|c| c.text), last, responses, trace).await || last {
             return;
         }
     }
@@ -133,6 +177,7 @@ async fn python_stream(
     header: ModelInferResponse,
     empty_final: bool,
     responses: &Responses,
+    trace: Option<&Arc<Trace>>,
 ) {
     while let Some(streamed) = stream.recv().await {
         let mut messages = Vec::with_capacity(2);
@@ -154,7 +199,7 @@ async fn python_stream(
             Err(error) => messages.push(flagged_failure(header.clone(), &error, streamed.last)),
         }
         for message in messages {
-            if responses.send(Ok(message)).await.is_err() {
+            if !deliver(responses, message, trace).await {
                 return;
             }
         }
@@ -180,17 +225,18 @@ async fn send(
     answer: Result<String, Error>,
     last: bool,
     responses: &Responses,
+    trace: Option<&Arc<Trace>>,
 ) -> bool {
     let empty_final = generation.request.empty_final;
     let message = match &answer {
         Ok(text) => text_response(generation, text, last && !empty_final),
         Err(error) => failure(header(generation), error),
     };
-    if responses.send(Ok(message)).await.is_err() {
+    if !deliver(responses, message, trace).await {
         return false;
     }
     if last && empty_final && answer.is_ok() {
-        return responses.send(Ok(final_only(generation))).await.is_ok();
+        return deliver(responses, final_only(generation), trace).await;
     }
     true
 }

@@ -3,10 +3,11 @@
 
 use super::codec::{request_from_wire, response_to_wire};
 use super::decoupled;
+use super::in_flight::Arrived;
 use crate::core::Error;
 use crate::engine::{shared_memory, Engine, LoadParameter, Stage};
 use crate::logging::{self, LogFormat, LogUpdate};
-use crate::trace::{Activity, RecordOnDrop, TraceUpdate};
+use crate::trace::{Activity, RecordOnDrop, Trace, TraceUpdate};
 
 use crate::proto::inference::{
     grpc_inference_service_server::GrpcInferenceService, model_metadata_response::TensorMetadata,
@@ -130,19 +131,30 @@ fn traceparent(metadata: &tonic::metadata::MetadataMap) -> Option<Arc<str>> {
 /// Requests of one stream that may run at the same time.
 const STREAM_CONCURRENCY: usize = 64;
 
+/// When the request reached the server (see [`Arrived`]); now if it does not say.
+fn arrived<T>(request: &Request<T>) -> Instant {
+    request
+        .extensions()
+        .get::<Arrived>()
+        .map_or_else(Instant::now, |arrived| arrived.0)
+}
+
 /// One stream request's answer, as Triton 2.51 writes it: the response flagged final, or its
 /// error in `error_message` with the request's id (and, when the model failed it, the model's
-/// name and the final flag) so that the client can match it.
+/// name and the final flag) so that the client can match it; with the request's trace.
+/// `waited`: when the stream began waiting for the request.
 async fn stream_answer(
     engine: Arc<Engine>,
     wire: ModelInferRequest,
     deadline: Option<Instant>,
     traceparent: Option<Arc<str>>,
-) -> ModelStreamInferResponse {
+    waited: Instant,
+) -> (ModelStreamInferResponse, Option<Arc<Trace>>) {
     let trace = engine
         .tracer()
         .sample_with(&wire.model_name, traceparent.as_deref());
     if let Some(trace) = &trace {
+        trace.record(Activity::GrpcWaitreadStart, waited);
         trace.record(Activity::GrpcWaitreadEnd, Instant::now());
     }
     let id = wire.id.clone();
@@ -158,14 +170,11 @@ async fn stream_answer(
     if let (Some(trace), Ok(_)) = (&trace, &result) {
         trace.record(Activity::InferResponseComplete, Instant::now());
     }
-    if let Some(trace) = trace {
-        trace.record(Activity::GrpcSendStart, Instant::now());
-    }
     let flagged = |mut response: ModelInferResponse| {
         response.parameters.extend([decoupled::final_flag(true)]);
         Some(response)
     };
-    match result {
+    let message = match result {
         Ok(response) => ModelStreamInferResponse {
             error_message: String::new(),
             infer_response: flagged(response_to_wire(response)),
@@ -179,7 +188,8 @@ async fn stream_answer(
                 ..Default::default()
             }),
         },
-    }
+    };
+    (message, trace)
 }
 
 /// The gRPC front end.
@@ -268,6 +278,7 @@ impl GrpcInferenceService for InferenceService {
             .is_active()
             .then(|| traceparent(request.metadata()))
             .flatten();
+        let arrived = arrived(&request);
         let wire = request.into_inner();
         if self
             .engine
@@ -282,6 +293,7 @@ impl GrpcInferenceService for InferenceService {
             .tracer()
             .sample_with(&wire.model_name, traceparent.as_deref());
         if let Some(trace) = &trace {
+            trace.record(Activity::GrpcWaitreadStart, arrived);
             trace.record(Activity::GrpcWaitreadEnd, Instant::now());
         }
         let mut request = request_from_wire(wire).map_err(status)?;
@@ -314,6 +326,9 @@ impl GrpcInferenceService for InferenceService {
     ) -> RpcResult<BoxStream<ModelStreamInferResponse>> {
         let deadline = grpc_deadline(request.metadata());
         let traceparent = traceparent(request.metadata());
+        // When the stream began waiting for its next message (for its trace's
+        // GRPC_WAITREAD_START): at first, when the stream came; then when the last one was read.
+        let mut waited = arrived(&request);
         let mut inbound = request.into_inner();
         let engine = Arc::clone(&self.engine);
         let (sender, receiver) = tokio::sync::mpsc::channel(STREAM_CONCURRENCY);
@@ -323,14 +338,19 @@ impl GrpcInferenceService for InferenceService {
             while reading || !running.is_empty() {
                 tokio::select! {
                     message = inbound.next(), if reading && running.len() < STREAM_CONCURRENCY => match message {
-                        Some(Ok(wire)) if engine.is_decoupled(&wire.model_name, &wire.model_version) => {
-                            tokio::spawn(decoupled::answer(Arc::clone(&engine), wire, sender.clone(), traceparent.clone()));
+                        Some(Ok(wire)) => {
+                            let waited = std::mem::replace(&mut waited, Instant::now());
+                            if engine.is_decoupled(&wire.model_name, &wire.model_version) {
+                                let answer = decoupled::answer(Arc::clone(&engine), wire, sender.clone(), traceparent.as_deref(), waited);
+                                tokio::spawn(answer);
+                            } else {
+                                running.push_back(stream_answer(Arc::clone(&engine), wire, deadline, traceparent.clone(), waited));
+                            }
                         }
-                        Some(Ok(wire)) => running.push_back(stream_answer(Arc::clone(&engine), wire, deadline, traceparent.clone())),
                         _ => reading = false,
                     },
-                    Some(reply) = running.next(), if !running.is_empty() => {
-                        if sender.send(Ok(reply)).await.is_err() {
+                    Some((reply, trace)) = running.next(), if !running.is_empty() => {
+                        if !decoupled::deliver(&sender, reply, trace.as_ref()).await {
                             return;
                         }
                     }
@@ -338,9 +358,7 @@ impl GrpcInferenceService for InferenceService {
                 }
             }
         });
-        Ok(Response::new(Box::pin(
-            tokio_stream::wrappers::ReceiverStream::new(receiver),
-        )))
+        Ok(Response::new(Box::pin(decoupled::outgoing(receiver))))
     }
 
     async fn model_config(

@@ -2,7 +2,8 @@
 //! until its response body has been sent in full (or the connection dropped it). Graceful
 //! shutdown waits for this count to reach zero before it closes any connection, so no response —
 //! inference or not, unary or stream — is cut off mid-way; idle keep-alive connections, which
-//! carry no response, do not hold the shutdown up.
+//! carry no response, do not hold the shutdown up. Each request carries the moment it reached
+//! the service ([`Arrived`]), for the traces of gRPC requests.
 
 use crate::trace::RecordOnDrop;
 use axum::http::{Request, Response};
@@ -12,7 +13,12 @@ use std::pin::Pin;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::task::{Context, Poll};
+use std::time::Instant;
 use tower_service::Service;
+
+/// When a request reached the service, before its body was read: in its extensions.
+#[derive(Debug, Clone, Copy)]
+pub struct Arrived(pub Instant);
 
 /// The shared count; cloning shares it.
 #[derive(Debug, Clone, Default)]
@@ -70,7 +76,8 @@ where
         self.inner.poll_ready(cx)
     }
 
-    fn call(&mut self, request: Request<B>) -> Self::Future {
+    fn call(&mut self, mut request: Request<B>) -> Self::Future {
+        request.extensions_mut().insert(Arrived(Instant::now()));
         // A health Watch stream lasts as long as its client wants and only reports status (which
         // turns NOT_SERVING at shutdown): it must not hold shutdown up until the exit timeout.
         let guard = (request.uri().path() != HEALTH_WATCH).then(|| self.count.enter());

@@ -233,6 +233,17 @@ pub struct Outcome<T = Vec<Tensor>> {
 }
 
 impl<T> Outcome<T> {
+    /// The same outcome with `f` of its outputs.
+    pub fn map<U>(self, f: impl FnOnce(T) -> U) -> Outcome<U> {
+        Outcome {
+            outputs: f(self.outputs),
+            started: self.started,
+            queue: self.queue,
+            compute: self.compute,
+            gpu: self.gpu,
+        }
+    }
+
     /// The request's time queued and computing, and where it ran.
     pub fn timing(&self) -> Timing {
         Timing {

@@ -38,6 +38,9 @@ pub enum Activity {
     HttpSendStart,
     /// The response's last byte went to the connection.
     HttpSendEnd,
+    /// The gRPC request reached the server (a unary call's headers), or, on a stream, the
+    /// server began waiting for this message (the one before was read).
+    GrpcWaitreadStart,
     /// The gRPC request message was read and decoded.
     GrpcWaitreadEnd,
     GrpcSendStart,
@@ -62,6 +65,7 @@ impl Activity {
                 | Activity::HttpRecvEnd
                 | Activity::HttpSendStart
                 | Activity::HttpSendEnd
+                | Activity::GrpcWaitreadStart
                 | Activity::GrpcWaitreadEnd
                 | Activity::GrpcSendStart
                 | Activity::GrpcSendEnd
@@ -94,6 +98,7 @@ impl Activity {
             Activity::HttpRecvEnd => "HTTP_RECV_END",
             Activity::HttpSendStart => "HTTP_SEND_START",
             Activity::HttpSendEnd => "HTTP_SEND_END",
+            Activity::GrpcWaitreadStart => "GRPC_WAITREAD_START",
             Activity::GrpcWaitreadEnd => "GRPC_WAITREAD_END",
             Activity::GrpcSendStart => "GRPC_SEND_START",
             Activity::GrpcSendEnd => "GRPC_SEND_END",

@@ -782,13 +782,14 @@ impl PythonModel {
     /// `last` (or an error for the request, last too: the scheduler's refusal as `refused`
     /// words it). A request the model reschedules runs again, its responses going on in the
     /// same stream. `returned` runs once the request is out of the model's hands: its last
-    /// `execute` call has returned (its responses may still be coming), with its time queued
-    /// and computing; or the scheduler refused it, or its client went away (no times).
+    /// `execute` call has returned (its responses may still be coming), with when it started
+    /// and its time queued and computing; or the scheduler refused it, or its client went away
+    /// (no outcome).
     pub fn execute_stream(
         self: &Arc<Self>,
         job: scheduler::Request<Request>,
         refused: impl FnOnce(ScheduleError) -> Error + Send + 'static,
-        returned: impl FnOnce(Option<crate::metrics::Timing>) + Send + 'static,
+        returned: impl FnOnce(Option<scheduler::Outcome<()>>) + Send + 'static,
     ) -> tokio::sync::mpsc::UnboundedReceiver<Streamed> {
         let (sender, receiver) = tokio::sync::mpsc::unbounded_channel();
         self.common
@@ -805,7 +806,7 @@ impl PythonModel {
             // reschedules); a client gone meanwhile takes the request out of the queue.
             let timing = tokio::select! {
                 outcome = scheduler.submit(job) => match outcome {
-                    Ok(outcome) => Some(outcome.timing()),
+                    Ok(outcome) => Some(outcome.map(|_| ())),
                     Err(error) => {
                         let _ = sender.send(Streamed { outputs: Err(refused(error)), last: true });
                         None

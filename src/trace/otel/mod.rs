@@ -2,7 +2,7 @@
 //! OpenTelemetry spans over OTLP/HTTP (protobuf) to a collector instead of written to a file.
 //!
 //! A traced request becomes, as in Triton, a root span `InferRequest` (the protocol's events:
-//! `HTTP_RECV_START` ... `HTTP_SEND_END` or `GRPC_WAITREAD_END` ... `GRPC_SEND_END`, with
+//! `HTTP_RECV_START` ... `HTTP_SEND_END` or `GRPC_WAITREAD_START` ... `GRPC_SEND_END`, with
 //! `INFER_RESPONSE_COMPLETE` between), a span named
 //! after the model (`REQUEST_START`, `QUEUE_START`, `REQUEST_END`; attributes `model_name`,
 //! `model_version`, `request_id`, `parent_id`) and under it a `compute` span (`COMPUTE_START` ...
