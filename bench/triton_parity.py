@@ -8,7 +8,8 @@ what Triton answers to the same models and requests.
                                               # (REST JSON byte for byte, metrics, gRPC, streams,
                                               # bad requests, a model's life, shared memory,
                                               # sequences, versions, the cache, ensembles,
-                                              # settings, every count, the repository API)
+                                              # settings, traces, every count, the repository
+                                              # API)
 
 Prints PASS or FAIL (with the failing line) per test. Expected failures, each a known
 difference (see bench/RESULTS.md, "Eighteenth session"): tests that use the bundled ONNX models
@@ -802,7 +803,8 @@ def compare_settings(triton_http: str, kiln_http: str) -> None:
 def trace_probes():
     """(name, call(http)) requests traced on both servers, one after the other: py_add_sub over
     REST, gRPC and a gRPC stream, an ensemble of two Python steps, a decoupled model on a gRPC
-    stream."""
+    stream, a model's call to another (BLS, passing its trace on), a request refused, a model's
+    error response, a cached model's miss and hit."""
     import queue
 
     import numpy as np
@@ -811,10 +813,12 @@ def trace_probes():
 
     row = list(range(16))
 
-    def rest(model, inputs):
+    def rest(model, inputs, ok=True, times=1):
         def call(http):
             body = {"id": "traced", "inputs": inputs}
-            requests.post(f"http://{http}/v2/models/{model}/infer", json=body, timeout=30).raise_for_status()
+            for _ in range(times):
+                answer = requests.post(f"http://{http}/v2/models/{model}/infer", json=body, timeout=30)
+                assert answer.ok == ok, answer.text
         return call
 
     def grpc_add_sub(stream):
@@ -843,6 +847,12 @@ def trace_probes():
         ("gRPC stream request", grpc_add_sub(stream=True)),
         ("ensemble", rest("pchain", tensors("A", "B"))),
         ("decoupled stream", lambda http: stream_count(http, 2)),
+        ("BLS call", rest("py_timeouts", [{"name": "X", "datatype": "INT32", "shape": [1], "data": [0]}])),
+        ("refused request", rest("py_add_sub", [{"name": n, "datatype": "FP32", "shape": [1, 15], "data": row[:15]}
+                                                for n in ("INPUT0", "INPUT1")], ok=False)),
+        ("model error", rest("py_faulty", [{"name": "X", "datatype": "INT32", "shape": [1], "data": [1]}], ok=False)),
+        ("cache miss and hit", rest("pcached", [{"name": "X", "datatype": "FP32", "shape": [1], "data": [4242]}],
+                                    times=2)),
     ]
 
 
@@ -903,6 +913,11 @@ TRACE_KNOWN = {
     "decoupled stream": "Triton 2.51 records the outputs of a decoupled request's first response and one "
                         "INFER_RESPONSE_COMPLETE; kiln each response's outputs and one INFER_RESPONSE_COMPLETE per "
                         "response (the final flag alone too: 3 for N=2), as it traces generation requests",
+    "refused request": "Triton 2.51 writes no trace for a request refused before its model has it (a wrong shape); "
+                       "kiln writes what it did: the protocol's stamps, REQUEST_START, REQUEST_END and the error "
+                       "response's INFER_RESPONSE_COMPLETE and send",
+    "cache miss and hit": "Triton 2.51 writes a cache miss's outputs twice (as the model made them and as it cached "
+                          "them); kiln once. The hit is the same: QUEUE_START and the cached outputs, no compute",
 }
 
 

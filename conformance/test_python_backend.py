@@ -1330,6 +1330,46 @@ def test_a_traced_decoupled_request_has_each_of_its_responses(python_server):
                        ("TENSOR_BACKEND_OUTPUT", "I", "1")], tensors
 
 
+def test_a_call_given_its_requests_trace_is_traced_as_its_child(python_server):
+    """py_timeouts calls itself with `trace=request.trace()` (Triton's BLS tracing): the call is
+    a child of the request's trace (its own id, `parent_id` the request's, no request id), with
+    its own queue and compute times, written with its parent."""
+    server, _ = python_server
+    client = grpcclient.InferenceServerClient(server.grpc_url)
+    client.update_trace_settings(model_name="py_timeouts", settings={
+        "trace_level": ["TIMESTAMPS"], "trace_rate": "1", "trace_count": "1"})
+    x = grpcclient.InferInput("X", [1], "INT32")
+    x.set_data_from_numpy(np.zeros([1], dtype=np.int32))
+    client.infer("py_timeouts", [x], request_id="caller")
+
+    def written():
+        for path in server.repos[0].parent.glob("trace.json.*"):
+            records = json.loads(path.read_text())
+            if any(r.get("model_name") == "py_timeouts" for r in records):
+                return records
+        return None
+    deadline = time.monotonic() + 10
+    while (records := written()) is None and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert records, "py_timeouts' trace was not written"
+    described = [r for r in records if "model_name" in r]
+    assert len(described) == 2, described
+    caller = next(r for r in described if r.get("request_id") == "caller")
+    called = next(r for r in described if r is not caller)
+    assert called == {"id": called["id"], "model_name": "py_timeouts", "model_version": 1, "parent_id": caller["id"]}
+    stamps = {r["id"]: {} for r in described}
+    for record in records:
+        for stamp in record.get("timestamps", []):
+            stamps[record["id"]][stamp["name"]] = stamp["ns"]
+    inner, outer = stamps[called["id"]], stamps[caller["id"]]
+    core = ["REQUEST_START", "QUEUE_START", "COMPUTE_START", "COMPUTE_END", "REQUEST_END"]
+    assert list(inner) == ["REQUEST_START", "QUEUE_START", "COMPUTE_START", "COMPUTE_INPUT_END",
+                           "COMPUTE_OUTPUT_START", "COMPUTE_END", "REQUEST_END"], inner
+    assert all(name in outer for name in core), outer
+    # Called while the caller's execute ran.
+    assert outer["COMPUTE_START"] <= inner["REQUEST_START"] <= inner["REQUEST_END"] <= outer["COMPUTE_END"]
+
+
 def wait_for_note(server, request_id, timeout=10.0):
     path = server.repos[0].parent / "patient_notes" / request_id
     deadline = time.monotonic() + timeout

@@ -14,7 +14,7 @@ use crate::core::{Error, InferRequest, Tensor};
 use crate::metrics::FailureReason;
 use crate::repository::ensemble::{EnsemblePlan, Step};
 use crate::repository::{Executor, Model, ServingVersion};
-use crate::trace::{Activity, RecordOnDrop, TensorActivity, Trace};
+use crate::trace::{Activity, RecordOnDrop, Trace};
 use futures_util::future::BoxFuture;
 use std::collections::HashMap;
 use std::sync::Arc;
@@ -164,7 +164,7 @@ impl Engine {
                     // Every wave ran: one response of the ensemble.
                     let outputs = ensemble_outputs(name, &serving.io, tensors)?;
                     if let Some(trace) = streaming.trace() {
-                        trace.tensors(TensorActivity::BackendOutput, &outputs);
+                        super::traces::record_outputs(trace, request, &outputs);
                     }
                     let answer = response::response(model, serving, request.clone(), outputs)?;
                     let answer = StreamedResponse {

@@ -471,13 +471,20 @@ impl Engine {
         // Parameters a Python model gave its response.
         let mut model_parameters = crate::core::Parameters::new();
         let result = match (scheduled, lookup, &serving.executor) {
-            (Ok(_), Some((_, _, Some(outputs), started)), _) => Ok((
-                outputs.to_vec(),
-                Ran::Cached {
-                    queue: started.duration_since(arrived),
-                    lookup: started.elapsed(),
-                },
-            )),
+            (Ok(_), Some((_, _, Some(outputs), started)), _) => {
+                // Queued and answered, as Triton traces a hit: no compute.
+                if let Some(trace) = &trace {
+                    trace.record(Activity::QueueStart, started);
+                    traces::record_outputs(trace, &request, &outputs);
+                }
+                Ok((
+                    outputs.to_vec(),
+                    Ran::Cached {
+                        queue: started.duration_since(arrived),
+                        lookup: started.elapsed(),
+                    },
+                ))
+            }
             (Ok(mut job), lookup, Executor::Batched(scheduler)) => 'arm: {
                 let looked = lookup.as_ref().map(|(.., started)| started.elapsed());
                 let rows = job.rows;
@@ -507,7 +514,7 @@ impl Engine {
                 }
                 if let (Some(trace), Ok(outcome)) = (&trace, &ran) {
                     traces::record_outcome(trace, outcome);
-                    trace.tensors(TensorActivity::BackendOutput, &outcome.outputs);
+                    traces::record_outputs(trace, &request, &outcome.outputs);
                 }
                 ran.map(|outcome| {
                     let ran = Ran::Executed {
@@ -527,7 +534,7 @@ impl Engine {
                     .run_ensemble(&model.name, plan, &serving.io, job.inputs, caller, depth)
                     .await;
                 if let (Some(trace), Ok(outputs)) = (&trace, &ran) {
-                    trace.tensors(TensorActivity::BackendOutput, outputs);
+                    traces::record_outputs(trace, &request, outputs);
                 }
                 ran.map(|outputs| (outputs, Ran::Composed { rows }))
                     .map_err(|e| (e, Counted::Failure(FailureReason::Other)))
@@ -562,6 +569,7 @@ impl Engine {
                     listed: python_listing(&arrival, &inputs),
                     inputs,
                     sequence,
+                    trace: trace.clone(),
                 });
                 let executed = python.execute(job).await;
                 if let (Some(trace), Ok(outcome)) = (&trace, &executed) {
@@ -592,7 +600,7 @@ impl Engine {
                     }
                 }
                 if let (Some(trace), Ok((outputs, ..))) = (&trace, &ran) {
-                    trace.tensors(TensorActivity::BackendOutput, &outputs.tensors);
+                    traces::record_outputs(trace, &request, &outputs.tensors);
                 }
                 // Cached: a response with every output (the model may leave out outputs a
                 // request did not ask for) and no parameters of its own (the cache keeps

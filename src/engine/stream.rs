@@ -280,6 +280,7 @@ impl Queued {
                 listed: super::python_listing(&arrival, &inputs),
                 inputs,
                 sequence,
+                trace: trace.as_ref().map(|traced| Arc::clone(&traced.trace)),
             },
         );
         let name = model.name.clone();
@@ -326,9 +327,7 @@ impl Queued {
                 let last = streamed.last;
                 if let Some(traced) = &trace {
                     if let Ok(Some(outputs)) = &streamed.outputs {
-                        traced
-                            .trace
-                            .tensors(TensorActivity::BackendOutput, &outputs.tensors);
+                        super::traces::record_outputs(&traced.trace, &request, &outputs.tensors);
                     }
                     traced
                         .trace

@@ -1,11 +1,11 @@
 //! The engine's side of request tracing: the tracer it holds, the trace settings API with
-//! Triton's model check, and the core timestamps of a traced request.
+//! Triton's model check, and the core timestamps and outputs of a traced request.
 
 use super::Engine;
-use crate::core::Error;
+use crate::core::{Error, InferRequest, Tensor};
 use crate::invalid_arg;
 use crate::scheduler::Outcome;
-use crate::trace::{Activity, Trace, TraceSettings, TraceUpdate, Tracer};
+use crate::trace::{Activity, TensorActivity, Trace, TraceSettings, TraceUpdate, Tracer};
 use std::sync::Arc;
 
 impl Engine {
@@ -37,6 +37,15 @@ impl Engine {
             None => Ok(self.tracer.settings(model)),
         }
     }
+}
+
+/// The outputs a request's response carries, as TENSOR_BACKEND_OUTPUT: those it asked for (all
+/// when it named none), as Triton traces them.
+pub fn record_outputs(trace: &Trace, request: &InferRequest, outputs: &[Tensor]) {
+    let asked = |tensor: &&Tensor| {
+        request.outputs.is_empty() || request.outputs.iter().any(|o| o.name == tensor.name)
+    };
+    trace.tensors(TensorActivity::BackendOutput, outputs.iter().filter(asked));
 }
 
 /// A request's time in the queue and in its batch, from what the scheduler reports.

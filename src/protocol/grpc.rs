@@ -167,7 +167,8 @@ async fn stream_answer(
         }
         Err(e) => Err((e, Stage::Refused)),
     };
-    if let (Some(trace), Ok(_)) = (&trace, &result) {
+    // The model's answer, a response or an error, is sent and traced alike.
+    if let Some(trace) = &trace {
         trace.record(Activity::InferResponseComplete, Instant::now());
     }
     let flagged = |mut response: ModelInferResponse| {
@@ -299,10 +300,23 @@ impl GrpcInferenceService for InferenceService {
         let mut request = request_from_wire(wire).map_err(status)?;
         request.deadline = deadline;
         request.trace = trace.clone();
-        let response = self.engine.infer(request).await.map_err(status)?;
+        let response = self.engine.infer(request).await;
+        // The model's answer, a response or an error, is sent and traced alike.
         if let Some(trace) = &trace {
             trace.record(Activity::InferResponseComplete, Instant::now());
         }
+        let response = match response {
+            Ok(response) => response,
+            Err(error) => {
+                // A status alone (trailers only): sent as it is handed over.
+                if let Some(trace) = &trace {
+                    let now = Instant::now();
+                    trace.record(Activity::GrpcSendStart, now);
+                    trace.record(Activity::GrpcSendEnd, now);
+                }
+                return Err(status(error));
+            }
+        };
         let mut response = Response::new(response_to_wire(response));
         if let Some(trace) = trace {
             trace.record(Activity::GrpcSendStart, Instant::now());

@@ -665,7 +665,11 @@ impl Trace {
     }
 
     /// Tensors, at level TENSORS (not sent in OpenTelemetry mode).
-    pub fn tensors(&self, activity: TensorActivity, tensors: &[Tensor]) {
+    pub fn tensors<'a>(
+        &self,
+        activity: TensorActivity,
+        tensors: impl IntoIterator<Item = &'a Tensor>,
+    ) {
         if !self.level.contains(Level::TENSORS) || self.otel.is_some() {
             return;
         }

@@ -34,6 +34,7 @@ use crate::metrics::{ComputeTimes, ModelStats};
 use crate::proto::inference::{model_instance_group::Kind, ModelConfig};
 use crate::scheduler::rate_limit::{Limit, Permit};
 use crate::scheduler::{self, Outcome, ScheduleError, Scheduler};
+use crate::trace::Trace;
 use environment::Interpreter;
 use serde_json::{json, Value};
 use std::io::{BufReader, BufWriter, Write};
@@ -160,7 +161,11 @@ struct Calls {
 /// reaches the server's models. The repository exists before the engine that serves it, so the
 /// server connects this once the engine does; every model loaded with the same options shares it.
 #[derive(Clone, Default)]
-pub struct ModelCaller(Arc<OnceLock<Calls>>);
+pub struct ModelCaller(Arc<OnceLock<Calls>>, Arc<Mutex<TracedRequests>>);
+
+/// The traces of the requests sent to Python models, by trace id, while they live: a model's call
+/// that passes on `request.trace()` is traced as a child of its request's (as in Triton).
+type TracedRequests = std::collections::HashMap<u64, std::sync::Weak<Trace>>;
 
 impl ModelCaller {
     /// Sets what runs the calls, `exec()` and `exec(decoupled=True)`, and the model management
@@ -185,6 +190,24 @@ impl ModelCaller {
         self.0.get().ok_or_else(|| {
             Error::Unavailable("this server cannot run other models for a Python model".into())
         })
+    }
+
+    /// The id a request's trace goes to the stub with (0: none), kept for its calls.
+    fn traced(&self, trace: Option<&Arc<Trace>>) -> u64 {
+        let Some(trace) = trace else { return 0 };
+        let mut traced = self.1.lock().unwrap_or_else(|e| e.into_inner());
+        traced.retain(|_, trace| trace.strong_count() > 0);
+        traced.insert(trace.id(), Arc::downgrade(trace));
+        trace.id()
+    }
+
+    /// A trace for a call made on behalf of the request traced as `id`, while that lives.
+    fn child_trace(&self, id: u64) -> Option<Arc<Trace>> {
+        let traced = self.1.lock().unwrap_or_else(|e| e.into_inner());
+        traced
+            .get(&id)
+            .and_then(std::sync::Weak::upgrade)
+            .map(|trace| trace.child())
     }
 }
 
@@ -400,6 +423,8 @@ pub struct Request {
     pub listed: Vec<usize>,
     /// Its sequence, for a model with `sequence_batching`.
     pub sequence: Option<SequenceOf>,
+    /// Its trace, which the model's calls may pass on (`trace=request.trace()`).
+    pub trace: Option<Arc<Trace>>,
 }
 
 impl Request {
@@ -1253,9 +1278,15 @@ fn call(
         header["op"] = json!("called");
         (header, data)
     };
+    let trace = message.header["request"]["trace"].as_u64().unwrap_or(0);
     let request = call_request(message)
         .map_err(Error::InvalidArgument)
-        .and_then(|request| Ok((caller.calls()?, request)));
+        .and_then(|mut request| {
+            if trace != 0 {
+                request.trace = caller.child_trace(trace);
+            }
+            Ok((caller.calls()?, request))
+        });
     let (calls, request) = match request {
         Ok(ready) => ready,
         Err(error) => {
@@ -1738,6 +1769,7 @@ impl Stub {
                     "flags": flags,
                     // For `request.timeout()`, in microseconds (0: none).
                     "timeout": request.parameters.get("timeout").and_then(ParamValue::as_unsigned).unwrap_or(0),
+                    "trace": call.caller.traced(request.trace.as_ref()),
                 })
             })
             .collect();

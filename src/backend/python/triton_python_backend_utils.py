@@ -45,7 +45,11 @@ class PreferredMemory:
 
 class InferenceTrace:
     """A request's trace, for the calls it makes (`InferenceRequest(..., trace=request.trace())`):
-    kiln's Python requests carry no OpenTelemetry context, so there is none to pass on."""
+    a call given its request's trace is traced as a child of it, when that request is traced.
+    kiln's Python requests carry no OpenTelemetry context, so `get_context()` has none."""
+
+    def __init__(self, _id=0):
+        self._id = _id
 
     def get_context(self):
         return None
@@ -229,7 +233,8 @@ class InferenceRequest:
     """
 
     def __init__(self, model_name=None, inputs=None, requested_output_names=None, request_id="",
-                 correlation_id=0, flags=0, parameters=None, model_version=-1, timeout=0, _kiln=None, **_):
+                 correlation_id=0, flags=0, parameters=None, model_version=-1, timeout=0, trace=None, _kiln=None,
+                 _trace=0, **_):
         self._inputs = list(inputs or [])
         self._request_id = request_id
         self._correlation_id = correlation_id
@@ -238,6 +243,9 @@ class InferenceRequest:
         self._model_name = model_name
         self._model_version = model_version
         self._timeout = int(timeout or 0)
+        # A request kiln sends has its own trace (`_trace`: its id, 0 when not traced); a call a
+        # model builds, the one it is given.
+        self._trace = trace if isinstance(trace, InferenceTrace) else InferenceTrace(_trace)
         if parameters is None:
             parameters = "{}"
         self._parameters = parameters if isinstance(parameters, str) else json.dumps(parameters)
@@ -290,7 +298,7 @@ class InferenceRequest:
         self._flags = flags
 
     def trace(self):
-        return InferenceTrace()
+        return self._trace
 
     def set_release_flags(self, flags):
         """With TRITONSERVER_REQUEST_RELEASE_RESCHEDULE, the request runs again in a later

@@ -75,10 +75,15 @@ async fn infer(
         request::decode(&model.name, &model.version, body, header_length)?
     };
     request.trace = trace.clone();
-    let response = state.engine.infer_admitted(&admission, request).await?;
+    let response = state.engine.infer_admitted(&admission, request).await;
+    // The model's answer, a response or an error, is sent and traced alike.
     if let Some(trace) = &trace {
         trace.record(Activity::InferResponseComplete, Instant::now());
     }
+    let response = match response {
+        Ok(response) => response,
+        Err(error) => return Ok(sending(HttpError::from(error).into_response(), trace)),
+    };
     let encoded = response::encode(&response, &formats)?;
     let content_type = if encoded.header_length.is_some() {
         "application/octet-stream"
