@@ -151,6 +151,35 @@ mod tests {
         }
     }
 
+    /// Answers whether the request says when it reached the service.
+    #[derive(Clone)]
+    struct Arrival;
+
+    impl Service<Request<()>> for Arrival {
+        type Response = Response<AxumBody>;
+        type Error = Infallible;
+        type Future = std::future::Ready<Result<Response<AxumBody>, Infallible>>;
+
+        fn poll_ready(&mut self, _: &mut Context<'_>) -> Poll<Result<(), Infallible>> {
+            Poll::Ready(Ok(()))
+        }
+
+        fn call(&mut self, request: Request<()>) -> Self::Future {
+            let arrived = request.extensions().get::<Arrived>();
+            let said = arrived.map_or("unknown", |_| "arrived");
+            std::future::ready(Ok(Response::new(AxumBody::from(said))))
+        }
+    }
+
+    #[tokio::test]
+    async fn a_request_says_when_it_reached_the_service() {
+        let mut service = ResponsesInFlight::default().layer(Arrival);
+        let response = service.call(request("/inference.GRPCInferenceService/ModelInfer"));
+        let body = AxumBody::new(response.await.unwrap().into_body());
+        let body = axum::body::to_bytes(body, 100).await.unwrap();
+        assert_eq!(&body[..], b"arrived");
+    }
+
     fn request(path: &str) -> Request<()> {
         Request::builder().uri(path).body(()).unwrap()
     }
