@@ -19,6 +19,7 @@ clients gone noticed, BLS cancel, which Triton 2.51 lacks).
 
 import itertools
 import json
+import os
 import pathlib
 import shutil
 import sys
@@ -345,16 +346,20 @@ class Tally:
     def compare(self, name: str, what: str, theirs, ours) -> None:
         if theirs == ours:
             self.same += 1
-        elif name in self.known:
-            self.kept += 1
-            print(f"KNOWN {self.title} {name}: {self.known[name]}")
         else:
-            self.differ += 1
-            show = lambda answer: " ".join(  # noqa: E731
-                part.decode(errors="replace")[:3000] if isinstance(part, bytes) else str(part) for part in answer)
-            print(f"DIFFER {self.title} {name}: {what}")
-            print("  triton:", show(theirs))
-            print("  kiln:  ", show(ours))
+            known = name in self.known
+            if known:
+                self.kept += 1
+                print(f"KNOWN {self.title} {name}: {self.known[name]}")
+            else:
+                self.differ += 1
+                print(f"DIFFER {self.title} {name}: {what}")
+            # PARITY_SHOW_KNOWN=1: the answers of known differences too.
+            if not known or os.environ.get("PARITY_SHOW_KNOWN"):
+                show = lambda answer: " ".join(  # noqa: E731
+                    part.decode(errors="replace")[:3000] if isinstance(part, bytes) else str(part) for part in answer)
+                print("  triton:", show(theirs))
+                print("  kiln:  ", show(ours))
 
     def summary(self) -> None:
         print(f"{self.title}: {self.same} identical, {self.kept} known differences, {self.differ} other")
@@ -881,7 +886,6 @@ def compare_traces(triton_http: str, kiln_http: str) -> None:
     """`trace_probes` traced (TIMESTAMPS and TENSORS, every request, a file per trace) on both
     servers, which write `trace.json` in their own working directories (PARITY_TRACES: Triton's,
     kiln's), compared as `trace_records` has them."""
-    import os
 
     import requests
 
@@ -918,6 +922,125 @@ TRACE_KNOWN = {
                        "response's INFER_RESPONSE_COMPLETE and send",
     "cache miss and hit": "Triton 2.51 writes a cache miss's outputs twice (as the model made them and as it cached "
                           "them); kiln once. The hit is the same: QUEUE_START and the cached outputs, no compute",
+}
+
+
+class Collector:
+    """An OTLP/HTTP trace collector on `port`: keeps the spans (with their scope) and resources it
+    is sent, protobuf or JSON (Triton 2.51 sends JSON)."""
+
+    def __init__(self, port: int):
+        import http.server
+        import threading
+
+        from google.protobuf.json_format import Parse
+        from opentelemetry.proto.collector.trace.v1 import trace_service_pb2
+
+        self.spans, self.resources, self.lock = [], [], threading.Lock()
+        collector = self
+
+        class Handler(http.server.BaseHTTPRequestHandler):
+            def do_POST(self):  # noqa: N802 - the stdlib's name
+                body = self.rfile.read(int(self.headers["Content-Length"]))
+                request = trace_service_pb2.ExportTraceServiceRequest()
+                if "json" in (self.headers.get("Content-Type") or ""):
+                    Parse(body, request, ignore_unknown_fields=True)
+                else:
+                    request.ParseFromString(body)
+                with collector.lock:
+                    for resource_spans in request.resource_spans:
+                        collector.resources.append(resource_spans.resource)
+                        for scope_spans in resource_spans.scope_spans:
+                            collector.spans.extend((scope_spans.scope, span) for span in scope_spans.spans)
+                self.send_response(200)
+                self.send_header("Content-Length", "0")
+                self.end_headers()
+
+            def log_message(self, *args):
+                pass
+
+        self.server = http.server.ThreadingHTTPServer(("127.0.0.1", port), Handler)
+        threading.Thread(target=self.server.serve_forever, daemon=True).start()
+
+    def take(self) -> list:
+        """The spans sent once none have come for a second (at most 15 s)."""
+        deadline, seen, quiet_since = time.monotonic() + 15, -1, time.monotonic()
+        while time.monotonic() < deadline:
+            with self.lock:
+                count = len(self.spans)
+            if count != seen:
+                seen, quiet_since = count, time.monotonic()
+            elif count and time.monotonic() - quiet_since > 1:
+                break
+            time.sleep(0.1)
+        with self.lock:
+            spans, self.spans = self.spans, []
+        return spans
+
+
+def otel_spans(spans: list) -> tuple:
+    """Spans as compared: each as its name, kind, events (in order), attributes (the trace ids
+    as the model the id is of, 0 kept) and the name of its parent span ("-" for a root, "caller"
+    for one whose parent came with the request); sorted."""
+    from google.protobuf.json_format import MessageToDict
+
+    by_id = {span.span_id: span for _, span in spans}
+    models = {}
+    for _, span in spans:
+        for a in span.attributes:
+            if a.key.endswith("trace_id") and a.key != "triton.trace_parent_id":
+                models[a.value.int_value] = span.name
+    shown = []
+    for _, span in spans:
+        attributes = {}
+        for a in span.attributes:
+            value = MessageToDict(a.value)
+            if a.key in ("triton.trace_id", "triton.trace_parent_id") and a.value.int_value:
+                value = models.get(a.value.int_value, "?")
+            attributes[a.key] = value
+        parent = by_id[span.parent_span_id].name if span.parent_span_id in by_id else (
+            "caller" if span.parent_span_id else "-")
+        shown.append(json.dumps({"name": span.name, "kind": span.kind, "parent": parent,
+                                 "events": [e.name for e in span.events], "attributes": attributes}))
+    return tuple(sorted(shown))
+
+
+def compare_otel(triton_http: str, kiln_http: str, ports: str) -> None:
+    """Triton's `opentelemetry` trace mode on both servers (started so, each exporting to a
+    collector of its own on `ports`): `trace_probes` traced one at a time, their spans compared
+    as `otel_spans` has them; then the resource and the instrumentation scope."""
+    import requests
+
+    collectors = [Collector(int(port)) for port in ports.split(",")]
+    servers = (triton_http, kiln_http)
+    for http in servers:
+        requests.post(f"http://{http}/v2/trace/setting", json={"trace_rate": "1"}, timeout=30).raise_for_status()
+    tally = Tally("OpenTelemetry spans", OTEL_KNOWN)
+    scopes = [set(), set()]
+    for name, call in trace_probes():
+        answers = []
+        for index, (http, collector) in enumerate(zip(servers, collectors)):
+            call(http)
+            spans = collector.take()
+            scopes[index].update(f"{scope.name} {scope.version}".strip() for scope, _ in spans)
+            answers.append(otel_spans(spans))
+        tally.compare(name, "", answers[0], answers[1])
+    resources = [sorted(f"{a.key}={a.value.string_value}" for r in c.resources[:1] for a in r.attributes)
+                 for c in collectors]
+    tally.compare("resource and scope", "", (*resources[0], *sorted(scopes[0])), (*resources[1], *sorted(scopes[1])))
+    tally.summary()
+    for collector in collectors:
+        collector.server.shutdown()
+
+
+# OpenTelemetry differences kept on purpose.
+OTEL_KNOWN = {
+    "decoupled stream": TRACE_KNOWN["decoupled stream"],
+    "refused request": "Triton 2.51 traces no request refused before its model has it; kiln does",
+    "resource and scope": "kiln names itself (service.name kiln, as its --id, which server metadata answers; scope "
+                          "kiln and its version) and writes no telemetry.sdk.* (its exporter is its own); Triton: "
+                          "triton-inference-server, triton-server, opentelemetry-cpp's telemetry.sdk.*. kiln sends "
+                          "OTLP protobuf, Triton 2.51 OTLP JSON: collectors take both",
 }
 
 
@@ -1575,6 +1698,9 @@ def main():
         return
     if sys.argv[1] == "json":
         compare_json(sys.argv[2], sys.argv[3])
+        return
+    if sys.argv[1] == "otel":
+        compare_otel(sys.argv[2], sys.argv[3], sys.argv[4])
         return
     repo, ports, names = pathlib.Path(sys.argv[2]), sys.argv[3].split(","), sys.argv[4:]
     if not names:

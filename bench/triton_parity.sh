@@ -4,6 +4,8 @@
 #   bench/triton_parity.sh [TEST_NAME ...]
 #   bench/triton_parity.sh --json     # also starts kiln (target/release, else target/debug) on the
 #                                     # same repository and compares the REST JSON both write
+#   bench/triton_parity.sh --otel     # both in OpenTelemetry trace mode, each exporting to a
+#                                     # collector of the script's (ports 9850, 9851): their spans
 #
 # Needs the peers' Triton (`../shared/peers/setup.sh --only triton`) and the conformance venv
 # (`.ci/setup.sh`). Triton takes ports 9800-9802; its log goes to $OUT/triton.log.
@@ -27,9 +29,19 @@ export LD_LIBRARY_PATH=$SP/nvidia_pytriton.libs:$PYLIB${LD_LIBRARY_PATH:+:$LD_LI
 export PEER_SITE_PACKAGES=$SP PYTHONDONTWRITEBYTECODE=1
 # Every series both servers can write: the latency summaries and the first-response histogram too.
 METRICS_CONFIG="--metrics-config=summary_latencies=true --metrics-config=histogram_latencies=true"
-# Each server traces to trace.json in a working directory of its own (the same setting for both).
+# Each server traces to trace.json in a working directory of its own (the same setting for both),
+# or with --otel to a collector of its own.
 mkdir -p "$OUT/triton-run" "$OUT/kiln-run"
 export PARITY_TRACES=$OUT/triton-run,$OUT/kiln-run
+trace_config() {
+  if [ "${MODE:-}" = --otel ]; then
+    echo "--trace-config=mode=opentelemetry --trace-config=level=TIMESTAMPS --trace-config=rate=0" \
+      "--trace-config=opentelemetry,url=127.0.0.1:$1/v1/traces --trace-config=opentelemetry,bsp_schedule_delay=100"
+  else
+    echo "--trace-config=triton,file=trace.json"
+  fi
+}
+MODE=${1:-}
 PID=
 trap 'kill -- -"$PID" 2>/dev/null || true' EXIT
 # Triton 2.51 sometimes dies while it loads this repository: up to three tries, each until the
@@ -39,7 +51,7 @@ for attempt in 1 2 3; do
     --http-port=9800 --grpc-port=9801 --metrics-port=9802 --allow-gpu-metrics=false --log-verbose=0 \
     --cache-directory="$TS/caches" --cache-config=local,size=1048576 $METRICS_CONFIG \
     --model-control-mode=explicit --load-model='*' --exit-on-error=false --strict-readiness=false \
-    --trace-config=triton,file=trace.json >"$OUT/triton.log" 2>&1) &
+    $(trace_config 9850) >"$OUT/triton.log" 2>&1) &
   PID=$!
   for _ in $(seq 240); do
     kill -0 "$PID" 2>/dev/null || break
@@ -51,19 +63,23 @@ for attempt in 1 2 3; do
   echo "Triton died while loading (try $attempt): $(tail -1 "$OUT/triton.log")" >&2
   while curl -s -o /dev/null localhost:9800/v2/health/live; do sleep 1; done
 done
-if [ "${1:-}" = --json ]; then
+if [ "$MODE" = --json ] || [ "$MODE" = --otel ]; then
   KILN=${KILN_BIN:-$ROOT/target/release/kiln}
   [ -x "$KILN" ] || KILN=$ROOT/target/debug/kiln
   PEER_SITE_PACKAGES=$("$ROOT/.venv/bin/python" -c 'import sysconfig;print(sysconfig.get_paths()["purelib"])') \
     KILN_PYTHON=$ROOT/.venv/bin/python bash -c 'cd "$1" && shift && exec setsid "$@"' _ "$OUT/kiln-run" \
     "$KILN" --model-repository="$REPO" --http-port=9810 \
     --grpc-port=9811 --metrics-port=9812 --model-control-mode=explicit --load-model='*' --strict-readiness=false \
-    --cache-config=local,size=1048576 $METRICS_CONFIG --trace-config=triton,file=trace.json \
+    --cache-config=local,size=1048576 $METRICS_CONFIG $(trace_config 9851) \
     >"$OUT/kiln.log" 2>&1 &
   KPID=$!
   trap 'kill -- -"$PID" 2>/dev/null || true; kill -- -"$KPID" 2>/dev/null || true' EXIT
   for _ in $(seq 120); do curl -sf localhost:9810/v2/health/ready >/dev/null && break; sleep 0.5; done
-  "$ROOT/.venv/bin/python" "$ROOT/bench/triton_parity.py" json 127.0.0.1:9800 127.0.0.1:9810
+  if [ "$MODE" = --otel ]; then
+    "$ROOT/.venv/bin/python" "$ROOT/bench/triton_parity.py" otel 127.0.0.1:9800 127.0.0.1:9810 9850,9851
+  else
+    "$ROOT/.venv/bin/python" "$ROOT/bench/triton_parity.py" json 127.0.0.1:9800 127.0.0.1:9810
+  fi
   echo "kiln's log: $OUT/kiln.log"
 else
   "$ROOT/.venv/bin/python" "$ROOT/bench/triton_parity.py" run "$REPO" 9800,9801,9802 "$@"

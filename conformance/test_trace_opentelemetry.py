@@ -115,7 +115,10 @@ def test_a_caller_context_is_traced_at_rate_zero_and_joined(traced):
     assert model.parent_span_id == root.span_id and compute.parent_span_id == model.span_id
     assert events(model) == ["REQUEST_START", "QUEUE_START", "REQUEST_END"]
     assert events(compute) == ["COMPUTE_START", "COMPUTE_INPUT_END", "COMPUTE_OUTPUT_START", "COMPUTE_END"]
-    assert attributes(model)["model_name"] == "add_sub" and attributes(model)["model_version"] == 1
+    # Triton 2.51's attributes, and its span kind (SERVER) for every span.
+    assert attributes(model) == {"triton.model_name": "add_sub", "triton.model_version": 1,
+                                 "triton.trace_id": attributes(model)["triton.trace_id"], "triton.trace_parent_id": 0}
+    assert {s.kind for s in spans} == {root.SPAN_KIND_SERVER}
     # Wall-clock nanoseconds, in order, within the root span.
     assert abs(root.start_time_unix_nano / 1e9 - time.time()) < 60
     assert root.start_time_unix_nano <= model.start_time_unix_nano <= compute.start_time_unix_nano
@@ -155,5 +158,5 @@ def test_sampled_requests_and_ensembles_follow_tritons_layout(traced):
     }
     steps = [s for s in spans if s.name == "add_sub"]
     ensemble = next(s for s in spans if s.name == "ensemble_add_sub")
-    assert all(attributes(s)["parent_id"] == attributes(ensemble)["trace_id"] for s in steps)
+    assert all(attributes(s)["triton.trace_parent_id"] == attributes(ensemble)["triton.trace_id"] for s in steps)
     assert len({s.trace_id for s in spans}) == 1

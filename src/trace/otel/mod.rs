@@ -4,8 +4,9 @@
 //! A traced request becomes, as in Triton, a root span `InferRequest` (the protocol's events:
 //! `HTTP_RECV_START` ... `HTTP_SEND_END` or `GRPC_WAITREAD_START` ... `GRPC_SEND_END`, with
 //! `INFER_RESPONSE_COMPLETE` between), a span named
-//! after the model (`REQUEST_START`, `QUEUE_START`, `REQUEST_END`; attributes `model_name`,
-//! `model_version`, `request_id`, `parent_id`) and under it a `compute` span (`COMPUTE_START` ...
+//! after the model (`REQUEST_START`, `QUEUE_START`, `REQUEST_END`; attributes `triton.model_name`,
+//! `triton.model_version`, `triton.trace_id`, `triton.trace_parent_id` (0 for a client's request)
+//! and `triton.request_id` when it has one) and under it a `compute` span (`COMPUTE_START` ...
 //! `COMPUTE_END`). An ensemble's steps are model spans under the ensemble's. Event times are the
 //! wall clock (OpenTelemetry's), not the monotonic clock of Triton's JSON traces.
 //!
@@ -245,19 +246,18 @@ impl OtelTrace {
         };
         let request = of(Activity::is_request);
         let compute = of(Activity::is_compute);
+        // Triton 2.51's attributes: the parent's trace id 0 for a request of the client's.
         let mut attributes = vec![
-            wire::KeyValue::string("model_name", self.model.clone()),
-            wire::KeyValue::int("model_version", self.version),
-            wire::KeyValue::int("trace_id", self.id as i64),
+            wire::KeyValue::string("triton.model_name", self.model.clone()),
+            wire::KeyValue::int("triton.model_version", self.version),
+            wire::KeyValue::int("triton.trace_id", self.id as i64),
+            wire::KeyValue::int("triton.trace_parent_id", self.parent_id.unwrap_or(0) as i64),
         ];
         if !self.request_id.is_empty() {
             attributes.push(wire::KeyValue::string(
-                "request_id",
+                "triton.request_id",
                 self.request_id.clone(),
             ));
-        }
-        if let Some(parent_id) = self.parent_id {
-            attributes.push(wire::KeyValue::int("parent_id", parent_id as i64));
         }
         let (start, end) = bounds(request.iter().chain(&compute).map(|(_, ns)| *ns).collect());
         spans.push(wire::Span {
@@ -265,7 +265,7 @@ impl OtelTrace {
             span_id: span_id.to_vec(),
             parent_span_id: parent.to_vec(),
             name: self.model.clone(),
-            kind: wire::SPAN_KIND_INTERNAL,
+            kind: wire::SPAN_KIND_SERVER,
             start_time_unix_nano: start,
             end_time_unix_nano: end,
             attributes,
@@ -278,7 +278,7 @@ impl OtelTrace {
                 span_id: random::<8>().to_vec(),
                 parent_span_id: span_id.to_vec(),
                 name: "compute".into(),
-                kind: wire::SPAN_KIND_INTERNAL,
+                kind: wire::SPAN_KIND_SERVER,
                 start_time_unix_nano: start,
                 end_time_unix_nano: end,
                 attributes: Vec::new(),

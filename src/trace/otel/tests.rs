@@ -127,15 +127,18 @@ fn a_request_becomes_tritons_three_spans() {
         names(model),
         ["REQUEST_START", "QUEUE_START", "REQUEST_END"]
     );
-    assert!(model
-        .attributes
-        .contains(&wire::KeyValue::string("model_name", "add_sub")));
-    assert!(model
-        .attributes
-        .contains(&wire::KeyValue::int("model_version", 1)));
-    assert!(model
-        .attributes
-        .contains(&wire::KeyValue::string("request_id", "r1")));
+    // Triton 2.51's attributes, a client's request with parent 0.
+    assert_eq!(
+        model.attributes,
+        [
+            wire::KeyValue::string("triton.model_name", "add_sub"),
+            wire::KeyValue::int("triton.model_version", 1),
+            wire::KeyValue::int("triton.trace_id", 7),
+            wire::KeyValue::int("triton.trace_parent_id", 0),
+            wire::KeyValue::string("triton.request_id", "r1"),
+        ]
+    );
+    assert!(spans.iter().all(|s| s.kind == wire::SPAN_KIND_SERVER));
     assert_eq!(compute.name, "compute");
     assert_eq!(compute.parent_span_id, model.span_id);
     assert_eq!(
@@ -189,7 +192,7 @@ fn ensemble_steps_nest_under_the_ensemble_and_a_caller_context_is_joined() {
     assert_eq!(by_name("add").parent_span_id, by_name("ensemble").span_id);
     assert!(by_name("sub")
         .attributes
-        .contains(&wire::KeyValue::int("parent_id", 1)));
+        .contains(&wire::KeyValue::int("triton.trace_parent_id", 1)));
     // The ensemble itself computes nothing: no compute span of its own.
     let computes = spans.iter().filter(|s| s.name == "compute").count();
     assert_eq!(computes, 2);

@@ -54,7 +54,7 @@ pub struct Span {
     pub parent_span_id: Vec<u8>,
     #[prost(string, tag = "5")]
     pub name: String,
-    /// `SpanKind`: 1 internal, 2 server.
+    /// `SpanKind` (2: server).
     #[prost(int32, tag = "6")]
     pub kind: i32,
     #[prost(fixed64, tag = "7")]
@@ -118,5 +118,5 @@ impl KeyValue {
     }
 }
 
-pub const SPAN_KIND_INTERNAL: i32 = 1;
+/// The kind of every span, as Triton's.
 pub const SPAN_KIND_SERVER: i32 = 2;
