@@ -1291,6 +1291,19 @@ def test_a_traced_python_request_has_its_queue_and_compute_times(python_server):
                                                          ("OUTPUT1", ",".join(["1"] * 16))], outputs
 
 
+def trace_of(server, model, timeout=10.0):
+    """The records of the numbered trace file (the fixture's `trace.json.<n>`) that holds a trace of
+    `model`, once written."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        for path in server.repos[0].parent.glob("trace.json.*"):
+            records = json.loads(path.read_text())
+            if any(r.get("model_name") == model for r in records):
+                return records
+        time.sleep(0.05)
+    pytest.fail(f"no trace of {model} was written")
+
+
 def test_a_traced_decoupled_request_has_each_of_its_responses(python_server):
     """A decoupled model's request on a gRPC stream, traced: the stream's wait for it and its read,
     its queue and compute times, its input as queued, each response's outputs with an
@@ -1302,17 +1315,7 @@ def test_a_traced_decoupled_request_has_each_of_its_responses(python_server):
         "trace_level": ["TIMESTAMPS", "TENSORS"], "trace_rate": "1", "trace_count": "1"})
     assert counted(server, 2, True, 3) == [(0, False), (1, False), (None, True)]
     assert client.get_trace_settings(model_name="py_count", as_json=True)["settings"]["trace_count"]["value"] == ["0"]
-
-    def written():
-        for path in server.repos[0].parent.glob("trace.json.*"):
-            records = json.loads(path.read_text())
-            if any(r.get("model_name") == "py_count" for r in records):
-                return records
-        return None
-    deadline = time.monotonic() + 10
-    while (records := written()) is None and time.monotonic() < deadline:
-        time.sleep(0.05)
-    assert records, "py_count's trace was not written"
+    records = trace_of(server, "py_count")
     assert {"id": records[0]["id"], "model_name": "py_count", "model_version": 1, "request_id": "count-2"} in records
     stamps = [(t["name"], t["ns"]) for r in records for t in r.get("timestamps", [])]
     names = [name for name, _ in stamps]
@@ -1341,17 +1344,7 @@ def test_a_call_given_its_requests_trace_is_traced_as_its_child(python_server):
     x = grpcclient.InferInput("X", [1], "INT32")
     x.set_data_from_numpy(np.zeros([1], dtype=np.int32))
     client.infer("py_timeouts", [x], request_id="caller")
-
-    def written():
-        for path in server.repos[0].parent.glob("trace.json.*"):
-            records = json.loads(path.read_text())
-            if any(r.get("model_name") == "py_timeouts" for r in records):
-                return records
-        return None
-    deadline = time.monotonic() + 10
-    while (records := written()) is None and time.monotonic() < deadline:
-        time.sleep(0.05)
-    assert records, "py_timeouts' trace was not written"
+    records = trace_of(server, "py_timeouts")
     described = [r for r in records if "model_name" in r]
     assert len(described) == 2, described
     caller = next(r for r in described if r.get("request_id") == "caller")

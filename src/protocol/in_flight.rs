@@ -133,29 +133,14 @@ mod tests {
     use std::convert::Infallible;
     use tower_layer::Layer;
 
-    /// Answers every request with a small body.
+    /// Answers every request with what its function says of it.
     #[derive(Clone)]
-    struct Hello;
+    struct Says(fn(&Request<()>) -> &'static str);
 
-    impl Service<Request<()>> for Hello {
-        type Response = Response<AxumBody>;
-        type Error = Infallible;
-        type Future = std::future::Ready<Result<Response<AxumBody>, Infallible>>;
+    /// A small body.
+    const HELLO: Says = Says(|_| "hello");
 
-        fn poll_ready(&mut self, _: &mut Context<'_>) -> Poll<Result<(), Infallible>> {
-            Poll::Ready(Ok(()))
-        }
-
-        fn call(&mut self, _: Request<()>) -> Self::Future {
-            std::future::ready(Ok(Response::new(AxumBody::from("hello"))))
-        }
-    }
-
-    /// Answers whether the request says when it reached the service.
-    #[derive(Clone)]
-    struct Arrival;
-
-    impl Service<Request<()>> for Arrival {
+    impl Service<Request<()>> for Says {
         type Response = Response<AxumBody>;
         type Error = Infallible;
         type Future = std::future::Ready<Result<Response<AxumBody>, Infallible>>;
@@ -165,15 +150,17 @@ mod tests {
         }
 
         fn call(&mut self, request: Request<()>) -> Self::Future {
-            let arrived = request.extensions().get::<Arrived>();
-            let said = arrived.map_or("unknown", |_| "arrived");
-            std::future::ready(Ok(Response::new(AxumBody::from(said))))
+            std::future::ready(Ok(Response::new(AxumBody::from((self.0)(&request)))))
         }
     }
 
     #[tokio::test]
     async fn a_request_says_when_it_reached_the_service() {
-        let mut service = ResponsesInFlight::default().layer(Arrival);
+        let arrival = Says(|request| match request.extensions().get::<Arrived>() {
+            Some(_) => "arrived",
+            None => "unknown",
+        });
+        let mut service = ResponsesInFlight::default().layer(arrival);
         let response = service.call(request("/inference.GRPCInferenceService/ModelInfer"));
         let body = AxumBody::new(response.await.unwrap().into_body());
         let body = axum::body::to_bytes(body, 100).await.unwrap();
@@ -187,7 +174,7 @@ mod tests {
     #[tokio::test]
     async fn a_response_counts_until_its_body_is_gone() {
         let count = ResponsesInFlight::default();
-        let mut service = count.layer(Hello);
+        let mut service = count.layer(HELLO);
         let pending = service.call(request("/v2/models/m/infer"));
         assert_eq!(
             count.count(),
