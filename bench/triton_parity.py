@@ -882,10 +882,31 @@ def trace_records(directory: pathlib.Path) -> tuple:
     return (f"{len(files)} files", *sorted(json.dumps(sorted(map(json.dumps, records))) for records in traces.values()))
 
 
+def sampling_probes():
+    """(name, call(http), settings) which of several requests a rate or a count traces: REST
+    requests to py_add_sub with ids 1, 2, ..."""
+    import requests
+
+    def several(count):
+        def call(http):
+            for i in range(1, count + 1):
+                body = {"id": str(i), "inputs": [{"name": n, "datatype": "FP32", "shape": [1, 16], "data": list(range(16))}
+                                                  for n in ("INPUT0", "INPUT1")]}
+                requests.post(f"http://{http}/v2/models/py_add_sub/infer", json=body, timeout=30).raise_for_status()
+        return call
+
+    return [
+        ("rate 3 of 7 requests", several(7), {"trace_rate": "3", "trace_level": ["TIMESTAMPS"]}),
+        ("count 2 of 3 requests", several(3), {"trace_count": "2", "trace_level": ["TIMESTAMPS"]}),
+        ("log frequency 2 of 5 requests", several(5), {"log_frequency": "2", "trace_level": ["TIMESTAMPS"]}),
+    ]
+
+
 def compare_traces(triton_http: str, kiln_http: str) -> None:
     """`trace_probes` traced (TIMESTAMPS and TENSORS, every request, a file per trace) on both
     servers, which write `trace.json` in their own working directories (PARITY_TRACES: Triton's,
-    kiln's), compared as `trace_records` has them."""
+    kiln's), then `sampling_probes` with their settings: the rate and count the settings answer
+    after, and the files compared as `trace_records` has them."""
 
     import requests
 
@@ -893,16 +914,18 @@ def compare_traces(triton_http: str, kiln_http: str) -> None:
     on = {"trace_level": ["TIMESTAMPS", "TENSORS"], "trace_rate": "1", "trace_count": "-1", "log_frequency": "1"}
     off = {"trace_level": ["OFF"], "trace_rate": "1000", "trace_count": "-1", "log_frequency": "0"}
     tally = Tally("traces", TRACE_KNOWN)
-    for name, call in trace_probes():
+    for name, call, settings in [(*probe, {}) for probe in trace_probes()] + sampling_probes():
         answers = []
         for http, directory in zip((triton_http, kiln_http), directories):
             for old in directory.glob("trace.json*"):
                 old.unlink()
-            requests.post(f"http://{http}/v2/trace/setting", json=on, timeout=30).raise_for_status()
+            requests.post(f"http://{http}/v2/trace/setting", json={**on, **settings}, timeout=30).raise_for_status()
             call(http)
             time.sleep(1)  # the trace is written once its request and responses are released
+            answers.append(tuple(requests.get(f"http://{http}/v2/trace/setting", timeout=30).json()[key]
+                                 for key in ("trace_rate", "trace_count")))
             requests.post(f"http://{http}/v2/trace/setting", json=off, timeout=30).raise_for_status()
-            answers.append(trace_records(directory))
+            answers[-1] += trace_records(directory)
         tally.compare(name, "", answers[0], answers[1])
         if answers[0] != answers[1] and name not in TRACE_KNOWN:
             for theirs, ours in itertools.zip_longest(*answers):
