@@ -7,6 +7,8 @@ traced, even at rate 0)."""
 from __future__ import annotations
 
 import http.server
+import json
+import sys
 import threading
 import time
 
@@ -68,10 +70,35 @@ class Collector:
         self.server.shutdown()
 
 
+# Answers with the OpenTelemetry context Triton gives a Python model: `request.trace().get_context()`.
+PY_CONTEXT = """
+import numpy as np
+import triton_python_backend_utils as pb_utils
+
+
+class TritonPythonModel:
+    def execute(self, requests):
+        return [pb_utils.InferenceResponse([pb_utils.Tensor(
+            "CONTEXT", np.array([request.trace().get_context() or ""], dtype=np.object_))]) for request in requests]
+"""
+
+PY_CONTEXT_CONFIG = """
+name: "py_context"
+backend: "python"
+input [ { name: "X" data_type: TYPE_INT32 dims: [ 1 ] } ]
+output [ { name: "CONTEXT" data_type: TYPE_STRING dims: [ 1 ] } ]
+"""
+
+
 @pytest.fixture(scope="module")
-def traced():
+def traced(tmp_path_factory):
     collector = Collector()
-    server = start_server([BUNDLED_REPO, FIXTURE_REPO], name="kiln-otel", extra_args=[
+    python = tmp_path_factory.mktemp("otel") / "repo"
+    (python / "py_context" / "1").mkdir(parents=True)
+    (python / "py_context" / "config.pbtxt").write_text(PY_CONTEXT_CONFIG)
+    (python / "py_context" / "1" / "model.py").write_text(PY_CONTEXT)
+    server = start_server([BUNDLED_REPO, FIXTURE_REPO, python], name="kiln-otel", env={"KILN_PYTHON": sys.executable},
+                          extra_args=[
         "--trace-config", "mode=opentelemetry",
         "--trace-config", "level=TIMESTAMPS",
         "--trace-config", "rate=0",
@@ -160,3 +187,18 @@ def test_sampled_requests_and_ensembles_follow_tritons_layout(traced):
     ensemble = next(s for s in spans if s.name == "ensemble_add_sub")
     assert all(attributes(s)["triton.trace_parent_id"] == attributes(ensemble)["triton.trace_id"] for s in steps)
     assert len({s.trace_id for s in spans}) == 1
+
+
+def test_a_python_model_is_given_its_spans_context(traced):
+    """`request.trace().get_context()` in a traced request is, as in Triton, the W3C context of
+    the model's span as JSON; a request not traced has none."""
+    server, collector = traced
+    client = grpcclient.InferenceServerClient(server.grpc_url)
+    x = grpcclient.InferInput("X", [1], "INT32")
+    x.set_data_from_numpy(np.zeros([1], np.int32))
+    answer = client.infer("py_context", [x], headers={"traceparent": TRACEPARENT}, client_timeout=T)
+    context = json.loads(answer.as_numpy("CONTEXT")[0])
+    spans = {s.name: s for s in collector.take(3)}
+    assert context == {"traceparent": f"00-{TRACEPARENT.split('-')[1]}-{spans['py_context'].span_id.hex()}-01"}
+    # Rate 0 and no context sent: not traced, no context.
+    assert client.infer("py_context", [x], client_timeout=T).as_numpy("CONTEXT")[0] == b""

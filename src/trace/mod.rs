@@ -495,12 +495,10 @@ impl Setting {
             level: self.values.level,
             setting: Arc::clone(self),
             records: Mutex::new(String::new()),
-            otel: self.exporter.as_ref().map(|_| {
-                Mutex::new(OtelTrace {
-                    id,
-                    ..OtelTrace::default()
-                })
-            }),
+            otel: self
+                .exporter
+                .as_ref()
+                .map(|_| Mutex::new(OtelTrace::new(id, remote))),
             remote,
         }))
     }
@@ -589,15 +587,15 @@ impl Trace {
             level: self.level,
             setting: Arc::clone(&self.setting),
             records: Mutex::new(String::new()),
-            otel: self.otel.as_ref().map(|_| {
-                Mutex::new(OtelTrace {
-                    id,
-                    parent_id: Some(self.id),
-                    ..OtelTrace::default()
-                })
-            }),
+            otel: self.otel().map(|otel| Mutex::new(otel.child(id))),
             remote: None,
         })
+    }
+
+    /// In OpenTelemetry mode, the W3C context of the request's model span, for a Python model
+    /// (`request.trace().get_context()`, as Triton's).
+    pub fn context(&self) -> Option<String> {
+        self.otel().map(|otel| otel.context())
     }
 
     fn otel(&self) -> Option<MutexGuard<'_, OtelTrace>> {

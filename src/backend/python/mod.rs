@@ -1770,6 +1770,8 @@ impl Stub {
                     // For `request.timeout()`, in microseconds (0: none).
                     "timeout": request.parameters.get("timeout").and_then(ParamValue::as_unsigned).unwrap_or(0),
                     "trace": call.caller.traced(request.trace.as_ref()),
+                    // OpenTelemetry mode: the W3C context of the request's span.
+                    "trace_context": request.trace.as_ref().and_then(|trace| trace.context()),
                 })
             })
             .collect();

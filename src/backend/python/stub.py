@@ -430,7 +430,7 @@ def requests_of(header, blobs):
         requests.append(pb_utils.InferenceRequest(
             inputs=inputs, requested_output_names=request["outputs"], request_id=request["id"],
             correlation_id=request.get("correlation_id", 0), flags=request.get("flags", 0),
-            parameters=request["parameters"], timeout=request.get("timeout", 0), _trace=request.get("trace", 0),
+            parameters=request["parameters"], timeout=request.get("timeout", 0), _trace=(request.get("trace", 0), request.get("trace_context")),
             _kiln=True))
     return requests
 

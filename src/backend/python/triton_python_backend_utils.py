@@ -46,13 +46,15 @@ class PreferredMemory:
 class InferenceTrace:
     """A request's trace, for the calls it makes (`InferenceRequest(..., trace=request.trace())`):
     a call given its request's trace is traced as a child of it, when that request is traced.
-    kiln's Python requests carry no OpenTelemetry context, so `get_context()` has none."""
+    In OpenTelemetry mode `get_context()` is the W3C context of the request's span, as JSON
+    (`{"traceparent": "00-..."}`), for spans of the model's own; else None."""
 
-    def __init__(self, _id=0):
+    def __init__(self, _id=0, _context=None):
         self._id = _id
+        self._context = _context
 
     def get_context(self):
-        return None
+        return self._context
 
 # Triton's name for it, which models use too.
 TRITON_STRING_TO_NUMPY = _NUMPY_OF_TRITON = {
@@ -234,7 +236,7 @@ class InferenceRequest:
 
     def __init__(self, model_name=None, inputs=None, requested_output_names=None, request_id="",
                  correlation_id=0, flags=0, parameters=None, model_version=-1, timeout=0, trace=None, _kiln=None,
-                 _trace=0, **_):
+                 _trace=(0, None), **_):
         self._inputs = list(inputs or [])
         self._request_id = request_id
         self._correlation_id = correlation_id
@@ -243,9 +245,9 @@ class InferenceRequest:
         self._model_name = model_name
         self._model_version = model_version
         self._timeout = int(timeout or 0)
-        # A request kiln sends has its own trace (`_trace`: its id, 0 when not traced); a call a
-        # model builds, the one it is given.
-        self._trace = trace if isinstance(trace, InferenceTrace) else InferenceTrace(_trace)
+        # A request kiln sends has its own trace (`_trace`: its id, 0 when not traced, and its
+        # OpenTelemetry context); a call a model builds, the one it is given.
+        self._trace = trace if isinstance(trace, InferenceTrace) else InferenceTrace(*_trace)
         if parameters is None:
             parameters = "{}"
         self._parameters = parameters if isinstance(parameters, str) else json.dumps(parameters)

@@ -170,6 +170,10 @@ pub fn unix_ns(at: Instant) -> u64 {
 pub struct OtelTrace {
     pub id: u64,
     pub parent_id: Option<u64>,
+    /// Its trace (the caller's, when it sent its context).
+    pub trace_id: [u8; 16],
+    /// Its model span's id, known from the start for [`OtelTrace::context`].
+    pub span_id: [u8; 8],
     pub model: String,
     pub version: i64,
     pub request_id: String,
@@ -199,10 +203,43 @@ fn random<const N: usize>() -> [u8; N] {
 }
 
 impl OtelTrace {
+    /// A client's request's: in the caller's trace (`remote`), or in a new one.
+    pub fn new(id: u64, remote: Option<SpanContext>) -> OtelTrace {
+        OtelTrace {
+            id,
+            trace_id: remote.map_or_else(random::<16>, |r| r.trace_id),
+            span_id: random::<8>(),
+            ..OtelTrace::default()
+        }
+    }
+
+    /// A request's made on behalf of this one (an ensemble step, a Python model's call), in
+    /// its trace.
+    pub fn child(&self, id: u64) -> OtelTrace {
+        OtelTrace {
+            id,
+            parent_id: Some(self.id),
+            trace_id: self.trace_id,
+            span_id: random::<8>(),
+            ..OtelTrace::default()
+        }
+    }
+
+    /// Its model span's W3C context, as Triton gives it to a Python model
+    /// (`request.trace().get_context()`): `{"traceparent":"00-<trace id>-<span id>-01"}`.
+    pub fn context(&self) -> String {
+        let hex = |bytes: &[u8]| bytes.iter().map(|b| format!("{b:02x}")).collect::<String>();
+        format!(
+            r#"{{"traceparent":"00-{}-{}-01"}}"#,
+            hex(&self.trace_id),
+            hex(&self.span_id)
+        )
+    }
+
     /// The spans of a finished request: the root `InferRequest` (a child of `remote` when the
     /// caller sent its context), the model span, the compute span, and its steps' spans.
     pub fn spans(&self, remote: Option<SpanContext>) -> Vec<wire::Span> {
-        let trace_id = remote.map_or_else(random::<16>, |r| r.trace_id);
+        let trace_id = self.trace_id;
         let root_id = random::<8>();
         let protocol: Vec<(Activity, u64)> = self
             .events
@@ -236,7 +273,7 @@ impl OtelTrace {
 
     /// This request's model span (and its compute span), then its steps' under it.
     fn model_spans(&self, trace_id: &[u8; 16], parent: &[u8; 8], spans: &mut Vec<wire::Span>) {
-        let span_id = random::<8>();
+        let span_id = self.span_id;
         let of = |kinds: fn(Activity) -> bool| -> Vec<(Activity, u64)> {
             self.events
                 .iter()

@@ -85,8 +85,6 @@ fn environment_resource_attributes_fill_in_what_flags_leave() {
 
 fn request(id: u64, model: &str, base: u64) -> OtelTrace {
     OtelTrace {
-        id,
-        parent_id: None,
         model: model.into(),
         version: 1,
         request_id: "r1".into(),
@@ -101,7 +99,7 @@ fn request(id: u64, model: &str, base: u64) -> OtelTrace {
             (Activity::RequestEnd, base + 70),
             (Activity::HttpSendEnd, base + 80),
         ],
-        children: Vec::new(),
+        ..OtelTrace::new(id, None)
     }
 }
 
@@ -162,8 +160,9 @@ fn a_request_becomes_tritons_three_spans() {
 
 #[test]
 fn ensemble_steps_nest_under_the_ensemble_and_a_caller_context_is_joined() {
+    let remote =
+        SpanContext::parse("00-0af7651916cd43dd8448eb211c12666c-b7ad6b7169242424-01").unwrap();
     let mut ensemble = OtelTrace {
-        id: 1,
         model: "ensemble".into(),
         version: 1,
         events: vec![
@@ -172,16 +171,20 @@ fn ensemble_steps_nest_under_the_ensemble_and_a_caller_context_is_joined() {
             (Activity::RequestEnd, 500),
             (Activity::GrpcSendEnd, 510),
         ],
-        ..OtelTrace::default()
+        ..OtelTrace::new(1, Some(remote))
     };
     for (id, model) in [(2, "add"), (3, "sub")] {
         let mut step = request(id, model, 100);
         step.events.retain(|(a, _)| !a.is_protocol());
-        step.parent_id = Some(1);
-        ensemble.children.push(step);
+        ensemble.children.push(OtelTrace {
+            model: step.model,
+            events: step.events,
+            version: 1,
+            ..ensemble.child(id)
+        });
     }
-    let remote =
-        SpanContext::parse("00-0af7651916cd43dd8448eb211c12666c-b7ad6b7169242424-01").unwrap();
+    // The context a Python model is given is its model span's, in the caller's trace.
+    let context = ensemble.context();
     let spans = ensemble.spans(Some(remote));
     let by_name = |name: &str| spans.iter().find(|s| s.name == name).unwrap();
     assert_eq!(spans.len(), 6); // root, ensemble, 2 × (model, compute)
@@ -189,6 +192,11 @@ fn ensemble_steps_nest_under_the_ensemble_and_a_caller_context_is_joined() {
     assert_eq!(root.trace_id, remote.trace_id);
     assert_eq!(root.parent_span_id, remote.span_id);
     assert_eq!(by_name("ensemble").parent_span_id, root.span_id);
+    let ensemble_span = hex(&by_name("ensemble").span_id);
+    assert_eq!(
+        context,
+        format!(r#"{{"traceparent":"00-0af7651916cd43dd8448eb211c12666c-{ensemble_span}-01"}}"#)
+    );
     assert_eq!(by_name("add").parent_span_id, by_name("ensemble").span_id);
     assert!(by_name("sub")
         .attributes
@@ -196,6 +204,10 @@ fn ensemble_steps_nest_under_the_ensemble_and_a_caller_context_is_joined() {
     // The ensemble itself computes nothing: no compute span of its own.
     let computes = spans.iter().filter(|s| s.name == "compute").count();
     assert_eq!(computes, 2);
+}
+
+fn hex(bytes: &[u8]) -> String {
+    bytes.iter().map(|b| format!("{b:02x}")).collect()
 }
 
 #[test]
