@@ -191,8 +191,9 @@ def compare_metrics(triton_metrics: str, kiln_metrics: str, models: set[str]) ->
           f"only kiln: {', '.join(ours_only) or 'none'}")
 
 
-def stream_count(http: str, n: int) -> None:
-    """py_count's `n` responses (and the final flag) over a gRPC stream; gRPC is the next port."""
+def stream_count(http: str, n: int, model: str = "py_count") -> None:
+    """py_count's `n` responses (and the final flag) over a gRPC stream (or those of `model`, an
+    ensemble of it); gRPC is the next port."""
     import queue
 
     import numpy as np
@@ -204,7 +205,7 @@ def stream_count(http: str, n: int) -> None:
     client.start_stream(callback=lambda result, error: answers.put((result, error)))
     x = grpcclient.InferInput("N", [1], "INT32")
     x.set_data_from_numpy(np.array([n], dtype=np.int32))
-    client.async_stream_infer("py_count", [x], enable_empty_final_response=True)
+    client.async_stream_infer(model, [x], enable_empty_final_response=True)
     while True:
         result, error = answers.get(timeout=30)
         if error or result.get_response().parameters["triton_final_response"].bool_param:
@@ -818,6 +819,12 @@ def trace_probes():
 
     row = list(range(16))
 
+    def generate_stream(model, body):
+        def call(http):
+            answer = requests.post(f"http://{http}/v2/models/{model}/generate_stream", json=body, timeout=30)
+            assert answer.ok, answer.text
+        return call
+
     def rest(model, inputs, ok=True, times=1):
         def call(http):
             body = {"id": "traced", "inputs": inputs}
@@ -852,6 +859,8 @@ def trace_probes():
         ("gRPC stream request", grpc_add_sub(stream=True)),
         ("ensemble", rest("pchain", tensors("A", "B"))),
         ("decoupled stream", lambda http: stream_count(http, 2)),
+        ("decoupled ensemble stream", lambda http: stream_count(http, 2, "pcount_chain")),
+        ("decoupled generate_stream", generate_stream("py_count", {"N": 2})),
         ("BLS call", rest("py_timeouts", [{"name": "X", "datatype": "INT32", "shape": [1], "data": [0]}])),
         ("refused request", rest("py_add_sub", [{"name": n, "datatype": "FP32", "shape": [1, 15], "data": row[:15]}
                                                 for n in ("INPUT0", "INPUT1")], ok=False)),
@@ -937,9 +946,15 @@ def compare_traces(triton_http: str, kiln_http: str) -> None:
 
 # Trace differences kept on purpose.
 TRACE_KNOWN = {
-    "decoupled stream": "Triton 2.51 records the outputs of a decoupled request's first response and one "
-                        "INFER_RESPONSE_COMPLETE; kiln each response's outputs and one INFER_RESPONSE_COMPLETE per "
-                        "response (the final flag alone too: 3 for N=2), as it traces generation requests",
+    "decoupled stream": "Triton 2.51 traces a decoupled request's outputs only until its request is released (here "
+                        "the first response's) and records one INFER_RESPONSE_COMPLETE on a gRPC stream; kiln each "
+                        "response's outputs and one INFER_RESPONSE_COMPLETE per response (the final flag alone too: "
+                        "3 for N=2), as it traces generation requests",
+    "decoupled ensemble stream": "Triton 2.51 records one INFER_RESPONSE_COMPLETE on a gRPC stream (the first "
+                                 "response's) and the decoupled step's outputs only until the step's request is "
+                                 "released (none, or the first response's); kiln one per response and all the "
+                                 "step's outputs",
+    "decoupled generate_stream": "Triton 2.51 writes no outputs for a generate_stream request; kiln each response's",
     "refused request": "Triton 2.51 writes no trace for a request refused before its model has it (a wrong shape); "
                        "kiln writes what it did: the protocol's stamps, REQUEST_START, REQUEST_END and the error "
                        "response's INFER_RESPONSE_COMPLETE and send",
@@ -1059,6 +1074,7 @@ def compare_otel(triton_http: str, kiln_http: str, ports: str) -> None:
 # OpenTelemetry differences kept on purpose.
 OTEL_KNOWN = {
     "decoupled stream": TRACE_KNOWN["decoupled stream"],
+    "decoupled ensemble stream": TRACE_KNOWN["decoupled ensemble stream"],
     "refused request": "Triton 2.51 traces no request refused before its model has it; kiln does",
     "resource and scope": "kiln names itself (service.name kiln, as its --id, which server metadata answers; scope "
                           "kiln and its version) and writes no telemetry.sdk.* (its exporter is its own); Triton: "

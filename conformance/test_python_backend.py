@@ -1291,14 +1291,14 @@ def test_a_traced_python_request_has_its_queue_and_compute_times(python_server):
                                                          ("OUTPUT1", ",".join(["1"] * 16))], outputs
 
 
-def trace_of(server, model, timeout=10.0):
-    """The records of the numbered trace file (the fixture's `trace.json.<n>`) that holds a trace of
-    `model`, once written."""
+def trace_of(server, model, request_id, timeout=10.0):
+    """The records of the numbered trace file (the fixture's `trace.json.<n>`) that holds the trace
+    of `model`'s request `request_id`, once written."""
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         for path in server.repos[0].parent.glob("trace.json.*"):
             records = json.loads(path.read_text())
-            if any(r.get("model_name") == model for r in records):
+            if any(r.get("model_name") == model and r.get("request_id") == request_id for r in records):
                 return records
         time.sleep(0.05)
     pytest.fail(f"no trace of {model} was written")
@@ -1315,7 +1315,7 @@ def test_a_traced_decoupled_request_has_each_of_its_responses(python_server):
         "trace_level": ["TIMESTAMPS", "TENSORS"], "trace_rate": "1", "trace_count": "1"})
     assert counted(server, 2, True, 3) == [(0, False), (1, False), (None, True)]
     assert client.get_trace_settings(model_name="py_count", as_json=True)["settings"]["trace_count"]["value"] == ["0"]
-    records = trace_of(server, "py_count")
+    records = trace_of(server, "py_count", "count-2")
     assert {"id": records[0]["id"], "model_name": "py_count", "model_version": 1, "request_id": "count-2"} in records
     stamps = [(t["name"], t["ns"]) for r in records for t in r.get("timestamps", [])]
     names = [name for name, _ in stamps]
@@ -1333,6 +1333,24 @@ def test_a_traced_decoupled_request_has_each_of_its_responses(python_server):
                        ("TENSOR_BACKEND_OUTPUT", "I", "1")], tensors
 
 
+def test_a_traced_generate_stream_request_stamps_each_event_it_sends(python_server):
+    """REST generate_stream to a decoupled model, traced: an INFER_RESPONSE_COMPLETE per response
+    (the final flag alone too) and a send start and end per event (the flag alone is none), as
+    Triton stamps them."""
+    server, _ = python_server
+    client = grpcclient.InferenceServerClient(server.grpc_url)
+    client.update_trace_settings(model_name="py_count", settings={
+        "trace_level": ["TIMESTAMPS"], "trace_rate": "1", "trace_count": "1"})
+    events = requests.post(f"http://{server.http_url}/v2/models/py_count/generate_stream",
+                           json={"N": 2, "id": "sse"}, timeout=RPC_TIMEOUT).text
+    assert events.count("data: ") == 2, events
+    records = trace_of(server, "py_count", "sse")
+    names = [t["name"] for r in records for t in r.get("timestamps", [])]
+    assert sorted(names) == sorted(["HTTP_RECV_START", "HTTP_RECV_END", "REQUEST_START", "QUEUE_START", "COMPUTE_START",
+                                    "COMPUTE_INPUT_END", "COMPUTE_OUTPUT_START", "COMPUTE_END", "REQUEST_END"]
+                                   + ["INFER_RESPONSE_COMPLETE"] * 3 + ["HTTP_SEND_START", "HTTP_SEND_END"] * 2), names
+
+
 def test_a_call_given_its_requests_trace_is_traced_as_its_child(python_server):
     """py_timeouts calls itself with `trace=request.trace()` (Triton's BLS tracing): the call is
     a child of the request's trace (its own id, `parent_id` the request's, no request id), with
@@ -1344,7 +1362,7 @@ def test_a_call_given_its_requests_trace_is_traced_as_its_child(python_server):
     x = grpcclient.InferInput("X", [1], "INT32")
     x.set_data_from_numpy(np.zeros([1], dtype=np.int32))
     client.infer("py_timeouts", [x], request_id="caller")
-    records = trace_of(server, "py_timeouts")
+    records = trace_of(server, "py_timeouts", "caller")
     described = [r for r in records if "model_name" in r]
     assert len(described) == 2, described
     caller = next(r for r in described if r.get("request_id") == "caller")

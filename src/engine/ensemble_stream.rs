@@ -38,18 +38,6 @@ impl Streaming {
     fn trace(&self) -> Option<&Arc<Trace>> {
         self.trace.as_ref().map(|traced| &traced.trace)
     }
-
-    /// Hands one response to the client, recording it on the trace.
-    fn send(
-        &self,
-        sender: &mpsc::UnboundedSender<StreamedResponse>,
-        streamed: StreamedResponse,
-    ) -> bool {
-        if let Some(trace) = self.trace() {
-            trace.record(Activity::InferResponseComplete, Instant::now());
-        }
-        sender.send(streamed).is_ok()
-    }
 }
 
 impl Engine {
@@ -107,11 +95,10 @@ impl Engine {
                 .record_success(stats, total),
                 Err(error) => {
                     stats.record_failure(total, FailureReason::Other);
-                    let failed = StreamedResponse {
+                    let _ = sender.send(StreamedResponse {
                         response: Err(error),
                         last: true,
-                    };
-                    streaming.send(&sender, failed);
+                    });
                 }
             }
         });
@@ -167,11 +154,11 @@ impl Engine {
                         super::traces::record_outputs(trace, request, &outputs);
                     }
                     let answer = response::response(model, serving, request.clone(), outputs)?;
-                    let answer = StreamedResponse {
+                    let sent = sender.send(StreamedResponse {
                         response: Ok(Some(answer)),
                         last,
-                    };
-                    return Ok(streaming.send(sender, answer) && last);
+                    });
+                    return Ok(sent.is_ok() && last);
                 };
                 if let Some(step) = self.decoupled_in(wave, 0) {
                     break step;
@@ -229,11 +216,14 @@ impl Engine {
                     // The word alone that the response before was the step's last: the
                     // ensemble's too when every decoupled step before is at its last.
                     Ok(None) => {
-                        let flag = StreamedResponse {
-                            response: Ok(None),
-                            last: true,
-                        };
-                        if this_last && !streaming.send(sender, flag) {
+                        if this_last
+                            && sender
+                                .send(StreamedResponse {
+                                    response: Ok(None),
+                                    last: true,
+                                })
+                                .is_err()
+                        {
                             return Ok(false);
                         }
                     }

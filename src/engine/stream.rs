@@ -325,13 +325,8 @@ impl Queued {
                     }
                 };
                 let last = streamed.last;
-                if let Some(traced) = &trace {
-                    if let Ok(Some(outputs)) = &streamed.outputs {
-                        super::traces::record_outputs(&traced.trace, &request, &outputs.tensors);
-                    }
-                    traced
-                        .trace
-                        .record(Activity::InferResponseComplete, Instant::now());
+                if let (Some(traced), Ok(Some(outputs))) = (&trace, &streamed.outputs) {
+                    super::traces::record_outputs(&traced.trace, &request, &outputs.tensors);
                 }
                 let shaped = streamed.outputs.and_then(|outputs| {
                     outputs

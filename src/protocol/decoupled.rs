@@ -180,6 +180,9 @@ async fn python_stream(
     trace: Option<&Arc<Trace>>,
 ) {
     while let Some(streamed) = stream.recv().await {
+        if let Some(trace) = trace {
+            trace.record(Activity::InferResponseComplete, Instant::now());
+        }
         let mut messages = Vec::with_capacity(2);
         match streamed.response {
             Ok(Some(response)) => {

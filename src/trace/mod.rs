@@ -632,6 +632,14 @@ impl Trace {
         });
     }
 
+    /// INFER_RESPONSE_COMPLETE, now, for a response that goes to the client: not for a step's
+    /// or a call's (its responses go to the request it serves), as Triton's front ends record it.
+    pub fn responded(&self) {
+        if self.parent.is_none() {
+            self.record(Activity::InferResponseComplete, Instant::now());
+        }
+    }
+
     /// The model, version and request id the trace is about (written once the request has found
     /// its model version).
     pub fn describe(&self, model: &str, version: i64, request_id: &str) {

@@ -91,7 +91,7 @@ impl Generation {
         }
         let event = self.events.recv().await;
         if let (Some(trace), Some(Event::Token { .. })) = (&self.trace, &event) {
-            trace.record(Activity::InferResponseComplete, Instant::now());
+            trace.responded();
         }
         let chunk = match event {
             Some(Event::Token { text, finish }) => {

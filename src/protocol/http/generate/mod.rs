@@ -23,7 +23,7 @@ use super::HttpError;
 use crate::core::Error;
 use crate::engine::generate::Generation;
 use crate::engine::StreamedResponse;
-use crate::trace::{Activity, Trace};
+use crate::trace::{Activity, RecordOnDrop, Trace};
 use axum::body::{Body, Bytes};
 use axum::extract::State;
 use axum::http::{header, HeaderMap, StatusCode};
@@ -43,7 +43,7 @@ enum Started {
     /// error: the request's).
     Stream {
         first: Result<Option<Vec<u8>>, Error>,
-        rest: mpsc::UnboundedReceiver<StreamedResponse>,
+        rest: Responses,
     },
 }
 
@@ -102,18 +102,40 @@ pub async fn handle_stream(
         event.extend_from_slice(b"data: ");
         event.extend_from_slice(&data);
         event.extend_from_slice(b"\n\n");
-        Ok::<_, std::convert::Infallible>(Bytes::from(event))
+        Bytes::from(event)
     });
-    let response = (
+    (
         status,
         [
             (header::CONTENT_TYPE, "text/event-stream; charset=utf-8"),
             (header::CACHE_CONTROL, "no-cache"),
         ],
-        Body::from_stream(events),
+        Body::from_stream(each_sent(events.boxed(), trace)),
     )
-        .into_response();
-    sending(response, trace)
+        .into_response()
+}
+
+/// The events, with the send stamps of each on the trace, as Triton stamps each event it sends:
+/// HTTP_SEND_START as the body takes it, HTTP_SEND_END when the body asks for the next (it has
+/// gone to the connection) or the stream ends.
+fn each_sent(
+    mut events: BoxStream<'static, Bytes>,
+    trace: Option<Arc<Trace>>,
+) -> impl futures_util::Stream<Item = Result<Bytes, std::convert::Infallible>> {
+    let mut sending: Option<RecordOnDrop> = None;
+    stream::poll_fn(move |cx| {
+        drop(sending.take());
+        events.poll_next_unpin(cx).map(|next| {
+            if let (Some(trace), Some(_)) = (&trace, &next) {
+                trace.record(Activity::HttpSendStart, Instant::now());
+                sending = Some(RecordOnDrop {
+                    trace: Arc::clone(trace),
+                    activity: Activity::HttpSendEnd,
+                });
+            }
+            next.map(Ok)
+        })
+    })
 }
 
 /// Admits the request, reads it and starts it; with its trace when it is sampled.
@@ -144,8 +166,12 @@ async fn start(
     let mut request = mapped::request(&metadata, &model.version, &body)?;
     request.trace = trace.clone();
     let started = if engine.streams(&model.name, &model.version) {
-        let mut rest = engine.infer_stream(admission, request).await?;
-        let first = next_response(&mut rest).await;
+        let receiver = engine.infer_stream(admission, request).await?;
+        let mut rest = Responses {
+            receiver,
+            trace: trace.clone(),
+        };
+        let first = rest.next().await;
         Started::Stream { first, rest }
     } else {
         let response = engine.infer_admitted(&admission, request).await?;
@@ -154,22 +180,32 @@ async fn start(
     Ok((started, trace))
 }
 
-/// The next response of a decoupled model, as its generate object; `None` after the last.
-///
-/// # Errors
-/// The request's error, when the model sent one.
-async fn next_response(
-    responses: &mut mpsc::UnboundedReceiver<StreamedResponse>,
-) -> Result<Option<Vec<u8>>, Error> {
-    while let Some(streamed) = responses.recv().await {
-        match streamed.response? {
-            Some(response) => return mapped::response(&response).map(Some),
-            // A flag alone: the response before was the last.
-            None if streamed.last => break,
-            None => {}
+/// A decoupled model's responses, with the request's trace.
+struct Responses {
+    receiver: mpsc::UnboundedReceiver<StreamedResponse>,
+    trace: Option<Arc<Trace>>,
+}
+
+impl Responses {
+    /// The next response, as its generate object (INFER_RESPONSE_COMPLETE for each the model
+    /// sends, a final flag alone too); `None` after the last.
+    ///
+    /// # Errors
+    /// The request's error, when the model sent one.
+    async fn next(&mut self) -> Result<Option<Vec<u8>>, Error> {
+        while let Some(streamed) = self.receiver.recv().await {
+            if let Some(trace) = &self.trace {
+                trace.record(Activity::InferResponseComplete, Instant::now());
+            }
+            match streamed.response? {
+                Some(response) => return mapped::response(&response).map(Some),
+                // A flag alone: the response before was the last.
+                None if streamed.last => break,
+                None => {}
+            }
         }
+        Ok(None)
     }
-    Ok(None)
 }
 
 /// The one response `generate` answers with, from a decoupled model.
@@ -177,10 +213,7 @@ async fn next_response(
 /// # Errors
 /// The model's error; INVALID_ARGUMENT when it sent no response or more than one (Triton's
 /// text; Triton answers it with status 200 when the first response was fine).
-async fn exactly_one(
-    first: Option<Vec<u8>>,
-    mut rest: mpsc::UnboundedReceiver<StreamedResponse>,
-) -> Result<Vec<u8>, Error> {
+async fn exactly_one(first: Option<Vec<u8>>, mut rest: Responses) -> Result<Vec<u8>, Error> {
     let not_one = || {
         Error::InvalidArgument(
             "generate expects model to produce exactly 1 response, use generate stream for \
@@ -189,7 +222,7 @@ async fn exactly_one(
         )
     };
     let first = first.ok_or_else(not_one)?;
-    match next_response(&mut rest).await? {
+    match rest.next().await? {
         None => Ok(first),
         Some(_) => Err(not_one()),
     }
@@ -197,13 +230,10 @@ async fn exactly_one(
 
 /// A decoupled model's responses as events: each response, and an error event when the model
 /// fails mid-stream.
-fn responses(
-    first: Option<Vec<u8>>,
-    rest: mpsc::UnboundedReceiver<StreamedResponse>,
-) -> BoxStream<'static, Vec<u8>> {
+fn responses(first: Option<Vec<u8>>, rest: Responses) -> BoxStream<'static, Vec<u8>> {
     let rest = stream::unfold(Some(rest), |state| async move {
         let mut rest = state?;
-        match next_response(&mut rest).await {
+        match rest.next().await {
             Ok(Some(data)) => Some((data, Some(rest))),
             Ok(None) => None,
             Err(error) => Some((error_event(&error), None)),
