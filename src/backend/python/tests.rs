@@ -319,3 +319,36 @@ fn a_stream_is_cancelled_only_while_it_is_the_open_one() {
         Err(tokio::sync::oneshot::error::TryRecvError::Closed)
     ));
 }
+
+#[test]
+fn a_call_is_traced_as_a_child_of_its_request_while_that_lives() {
+    use crate::trace::{Level, TraceSettings, Tracer};
+    let dir = std::env::temp_dir().join(format!("kiln-caller-trace-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let tracer = Tracer::new(TraceSettings {
+        level: Level::TIMESTAMPS,
+        rate: 1,
+        file: dir.join("t.json").display().to_string(),
+        ..TraceSettings::default()
+    });
+    let request = tracer.sample("m").unwrap();
+    let caller = ModelCaller::default();
+    assert_eq!(
+        caller.traced(None),
+        0,
+        "an untraced request goes without an id"
+    );
+    let id = caller.traced(Some(&request));
+    assert_eq!(id, request.id());
+    let call = caller
+        .child_trace(id)
+        .expect("a child while the request lives");
+    assert_ne!(call.id(), id);
+    assert!(
+        caller.child_trace(id + 1000).is_none(),
+        "an id no request has"
+    );
+    drop((call, request));
+    assert!(caller.child_trace(id).is_none(), "the request is gone");
+    let _ = std::fs::remove_dir_all(&dir);
+}
