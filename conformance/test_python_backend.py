@@ -1326,8 +1326,10 @@ def test_a_traced_decoupled_request_has_each_of_its_responses(python_server):
     assert [at[name] for name in once] == sorted(at.values()), stamps
     responded = [ns for name, ns in stamps if name == "INFER_RESPONSE_COMPLETE"]
     sent = [ns for name, ns in stamps if name == "GRPC_SEND_END"]
-    assert at["REQUEST_START"] <= min(responded) and max(responded) <= at["REQUEST_END"], stamps
-    assert min(responded) <= min(sent), stamps
+    # The protocol takes each response after the request started (the last may come after
+    # REQUEST_END: the engine is done with the request before its client is) and sends it after.
+    assert at["REQUEST_START"] <= min(responded) and min(responded) <= min(sent), stamps
+    assert max(responded) <= max(sent), stamps
     tensors = [(r["activity"], r["tensor"]["name"], r["tensor"]["data"]) for r in records if "activity" in r]
     assert tensors == [("TENSOR_QUEUE_INPUT", "N", "2"), ("TENSOR_BACKEND_OUTPUT", "I", "0"),
                        ("TENSOR_BACKEND_OUTPUT", "I", "1")], tensors
