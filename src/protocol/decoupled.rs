@@ -18,22 +18,17 @@ use crate::proto::inference::{
     infer_parameter::ParameterChoice, model_infer_response::InferOutputTensor, InferParameter,
     ModelInferRequest, ModelInferResponse, ModelStreamInferResponse,
 };
-use crate::trace::{Activity, RecordOnDrop, Trace};
-use futures_util::Stream;
+use crate::trace::{sent_one_by_one, Activity, RecordOnDrop, Trace};
+use futures_util::{Stream, StreamExt};
 use std::sync::Arc;
 use std::time::Instant;
 use tokio::sync::mpsc;
+use tokio_stream::wrappers::ReceiverStream;
 use tonic::Status;
 
-/// Where a stream's responses go.
-pub type Responses = mpsc::Sender<Outgoing>;
-
-/// One message of a stream, with what records its GRPC_SEND_END on its request's trace.
-#[derive(Debug)]
-pub struct Outgoing {
-    message: ModelStreamInferResponse,
-    sent: Option<RecordOnDrop>,
-}
+/// Where a stream's messages go, each with what records its GRPC_SEND_END on its request's
+/// trace.
+pub type Responses = mpsc::Sender<(ModelStreamInferResponse, Option<RecordOnDrop>)>;
 
 /// Queues `message` on the stream, recording GRPC_SEND_START on `trace` now and GRPC_SEND_END
 /// once it has gone (see [`outgoing`]). False once the client is gone.
@@ -42,32 +37,17 @@ pub async fn deliver(
     message: ModelStreamInferResponse,
     trace: Option<&Arc<Trace>>,
 ) -> bool {
-    let sent = trace.map(|trace| {
-        trace.record(Activity::GrpcSendStart, Instant::now());
-        RecordOnDrop {
-            trace: Arc::clone(trace),
-            activity: Activity::GrpcSendEnd,
-        }
-    });
-    responses.send(Outgoing { message, sent }).await.is_ok()
+    let sent = trace
+        .map(|trace| RecordOnDrop::sending(trace, Activity::GrpcSendStart, Activity::GrpcSendEnd));
+    responses.send((message, sent)).await.is_ok()
 }
 
-/// A stream's messages as tonic takes them: each one's send end is recorded when tonic asks
-/// for the next (it has encoded the message for the connection), or when the stream ends.
+/// A stream's messages as tonic takes them, each one's send end recorded once tonic has encoded
+/// it for the connection ([`sent_one_by_one`]).
 pub fn outgoing(
-    mut receiver: mpsc::Receiver<Outgoing>,
+    receiver: mpsc::Receiver<(ModelStreamInferResponse, Option<RecordOnDrop>)>,
 ) -> impl Stream<Item = Result<ModelStreamInferResponse, Status>> {
-    let mut sending: Option<RecordOnDrop> = None;
-    futures_util::stream::poll_fn(move |cx| {
-        // The message before has been taken: its send end.
-        drop(sending.take());
-        receiver.poll_recv(cx).map(|next| {
-            next.map(|Outgoing { message, sent }| {
-                sending = sent;
-                Ok(message)
-            })
-        })
-    })
+    sent_one_by_one(ReceiverStream::new(receiver)).map(Ok)
 }
 
 /// The parameter Triton sets on every response of a decoupled model.
@@ -92,11 +72,7 @@ pub fn answer(
         id: wire.id.clone(),
         ..Default::default()
     };
-    let trace = engine.tracer().sample_with(&wire.model_name, traceparent);
-    if let Some(trace) = &trace {
-        trace.record(Activity::GrpcWaitreadStart, waited);
-        trace.record(Activity::GrpcWaitreadEnd, Instant::now());
-    }
+    let trace = super::grpc::sample(&engine, &wire.model_name, traceparent, waited);
     let admitted = engine.admit().and_then(|admission| {
         let mut request = request_from_wire(wire)?;
         request.trace = trace.clone();

@@ -131,6 +131,21 @@ fn traceparent(metadata: &tonic::metadata::MetadataMap) -> Option<Arc<str>> {
 /// Requests of one stream that may run at the same time.
 const STREAM_CONCURRENCY: usize = 64;
 
+/// The trace of a gRPC request to `model`, when sampled, with the reading of its message:
+/// GRPC_WAITREAD_START at `waited` (the call's arrival, or on a stream when the server began
+/// waiting for the message), GRPC_WAITREAD_END now.
+pub(super) fn sample(
+    engine: &Engine,
+    model: &str,
+    traceparent: Option<&str>,
+    waited: Instant,
+) -> Option<Arc<Trace>> {
+    let trace = engine.tracer().sample_with(model, traceparent)?;
+    trace.record(Activity::GrpcWaitreadStart, waited);
+    trace.record(Activity::GrpcWaitreadEnd, Instant::now());
+    Some(trace)
+}
+
 /// When the request reached the server (see [`Arrived`]); now if it does not say.
 fn arrived<T>(request: &Request<T>) -> Instant {
     request
@@ -150,13 +165,7 @@ async fn stream_answer(
     traceparent: Option<Arc<str>>,
     waited: Instant,
 ) -> (ModelStreamInferResponse, Option<Arc<Trace>>) {
-    let trace = engine
-        .tracer()
-        .sample_with(&wire.model_name, traceparent.as_deref());
-    if let Some(trace) = &trace {
-        trace.record(Activity::GrpcWaitreadStart, waited);
-        trace.record(Activity::GrpcWaitreadEnd, Instant::now());
-    }
+    let trace = sample(&engine, &wire.model_name, traceparent.as_deref(), waited);
     let id = wire.id.clone();
     let model_name = wire.model_name.clone();
     let result = match request_from_wire(wire) {
@@ -289,14 +298,12 @@ impl GrpcInferenceService for InferenceService {
                 "ModelInfer RPC doesn't support models with decoupled transaction policy",
             ));
         }
-        let trace = self
-            .engine
-            .tracer()
-            .sample_with(&wire.model_name, traceparent.as_deref());
-        if let Some(trace) = &trace {
-            trace.record(Activity::GrpcWaitreadStart, arrived);
-            trace.record(Activity::GrpcWaitreadEnd, Instant::now());
-        }
+        let trace = sample(
+            &self.engine,
+            &wire.model_name,
+            traceparent.as_deref(),
+            arrived,
+        );
         let mut request = request_from_wire(wire).map_err(status)?;
         request.deadline = deadline;
         request.trace = trace.clone();
@@ -308,23 +315,23 @@ impl GrpcInferenceService for InferenceService {
         let response = match response {
             Ok(response) => response,
             Err(error) => {
-                // A status alone (trailers only): sent as it is handed over.
+                // A status alone (trailers only): sent as it is handed over, so its send ends at
+                // once.
                 if let Some(trace) = &trace {
-                    let now = Instant::now();
-                    trace.record(Activity::GrpcSendStart, now);
-                    trace.record(Activity::GrpcSendEnd, now);
+                    drop(RecordOnDrop::sending(
+                        trace,
+                        Activity::GrpcSendStart,
+                        Activity::GrpcSendEnd,
+                    ));
                 }
                 return Err(status(error));
             }
         };
         let mut response = Response::new(response_to_wire(response));
-        if let Some(trace) = trace {
-            trace.record(Activity::GrpcSendStart, Instant::now());
-            // Recorded by the connection layer when the response has gone out (`in_flight`).
-            response.extensions_mut().insert(RecordOnDrop {
-                trace,
-                activity: Activity::GrpcSendEnd,
-            });
+        if let Some(trace) = &trace {
+            // The end recorded by the connection layer when the response has gone (`in_flight`).
+            let sent = RecordOnDrop::sending(trace, Activity::GrpcSendStart, Activity::GrpcSendEnd);
+            response.extensions_mut().insert(sent);
         }
         Ok(response)
     }

@@ -717,10 +717,41 @@ pub struct RecordOnDrop {
     pub activity: Activity,
 }
 
+impl RecordOnDrop {
+    /// Records `start` on `trace` now, and `end` when the value returned is dropped: a
+    /// response's sending.
+    pub fn sending(trace: &Arc<Trace>, start: Activity, end: Activity) -> RecordOnDrop {
+        trace.record(start, Instant::now());
+        RecordOnDrop {
+            trace: Arc::clone(trace),
+            activity: end,
+        }
+    }
+}
+
 impl Drop for RecordOnDrop {
     fn drop(&mut self) {
         self.trace.record(self.activity, Instant::now());
     }
+}
+
+/// Responses sent one after another on one connection (a gRPC stream's messages, server-sent
+/// events), each with what records its send end: that is recorded when the next is asked for
+/// (the one before has been handed to the connection), or when the stream ends.
+pub fn sent_one_by_one<T>(
+    mut items: impl futures_util::Stream<Item = (T, Option<RecordOnDrop>)> + Unpin,
+) -> impl futures_util::Stream<Item = T> {
+    use futures_util::StreamExt;
+    let mut sending: Option<RecordOnDrop> = None;
+    futures_util::stream::poll_fn(move |cx| {
+        drop(sending.take());
+        items.poll_next_unpin(cx).map(|next| {
+            next.map(|(item, sent)| {
+                sending = sent;
+                item
+            })
+        })
+    })
 }
 
 #[cfg(test)]

@@ -380,7 +380,8 @@ def make_caller(exchange):
         header = {"op": "call", "request": {
             "model": request._model_name, "version": "" if version in (-1, None) else str(version),
             "id": request.request_id(), "parameters": call_parameters(request),
-            "outputs": request._requested, "inputs": inputs, "decoupled": decoupled, "trace": request.trace()._id}}
+            "outputs": request._requested, "inputs": inputs, "decoupled": decoupled,
+            "trace": request.trace()._id}}
         if not decoupled:
             answer, parts = exchange(header, blobs)
             return response_of(answer, iter(parts))
@@ -430,8 +431,8 @@ def requests_of(header, blobs):
         requests.append(pb_utils.InferenceRequest(
             inputs=inputs, requested_output_names=request["outputs"], request_id=request["id"],
             correlation_id=request.get("correlation_id", 0), flags=request.get("flags", 0),
-            parameters=request["parameters"], timeout=request.get("timeout", 0), _trace=(request.get("trace", 0), request.get("trace_context")),
-            _kiln=True))
+            parameters=request["parameters"], timeout=request.get("timeout", 0),
+            _trace=(request.get("trace", 0), request.get("trace_context")), _kiln=True))
     return requests
 
 

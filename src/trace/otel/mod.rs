@@ -239,7 +239,6 @@ impl OtelTrace {
     /// The spans of a finished request: the root `InferRequest` (a child of `remote` when the
     /// caller sent its context), the model span, the compute span, and its steps' spans.
     pub fn spans(&self, remote: Option<SpanContext>) -> Vec<wire::Span> {
-        let trace_id = self.trace_id;
         let root_id = random::<8>();
         let protocol: Vec<(Activity, u64)> = self
             .events
@@ -249,7 +248,7 @@ impl OtelTrace {
             .collect();
         let (start, end) = bounds(self.all_events());
         let mut spans = vec![wire::Span {
-            trace_id: trace_id.to_vec(),
+            trace_id: self.trace_id.to_vec(),
             span_id: root_id.to_vec(),
             parent_span_id: remote.map(|r| r.span_id.to_vec()).unwrap_or_default(),
             name: "InferRequest".into(),
@@ -259,7 +258,7 @@ impl OtelTrace {
             attributes: Vec::new(),
             events: events(&protocol),
         }];
-        self.model_spans(&trace_id, &root_id, &mut spans);
+        self.model_spans(&root_id, &mut spans);
         spans
     }
 
@@ -272,7 +271,7 @@ impl OtelTrace {
     }
 
     /// This request's model span (and its compute span), then its steps' under it.
-    fn model_spans(&self, trace_id: &[u8; 16], parent: &[u8; 8], spans: &mut Vec<wire::Span>) {
+    fn model_spans(&self, parent: &[u8; 8], spans: &mut Vec<wire::Span>) {
         let span_id = self.span_id;
         let of = |kinds: fn(Activity) -> bool| -> Vec<(Activity, u64)> {
             self.events
@@ -298,7 +297,7 @@ impl OtelTrace {
         }
         let (start, end) = bounds(request.iter().chain(&compute).map(|(_, ns)| *ns).collect());
         spans.push(wire::Span {
-            trace_id: trace_id.to_vec(),
+            trace_id: self.trace_id.to_vec(),
             span_id: span_id.to_vec(),
             parent_span_id: parent.to_vec(),
             name: self.model.clone(),
@@ -311,7 +310,7 @@ impl OtelTrace {
         if !compute.is_empty() {
             let (start, end) = bounds(compute.iter().map(|(_, ns)| *ns).collect());
             spans.push(wire::Span {
-                trace_id: trace_id.to_vec(),
+                trace_id: self.trace_id.to_vec(),
                 span_id: random::<8>().to_vec(),
                 parent_span_id: span_id.to_vec(),
                 name: "compute".into(),
@@ -323,7 +322,7 @@ impl OtelTrace {
             });
         }
         for child in &self.children {
-            child.model_spans(trace_id, &span_id, spans);
+            child.model_spans(&span_id, spans);
         }
     }
 }

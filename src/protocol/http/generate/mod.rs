@@ -23,7 +23,7 @@ use super::HttpError;
 use crate::core::Error;
 use crate::engine::generate::Generation;
 use crate::engine::StreamedResponse;
-use crate::trace::{Activity, RecordOnDrop, Trace};
+use crate::trace::{sent_one_by_one, Activity, RecordOnDrop, Trace};
 use axum::body::{Body, Bytes};
 use axum::extract::State;
 use axum::http::{header, HeaderMap, StatusCode};
@@ -116,26 +116,19 @@ pub async fn handle_stream(
 }
 
 /// The events, with the send stamps of each on the trace, as Triton stamps each event it sends:
-/// HTTP_SEND_START as the body takes it, HTTP_SEND_END when the body asks for the next (it has
-/// gone to the connection) or the stream ends.
+/// HTTP_SEND_START as the body takes it, HTTP_SEND_END once it has gone to the connection
+/// ([`sent_one_by_one`]).
 fn each_sent(
-    mut events: BoxStream<'static, Bytes>,
+    events: BoxStream<'static, Bytes>,
     trace: Option<Arc<Trace>>,
 ) -> impl futures_util::Stream<Item = Result<Bytes, std::convert::Infallible>> {
-    let mut sending: Option<RecordOnDrop> = None;
-    stream::poll_fn(move |cx| {
-        drop(sending.take());
-        events.poll_next_unpin(cx).map(|next| {
-            if let (Some(trace), Some(_)) = (&trace, &next) {
-                trace.record(Activity::HttpSendStart, Instant::now());
-                sending = Some(RecordOnDrop {
-                    trace: Arc::clone(trace),
-                    activity: Activity::HttpSendEnd,
-                });
-            }
-            next.map(Ok)
-        })
-    })
+    let events = events.map(move |event| {
+        let sent = trace.as_ref().map(|trace| {
+            RecordOnDrop::sending(trace, Activity::HttpSendStart, Activity::HttpSendEnd)
+        });
+        (event, sent)
+    });
+    sent_one_by_one(events).map(Ok)
 }
 
 /// Admits the request, reads it and starts it; with its trace when it is sampled.

@@ -105,12 +105,9 @@ async fn infer(
 /// Records a traced response's send timestamps: its start now, its end when the connection has
 /// sent the whole body (the `in_flight` layer drops the marker then).
 pub(super) fn sending(mut response: Response, trace: Option<Arc<Trace>>) -> Response {
-    if let Some(trace) = trace {
-        trace.record(Activity::HttpSendStart, Instant::now());
-        response.extensions_mut().insert(RecordOnDrop {
-            trace,
-            activity: Activity::HttpSendEnd,
-        });
+    if let Some(trace) = &trace {
+        let sent = RecordOnDrop::sending(trace, Activity::HttpSendStart, Activity::HttpSendEnd);
+        response.extensions_mut().insert(sent);
     }
     response
 }
