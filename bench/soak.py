@@ -22,6 +22,17 @@ start-up), then, until --seconds have passed:
     fail), or an unload of identity_types (traffic to it paused; a request to it must be refused
     with "unknown model") and a load back;
   - once a second: kiln's VmRSS, open file descriptors and threads (from /proc/<pid>).
+With --features, kiln serves a second repository with more of what it does, and traffic goes to
+those models too:
+  - py_triple, a Python model that calls add_sub (BLS) as a child of its request's trace;
+  - py_ticks, a decoupled Python model (on the gRPC streams: N responses, then the final flag);
+  - ensemble_add_sub (tests/fixtures: two add_sub steps);
+  - accumulate (tests/fixtures: sequence batching with implicit state): whole sequences of 2 to 5
+    requests, each answer the running sum;
+  - add_sub_cached, add_sub with the response cache (--cache-config), a few inputs over and over;
+  - every request traced at rate 10 with timestamps and tensors into rotated trace files;
+  - the reload cycle also reloads py_triple under traffic (its stubs replaced);
+  - the Python stubs' resident memory (kiln's child processes) is sampled and checked as kiln's.
 Prints a summary and exits non-zero when any request failed unexpectedly or answered wrongly, when
 resident memory grew 5 % or more from the end of the warm-up to the end, or when file descriptors
 or threads grew. The load is modest on purpose: stability is measured, not throughput.
@@ -35,7 +46,9 @@ import socket
 import statistics
 import subprocess
 import sys
+import shutil
 import tempfile
+import textwrap
 import time
 from collections import defaultdict
 
@@ -53,6 +66,64 @@ REPOSITORY = os.path.join(ROOT, "model_repository")
 MINILM = "all_minilm_l6_v2"
 DECODER = "tiny_decoder"
 MODELS = ["add_sub", "string_echo", "mlp_classifier", "identity_types", MINILM, DECODER]
+FIXTURES = os.path.join(ROOT, "tests", "fixtures", "model_repository")
+TICKS = "py_ticks"
+# --features: the models added to a copy of the repository, and the traffic sent to them.
+FEATURE_MODELS = ["py_triple", TICKS, "ensemble_add_sub", "accumulate", "add_sub_cached"]
+# Decoupled models: the output each response carries a piece of.
+DECOUPLED = {DECODER: "text_output", TICKS: "I"}
+PY_TRIPLE = """
+import triton_python_backend_utils as pb_utils
+
+
+class TritonPythonModel:
+    def execute(self, requests):
+        responses = []
+        for request in requests:
+            x = pb_utils.get_input_tensor_by_name(request, "X").as_numpy()
+            answer = pb_utils.InferenceRequest(
+                model_name="add_sub", requested_output_names=["OUTPUT0"], trace=request.trace(),
+                inputs=[pb_utils.Tensor("INPUT0", x), pb_utils.Tensor("INPUT1", x)]).exec()
+            if answer.has_error():
+                raise pb_utils.TritonModelException(answer.error().message())
+            doubled = pb_utils.get_output_tensor_by_name(answer, "OUTPUT0").as_numpy()
+            responses.append(pb_utils.InferenceResponse(output_tensors=[pb_utils.Tensor("Y", doubled + x)]))
+        return responses
+"""
+PY_TRIPLE_CONFIG = """
+name: "py_triple"
+backend: "python"
+max_batch_size: 8
+input [ { name: "X" data_type: TYPE_FP32 dims: [ 16 ] } ]
+output [ { name: "Y" data_type: TYPE_FP32 dims: [ 16 ] } ]
+dynamic_batching { }
+instance_group [ { count: 2 kind: KIND_CPU } ]
+"""
+PY_TICKS = """
+import numpy as np
+import triton_python_backend_utils as pb_utils
+
+
+class TritonPythonModel:
+    def execute(self, requests):
+        for request in requests:
+            sender = request.get_response_sender()
+            n = int(pb_utils.get_input_tensor_by_name(request, "N").as_numpy()[0])
+            for i in range(n):
+                # The last response says it is the last (the aio client cannot ask for an
+                # empty final one).
+                sender.send(pb_utils.InferenceResponse(output_tensors=[
+                    pb_utils.Tensor("I", np.array([i], dtype=np.int32))]),
+                    flags=pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL if i == n - 1 else 0)
+        return None
+"""
+PY_TICKS_CONFIG = """
+name: "py_ticks"
+backend: "python"
+input [ { name: "N" data_type: TYPE_INT32 dims: [ 1 ] } ]
+output [ { name: "I" data_type: TYPE_INT32 dims: [ 1 ] } ]
+model_transaction_policy { decoupled: true }
+"""
 PROMPTS = ["The potter", "kiln", "A quick brown fox", "h\u00e9llo w\u00f6rld"]
 MAX_TOKENS = 8
 IDENTITY_TYPES = ["BOOL", "UINT8", "UINT16", "UINT32", "UINT64", "INT8", "INT16", "INT32", "INT64",
@@ -64,6 +135,10 @@ LISTENERS = 3
 # Samples taken less than this long after a reload began are not used for fd and thread counts:
 # a reload runs old and new sessions side by side until the old ones retire.
 SETTLE_SECONDS = 3
+# Threads are counted again this long after the load stops: tokio's blocking pool (generation,
+# tokenizing, loads) keeps a thread that has been idle for up to 10 s, so under load the count
+# follows how much blocking work ran at once lately.
+IDLE_SECONDS = 12
 
 
 class Mismatch(Exception):
@@ -112,6 +187,45 @@ def process_sample(pid):
         else:
             other += 1
     return rss, other, sockets, threads
+
+
+def children_rss(pid):
+    """The resident memory (KiB) of a process's children together: kiln's Python stubs."""
+    total = 0
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry}/stat") as f:
+                if int(f.read().rsplit(")", 1)[1].split()[1]) != pid:
+                    continue
+            with open(f"/proc/{entry}/status") as f:
+                total += next(int(line.split()[1]) for line in f if line.startswith("VmRSS:"))
+        except (OSError, StopIteration, ValueError):
+            continue  # gone meanwhile
+    return total
+
+
+def feature_repository(directory):
+    """A second repository, beside the bundled one, with the --features models; returns its path."""
+    repo = os.path.join(directory, "repository")
+    os.makedirs(repo)
+    for model in ("ensemble_add_sub", "accumulate"):
+        shutil.copytree(os.path.join(FIXTURES, model), os.path.join(repo, model))
+    cached = os.path.join(repo, "add_sub_cached")
+    os.makedirs(os.path.join(cached, "1"))
+    shutil.copy(os.path.join(REPOSITORY, "add_sub", "1", "model.onnx"), os.path.join(cached, "1", "model.onnx"))
+    with open(os.path.join(REPOSITORY, "add_sub", "config.pbtxt")) as f:
+        config = f.read().replace('name: "add_sub"', 'name: "add_sub_cached"')
+    with open(os.path.join(cached, "config.pbtxt"), "w") as f:
+        f.write(config + "response_cache { enable: true }\n")
+    for name, config, code in (("py_triple", PY_TRIPLE_CONFIG, PY_TRIPLE), (TICKS, PY_TICKS_CONFIG, PY_TICKS)):
+        os.makedirs(os.path.join(repo, name, "1"))
+        with open(os.path.join(repo, name, "config.pbtxt"), "w") as f:
+            f.write(textwrap.dedent(config))
+        with open(os.path.join(repo, name, "1", "model.py"), "w") as f:
+            f.write(textwrap.dedent(code))
+    return repo
 
 
 # ----------------------------------------------------------------------------------------- requests
@@ -173,6 +287,9 @@ class Cases:
             self.embeddings.append(session.run(None, feed)[0][0])
         # (prompt, max_tokens) -> the text generated alone, set by Soak.decoder_references.
         self.generated = {}
+        # add_sub_cached's inputs: few, so that most requests are cache hits.
+        self.cached = [tuple(self.rng.standard_normal((1, 16)).astype(np.float32) for _ in range(2))
+                       for _ in range(8)]
 
     def build(self, model):
         """(model, version, {input: array}, check(outputs: {name: array}))"""
@@ -204,6 +321,34 @@ class Cases:
                 if not np.allclose(out["OUTPUT0"], y[rows], rtol=1e-5, atol=1e-6):
                     raise Mismatch(f"mlp version {version} differs from ONNX Runtime")
             return model, version, {"INPUT0": x[rows]}, check
+        if model == "py_triple":
+            x = rng.standard_normal((int(rng.integers(1, 5)), 16)).astype(np.float32)
+
+            def check(out):
+                exact(out["Y"], (x + x) + x)
+            return model, "", {"X": x}, check
+        if model == TICKS:
+            n = int(rng.integers(1, 6))
+
+            def check(out):
+                if list(out["I"].flatten()) != list(range(n)):
+                    raise Mismatch(f"{n} ticks came as {list(out['I'].flatten())}")
+            return model, "", {"N": np.array([n], dtype=np.int32)}, check
+        if model == "ensemble_add_sub":
+            a = rng.standard_normal((int(rng.integers(1, 5)), 16)).astype(np.float32)
+            b = rng.standard_normal(a.shape).astype(np.float32)
+
+            def check(out):
+                exact(out["TWICE_A"], (a + b) + (a - b))
+                exact(out["TWICE_B"], (a + b) - (a - b))
+            return model, "", {"A": a, "B": b}, check
+        if model == "add_sub_cached":
+            a, b = self.cached[int(rng.integers(len(self.cached)))]
+
+            def check(out):
+                exact(out["OUTPUT0"], a + b)
+                exact(out["OUTPUT1"], a - b)
+            return model, "", {"INPUT0": a, "INPUT1": b}, check
         if model == DECODER:
             prompt = PROMPTS[int(rng.integers(len(PROMPTS)))]
             tokens = int(rng.integers(1, MAX_TOKENS + 1))
@@ -280,6 +425,11 @@ OUTPUTS = {
     "identity_types": [f"OUT_{t}" for t in IDENTITY_TYPES],
     MINILM: ["embedding"],
     DECODER: ["text_output"],
+    "py_triple": ["Y"],
+    TICKS: ["I"],
+    "ensemble_add_sub": ["TWICE_A", "TWICE_B"],
+    "accumulate": ["OUTPUT", "START_SEEN", "CORRID_SEEN"],
+    "add_sub_cached": ["OUTPUT0", "OUTPUT1"],
 }
 BINARY_ONLY = {"OUT_FP16", "OUT_BF16"}
 
@@ -299,7 +449,9 @@ class Soak:
         self.paused = set()  # models unloaded on purpose: no traffic
         self.in_flight = defaultdict(int)
         self.last_reload = -1e9
-        self.samples = []  # (seconds since start, rss KiB, fds, sockets, threads, settled)
+        self.samples = []  # (seconds since start, rss KiB, fds, sockets, threads, stubs' rss KiB, settled)
+        self.sequences = 0
+        self.idle_threads = None  # threads once the load has stopped (IDLE_SECONDS)
 
     async def pace(self):
         """Waits for the next slot of the global schedule (--rate requests/s)."""
@@ -310,8 +462,11 @@ class Soak:
             await asyncio.sleep(delay)
         return time.monotonic() < self.end
 
-    def pick_model(self):
-        return self.rng.choice([m for m in self.args.models if m not in self.paused] or ["add_sub"])
+    def pick_model(self, streamed=False):
+        """A model to send the next request to: decoupled ones (but the decoder, which has REST
+        generate) only on the streams, sequences only from the workers."""
+        skip = self.paused | ({"accumulate"} if streamed else {TICKS})
+        return self.rng.choice([m for m in self.args.models if m not in skip] or ["add_sub"])
 
     async def checked(self, kind, model, call, check):
         """Runs one inference whose answer must be right."""
@@ -353,7 +508,8 @@ class Soak:
             await self.expect_error(
                 "bad:wrong_shape (REST)",
                 lambda: http.infer("add_sub", http_inputs({"INPUT0": f, "INPUT1": f}, True)),
-                "400", "unexpected shape for input 'INPUT0' for model 'add_sub'")
+                # Both inputs are wrong; which one is named follows Triton's order (conformance's).
+                "400", "unexpected shape for input 'INPUT")
         elif case == "garbage_body":
             url = f"http://{self.http_url}/v2/models/add_sub/infer"
             try:
@@ -386,7 +542,11 @@ class Soak:
                 if self.rng.random() < BAD_SHARE:
                     await self.bad_request(grpc, http, session)
                     continue
-                model, version, arrays, check = self.cases.build(self.pick_model())
+                model = self.pick_model()
+                if model == "accumulate":
+                    await self.sequence(grpc, http)
+                    continue
+                model, version, arrays, check = self.cases.build(model)
                 if model == DECODER:
                     await self.generate(session, arrays, check)
                 elif self.rng.random() < 0.5:
@@ -401,6 +561,41 @@ class Soak:
                                                           model_version=version, outputs=outputs), check)
         await grpc.close()
         await http.close()
+
+    async def sequence(self, grpc, http):
+        """A whole sequence of accumulate, 2 to 5 requests, one protocol: each answer must be the
+        running sum, START seen on the first only, the sequence's ID echoed."""
+        self.sequences += 1
+        sequence_id = self.sequences
+        steps = self.rng.randint(2, 5)
+        over_grpc = self.rng.random() < 0.5
+        kind = f"{'gRPC' if over_grpc else 'REST'} sequence accumulate"
+        total = 0.0
+        self.in_flight["accumulate"] += 1
+        try:
+            for step in range(steps):
+                if step:
+                    await self.pace()  # each request takes its slot; a sequence always ends
+                value = float(self.rng.randint(-100, 100))
+                total += value
+                x = {"INPUT": np.array([[value]], dtype=np.float32)}
+                flags = dict(sequence_id=sequence_id, sequence_start=step == 0, sequence_end=step == steps - 1)
+                if over_grpc:
+                    result = await grpc.infer("accumulate", grpc_inputs(x), **flags)
+                else:
+                    result = await http.infer("accumulate", http_inputs(x, True), **flags)
+                out = outputs_of(result, OUTPUTS["accumulate"])
+                seen = (out["OUTPUT"].item(), out["START_SEEN"].item(), out["CORRID_SEEN"].item())
+                if seen != (total, int(step == 0), sequence_id):
+                    raise Mismatch(f"sequence {sequence_id} step {step}: {seen}, expected "
+                                   f"{(total, int(step == 0), sequence_id)}")
+            self.stats.add(kind, "ok")
+        except Mismatch as e:
+            self.stats.add(kind, "wrong", str(e))
+        except Exception as e:
+            self.stats.add(kind, "unexpected", f"{type(e).__name__}: {e}")
+        finally:
+            self.in_flight["accumulate"] -= 1
 
     async def generate(self, session, arrays, check):
         """A generation request over REST: /generate (one answer) or /generate_stream (server-sent
@@ -454,7 +649,7 @@ class Soak:
                     # One sequential caller among --workers: about 1 / (workers + 1) of the slots.
                     if not await self.pace():
                         return
-                    model, version, arrays, check = self.cases.build(self.pick_model())
+                    model, version, arrays, check = self.cases.build(self.pick_model(streamed=True))
                     n += 1
                     sent += 1
                     pending[str(n)] = (model, check, [])
@@ -470,16 +665,18 @@ class Soak:
                     response = result.get_response()
                     model, check, pieces = pending[response.id]
                     outputs = outputs_of(result, OUTPUTS[model])
-                    if model == DECODER:
-                        # Decoupled: one response per token; the last says triton_final_response.
-                        if outputs["text_output"] is not None:
-                            pieces.extend(outputs["text_output"].flatten())
+                    if model in DECOUPLED:
+                        # Decoupled: one response per piece; the last says triton_final_response.
+                        name = DECOUPLED[model]
+                        if outputs[name] is not None:
+                            pieces.extend(outputs[name].flatten())
                         if not response.parameters["triton_final_response"].bool_param:
                             continue
-                        outputs = {"text_output": np.array(pieces, dtype=np.object_)}
+                        outputs = {name: np.array(pieces, dtype=np.object_ if model == DECODER else np.int32)}
                     del pending[response.id]
                     self.in_flight[model] -= 1
-                    kind = f"gRPC stream {'generate ' + DECODER if model == DECODER else 'infer'}"
+                    kind = {DECODER: f"gRPC stream generate {DECODER}", TICKS: f"gRPC stream decoupled {TICKS}"}.get(
+                        model, "gRPC stream infer")
                     try:
                         check(outputs)
                         self.stats.add(kind, "ok")
@@ -494,7 +691,8 @@ class Soak:
 
     async def reloader(self):
         """Alternates a hot reload of mlp_classifier (traffic keeps flowing) with an unload and load
-        of identity_types (traffic to it paused meanwhile)."""
+        of identity_types (traffic to it paused meanwhile), and with --features a hot reload of
+        py_triple (its stubs replaced under traffic)."""
         if not self.args.reload_every:
             return
         grpc = grpcaio.InferenceServerClient(self.grpc_url)
@@ -504,12 +702,14 @@ class Soak:
             if time.monotonic() > self.end - self.args.reload_every / 2:
                 break
             self.last_reload = time.monotonic()
-            if cycle % 2 == 0:
+            cycles = 3 if self.args.features else 2
+            if cycle % cycles in (0, 2):
+                model = "mlp_classifier" if cycle % cycles == 0 else "py_triple"
                 try:
-                    await grpc.load_model("mlp_classifier")
-                    self.stats.add("reload mlp_classifier (under traffic)", "ok")
+                    await grpc.load_model(model)
+                    self.stats.add(f"reload {model} (under traffic)", "ok")
                 except Exception as e:
-                    self.stats.add("reload mlp_classifier (under traffic)", "unexpected", str(e))
+                    self.stats.add(f"reload {model} (under traffic)", "unexpected", str(e))
             else:
                 model = "identity_types"
                 self.paused.add(model)
@@ -537,7 +737,7 @@ class Soak:
         while time.monotonic() < self.end:
             now = time.monotonic()
             settled = not self.paused and now - self.last_reload > SETTLE_SECONDS
-            self.samples.append((now - self.start, *process_sample(self.pid), settled))
+            self.samples.append((now - self.start, *process_sample(self.pid), children_rss(self.pid), settled))
             await asyncio.sleep(1)
 
     async def run(self):
@@ -547,6 +747,8 @@ class Soak:
         tasks = [self.worker(n) for n in range(self.args.workers)]
         tasks += [self.streamer(), self.reloader(), self.sampler()]
         await asyncio.gather(*tasks)
+        await asyncio.sleep(IDLE_SECONDS)
+        self.idle_threads = process_sample(self.pid)[3]
 
 
 # ---------------------------------------------------------------------------------------- summary
@@ -576,15 +778,25 @@ def summarize(soak, args):
     rss1 = statistics.median(s[1] for s in last)
     growth = (rss1 - rss0) / rss0 * 100
     peak = max(s[1] for s in samples)
-    settled_first = [s for s in first if s[5]] or first
-    settled_last = [s for s in last if s[5]] or last
+    settled_first = [s for s in first if s[6]] or first
+    settled_last = [s for s in last if s[6]] or last
     fds0, fds1 = max(s[2] for s in settled_first), max(s[2] for s in settled_last)
     sockets0, sockets1 = max(s[3] for s in settled_first), max(s[3] for s in settled_last)
     th0, th1 = max(s[4] for s in settled_first), max(s[4] for s in settled_last)
     print(f"\nVmRSS after warm-up ({args.warmup:.0f} s) {rss0 / 1024:.1f} MiB, at the end {rss1 / 1024:.1f} MiB: "
           f"{growth:+.2f} % (peak {peak / 1024:.1f} MiB; at start-up {samples[0][1] / 1024:.1f} MiB)")
     print(f"open fds (not sockets) after warm-up {fds0}, at the end {fds1}; sockets {sockets0}, {sockets1} "
-          f"(at most {max(s[3] for s in samples)}); threads after warm-up {th0}, at the end {th1}")
+          f"(at most {max(s[3] for s in samples)}); threads after warm-up {th0}, at the end {th1}, "
+          f"{IDLE_SECONDS} s after the load {soak.idle_threads}")
+    if args.features:
+        # While a reload runs, the old stubs and the new ones are up together: settled samples only.
+        stubs0 = statistics.median(s[5] for s in settled_first)
+        stubs1 = statistics.median(s[5] for s in settled_last)
+        stubs_growth = (stubs1 - stubs0) / stubs0 * 100
+        print(f"Python stubs' VmRSS together after warm-up {stubs0 / 1024:.1f} MiB, at the end {stubs1 / 1024:.1f} MiB: "
+              f"{stubs_growth:+.2f} %")
+        if stubs_growth >= args.max_rss_growth:
+            failures.append(f"the Python stubs' resident memory grew {stubs_growth:.2f} % (limit {args.max_rss_growth} %)")
     if unexpected:
         failures.append(f"{unexpected} unexpected errors")
     if wrong:
@@ -598,8 +810,10 @@ def summarize(soak, args):
     most_sockets = LISTENERS + args.workers * 6 + 2
     if max(s[3] for s in samples) > most_sockets:
         failures.append(f"more than {most_sockets} sockets: connections the clients closed stay open")
-    if th1 > th0:
-        failures.append(f"threads grew from {th0} to {th1}")
+    # Under load the count includes the blocking pool's threads, as many as blocking work needed
+    # at once lately; once idle they are gone, and what is left must not have grown.
+    if soak.idle_threads > th0:
+        failures.append(f"threads grew from {th0} after warm-up to {soak.idle_threads} once idle")
     if ok == 0 or expected == 0:
         failures.append("no traffic was checked")
     return failures
@@ -612,25 +826,36 @@ def main():
     ap.add_argument("--rate", type=float, default=150, help="requests per second, all kinds together")
     ap.add_argument("--workers", type=int, default=8, help="concurrent clients (each alternates protocols)")
     ap.add_argument("--reload-every", type=float, default=10, help="seconds between two reload cycles (0: none)")
-    ap.add_argument("--models", default=",".join(MODELS), help="the models traffic goes to (comma-separated)")
+    ap.add_argument("--models", help="the models traffic goes to (comma-separated; default: all)")
+    ap.add_argument("--features", action="store_true",
+                    help="add Python models, an ensemble, sequences, the response cache and traces")
     ap.add_argument("--max-rss-growth", type=float, default=5, help="percent of resident memory growth that fails")
     ap.add_argument("--seed", type=int, default=9)
     ap.add_argument("--samples", help="write the once-a-second samples to this CSV file")
     ap.add_argument("--binary", default=os.path.join(ROOT, "target", "release", "kiln"))
     args = ap.parse_args()
-    args.models = args.models.split(",")
-    if not set(args.models) <= set(MODELS):
-        sys.exit(f"--models: choose from {', '.join(MODELS)}")
+    served = MODELS + (FEATURE_MODELS if args.features else [])
+    args.models = args.models.split(",") if args.models else served
+    if not set(args.models) <= set(served):
+        sys.exit(f"--models: choose from {', '.join(served)}")
     if not 30 <= args.seconds <= 600 or args.warmup + 30 > args.seconds:
         sys.exit("--seconds must be 30 to 600, and leave 30 s after --warmup")
     if not os.path.exists(os.path.join(REPOSITORY, MINILM, "1", "model.onnx")):
         sys.exit(f"{MINILM} is not built: run .ci/setup.sh models")
     grpc_port, http_port, metrics_port = free_port(), free_port(), free_port()
     log = tempfile.NamedTemporaryFile(prefix="kiln-soak-", suffix=".log", delete=False)
+    work = tempfile.mkdtemp(prefix="kiln-soak-")
+    extra, env = [], {**os.environ, "RUST_LOG": "warn"}
+    if args.features:
+        extra = ["--model-repository", feature_repository(work), "--cache-config", "local,size=1048576",
+                 "--trace-config", f"triton,file={os.path.join(work, 'trace.json')}",
+                 "--trace-config", "triton,log-frequency=100", "--trace-config", "rate=10",
+                 "--trace-config", "level=TIMESTAMPS", "--trace-config", "level=TENSORS"]
+        env["KILN_PYTHON"] = sys.executable  # the stubs' interpreter: this one has numpy
     server = subprocess.Popen(
         [args.binary, "--model-repository", REPOSITORY, "--model-control-mode", "explicit", "--load-model", "*",
-         "--grpc-port", str(grpc_port), "--http-port", str(http_port), "--metrics-port", str(metrics_port)],
-        stdout=subprocess.DEVNULL, stderr=log, env={**os.environ, "RUST_LOG": "warn"})
+         "--grpc-port", str(grpc_port), "--http-port", str(http_port), "--metrics-port", str(metrics_port), *extra],
+        stdout=subprocess.DEVNULL, stderr=log, env=env)
     failures = []
     try:
         deadline = time.monotonic() + 60
@@ -655,14 +880,20 @@ def main():
             failures += summarize(soak, args)
         if args.samples:
             with open(args.samples, "w") as f:
-                f.write("seconds,rss_kib,fds,sockets,threads,settled\n")
-                for t, rss, fds, sockets, threads, settled in soak.samples:
-                    f.write(f"{t:.1f},{rss},{fds},{sockets},{threads},{int(settled)}\n")
+                f.write("seconds,rss_kib,fds,sockets,threads,stubs_rss_kib,settled\n")
+                for t, rss, fds, sockets, threads, stubs, settled in soak.samples:
+                    f.write(f"{t:.1f},{rss},{fds},{sockets},{threads},{stubs},{int(settled)}\n")
     finally:
         server.terminate()
         code = server.wait(timeout=60)
         if code != 0:
             failures.append(f"kiln exited with {code} on SIGTERM")
+        if args.features:
+            traces = [f for f in os.listdir(work) if f.startswith("trace.json")]
+            print(f"{len(traces)} trace files written")
+            if not traces:
+                failures.append("no trace was written")
+        shutil.rmtree(work, ignore_errors=True)
     if failures:
         print(f"kiln log: {log.name}")
     else:
