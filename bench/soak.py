@@ -819,6 +819,36 @@ def summarize(soak, args):
     return failures
 
 
+def check_cache_hits(http_port):
+    """add_sub_cached's statistics: most of its requests must have been cache hits."""
+    with socket.create_connection(("127.0.0.1", http_port), timeout=5) as s:
+        s.sendall(b"GET /v2/models/add_sub_cached/stats HTTP/1.1\r\nHost: kiln\r\nConnection: close\r\n\r\n")
+        raw = b""
+        while chunk := s.recv(65536):
+            raw += chunk
+    stats = json.loads(raw.split(b"\r\n\r\n", 1)[1])["model_stats"][0]
+    hits, misses = stats["inference_stats"]["cache_hit"]["count"], stats["inference_stats"]["cache_miss"]["count"]
+    print(f"add_sub_cached: {hits} cache hits, {misses} misses")
+    return [] if hits > misses else [f"add_sub_cached: {hits} cache hits, {misses} misses"]
+
+
+def check_traces(directory):
+    """The rotated trace files: each a JSON array; some traces must be py_triple's calls, the
+    children of their requests' traces."""
+    files = [f for f in os.listdir(directory) if f.startswith("trace.json")]
+    traces = []
+    for name in files:
+        with open(os.path.join(directory, name)) as f:
+            traces += json.load(f)
+    started = [t for t in traces if "model_name" in t]
+    children = [t for t in started if t.get("parent_id")]
+    print(f"{len(files)} trace files: {len(started)} traces, {len(children)} of them a Python model's calls "
+          f"({sorted({t['model_name'] for t in children})})")
+    if not children:
+        return ["no trace of a Python model's call as its request's child was written"]
+    return []
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--seconds", type=float, default=300, help="length of the soak (at most 600)")
@@ -874,6 +904,8 @@ def main():
               f"requests/s, warm-up {args.warmup:.0f} s; load average {open('/proc/loadavg').read().split()[0]}")
         soak = Soak(args, f"127.0.0.1:{grpc_port}", f"127.0.0.1:{http_port}", server.pid)
         asyncio.run(soak.run())
+        if args.features and server.poll() is None:
+            failures += check_cache_hits(http_port)
         if server.poll() is not None:
             failures.append(f"kiln exited with {server.returncode}")
         else:
@@ -889,10 +921,7 @@ def main():
         if code != 0:
             failures.append(f"kiln exited with {code} on SIGTERM")
         if args.features:
-            traces = [f for f in os.listdir(work) if f.startswith("trace.json")]
-            print(f"{len(traces)} trace files written")
-            if not traces:
-                failures.append("no trace was written")
+            failures += check_traces(work)
         shutil.rmtree(work, ignore_errors=True)
     if failures:
         print(f"kiln log: {log.name}")
