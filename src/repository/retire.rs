@@ -147,10 +147,10 @@ fn run(shared: &Shared) {
     }
 }
 
-/// Returns free heap pages to the system (glibc keeps them otherwise, so an unload would not show
-/// in resident memory).
+/// Returns free heap pages, of every malloc arena, to the system (glibc keeps them otherwise, so
+/// an unload would not show in resident memory, nor the end of a parallel load).
 #[cfg(all(target_os = "linux", target_env = "gnu"))]
-fn trim_heap() {
+pub(super) fn trim_heap() {
     extern "C" {
         fn malloc_trim(pad: usize) -> std::os::raw::c_int;
     }
@@ -162,4 +162,4 @@ fn trim_heap() {
 }
 
 #[cfg(not(all(target_os = "linux", target_env = "gnu")))]
-fn trim_heap() {}
+pub(super) fn trim_heap() {}

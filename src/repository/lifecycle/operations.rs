@@ -6,6 +6,7 @@ use crate::core::Error;
 use crate::proto::inference::ModelConfig;
 use crate::repository::loader::{self, LoadFailure};
 use crate::repository::overrides::{self, LoadParameter, OverrideDir};
+use crate::repository::retire::trim_heap;
 use crate::repository::store::{validate_name, Fingerprint};
 use crate::repository::{Executor, Model};
 use std::collections::BTreeMap;
@@ -68,6 +69,9 @@ impl ModelRepository {
                 }
             });
         }
+        // What loading freed stays resident in the loading threads' malloc arenas unless handed
+        // back: 35 of 114 MiB of anonymous memory after loading the peers' three models.
+        trim_heap();
         let mut failures = failures.into_inner().unwrap_or_else(|p| p.into_inner());
         failures.sort_by_key(|(name, _)| names.iter().position(|n| n == *name));
         failures.into_iter().map(|(_, message)| message).collect()
@@ -87,6 +91,12 @@ impl ModelRepository {
         self.require_explicit()?;
         validate_name(name).map_err(Error::InvalidArgument)?;
         let overrides = overrides::parse(parameters)?;
+        let loaded = self.load_with(name, overrides);
+        trim_heap(); // as after load_each
+        loaded
+    }
+
+    fn load_with(&self, name: &str, overrides: overrides::Overrides) -> Result<(), Error> {
         if overrides.files.is_empty() {
             self.retrying(name, || {
                 self.with_model_lock(name, || {
