@@ -39,6 +39,7 @@ or threads grew. The load is modest on purpose: stability is measured, not throu
 """
 import argparse
 import asyncio
+import contextlib
 import json
 import os
 import random
@@ -468,19 +469,25 @@ class Soak:
         skip = self.paused | ({"accumulate"} if streamed else {TICKS})
         return self.rng.choice([m for m in self.args.models if m not in skip] or ["add_sub"])
 
-    async def checked(self, kind, model, call, check):
-        """Runs one inference whose answer must be right."""
+    @contextlib.contextmanager
+    def tallied(self, kind, model):
+        """Counts what the good requests in its block come to (ok, a wrong answer, or any failure:
+        unexpected) under `kind`, and holds them in flight to `model` meanwhile."""
         self.in_flight[model] += 1
         try:
-            result = await call()
-            check(outputs_of(result, OUTPUTS[model]))
+            yield
             self.stats.add(kind, "ok")
         except Mismatch as e:
             self.stats.add(kind, "wrong", str(e))
-        except Exception as e:  # any failure of a good request is unexpected
+        except Exception as e:
             self.stats.add(kind, "unexpected", f"{type(e).__name__}: {e}")
         finally:
             self.in_flight[model] -= 1
+
+    async def checked(self, kind, model, call, check):
+        """Runs one inference whose answer must be right."""
+        with self.tallied(kind, model):
+            check(outputs_of(await call(), OUTPUTS[model]))
 
     async def expect_error(self, kind, call, status, text):
         """Runs one bad request: it must fail with `status` and a message containing `text`."""
@@ -571,8 +578,7 @@ class Soak:
         over_grpc = self.rng.random() < 0.5
         kind = f"{'gRPC' if over_grpc else 'REST'} sequence accumulate"
         total = 0.0
-        self.in_flight["accumulate"] += 1
-        try:
+        with self.tallied(kind, "accumulate"):
             for step in range(steps):
                 if step:
                     await self.pace()  # each request takes its slot; a sequence always ends
@@ -589,13 +595,6 @@ class Soak:
                 if seen != (total, int(step == 0), sequence_id):
                     raise Mismatch(f"sequence {sequence_id} step {step}: {seen}, expected "
                                    f"{(total, int(step == 0), sequence_id)}")
-            self.stats.add(kind, "ok")
-        except Mismatch as e:
-            self.stats.add(kind, "wrong", str(e))
-        except Exception as e:
-            self.stats.add(kind, "unexpected", f"{type(e).__name__}: {e}")
-        finally:
-            self.in_flight["accumulate"] -= 1
 
     async def generate(self, session, arrays, check):
         """A generation request over REST: /generate (one answer) or /generate_stream (server-sent
@@ -605,8 +604,7 @@ class Soak:
         body = {"text_input": arrays["text_input"][0].decode(), "max_tokens": int(arrays["max_tokens"][0]),
                 "exclude_input_in_output": True}
         url = f"http://{self.http_url}/v2/models/{DECODER}/{'generate_stream' if streamed else 'generate'}"
-        self.in_flight[DECODER] += 1
-        try:
+        with self.tallied(kind, DECODER):
             async with session.post(url, json=body) as response:
                 text = await response.text()
                 if response.status != 200:
@@ -617,13 +615,6 @@ class Soak:
             else:
                 pieces = [json.loads(text)["text_output"]]
             check({"text_output": np.array([p.encode() for p in pieces], dtype=np.object_)})
-            self.stats.add(kind, "ok")
-        except Mismatch as e:
-            self.stats.add(kind, "wrong", str(e))
-        except Exception as e:
-            self.stats.add(kind, "unexpected", f"{type(e).__name__}: {e}")
-        finally:
-            self.in_flight[DECODER] -= 1
 
     async def decoder_references(self):
         """The text every (prompt, max_tokens) gets alone, before any load."""
