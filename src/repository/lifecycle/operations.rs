@@ -96,6 +96,8 @@ impl ModelRepository {
         loaded
     }
 
+    /// The load API's work: `name` from its store, or from the files sent with the request, then
+    /// an ensemble's models that are not loaded yet.
     fn load_with(&self, name: &str, overrides: overrides::Overrides) -> Result<(), Error> {
         if overrides.files.is_empty() {
             self.retrying(name, || {
