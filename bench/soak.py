@@ -71,8 +71,8 @@ FIXTURES = os.path.join(ROOT, "tests", "fixtures", "model_repository")
 TICKS = "py_ticks"
 # --features: the models added to a copy of the repository, and the traffic sent to them.
 FEATURE_MODELS = ["py_triple", TICKS, "ensemble_add_sub", "accumulate", "add_sub_cached"]
-# Decoupled models: the output each response carries a piece of.
-DECOUPLED = {DECODER: "text_output", TICKS: "I"}
+# Decoupled models: the output each response carries a piece of, and the pieces' dtype.
+DECOUPLED = {DECODER: ("text_output", np.object_), TICKS: ("I", np.int32)}
 PY_TRIPLE = """
 import triton_python_backend_utils as pb_utils
 
@@ -658,12 +658,12 @@ class Soak:
                     outputs = outputs_of(result, OUTPUTS[model])
                     if model in DECOUPLED:
                         # Decoupled: one response per piece; the last says triton_final_response.
-                        name = DECOUPLED[model]
+                        name, dtype = DECOUPLED[model]
                         if outputs[name] is not None:
                             pieces.extend(outputs[name].flatten())
                         if not response.parameters["triton_final_response"].bool_param:
                             continue
-                        outputs = {name: np.array(pieces, dtype=np.object_ if model == DECODER else np.int32)}
+                        outputs = {name: np.array(pieces, dtype=dtype)}
                     del pending[response.id]
                     self.in_flight[model] -= 1
                     kind = {DECODER: f"gRPC stream generate {DECODER}", TICKS: f"gRPC stream decoupled {TICKS}"}.get(
@@ -728,7 +728,8 @@ class Soak:
         while time.monotonic() < self.end:
             now = time.monotonic()
             settled = not self.paused and now - self.last_reload > SETTLE_SECONDS
-            self.samples.append((now - self.start, *process_sample(self.pid), children_rss(self.pid), settled))
+            stubs = children_rss(self.pid) if self.args.features else 0  # no stubs otherwise
+            self.samples.append((now - self.start, *process_sample(self.pid), stubs, settled))
             await asyncio.sleep(1)
 
     async def run(self):
