@@ -1,8 +1,9 @@
 #!/usr/bin/env python3
 """GPU check, run by bench/gpu_check.sh on a machine with an NVIDIA GPU (Python standard library only).
 
-1. Writes a model repository with two copies of each bundled model (model_repository/* and the
-   slow_compute model of tests/fixtures/drain_repository): `<model>_cpu` (KIND_CPU, Triton's default
+1. Writes a model repository with two copies of each bundled model (model_repository/*, skipping
+   all_minilm_l6_v2 where setup has not built it, plus the fixtures slow_compute and tiny_embed, the
+   latter a random-weight BERT like all_minilm_l6_v2): `<model>_cpu` (KIND_CPU, Triton's default
    count) and `<model>_gpu` (KIND_GPU on GPU 0, one instance), both with dynamic batching when the
    model batches. mlp_classifier_gpu also sets CUDA options (a "cuda" execution accelerator and a
    model parameter) so that ONNX Runtime itself accepts what kiln passes.
@@ -68,39 +69,47 @@ def strip_block(text, key):
         text = text[:m.start()] + "\n" + text[i + 1:]
 
 
-def make_repo(sources, dst):
-    """The `<model>_cpu` / `<model>_gpu` repository; returns {model: max_batch_size}."""
+def built(d):
+    """Whether model folder d has a version folder holding a file (all_minilm_l6_v2's weights are built by
+    `.ci/setup.sh models` and are not committed, so a machine that cannot download has none)."""
+    return any(n.isdigit() and os.path.isdir(os.path.join(d, n)) and os.listdir(os.path.join(d, n))
+               for n in os.listdir(d))
+
+
+def make_repo(model_dirs, dst):
+    """The `<model>_cpu` / `<model>_gpu` repository of the built models among model_dirs; returns
+    ({model: max_batch_size}, [model folders skipped because nothing is built in them])."""
     if os.path.exists(dst):
         shutil.rmtree(dst)
-    models = {}
-    for src in sources:
-        for name in sorted(os.listdir(src)):
-            d = os.path.join(src, name)
-            if not os.path.isdir(d):
-                continue
-            cfg_path = os.path.join(d, "config.pbtxt")
-            text = open(cfg_path).read() if os.path.exists(cfg_path) else ""
-            text = "\n".join(l for l in text.splitlines() if not l.startswith("#"))
-            text = re.sub(r'(^|\n)\s*name\s*:\s*"[^"]*"', "\n", text, count=1)
-            for key in ("instance_group", "dynamic_batching"):
-                text = strip_block(text, key)
-            m = re.search(r"max_batch_size\s*:\s*(\d+)", text)
-            # identity_types has no config: auto-complete makes it batchable (max_batch_size 4).
-            max_batch = int(m.group(1)) if m else (4 if not text.strip() else 0)
-            models[name] = max_batch
-            for device in ("cpu", "gpu"):
-                out = os.path.join(dst, f"{name}_{device}")
-                shutil.copytree(d, out, ignore=shutil.ignore_patterns("config.pbtxt"))
-                extra = f'name: "{name}_{device}"\n'
-                extra += ('instance_group [ { kind: KIND_GPU count: 1 gpus: [ 0 ] } ]\n' if device == "gpu"
-                          else 'instance_group [ { kind: KIND_CPU } ]\n')
-                if max_batch > 0:
-                    extra += "dynamic_batching { max_queue_delay_microseconds: 100 }\n"
-                if device == "gpu" and name == "mlp_classifier":
-                    extra += CUDA_OPTIONS
-                with open(os.path.join(out, "config.pbtxt"), "w") as f:
-                    f.write(extra + text)
-    return models
+    models, skipped = {}, []
+    for d in model_dirs:
+        name = os.path.basename(d)
+        if not built(d):
+            skipped.append(name)
+            continue
+        cfg_path = os.path.join(d, "config.pbtxt")
+        text = open(cfg_path).read() if os.path.exists(cfg_path) else ""
+        text = "\n".join(l for l in text.splitlines() if not l.startswith("#"))
+        text = re.sub(r'(^|\n)\s*name\s*:\s*"[^"]*"', "\n", text, count=1)
+        for key in ("instance_group", "dynamic_batching"):
+            text = strip_block(text, key)
+        m = re.search(r"max_batch_size\s*:\s*(\d+)", text)
+        # identity_types has no config: auto-complete makes it batchable (max_batch_size 4).
+        max_batch = int(m.group(1)) if m else (4 if not text.strip() else 0)
+        models[name] = max_batch
+        for device in ("cpu", "gpu"):
+            out = os.path.join(dst, f"{name}_{device}")
+            shutil.copytree(d, out, ignore=shutil.ignore_patterns("config.pbtxt"))
+            extra = f'name: "{name}_{device}"\n'
+            extra += ('instance_group [ { kind: KIND_GPU count: 1 gpus: [ 0 ] } ]\n' if device == "gpu"
+                      else 'instance_group [ { kind: KIND_CPU } ]\n')
+            if max_batch > 0:
+                extra += "dynamic_batching { max_queue_delay_microseconds: 100 }\n"
+            if device == "gpu" and name == "mlp_classifier":
+                extra += CUDA_OPTIONS
+            with open(os.path.join(out, "config.pbtxt"), "w") as f:
+                f.write(extra + text)
+    return models, skipped
 
 
 def free_port():
@@ -254,9 +263,14 @@ def main():
     gpu_failure = (lambda text: lines.append(f"- (not enforced, --cpu-smoke) {text}")) if args.cpu_smoke \
         else (lambda text: failures.append(text))
 
-    sources = [os.path.join(args.root, "model_repository"), os.path.join(args.root, "tests/fixtures/drain_repository")]
+    bundled = os.path.join(args.root, "model_repository")
+    model_dirs = sorted(os.path.join(bundled, n) for n in os.listdir(bundled) if os.path.isdir(os.path.join(bundled, n)))
+    # slow_compute: a heavier graph to measure; tiny_embed: the BERT graph of all_minilm_l6_v2 (random weights,
+    # tokenized server-side), committed, so it runs where all_minilm_l6_v2 could not be built.
+    model_dirs += [os.path.join(args.root, "tests/fixtures/drain_repository/slow_compute"),
+                   os.path.join(args.root, "tests/fixtures/model_repository/tiny_embed")]
     repo = os.path.join(args.work, "repository")
-    models = make_repo(sources, repo)
+    models, skipped = make_repo(model_dirs, repo)
     http_port, grpc_port, metrics_port = free_port(), free_port(), free_port()
     log_path = os.path.join(args.work, "kiln.log")
     log = open(log_path, "w")
@@ -284,6 +298,8 @@ def main():
         status, _, data = request(http_port, "POST", "/v2/repository/index", b"")
         index = json.loads(data)
         lines.append("## Repository index\n")
+        if skipped:
+            lines.append(f"Not built on this machine, skipped: {', '.join(skipped)}\n")
         for e in index:
             lines.append(f"- {e['name']} v{e.get('version', '')}: {e.get('state', '')} {e.get('reason', '')}".rstrip())
             if e.get("state") != "READY":

@@ -101,12 +101,16 @@ sites = [sysconfig.get_paths().get("purelib"), sysconfig.get_paths().get("platli
 roots = [os.path.join(p, "nvidia") for p in sites if p and os.path.isdir(os.path.join(p, "nvidia"))]
 roots = list(dict.fromkeys(roots)) + ["/usr/local", "/usr/lib/x86_64-linux-gnu", "/opt"]
 where = {}
-for root in roots:
-    for d, dirs, files in os.walk(root):
-        dirs[:] = [x for x in dirs if x != "stubs"]
-        for name in cuda + cudnn:
-            if name in files and name not in where:
-                where[name] = d
+def search():
+    for root in roots:
+        for d, dirs, files in os.walk(root):
+            dirs[:] = [x for x in dirs if x != "stubs"]
+            for name in cuda + cudnn:
+                if name in files and name not in where:
+                    where[name] = d
+            if len(where) == len(cuda) + len(cudnn):
+                return
+search()
 def folders(names):
     missing = [n for n in names if n not in where]
     if missing:
