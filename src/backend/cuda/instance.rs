@@ -6,12 +6,14 @@
 //!   DMA transfer (pageable memory would be staged by the driver first). Where ONNX Runtime offers
 //!   no pinned allocator, ordinary host memory is used. BYTES inputs stay in host memory as
 //!   string tensors: the CUDA provider has no string kernels, ONNX Runtime runs those nodes on CPU.
-//! - Outputs: bound once, at start, to host memory; after each run ONNX Runtime has copied the
-//!   whole batch's outputs there (one device-to-host copy per output per batch, not per request),
-//!   and they are read out as raw bytes before the next run reuses the binding.
+//! - Outputs: bound to host memory before each run (ONNX Runtime allocates them at the batch's
+//!   shape: a binding kept from the previous run would hand it that run's buffers, and a batch of
+//!   another size fails); after the run ONNX Runtime has copied the whole batch's outputs there
+//!   (one device-to-host copy per output per batch, not per request), and they are read out as
+//!   raw bytes before the next run.
 
 use super::super::onnx::{self, OnnxSession};
-use super::super::{Backend, BackendError};
+use super::super::{Backend, BackendError, TensorInfo};
 use crate::core::{DataType, Tensor};
 use ort::memory::{AllocationDevice, Allocator, AllocatorType, MemoryInfo, MemoryType};
 use ort::session::{IoBinding, Session};
@@ -21,6 +23,8 @@ use ort::value::{DynTensor, TensorElementType};
 pub struct CudaInstance {
     session: OnnxSession,
     binding: IoBinding,
+    /// Where ONNX Runtime puts the outputs: host memory.
+    host: MemoryInfo<'static>,
     /// Where input batches are written: CUDA-pinned host memory when ONNX Runtime has an
     /// allocator for it, else the default host allocator.
     staging: Allocator,
@@ -28,8 +32,8 @@ pub struct CudaInstance {
 }
 
 impl CudaInstance {
-    /// Binds every output of `session` (created with the CUDA provider on GPU `gpu`) to host
-    /// memory and picks the allocator for inputs.
+    /// Creates the binding of `session` (created with the CUDA provider on GPU `gpu`), checks
+    /// that ONNX Runtime accepts its outputs in host memory, and picks the allocator for inputs.
     ///
     /// # Errors
     /// [`BackendError::Load`] when ONNX Runtime refuses the binding.
@@ -48,19 +52,29 @@ impl CudaInstance {
             MemoryType::CPUOutput,
         )
         .map_err(|e| error("describe host memory", e))?;
-        for output in &session.outputs {
-            binding
-                .bind_output_to_device(output.name.as_str(), &host)
-                .map_err(|e| error(&format!("bind output '{}'", output.name), e))?;
-        }
+        bind_outputs(&mut binding, &session.outputs, &host)
+            .map_err(|e| error("bind outputs", e))?;
         let staging = pinned_allocator(&session.session, gpu).unwrap_or_default();
         Ok(CudaInstance {
             session,
             binding,
+            host,
             staging,
             gpu,
         })
     }
+}
+
+/// Binds every output to `host`, to be allocated by ONNX Runtime at the next run's shapes.
+fn bind_outputs(
+    binding: &mut IoBinding,
+    outputs: &[TensorInfo],
+    host: &MemoryInfo<'_>,
+) -> ort::Result<()> {
+    binding.clear_outputs();
+    outputs
+        .iter()
+        .try_for_each(|output| binding.bind_output_to_device(output.name.as_str(), host))
 }
 
 /// The session's CUDA-pinned host allocator. ONNX Runtime registers it with the GPU's ordinal in
@@ -104,6 +118,8 @@ impl Backend for CudaInstance {
                 BackendError::Input(format!("failed to bind input '{}': {e}", tensor.name))
             })?;
         }
+        bind_outputs(&mut self.binding, &self.session.outputs, &self.host)
+            .map_err(|e| BackendError::Run(format!("failed to bind outputs: {e}")))?;
         let session = &mut self.session;
         let outputs = match &session.run_options {
             None => session.session.run_binding(&self.binding),
@@ -194,6 +210,52 @@ mod tests {
                 onnx::datatype_from_ort(element_type(datatype)),
                 Some(datatype)
             );
+        }
+    }
+
+    /// Batches of different sizes through one binding, on a CPU session (the binding logic is
+    /// the provider's alike): outputs bound once were kept at the first run's shape, so a batch
+    /// of 4 after a batch of 1 failed with "Tensor size mismatch" on the GPU.
+    #[test]
+    fn batches_of_any_size_run_through_one_binding() {
+        let Ok(runtime) = crate::backend::OnnxRuntime::get() else {
+            eprintln!("skipped: no ONNX Runtime library (.ci/setup.sh runtime)");
+            return;
+        };
+        let path = std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
+            .join("model_repository/add_sub/1/model.onnx");
+        let options = onnx::SessionOptions {
+            intra_op_threads: 1,
+            device: crate::backend::cuda::Device::Cpu,
+            tuning: Default::default(),
+            pool_name: None,
+        };
+        let session = OnnxSession::load(&runtime, &path, &options).unwrap();
+        let mut instance = CudaInstance::new(session, 0).unwrap();
+        for rows in [1usize, 4, 2, 4] {
+            let values = |scale: f32| -> Vec<u8> {
+                (0..rows * 16)
+                    .flat_map(|i| (i as f32 * scale).to_le_bytes())
+                    .collect()
+            };
+            let inputs = [
+                Tensor::new(
+                    "INPUT0",
+                    DataType::Fp32,
+                    vec![rows as i64, 16],
+                    values(2.0).into(),
+                ),
+                Tensor::new(
+                    "INPUT1",
+                    DataType::Fp32,
+                    vec![rows as i64, 16],
+                    values(1.0).into(),
+                ),
+            ];
+            let outputs = instance.run(&inputs).unwrap();
+            let sum = outputs.iter().find(|t| t.name == "OUTPUT0").unwrap();
+            assert_eq!(sum.shape, vec![rows as i64, 16], "batch of {rows}");
+            assert_eq!(&sum.data[..], &values(3.0)[..], "batch of {rows}");
         }
     }
 
