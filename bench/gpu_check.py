@@ -116,6 +116,17 @@ def make_repo(model_dirs, dst):
     return models, skipped
 
 
+def describe_gpus():
+    """The GPUs as nvidia-smi names them, with the driver, or 'no nvidia-smi'."""
+    try:
+        out = subprocess.run(["nvidia-smi", "--query-gpu=name,driver_version", "--format=csv,noheader"],
+                             capture_output=True, text=True, timeout=30).stdout.strip()
+    except (OSError, subprocess.TimeoutExpired):
+        return "no nvidia-smi"
+    return "; ".join(f"{name.strip()} (driver {driver.strip()})" for name, driver in
+                     (line.split(",", 1) for line in out.splitlines() if "," in line)) or "no GPU listed"
+
+
 def free_port():
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
@@ -283,8 +294,10 @@ def main():
          "--grpc-address", "127.0.0.1", "--grpc-port", str(grpc_port), "--metrics-address", "127.0.0.1",
          "--metrics-port", str(metrics_port)] + (["--gpu-fallback-to-cpu"] if args.cpu_smoke else []),
         stdout=log, stderr=subprocess.STDOUT, env=dict(os.environ, RUST_LOG=os.environ.get("RUST_LOG", "info,ort=warn")))
+    lines.append(f"# GPU check, {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}: {describe_gpus()}, "
+                 f"{os.cpu_count()} cores\n")
     if args.cpu_smoke:
-        lines.insert(0, "# CPU SMOKE RUN: no GPU; the \"GPU\" copies ran on CPU\n")
+        lines.append("CPU SMOKE RUN: no GPU; the \"GPU\" copies ran on CPU\n")
     try:
         # Wait until every copy has settled (READY or UNAVAILABLE): readiness alone would wait out the deadline
         # when a copy fails to load.
