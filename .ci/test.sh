@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Sets up everything the tests need (ONNX Runtime library, Python clients) and runs every test:
 # Rust unit + integration tests, then the Python conformance suite against the same debug binary.
-# Also compiles the `cuda` feature (GPU instances) and runs its unit tests that need no GPU.
+# Also compiles the `cuda` feature (GPU instances) and runs its unit tests that need no GPU, and
+# compiles the fuzz targets.
 set -euo pipefail
 ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 cd "$ROOT"
@@ -15,5 +16,8 @@ cargo build --locked
 # built again with it; other crates are shared with the build above. Its unit tests that need no
 # GPU run on CPU sessions (the GPU instance's binding, its input staging, CUDA options).
 cargo test --locked --lib --features cuda backend::cuda
+# The fuzz targets (fuzz/, a workspace of its own, run by fuzz/run.sh) must keep compiling against
+# the library: built as plain binaries (no sanitizer, nothing fuzzed), sharing this target folder.
+CARGO_TARGET_DIR="${CARGO_TARGET_DIR:-$ROOT/target}" cargo build --locked --manifest-path fuzz/Cargo.toml --bins
 cargo test --locked
 KILN_BIN="$ROOT/target/debug/kiln" .venv/bin/python -m pytest conformance "$@"

@@ -123,11 +123,34 @@ parameters { key: "max_inflight_requests" value: { string_value: "8" } }
 """)
 
 
+# Selector byte: % 3 picks the path (fuzz_targets/generate_request.rs): 0 the generic mapping, whose
+# contract is (selector / 3) % 3 (0 FP32/INT32/BOOL batched, 1 BYTES + UINT64 [2, -1], 2 zero-sized
+# and two variable dimensions); 1 a generation model's REST body; 2 a gRPC request to one.
+def generate_request():
+    put("generate_request", "mapped_batched", b"\x00" + json.dumps(
+        {"x": [1.5, 2, -3, 4], "n": 7, "parameters": {"flag": True, "k": 3}, "id": "a"}).encode())
+    put("generate_request", "mapped_unbatched", b"\x03" + json.dumps(
+        {"text": ["kiln", "\u00e9"], "ids": [1, 2, 3, 4], "tag": "x"}).encode())
+    put("generate_request", "mapped_zero", b"\x06" + json.dumps({"empty": [], "grid": [1, -2, 3, 4]}).encode())
+    put("generate_request", "text", b"\x01" + json.dumps(
+        {"text_input": "The potter", "max_tokens": 8, "stop": ["\n"],
+         "parameters": {"temperature": 0.5, "top_k": 4, "seed": 1}}).encode())
+    sampling = json.dumps({"max_tokens": 3, "top_p": 0.9, "stop": "x", "stream": False})
+    r = pb.ModelInferRequest(model_name="m", id="seed")
+    r.inputs.add(name="text_input", datatype="BYTES", shape=[1])
+    r.inputs.add(name="sampling_parameters", datatype="BYTES", shape=[1])
+    r.inputs.add(name="max_tokens", datatype="INT32", shape=[1])
+    r.raw_input_contents.extend([frame(b"The potter"), frame(sampling.encode()), struct.pack("<i", 4)])
+    r.parameters["temperature"].double_param = 0.7
+    put("generate_request", "grpc", b"\x02" + r.SerializeToString())
+
+
 if __name__ == "__main__":
     bytes_framing()
     grpc_infer_request()
     rest_json()
     rest_infer_request()
     config_pbtxt()
+    generate_request()
     for target in sorted(os.listdir(CORPUS)):
         print(f"{target}: {len(os.listdir(os.path.join(CORPUS, target)))} seeds")

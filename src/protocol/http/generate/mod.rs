@@ -13,8 +13,8 @@
 //!   decoupled Python model streams its responses on `generate_stream`; on `generate` it must
 //!   send exactly one.
 
-pub(super) mod mapped;
-mod text;
+pub mod mapped;
+pub mod text;
 
 use super::body;
 use super::infer::sending;
