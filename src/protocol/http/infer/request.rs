@@ -236,7 +236,7 @@ fn request_parameters(
     let mut parameters = Parameters::new();
     for (key, value) in members {
         let unable = || invalid_arg!("Unable to parse '{key}'");
-        let param = match key.as_str() {
+        let param = match &**key {
             BINARY_DATA_OUTPUT => {
                 formats.default_binary = value.as_bool().ok_or_else(unable)?;
                 continue;
@@ -246,12 +246,12 @@ fn request_parameters(
             }
             "priority" | "timeout" => ParamValue::Uint64(value.as_u64().ok_or_else(unable)?),
             "sequence_id" => match value {
-                Value::String(s) => ParamValue::String(s.clone()),
+                Value::String(s) => ParamValue::String(s.to_string()),
                 _ => ParamValue::Uint64(value.as_u64().ok_or_else(unable)?),
             },
             _ => param_value(key, value)?,
         };
-        parameters.insert(key.clone(), param);
+        parameters.insert(key.to_string(), param);
     }
     Ok(parameters)
 }
@@ -263,14 +263,14 @@ fn tensor_parameters(value: &Value<'_>) -> Result<Parameters, Error> {
         .ok_or_else(|| invalid_arg!("Unable to parse 'parameters': expected an object"))?;
     members
         .iter()
-        .map(|(key, value)| Ok((key.clone(), param_value(key, value)?)))
+        .map(|(key, value)| Ok((key.to_string(), param_value(key, value)?)))
         .collect()
 }
 
 /// A JSON parameter value: string, boolean, integer or other number.
 fn param_value(key: &str, value: &Value<'_>) -> Result<ParamValue, Error> {
     Ok(match value {
-        Value::String(s) => ParamValue::String(s.clone()),
+        Value::String(s) => ParamValue::String(s.to_string()),
         Value::Bool(b) => ParamValue::Bool(*b),
         Value::Number(Number::Unsigned(v)) => match i64::try_from(*v) {
             Ok(v) => ParamValue::Int64(v),

@@ -13,6 +13,7 @@ mod tests;
 mod write;
 
 use reader::Reader;
+use std::borrow::Cow;
 use std::fmt;
 
 pub use write::{write_bytes_str, write_f32, write_f64, write_number, write_str};
@@ -79,9 +80,11 @@ pub enum Value<'a> {
     Null,
     Bool(bool),
     Number(Number),
-    String(String),
+    /// Borrowed from the source unless it holds escapes.
+    String(Cow<'a, str>),
     Array(Vec<Value<'a>>),
-    Object(Vec<(String, Value<'a>)>),
+    /// Member names are borrowed from the source unless they hold escapes.
+    Object(Vec<(Cow<'a, str>, Value<'a>)>),
     /// The validated source text of a value left unparsed (the `data` of request tensors).
     Raw(&'a [u8]),
 }
@@ -123,7 +126,7 @@ impl<'a> Value<'a> {
         }
     }
 
-    pub fn as_object(&self) -> Option<&[(String, Value<'a>)]> {
+    pub fn as_object(&self) -> Option<&[(Cow<'a, str>, Value<'a>)]> {
         match self {
             Value::Object(members) => Some(members),
             _ => None,

@@ -1,6 +1,7 @@
 //! The recursive-descent reader behind [`super::parse`] and [`super::visit_scalars`].
 
 use super::{Number, ParseError, Scalar, Value, VisitError, MAX_DEPTH, MAX_VALUES};
+use std::borrow::Cow;
 
 pub(super) struct Reader<'a> {
     pub(super) src: &'a [u8],
@@ -74,13 +75,7 @@ impl<'a> Reader<'a> {
                     }
                 }
             }
-            Some(b'"') => {
-                let mut bytes = Vec::new();
-                self.string(Some(&mut bytes))?;
-                String::from_utf8(bytes)
-                    .map(Value::String)
-                    .map_err(|_| self.error("Invalid encoding in string."))
-            }
+            Some(b'"') => self.text().map(Value::String),
             Some(b't') => self.literal("true").map(|()| Value::Bool(true)),
             Some(b'f') => self.literal("false").map(|()| Value::Bool(false)),
             Some(b'n') => self.literal("null").map(|()| Value::Null),
@@ -102,17 +97,14 @@ impl<'a> Reader<'a> {
             if self.peek() != Some(b'"') {
                 return Err(self.error("Missing a name for object member."));
             }
-            let mut key = Vec::new();
-            self.string(Some(&mut key))?;
-            let key =
-                String::from_utf8(key).map_err(|_| self.error("Invalid encoding in string."))?;
+            let key = self.text()?;
             self.skip_ws();
             if self.peek() != Some(b':') {
                 return Err(self.error("Missing a colon after a name of object member."));
             }
             self.pos += 1;
             self.skip_ws();
-            let value = if lazy_key == Some(key.as_str()) {
+            let value = if lazy_key == Some(&*key) {
                 let start = self.pos;
                 self.skip(depth + 1)?;
                 Value::Raw(&self.src[start..self.pos])
@@ -227,6 +219,29 @@ impl<'a> Reader<'a> {
             _ => Scalar::Number(self.number()?),
         };
         visit(scalar).map_err(VisitError::Visitor)
+    }
+
+    /// Reads a string: borrowed from the source when it holds no escape (member names and most
+    /// values), else unescaped into a new one.
+    fn text(&mut self) -> Result<Cow<'a, str>, ParseError> {
+        let start = self.pos + 1;
+        let plain = self.src[start..]
+            .iter()
+            .position(|&b| b == b'"' || b == b'\\' || b < 0x20)
+            .map(|len| start + len)
+            .filter(|&end| self.src[end] == b'"');
+        let invalid = |reader: &Self| reader.error("Invalid encoding in string.");
+        if let Some(end) = plain {
+            self.pos = end + 1;
+            return std::str::from_utf8(&self.src[start..end])
+                .map(Cow::Borrowed)
+                .map_err(|_| invalid(self));
+        }
+        let mut bytes = Vec::new();
+        self.string(Some(&mut bytes))?;
+        String::from_utf8(bytes)
+            .map(Cow::Owned)
+            .map_err(|_| invalid(self))
     }
 
     /// Reads a string, unescaping into `out` when given.

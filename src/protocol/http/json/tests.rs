@@ -259,6 +259,31 @@ fn strings_unescape() {
     assert!(parse(b"[\"\xff\"]", None).is_err(), "strings must be UTF-8");
 }
 
+/// Strings and member names without escapes are borrowed from the source (no allocation per
+/// key of every request header); escaped ones are unescaped into their own.
+#[test]
+fn plain_strings_are_borrowed() {
+    use std::borrow::Cow;
+    let v = doc(r#"{"name": "INPUT0", "n\u0061me": "a\nb", "": ""}"#);
+    let members = v.as_object().unwrap();
+    assert!(matches!(&members[0].0, Cow::Borrowed("name")));
+    assert!(matches!(
+        &members[0].1,
+        Value::String(Cow::Borrowed("INPUT0"))
+    ));
+    assert!(matches!(&members[1].0, Cow::Owned(k) if k == "name"));
+    assert!(matches!(&members[1].1, Value::String(Cow::Owned(s)) if s == "a\nb"));
+    assert!(matches!(
+        &members[2],
+        (Cow::Borrowed(""), Value::String(Cow::Borrowed("")))
+    ));
+    // Invalid UTF-8 is refused at the same offset on either path.
+    assert_eq!(
+        parse(b"[\"\xff\"]", None).unwrap_err().offset,
+        parse(b"[\"\xff\\n\"]", None).unwrap_err().offset - 2
+    );
+}
+
 #[test]
 fn structural_errors_have_offsets() {
     assert_eq!(error(""), "The document is empty. at 0");
