@@ -178,11 +178,11 @@ fn decode_input(model: &str, input: &Value<'_>, binary: &mut Bytes) -> Result<Te
             _ => return Err(invalid_arg!("Unable to parse 'data': expected an array")),
         }
     };
-    let mut parameters = match params {
-        Some(p) => tensor_parameters(p)?,
+    let parameters = match params {
+        // binary_data_size is the protocol's, read above.
+        Some(p) => tensor_parameters(p, BINARY_DATA_SIZE)?.0,
         None => Parameters::new(),
     };
-    parameters.shift_remove(BINARY_DATA_SIZE);
     Ok(Tensor {
         name,
         datatype,
@@ -256,15 +256,27 @@ fn request_parameters(
     Ok(parameters)
 }
 
-/// Parameters of an input or requested output, passed on as they are.
-fn tensor_parameters(value: &Value<'_>) -> Result<Parameters, Error> {
+/// Parameters of an input or requested output, passed on as they are, except the protocol's own
+/// `consumed` (`binary_data_size`, `binary_data`), whose value is returned apart (the last one
+/// given, as for any repeated key). Neither allocates when that is the only one.
+fn tensor_parameters(
+    value: &Value<'_>,
+    consumed: &str,
+) -> Result<(Parameters, Option<ParamValue>), Error> {
     let members = value
         .as_object()
         .ok_or_else(|| invalid_arg!("Unable to parse 'parameters': expected an object"))?;
-    members
-        .iter()
-        .map(|(key, value)| Ok((key.to_string(), param_value(key, value)?)))
-        .collect()
+    let mut parameters = Parameters::new();
+    let mut own = None;
+    for (key, value) in members {
+        let value = param_value(key, value)?;
+        if key == consumed {
+            own = Some(value);
+        } else {
+            parameters.insert(key.to_string(), value);
+        }
+    }
+    Ok((parameters, own))
 }
 
 /// A JSON parameter value: string, boolean, integer or other number.
@@ -295,9 +307,9 @@ fn decode_output(
         .and_then(Value::as_str)
         .ok_or_else(|| invalid_arg!("Unable to parse 'name': expected a string"))?
         .to_string();
-    let mut parameters = match output.get("parameters") {
-        Some(p) => tensor_parameters(p)?,
-        None => Parameters::new(),
+    let (parameters, binary) = match output.get("parameters") {
+        Some(p) => tensor_parameters(p, BINARY_DATA)?,
+        None => (Parameters::new(), None),
     };
     // An output written to shared memory has no data in the body, binary or classified.
     if parameters.contains_key(SHARED_MEMORY_REGION) {
@@ -306,13 +318,13 @@ fn decode_output(
                 "Output can't set both 'shared_memory_region' and 'classification'"
             ));
         }
-        if parameters.get(BINARY_DATA) == Some(&ParamValue::Bool(true)) {
+        if binary == Some(ParamValue::Bool(true)) {
             return Err(invalid_arg!(
                 "Output can't set both 'shared_memory_region' and 'binary_data'"
             ));
         }
     }
-    if let Some(binary) = parameters.shift_remove(BINARY_DATA) {
+    if let Some(binary) = binary {
         let ParamValue::Bool(binary) = binary else {
             return Err(invalid_arg!(
                 "Unable to parse 'binary_data': expected a boolean"

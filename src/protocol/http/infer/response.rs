@@ -54,7 +54,7 @@ pub fn encode(response: &InferResponse, formats: &OutputFormats) -> Result<Encod
             if i > 0 {
                 out.push(b',');
             }
-            out.extend_from_slice(dim.to_string().as_bytes());
+            json::write_integer(&mut out, dim);
         }
         out.push(b']');
         // An output written to shared memory goes without data and without parameters, as
@@ -110,8 +110,8 @@ fn write_parameters(out: &mut Vec<u8>, parameters: &Parameters, binary_size: Opt
         out.push(b':');
         match &parameters[key] {
             ParamValue::Bool(b) => out.extend_from_slice(if *b { b"true" } else { b"false" }),
-            ParamValue::Int64(v) => out.extend_from_slice(v.to_string().as_bytes()),
-            ParamValue::Uint64(v) => out.extend_from_slice(v.to_string().as_bytes()),
+            ParamValue::Int64(v) => json::write_integer(out, v),
+            ParamValue::Uint64(v) => json::write_integer(out, v),
             ParamValue::Double(v) => json::write_f64(out, *v),
             ParamValue::String(s) => json::write_str(out, s),
         }
@@ -121,7 +121,7 @@ fn write_parameters(out: &mut Vec<u8>, parameters: &Parameters, binary_size: Opt
             out.push(b',');
         }
         out.extend_from_slice(b"\"binary_data_size\":");
-        out.extend_from_slice(size.to_string().as_bytes());
+        json::write_integer(out, size);
     }
     out.push(b'}');
 }

@@ -16,7 +16,7 @@ use reader::Reader;
 use std::borrow::Cow;
 use std::fmt;
 
-pub use write::{write_bytes_str, write_f32, write_f64, write_number, write_str};
+pub use write::{write_bytes_str, write_f32, write_f64, write_integer, write_number, write_str};
 
 /// Deepest nesting of arrays and objects accepted. A request needs 4 levels plus one per
 /// dimension of a nested `data` array.

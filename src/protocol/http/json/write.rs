@@ -30,6 +30,11 @@ pub fn write_str(out: &mut Vec<u8>, s: &str) {
     out.push(b'"');
 }
 
+/// Appends an integer, formatted in place (no `to_string` allocation).
+pub fn write_integer(out: &mut Vec<u8>, value: impl std::fmt::Display) {
+    let _ = write!(out, "{value}");
+}
+
 /// Appends arbitrary bytes as a JSON string; bytes that are not UTF-8 become U+FFFD (binary data
 /// should be requested with `binary_data`).
 pub fn write_bytes_str(out: &mut Vec<u8>, bytes: &[u8]) {

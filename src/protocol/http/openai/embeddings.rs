@@ -100,7 +100,7 @@ fn answer(embeddings: &Embeddings, base64: bool) -> Vec<u8> {
             out.push(b',');
         }
         out.extend_from_slice(br#"{"object":"embedding","index":"#);
-        out.extend_from_slice(index.to_string().as_bytes());
+        json::write_integer(&mut out, index);
         out.extend_from_slice(br#","embedding":"#);
         if base64 {
             raw.clear();
