@@ -258,7 +258,8 @@ fn request_parameters(
 
 /// Parameters of an input or requested output, passed on as they are, except the protocol's own
 /// `consumed` (`binary_data_size`, `binary_data`), whose value is returned apart (the last one
-/// given, as for any repeated key). Neither allocates when that is the only one.
+/// given, as for any repeated key). A tensor whose only parameter is that one gets an empty map,
+/// which allocates nothing.
 fn tensor_parameters(
     value: &Value<'_>,
     consumed: &str,
