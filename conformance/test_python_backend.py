@@ -96,8 +96,10 @@ class TritonPythonModel:
         return None
 
     def finalize(self):
-        with open(self.mark, "w") as f:
+        # Written aside and renamed, so that the mark never exists empty (a test polls for it).
+        with open(self.mark + ".tmp", "w") as f:
             f.write("finalized")
+        os.replace(self.mark + ".tmp", self.mark)
 '''
 
 PY_ECHO_CONFIG = '''
@@ -1277,9 +1279,14 @@ def test_a_traced_python_request_has_its_queue_and_compute_times(python_server):
     client.infer("py_add_sub", add_sub_inputs(grpcclient, a, b), request_id="traced")
     trace = server.repos[0].parent / "trace.json.0"
     deadline = time.monotonic() + 10
-    while not trace.exists() and time.monotonic() < deadline:
-        time.sleep(0.05)
-    records = json.loads(trace.read_text())
+    records = None
+    while records is None:
+        try:
+            # Once kiln has written the whole file (it creates it, then writes).
+            records = json.loads(trace.read_text())
+        except (OSError, ValueError):
+            assert time.monotonic() < deadline, f"{trace} was not written"
+            time.sleep(0.05)
     assert {"id": 1, "model_name": "py_add_sub", "model_version": 1, "request_id": "traced"} in records
     stamps = {t["name"]: t["ns"] for r in records for t in r.get("timestamps", [])}
     core = ["REQUEST_START", "QUEUE_START", "COMPUTE_START", "COMPUTE_INPUT_END", "COMPUTE_OUTPUT_START",

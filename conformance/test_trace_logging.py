@@ -40,11 +40,20 @@ def post(server, path, doc):
 
 
 def wait_for(path: Path, timeout=10.0) -> Path:
+    """`path` once it holds a whole JSON document (kiln creates a trace file, then writes it)."""
     deadline = time.monotonic() + timeout
-    while not path.exists() and time.monotonic() < deadline:
+    while not complete_json(path) and time.monotonic() < deadline:
         time.sleep(0.05)
-    assert path.exists(), f"{path} was not written"
+    assert complete_json(path), f"{path} was not written"
     return path
+
+
+def complete_json(path: Path) -> bool:
+    try:
+        json.loads(path.read_text())
+        return True
+    except (OSError, ValueError):
+        return False
 
 
 def records_by_trace(*files: Path) -> dict[int, list[dict]]:
