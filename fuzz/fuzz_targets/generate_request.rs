@@ -7,15 +7,16 @@
 #![no_main]
 
 use kiln::core::tensor::{check_bytes_framing, element_count};
-use kiln::core::{DataType, InferRequest};
+use kiln::core::InferRequest;
 use kiln::engine::generate::params;
 use kiln::engine::{ModelMetadata, TensorMetadata};
-use kiln::proto::inference::ModelInferRequest;
+use kiln::proto::inference::{ModelConfig, ModelInferRequest};
 use kiln::protocol::codec::request_from_wire;
 use kiln::protocol::http::generate::{mapped, text};
-use kiln::repository::{IoSpec, TensorSpec};
+use kiln::repository::{generation, IoSpec};
 use libfuzzer_sys::fuzz_target;
 use prost::Message;
+use std::sync::OnceLock;
 
 fuzz_target!(|data: &[u8]| {
     let Some((&selector, body)) = data.split_first() else {
@@ -83,28 +84,21 @@ fn check_inputs(request: &InferRequest) {
     }
 }
 
-/// The LLM tensors of the bundled tiny_decoder's config.
-fn llm_io() -> IoSpec {
-    let tensor = |name: &str, datatype: DataType, dims: &[i64]| TensorSpec::new(name, datatype, dims);
-    IoSpec {
-        max_batch_size: 0,
-        inputs: vec![
-            tensor("text_input", DataType::Bytes, &[1]),
-            tensor("max_tokens", DataType::Int32, &[1]),
-            tensor("stream", DataType::Bool, &[1]),
-            tensor("temperature", DataType::Fp32, &[1]),
-            tensor("top_k", DataType::Int32, &[1]),
-            tensor("top_p", DataType::Fp32, &[1]),
-            tensor("seed", DataType::Uint64, &[1]),
-            tensor("stop", DataType::Bytes, &[-1]),
-            tensor("exclude_input_in_output", DataType::Bool, &[1]),
-            tensor("sampling_parameters", DataType::Bytes, &[1]),
-        ],
-        outputs: vec![tensor("text_output", DataType::Bytes, &[-1])],
-    }
+/// The LLM tensors as the server gives them to a generation model whose config lists none
+/// (`generation::complete_config`), built once.
+fn llm_io() -> &'static IoSpec {
+    static IO: OnceLock<IoSpec> = OnceLock::new();
+    IO.get_or_init(|| {
+        let mut config = ModelConfig {
+            name: "m".to_string(),
+            ..Default::default()
+        };
+        generation::complete_config(&mut config).expect("an empty config takes the LLM tensors");
+        IoSpec::from_config(&config).expect("the LLM tensors make an IoSpec")
+    })
 }
 
 /// A generation request read into its settings: whatever it holds, no panic.
 fn settings(request: &InferRequest) {
-    let _ = params::parse("m", &llm_io(), request);
+    let _ = params::parse("m", llm_io(), request);
 }
