@@ -2,7 +2,7 @@
 //! request that passes validation must satisfy.
 
 use kiln::core::tensor::{check_bytes_framing, element_count};
-use kiln::core::{DataType, InferRequest};
+use kiln::core::{DataType, InferRequest, Tensor};
 use kiln::engine::validate::{prepare_inputs, rows};
 use kiln::repository::{IoSpec, TensorSpec};
 
@@ -47,11 +47,14 @@ pub fn validate(selector: u8, request: &mut InferRequest) {
     };
     assert_eq!(inputs.len(), io.inputs.len());
     let _ = rows(&io, &inputs);
-    for input in &inputs {
-        let count = element_count(&input.shape).expect("validated shapes have a count");
-        match input.datatype.element_size() {
-            Some(size) => assert_eq!(input.data.len(), count * size, "{}", input.name),
-            None => assert_eq!(check_bytes_framing(&input.data, count), Ok(())),
-        }
+    inputs.iter().for_each(assert_filled);
+}
+
+/// `tensor`'s data holds exactly its shape's elements.
+pub fn assert_filled(tensor: &Tensor) {
+    let count = element_count(&tensor.shape).expect("accepted shapes have a count");
+    match tensor.datatype.element_size() {
+        Some(size) => assert_eq!(tensor.data.len(), count * size, "{}", tensor.name),
+        None => assert_eq!(check_bytes_framing(&tensor.data, count), Ok(())),
     }
 }
