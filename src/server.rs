@@ -83,6 +83,8 @@ pub struct Config {
     pub op_libraries: crate::repository::op_library::AllowedOpLibraries,
     /// `--backend-directory`: where Python-based backends' `model.py` files live.
     pub backend_directory: std::path::PathBuf,
+    /// `--adaptive-batching`: dynamic batchers take kiln's shortcuts unless a config says not to.
+    pub adaptive_batching: bool,
     /// `--allow-sagemaker`: what SageMaker's `/invocations` runs.
     pub sagemaker: Option<http::sagemaker::SageMakerConfig>,
     /// `--allow-vertex-ai`: Vertex AI's routes and default model.
@@ -562,6 +564,7 @@ fn open_repository(config: &Config) -> Result<ModelRepository, ServerError> {
             gpu_fallback_to_cpu: config.gpu_fallback_to_cpu,
             op_libraries: config.op_libraries.clone(),
             backend_directory: config.backend_directory.clone(),
+            adaptive_batching: config.adaptive_batching,
             response_cache: config.response_cache.is_some(),
             default_max_batch_size: config.default_max_batch_size,
             config_name: config.model_config_name.clone(),

@@ -25,7 +25,7 @@ fuzz_target!(|data: &[u8]| {
         return;
     }
     let _ = validate_io(&config);
-    let _ = batching_config(&config);
+    let _ = batching_config(&config, true);
 });
 
 fn one_gpu() -> GpuInventory {

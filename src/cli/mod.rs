@@ -341,6 +341,14 @@ pub struct Args {
     #[arg(long, env = "KILN_GPU_FALLBACK_TO_CPU", num_args = 0..=1, default_value_t = false, default_missing_value = "true", value_parser = bool_value, action = clap::ArgAction::Set)]
     pub gpu_fallback_to_cpu: bool,
 
+    /// Let every dynamic batcher send a batch before its `max_queue_delay_microseconds` when
+    /// waiting looks useless (kiln's adaptive batching: it assumes closed-loop clients at a
+    /// steady concurrency, as a benchmark's load generator is). Off (the default): a batch that
+    /// reaches neither `max_batch_size` nor a preferred size waits out its delay, as in Triton.
+    /// A model's `adaptive_batching_delay` parameter overrides this for that model.
+    #[arg(long, env = "KILN_ADAPTIVE_BATCHING", num_args = 0..=1, default_value_t = false, default_missing_value = "true", value_parser = bool_value, action = clap::ArgAction::Set)]
+    pub adaptive_batching: bool,
+
     /// Where Python-based backends live: a model with `backend: "<name>"` (not onnxruntime or
     /// python) runs `<DIR>/<name>/model.py` in the Python backend, as in Triton.
     #[arg(long, value_name = "DIR", default_value = DEFAULT_BACKEND_DIRECTORY)]
@@ -643,6 +651,7 @@ impl Args {
             gpu_fallback_to_cpu: self.gpu_fallback_to_cpu,
             op_libraries: AllowedOpLibraries::from_flags(&self.allowed_op_libraries)?,
             backend_directory: self.backend_directory,
+            adaptive_batching: self.adaptive_batching,
             rate_limit,
             sagemaker: cloud.sagemaker,
             vertex: cloud.vertex,

@@ -398,18 +398,24 @@ pub fn max_inflight_requests(config: &ModelConfig) -> Result<usize, ConfigError>
     })
 }
 
-/// The config parameter that turns off the batcher's shortcuts (see
-/// [`BatchingConfig::adaptive_delay`]): `"false"` makes every batch wait for its full
-/// `max_queue_delay_microseconds` unless it fills, exactly as Triton's batcher does.
+/// The config parameter that turns the batcher's opt-in shortcuts on or off for one model (see
+/// [`BatchingConfig::adaptive_delay`]): `"true"` lets a batch go before its
+/// `max_queue_delay_microseconds` when waiting looks useless to closed-loop clients; `"false"`
+/// keeps Triton's batcher (every batch that reaches no preferred size waits out its delay)
+/// whatever `--adaptive-batching` says.
 pub const ADAPTIVE_BATCHING_DELAY: &str = "adaptive_batching_delay";
 
-/// The model's `adaptive_batching_delay` parameter; true when absent.
+/// The model's `adaptive_batching_delay` parameter; `server_default` (`--adaptive-batching`,
+/// off unless given) when absent.
 ///
 /// # Errors
 /// [`ConfigError::Invalid`] when the value is neither `true` nor `false`.
-pub fn adaptive_batching_delay(config: &ModelConfig) -> Result<bool, ConfigError> {
+pub fn adaptive_batching_delay(
+    config: &ModelConfig,
+    server_default: bool,
+) -> Result<bool, ConfigError> {
     let Some(parameter) = config.parameters.get(ADAPTIVE_BATCHING_DELAY) else {
-        return Ok(true);
+        return Ok(server_default);
     };
     match parameter.string_value.trim().to_ascii_lowercase().as_str() {
         "true" => Ok(true),
@@ -423,9 +429,9 @@ pub fn adaptive_batching_delay(config: &ModelConfig) -> Result<bool, ConfigError
 
 /// The scheduler settings a config asks for: `dynamic_batching` (preferred sizes, delay, priority
 /// levels, queue policies per level); without it requests run one at a time. The in-flight bound
-/// comes from [`max_inflight_requests`] and the delay's shortcuts from
-/// [`adaptive_batching_delay`] (both checked when the model loads).
-pub fn batching_config(config: &ModelConfig) -> BatchingConfig {
+/// comes from [`max_inflight_requests`]; `adaptive` turns on the delay's shortcuts (the
+/// model's [`adaptive_batching_delay`], checked when the model loads).
+pub fn batching_config(config: &ModelConfig, adaptive: bool) -> BatchingConfig {
     let max_batch_size = config.max_batch_size.max(0) as usize;
     let max_in_flight = max_inflight_requests(config).unwrap_or(0);
     let dynamic = match &config.scheduling_choice {
@@ -454,7 +460,7 @@ pub fn batching_config(config: &ModelConfig) -> BatchingConfig {
                     .collect(),
                 max_queue_delay: Duration::from_micros(delay),
                 max_in_flight,
-                adaptive_delay: adaptive_batching_delay(config).unwrap_or(true),
+                adaptive_delay: adaptive,
                 ..BatchingConfig::default()
             };
         }
@@ -497,7 +503,7 @@ pub fn batching_config(config: &ModelConfig) -> BatchingConfig {
             .map(|level| policy(dynamic.priority_queue_policy.get(&level).or(default_policy)))
             .collect(),
         max_in_flight,
-        adaptive_delay: adaptive_batching_delay(config).unwrap_or(true),
+        adaptive_delay: adaptive,
         layout: Default::default(),
     }
 }

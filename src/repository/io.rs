@@ -160,7 +160,15 @@ impl IoSpec {
             }
             let model_dims = match reshape {
                 Some(shape) => Some(shape.clone()),
-                None if info.shape.is_empty() && dims == [1] && !batched => Some(Vec::new()),
+                // Triton's ONNX Runtime backend takes any all-ones dims for a scalar (rank-0)
+                // tensor of a model without batching; requests and responses keep the config's.
+                None if info.shape.is_empty()
+                    && !dims.is_empty()
+                    && dims.iter().all(|&d| d == 1)
+                    && !batched =>
+                {
+                    Some(Vec::new())
+                }
                 None => None,
             };
             if flat(name) {
@@ -340,6 +348,36 @@ mod tests {
         .unwrap();
         assert_eq!(io.input("x").unwrap().model_dims, Some(vec![]));
         assert_eq!(io.output("y").unwrap().model_dims, Some(vec![]));
+    }
+
+    #[test]
+    fn scalar_declared_with_any_all_ones_dims() {
+        let config = |dims: &str| {
+            parse_config(&format!(
+                "name: \"m\" input [{{name: \"x\" data_type: TYPE_FP32 dims: {dims}}}] \
+                 output [{{name: \"y\" data_type: TYPE_FP32 dims: {dims}}}]"
+            ))
+            .unwrap()
+        };
+        let (x, y) = (
+            [info("x", DataType::Fp32, &[])],
+            [info("y", DataType::Fp32, &[])],
+        );
+        for dims in ["[1, 1]", "[1, 1, 1]"] {
+            let io = IoSpec::new(&config(dims), &x, &y).unwrap();
+            assert_eq!(io.input("x").unwrap().model_dims, Some(vec![]), "{dims}");
+            assert_eq!(
+                io.output("y").unwrap().dims,
+                vec![1; dims.matches('1').count()]
+            );
+        }
+        for dims in ["[2]", "[1, 2]", "[-1]"] {
+            let err = IoSpec::new(&config(dims), &x, &y).unwrap_err();
+            assert!(
+                err.contains("the model expects 0 dimensions (shape [])"),
+                "{dims}: {err}"
+            );
+        }
     }
 
     #[test]

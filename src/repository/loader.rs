@@ -90,6 +90,9 @@ pub struct Prepared {
     sequence: Option<SequenceSpec>,
     /// A Python model's interpreter and instances.
     python: Option<PythonSpec>,
+    /// Whether its dynamic batcher takes kiln's shortcuts (`adaptive_batching_delay`, or
+    /// `--adaptive-batching` where the config does not say).
+    adaptive_batching: bool,
 }
 
 /// Versions of the model being replaced that may serve on unchanged: only when the config is the
@@ -221,7 +224,8 @@ pub fn prepare(
     config::fill_scheduler_defaults(&mut config);
     config::validate_io(&config).map_err(|e| e.to_string())?;
     config::max_inflight_requests(&config).map_err(|e| e.to_string())?;
-    config::adaptive_batching_delay(&config).map_err(|e| e.to_string())?;
+    let adaptive_batching = config::adaptive_batching_delay(&config, options.adaptive_batching)
+        .map_err(|e| e.to_string())?;
     // Checked for every model, as Triton reads model_metrics, though only generation models
     // have the histogram it sets.
     crate::metrics::histogram::first_response_buckets(&config)?;
@@ -243,6 +247,7 @@ pub fn prepare(
         ensemble: None,
         sequence,
         python: None,
+        adaptive_batching,
     })
 }
 
@@ -292,6 +297,7 @@ impl Prepared {
             ensemble: None,
             sequence: None,
             python: None,
+            adaptive_batching: false,
         })
     }
 }
@@ -330,13 +336,15 @@ fn prepare_python(
              auto_complete_config)"
         ));
     }
-    let python = PythonSpec {
+    let mut python = PythonSpec {
         code,
         ..PythonSpec::from_config(&mut config, dir, &options.python_calls)?
     };
     config::fill_scheduler_defaults(&mut config);
     config::validate_io(&config).map_err(|e| e.to_string())?;
     config::max_inflight_requests(&config).map_err(|e| e.to_string())?;
+    python.adaptive_batching = config::adaptive_batching_delay(&config, options.adaptive_batching)
+        .map_err(|e| e.to_string())?;
     // As Triton: a decoupled model's responses are not cached.
     let decoupled = config
         .model_transaction_policy
@@ -404,6 +412,7 @@ pub fn build(prepared: Prepared, reuse: Reuse<'_>) -> Result<Model, LoadFailure>
         ensemble,
         sequence,
         python,
+        adaptive_batching,
     } = prepared;
     let runtime = OnnxRuntime::get().map_err(|e| LoadFailure::Model(e.to_string()))?;
     let reusable = |version: i64| -> Option<Arc<ServingVersion>> {
@@ -488,6 +497,7 @@ pub fn build(prepared: Prepared, reuse: Reuse<'_>) -> Result<Model, LoadFailure>
                 text: text.as_ref(),
                 cache_responses,
                 sequence: sequence.as_ref(),
+                adaptive_batching,
             };
             start_version(&name, version, &dir, &path, &config, &instances)
         });
@@ -604,6 +614,8 @@ struct Instances<'a> {
     cache_responses: bool,
     /// A stateful model's sequence batching.
     sequence: Option<&'a SequenceSpec>,
+    /// Whether the dynamic batcher takes kiln's shortcuts.
+    adaptive_batching: bool,
 }
 
 /// Starts one version: its instances' sessions, their warmup, then its scheduler. `dir` is the
@@ -629,6 +641,7 @@ fn start_version(
         text,
         cache_responses,
         sequence,
+        adaptive_batching,
     } = *instances;
     let started = std::time::Instant::now();
     // An instance that asks for more than the rate limiter has fails before any session loads.
@@ -683,7 +696,7 @@ fn start_version(
         .zip(limits)
         .map(|(backend, limit)| Session::new(backend, Arc::clone(&layout), limit))
         .collect();
-    let mut batching = config::batching_config(config);
+    let mut batching = config::batching_config(config, adaptive_batching);
     batching.layout = layout;
     let scheduler = Scheduler::launch(
         &format!("{name}-{version}"),

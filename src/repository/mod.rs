@@ -85,6 +85,10 @@ pub struct LoadOptions {
     /// `--backend-directory`: a model whose backend is `<name>` runs `<dir>/<name>/model.py`
     /// (Triton's Python-based backends).
     pub backend_directory: std::path::PathBuf,
+    /// `--adaptive-batching`: dynamic batchers take kiln's shortcuts (a batch goes before its
+    /// `max_queue_delay_microseconds` when waiting looks useless) where a model's config does
+    /// not say otherwise (`adaptive_batching_delay`). Off: Triton's batcher.
+    pub adaptive_batching: bool,
 }
 
 impl Default for LoadOptions {
@@ -102,6 +106,7 @@ impl Default for LoadOptions {
             op_libraries: op_library::AllowedOpLibraries::default(),
             python_calls: crate::backend::python::ModelCaller::default(),
             backend_directory: crate::backend::python::DEFAULT_BACKEND_DIRECTORY.into(),
+            adaptive_batching: false,
         }
     }
 }

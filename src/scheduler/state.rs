@@ -7,30 +7,30 @@
 //! - a batch starts with the oldest request of the highest non-empty level and extends, in queue
 //!   order, with requests of the same shape signature while the batch stays within
 //!   `max_batch_size`; the first incompatible request ends it (order is never skipped);
-//! - a batch is sent when it reaches `max_batch_size` or a preferred size, or once its oldest
-//!   request has waited `max_queue_delay`, or once no request has joined it for a tenth of
-//!   that delay ([`SETTLE_FRACTION`]: the burst it came with is over, and waiting longer would
-//!   only add latency); otherwise the batcher waits until then;
-//! - a request does not wait at all while waiting has not paid lately: once a batch has gone with
-//!   a single request (after waiting, or early by the next rule), later ones go at once, until a
-//!   batch of several forms again (requests that queued up behind busy instances) — a client that
-//!   sends one request at a time never pays the delay;
-//! - a batch waits for company only on the last free instance: while another instance stays free
-//!   for whoever comes next, it goes at once. Latecomers lose nothing (they find that instance),
-//!   and an instance never idles on a timer while the model's others idle too — with clients that
-//!   wait for their answers, the requests a batch would wait for are often the answers of the
-//!   instance that just went idle, and waiting for them starves both;
-//! - a batch does not wait for company that cannot come: when as many of the version's requests
-//!   are in flight (queued, running, or answered and on their way back) as were ever in flight
-//!   at once lately ([`PEAK_WINDOW`]), every client that could send one is already waiting on
-//!   an answer, and nobody is left to join (closed-loop clients at a steady concurrency: the
-//!   wait would only idle the CPU);
-//! - with `adaptive_delay` off (the config parameter `adaptive_batching_delay: "false"`) none of
-//!   these shortcuts applies and a batch that does not fill waits for its full delay, as in
-//!   Triton;
+//! - a batch is sent when it reaches `max_batch_size` or a preferred size (the longest prefix
+//!   of the queue that makes a preferred size goes), or once its oldest request has waited
+//!   `max_queue_delay`; otherwise the batcher waits until then. That is all, by default: the
+//!   config is the contract, and a batch that reaches no preferred size waits out the delay the
+//!   user asked for;
 //! - a request whose timeout passes while queued is rejected (REJECT) or moved behind every request
 //!   that has not timed out (DELAY); a client deadline always rejects;
 //! - without dynamic batching every request runs alone, in priority and arrival order.
+//!
+//! With `adaptive_delay` on (kiln's opt-in extension: the config parameter
+//! `adaptive_batching_delay: "true"` or the server flag `--adaptive-batching`), a batch also
+//! goes before its delay when waiting looks useless. These shortcuts assume closed-loop clients
+//! at a steady concurrency (each sends its next request only once answered: a benchmark load
+//! generator); with independent, open-loop arrivals they give smaller batches than asked for:
+//! - once no request has joined it for a tenth of the delay ([`SETTLE_FRACTION`]: the burst
+//!   it came with is over);
+//! - at once while waiting has not paid lately: once a batch has gone with a single request
+//!   (after waiting, or early by the next rules), later ones go at once, until a batch of
+//!   several forms again (requests that queued up behind busy instances);
+//! - at once while another instance stays free for whoever comes next (a batch waits for
+//!   company only on the last free instance);
+//! - at once when as many of the version's requests are in flight (queued, running, or answered
+//!   and on their way back) as were ever in flight at once lately ([`PEAK_WINDOW`]): every
+//!   client that could send one is already waiting on an answer.
 
 use std::collections::VecDeque;
 use std::time::{Duration, Instant};
@@ -88,9 +88,10 @@ pub struct BatchingConfig {
     /// `max_inflight_requests`); 0 means no limit. Enforced by the [`Scheduler`](super::Scheduler)
     /// before a request reaches the queue, so `State` itself never sees it.
     pub max_in_flight: usize,
-    /// Wait less than `max_queue_delay` when waiting cannot help (the module's rules; the
-    /// config parameter `adaptive_batching_delay`). Off: every batch that does not fill waits for
-    /// its full delay, as in Triton.
+    /// Wait less than `max_queue_delay` when waiting looks useless (the module's opt-in rules;
+    /// the config parameter `adaptive_batching_delay`, or `--adaptive-batching`). Off (the
+    /// default): every batch that reaches neither `max_batch_size` nor a preferred size waits
+    /// for its full delay, as in Triton.
     pub adaptive_delay: bool,
     /// How batches are laid out: ragged inputs, batch inputs, scatter outputs.
     pub layout: std::sync::Arc<super::layout::BatchLayout>,
@@ -107,7 +108,7 @@ impl Default for BatchingConfig {
             default_priority: 1,
             policies: vec![QueuePolicy::default()],
             max_in_flight: 0,
-            adaptive_delay: true,
+            adaptive_delay: false,
             layout: Default::default(),
         }
     }
@@ -402,69 +403,137 @@ impl<T> State<T> {
     /// [`State::expire`] first so that no expired request is sent, and
     /// [`State::observe_in_flight`] so that the batch knows who is left to come.
     pub fn next_batch(&mut self, now: Instant, spare_instance: bool) -> Next<T> {
-        let Some(queue) = self
-            .levels
-            .iter_mut()
-            .chain(std::iter::once(&mut self.delayed))
-            .find(|q| !q.is_empty())
+        // The highest non-empty level, then the delayed requests (`levels.len()`).
+        let Some(level) = (0..=self.levels.len()).find(|&level| !self.queue(level).is_empty())
         else {
             return Next::Idle;
         };
-        let head = &queue[0];
         if !self.config.merges() {
-            return Next::Batch(vec![queue.pop_front().expect("non-empty").payload]);
+            let entry = self.queue(level).pop_front().expect("non-empty");
+            return Next::Batch(vec![entry.payload]);
         }
-        // Longest run of compatible requests, in order, that fits max_batch_size; remember the
-        // longest prefix whose size is a preferred one.
-        let (signature, oldest) = (head.signature, head.enqueued);
-        let mut newest = oldest;
-        let mut total = 0;
-        let mut count = 0;
-        let mut preferred_prefix = None;
-        for entry in queue.iter() {
-            if entry.signature != signature || total + entry.batch_size > self.config.max_batch_size
-            {
-                break;
-            }
-            total += entry.batch_size;
-            count += 1;
-            newest = newest.max(entry.enqueued);
-            if self
-                .config
-                .preferred_batch_sizes
-                .binary_search(&total)
-                .is_ok()
-            {
-                preferred_prefix = Some(count);
-            }
-        }
-        // A single request larger than max_batch_size cannot reach here: the engine rejects it.
-        let count = count.max(1);
-        let full = total >= self.config.max_batch_size;
+        let queue = self.levels.get(level).unwrap_or(&self.delayed);
+        let scan = Scan::of(queue, &self.config);
         let delay = self.config.max_queue_delay;
-        let adaptive = self.config.adaptive_delay;
-        let due = if adaptive {
-            (oldest + delay).min(newest + delay / SETTLE_FRACTION)
-        } else {
-            oldest + delay
-        };
-        // Latecomers would find another instance, or nobody is left to come.
-        let need_not_wait = spare_instance || self.in_flight.at_peak();
-        let take = if full || (adaptive && !self.waiting_pays) {
-            count
-        } else if now >= due || (adaptive && need_not_wait) {
-            // It waited, or need not wait longer: did anyone join?
-            self.waiting_pays = count > 1;
-            count
-        } else if let Some(prefix) = preferred_prefix {
-            prefix
-        } else {
-            return Next::WaitUntil(due);
+        let delay_exceeded = delay.is_zero() || now >= scan.oldest + delay;
+        let max_preferred = self
+            .config
+            .preferred_batch_sizes
+            .last()
+            .copied()
+            .unwrap_or(self.config.max_batch_size);
+        let take = match scan.best_prefix {
+            // Triton: a preferred size (or the most that stays within the largest one) goes at
+            // once, unless the delay has passed, when everything pending goes.
+            Some(prefix) if !delay_exceeded => prefix,
+            _ if scan.ends_early || scan.rows >= max_preferred || delay_exceeded => {
+                if self.config.adaptive_delay && delay_exceeded {
+                    self.waiting_pays = scan.count > 1;
+                }
+                scan.count
+            }
+            _ if self.config.adaptive_delay => {
+                match self.adaptive_take(&scan, now, spare_instance) {
+                    Some(count) => count,
+                    None => {
+                        return Next::WaitUntil(
+                            (scan.oldest + delay).min(scan.newest + delay / SETTLE_FRACTION),
+                        )
+                    }
+                }
+            }
+            _ => return Next::WaitUntil(scan.oldest + delay),
         };
         if take > 1 {
             self.waiting_pays = true;
         }
-        Next::Batch(queue.drain(..take).map(|e| e.payload).collect())
+        let batch = self.queue(level).drain(..take).map(|e| e.payload);
+        Next::Batch(batch.collect())
+    }
+
+    /// Priority level `level`'s queue; the delayed requests' past the last level.
+    fn queue(&mut self, level: usize) -> &mut VecDeque<Entry<T>> {
+        self.levels.get_mut(level).unwrap_or(&mut self.delayed)
+    }
+
+    /// The opt-in shortcuts (see the module's rules): how many requests go now although the
+    /// batch reached no preferred size and its delay has not passed; `None`: wait.
+    fn adaptive_take(&mut self, scan: &Scan, now: Instant, spare_instance: bool) -> Option<usize> {
+        if !self.waiting_pays {
+            return Some(scan.count);
+        }
+        let settled = now >= scan.newest + self.config.max_queue_delay / SETTLE_FRACTION;
+        // Latecomers would find another instance, or nobody is left to come.
+        let need_not_wait = spare_instance || self.in_flight.at_peak();
+        if settled || need_not_wait {
+            // It waited, or need not wait longer: did anyone join?
+            self.waiting_pays = scan.count > 1;
+            return Some(scan.count);
+        }
+        None
+    }
+}
+
+/// The pending batch at the head of a queue, as Triton's dynamic batcher forms it
+/// (`DynamicBatchScheduler::GetDynamicBatch`): the longest run of requests, in order, with the
+/// head's shape signature that fits `max_batch_size`.
+struct Scan {
+    /// Requests in the run.
+    count: usize,
+    /// Their rows.
+    rows: usize,
+    /// The longest prefix that goes before the delay: the last one whose rows are a preferred
+    /// size, or, where none is, the run up to the request that would take it past the largest
+    /// preferred size (the batch cannot reach a preferred size by growing).
+    best_prefix: Option<usize>,
+    /// The run ended at a request that cannot join it (another shape, or past
+    /// `max_batch_size`): it cannot grow, so it goes now.
+    ends_early: bool,
+    oldest: Instant,
+    newest: Instant,
+}
+
+impl Scan {
+    fn of<T>(queue: &VecDeque<Entry<T>>, config: &BatchingConfig) -> Scan {
+        let head = &queue[0];
+        let max_preferred = config
+            .preferred_batch_sizes
+            .last()
+            .copied()
+            .unwrap_or(config.max_batch_size);
+        let mut scan = Scan {
+            count: 0,
+            rows: 0,
+            best_prefix: None,
+            ends_early: false,
+            oldest: head.enqueued,
+            newest: head.enqueued,
+        };
+        for entry in queue {
+            if scan.count > 0 {
+                let rows = scan.rows + entry.batch_size;
+                if rows > max_preferred && scan.best_prefix.is_none() {
+                    scan.best_prefix = Some(scan.count);
+                }
+                if rows > config.max_batch_size || entry.signature != head.signature {
+                    scan.ends_early = true;
+                    break;
+                }
+            }
+            scan.rows += entry.batch_size;
+            scan.count += 1;
+            scan.newest = scan.newest.max(entry.enqueued);
+            if config
+                .preferred_batch_sizes
+                .binary_search(&scan.rows)
+                .is_ok()
+            {
+                scan.best_prefix = Some(scan.count);
+            }
+        }
+        // A single request larger than max_batch_size cannot be queued: the engine rejects it.
+        scan.count = scan.count.max(1);
+        scan
     }
 }
 

@@ -80,6 +80,14 @@ fn dynamic(max: usize, delay: Duration) -> BatchingConfig {
     }
 }
 
+/// The same with kiln's opt-in shortcuts (`adaptive_batching_delay`).
+fn adaptive(max: usize, delay: Duration) -> BatchingConfig {
+    BatchingConfig {
+        adaptive_delay: true,
+        ..dynamic(max, delay)
+    }
+}
+
 #[tokio::test]
 async fn concurrent_requests_are_batched_and_split_correctly() {
     let (scheduler, batches, stats) =
@@ -120,7 +128,7 @@ async fn closed_loop_clients_stop_waiting_for_company_once_their_number_is_known
     // scheduler has seen how many requests the two clients keep in flight.
     let delay = Duration::from_secs(4);
     let settle = delay / state::SETTLE_FRACTION;
-    let (scheduler, batches, _) = scheduler(dynamic(8, delay), 1, Duration::ZERO);
+    let (scheduler, batches, _) = scheduler(adaptive(8, delay), 1, Duration::ZERO);
     // The clients keep step, round by round, as closed-loop clients at one rhythm do: without
     // it, a slow machine could let one client finish a round ahead, and its last request would
     // rightly wait for company that no longer comes.
@@ -405,9 +413,12 @@ async fn a_quick_model_runs_lone_requests_on_the_callers_thread() {
     // Dynamic batching without a delay would not have waited either.
     let seen = run_lone_requests(dynamic(8, Duration::ZERO), Duration::ZERO, 3).await;
     assert!(!seen[2].starts_with("instance-"), "{seen:?}");
-    // With a delay, the first request waits for company on an instance and gets none: from
-    // then on a lone request would not wait, so it runs inline.
+    // With a delay, every request waits for company on an instance, as in Triton.
     let seen = run_lone_requests(dynamic(8, Duration::from_micros(200)), Duration::ZERO, 3).await;
+    assert!(seen.iter().all(|t| t.starts_with("instance-")), "{seen:?}");
+    // With kiln's shortcuts, the first request waits for company on an instance and gets none:
+    // from then on a lone request would not wait, so it runs inline.
+    let seen = run_lone_requests(adaptive(8, Duration::from_micros(200)), Duration::ZERO, 3).await;
     assert!(seen[0].starts_with("instance-"), "{seen:?}");
     assert!(
         seen[1..].iter().all(|t| !t.starts_with("instance-")),

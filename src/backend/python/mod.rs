@@ -246,6 +246,9 @@ pub struct PythonSpec {
     /// The `model.py` of a Python-based backend, which every version runs (`None`: each
     /// version's own).
     pub code: Option<PathBuf>,
+    /// Whether the dynamic batcher takes kiln's shortcuts (see
+    /// [`crate::repository::config::adaptive_batching_delay`]).
+    pub adaptive_batching: bool,
 }
 
 impl PythonSpec {
@@ -327,6 +330,7 @@ impl PythonSpec {
             instances,
             caller: caller.clone(),
             code: None,
+            adaptive_batching: false,
         })
     }
 }
@@ -717,7 +721,8 @@ impl PythonModel {
             slots.into_iter().for_each(scheduler::Instance::retire);
             return Err(why);
         }
-        let mut batching = crate::repository::config::batching_config(config);
+        let mut batching =
+            crate::repository::config::batching_config(config, spec.adaptive_batching);
         // Requests batch together when their inputs agree in shape, but for ragged ones.
         batching.layout = Arc::new(crate::scheduler::layout::BatchLayout {
             ragged: config

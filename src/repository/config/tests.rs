@@ -76,7 +76,7 @@ fn message_lists_without_colon() {
 
 #[test]
 fn batching_settings_from_config() {
-    let plain = batching_config(&parse_config("max_batch_size: 8").unwrap());
+    let plain = batching_config(&parse_config("max_batch_size: 8").unwrap(), false);
     assert!(!plain.dynamic);
     assert_eq!(plain.max_batch_size, 8);
     let config = parse_config(
@@ -86,7 +86,7 @@ fn batching_settings_from_config() {
          priority_queue_policy { key: 1 value: { timeout_action: DELAY allow_timeout_override: true } } }",
     )
     .unwrap();
-    let batching = batching_config(&config);
+    let batching = batching_config(&config, false);
     assert!(batching.dynamic);
     assert_eq!(batching.preferred_batch_sizes, vec![8, 4]);
     assert_eq!(batching.max_queue_delay, Duration::from_micros(500));
@@ -102,7 +102,10 @@ fn batching_settings_from_config() {
         batching.policies[2].default_timeout,
         Some(Duration::from_millis(2))
     );
-    let empty = batching_config(&parse_config("max_batch_size: 4 dynamic_batching { }").unwrap());
+    let empty = batching_config(
+        &parse_config("max_batch_size: 4 dynamic_batching { }").unwrap(),
+        false,
+    );
     assert_eq!(
         (
             empty.priority_levels,
@@ -122,7 +125,7 @@ fn max_inflight_requests_parameter() {
         .unwrap()
     };
     assert_eq!(max_inflight_requests(&with("8")), Ok(8));
-    assert_eq!(batching_config(&with(" 3 ")).max_in_flight, 3);
+    assert_eq!(batching_config(&with(" 3 "), false).max_in_flight, 3);
     assert_eq!(max_inflight_requests(&parse_config("").unwrap()), Ok(0));
     for bad in ["-1", "x", ""] {
         let err = max_inflight_requests(&with(bad)).unwrap_err().to_string();
@@ -139,12 +142,24 @@ fn adaptive_batching_delay_parameter() {
         ))
         .unwrap()
     };
-    assert_eq!(adaptive_batching_delay(&with("false")), Ok(false));
-    assert!(!batching_config(&with(" FALSE ")).adaptive_delay);
-    assert!(batching_config(&with("true")).adaptive_delay);
+    // The parameter wins over the server's default either way.
+    assert_eq!(adaptive_batching_delay(&with("false"), true), Ok(false));
+    assert_eq!(adaptive_batching_delay(&with(" FALSE "), true), Ok(false));
+    assert_eq!(adaptive_batching_delay(&with("true"), false), Ok(true));
     let plain = parse_config("max_batch_size: 8 dynamic_batching { }").unwrap();
-    assert!(batching_config(&plain).adaptive_delay, "on by default");
-    let err = adaptive_batching_delay(&with("no"))
+    assert_eq!(
+        adaptive_batching_delay(&plain, false),
+        Ok(false),
+        "off by default"
+    );
+    assert_eq!(
+        adaptive_batching_delay(&plain, true),
+        Ok(true),
+        "--adaptive-batching"
+    );
+    assert!(batching_config(&plain, true).adaptive_delay);
+    assert!(!batching_config(&plain, false).adaptive_delay);
+    let err = adaptive_batching_delay(&with("no"), false)
         .unwrap_err()
         .to_string();
     assert!(err.contains("must be \"true\" or \"false\""), "{err}");
@@ -383,7 +398,7 @@ fn sequence_batching_batches_requests_of_different_sequences() {
          preferred_batch_size: [ 2, 0 ] } }",
     )
     .unwrap();
-    let batching = batching_config(&config);
+    let batching = batching_config(&config, false);
     assert!(batching.dynamic);
     assert_eq!(
         (
@@ -398,12 +413,12 @@ fn sequence_batching_batches_requests_of_different_sequences() {
     )
     .unwrap();
     assert_eq!(
-        batching_config(&direct).max_queue_delay,
+        batching_config(&direct, false).max_queue_delay,
         Duration::from_micros(5)
     );
     // A model that cannot batch runs each request alone.
     let single = parse_config("max_batch_size: 1 sequence_batching { }").unwrap();
-    assert!(!batching_config(&single).dynamic);
+    assert!(!batching_config(&single, false).dynamic);
 }
 
 #[test]

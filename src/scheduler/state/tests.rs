@@ -11,6 +11,14 @@ fn dynamic(max: usize, preferred: &[usize], delay_us: u64) -> BatchingConfig {
     }
 }
 
+/// The same with kiln's opt-in shortcuts (`adaptive_batching_delay`).
+fn adaptive(max: usize, preferred: &[usize], delay_us: u64) -> BatchingConfig {
+    BatchingConfig {
+        adaptive_delay: true,
+        ..dynamic(max, preferred, delay_us)
+    }
+}
+
 fn sub(payload: u32, batch_size: usize) -> Submission<u32> {
     Submission {
         payload,
@@ -92,7 +100,7 @@ fn different_signatures_are_never_merged_and_order_is_kept() {
 fn delay_waits_for_more_requests_until_it_expires() {
     let start = Instant::now();
     let us = |n| start + Duration::from_micros(n);
-    let mut state = State::new(dynamic(16, &[], 1000));
+    let mut state = State::new(adaptive(16, &[], 1000));
     // Requests keep joining (every 80 us, under a tenth of the delay): the batch waits for its
     // oldest request's full delay.
     state.push(sub(0, 1), start).unwrap();
@@ -116,7 +124,7 @@ fn delay_waits_for_more_requests_until_it_expires() {
 fn a_batch_nobody_joins_goes_after_a_tenth_of_the_delay() {
     let start = Instant::now();
     let us = |n| start + Duration::from_micros(n);
-    let mut state = State::new(dynamic(16, &[], 1000));
+    let mut state = State::new(adaptive(16, &[], 1000));
     state.push(sub(0, 1), start).unwrap();
     state.push(sub(1, 1), us(50)).unwrap();
     assert_eq!(state.next_batch(us(149), false), Next::WaitUntil(us(150)));
@@ -140,7 +148,7 @@ fn a_batch_nobody_joins_goes_after_a_tenth_of_the_delay() {
 fn a_lone_client_stops_paying_the_delay_until_requests_queue_up_again() {
     let start = Instant::now();
     let us = |n| start + Duration::from_micros(n);
-    let mut state = State::new(dynamic(8, &[], 1000));
+    let mut state = State::new(adaptive(8, &[], 1000));
     assert!(state.waits_for_company());
     state.push(sub(0, 1), start).unwrap();
     assert_eq!(state.next_batch(start, false), Next::WaitUntil(us(100)));
@@ -169,7 +177,7 @@ fn a_lone_client_stops_paying_the_delay_until_requests_queue_up_again() {
 fn a_batch_waits_for_company_only_on_the_last_free_instance() {
     let start = Instant::now();
     let us = |n| start + Duration::from_micros(n);
-    let mut state = State::new(dynamic(8, &[], 1000));
+    let mut state = State::new(adaptive(8, &[], 1000));
     state.push(sub(0, 1), start).unwrap();
     state.push(sub(1, 1), start).unwrap();
     // Another instance is free for whoever comes next: go now, and batching still pays.
@@ -201,7 +209,7 @@ fn with_four_clients_seen(state: &mut State<u32>, start: Instant) -> Instant {
 #[test]
 fn a_batch_does_not_wait_for_company_that_cannot_come() {
     let start = Instant::now();
-    let mut state = State::new(dynamic(8, &[], 1000));
+    let mut state = State::new(adaptive(8, &[], 1000));
     let now = with_four_clients_seen(&mut state, start);
     let us = |n| now + Duration::from_micros(n);
     // One request running elsewhere (or answered, on its way back), two queued: the fourth
@@ -227,7 +235,7 @@ fn a_batch_does_not_wait_for_company_that_cannot_come() {
 fn the_peak_in_flight_is_unknown_until_a_whole_window_has_seen_requests() {
     let start = Instant::now();
     let us = |n| start + Duration::from_micros(n);
-    let mut state = State::new(dynamic(8, &[], 1000));
+    let mut state = State::new(adaptive(8, &[], 1000));
     // At the start every arrival is a new peak: the ramp batches by the other rules.
     for i in 0..3 {
         state.observe_in_flight(i as usize + 1, us(i));
@@ -240,7 +248,7 @@ fn the_peak_in_flight_is_unknown_until_a_whole_window_has_seen_requests() {
 #[test]
 fn the_peak_in_flight_follows_clients_that_leave_and_outlives_quiet_spells() {
     let start = Instant::now();
-    let mut state = State::new(dynamic(8, &[], 1000));
+    let mut state = State::new(adaptive(8, &[], 1000));
     let next_window = with_four_clients_seen(&mut state, start);
     // Two clients left: for up to two windows the peak is still four, and a batch of two waits.
     state.observe_in_flight(2, next_window);
@@ -273,12 +281,9 @@ fn the_peak_in_flight_follows_clients_that_leave_and_outlives_quiet_spells() {
 }
 
 #[test]
-fn without_the_adaptive_delay_nothing_shortens_the_wait() {
+fn by_default_nothing_shortens_the_wait() {
     let start = Instant::now();
-    let mut state = State::new(BatchingConfig {
-        adaptive_delay: false,
-        ..dynamic(8, &[], 1000)
-    });
+    let mut state = State::new(dynamic(8, &[], 1000));
     let now = with_four_clients_seen(&mut state, start);
     // Everyone in flight is here, and another instance is free: it waits all the same.
     state.observe_in_flight(4, now);
@@ -290,13 +295,10 @@ fn without_the_adaptive_delay_nothing_shortens_the_wait() {
 }
 
 #[test]
-fn without_the_adaptive_delay_every_batch_waits_its_full_delay() {
+fn by_default_every_batch_waits_its_full_delay() {
     let start = Instant::now();
     let us = |n| start + Duration::from_micros(n);
-    let mut state = State::new(BatchingConfig {
-        adaptive_delay: false,
-        ..dynamic(8, &[], 1000)
-    });
+    let mut state = State::new(dynamic(8, &[], 1000));
     for round in 0..2u64 {
         let at = round * 2000;
         state.push(sub(round as u32, 1), us(at)).unwrap();
@@ -310,6 +312,75 @@ fn without_the_adaptive_delay_every_batch_waits_its_full_delay() {
             vec![round as u32]
         );
     }
+}
+
+#[test]
+fn a_lone_request_that_reaches_no_preferred_size_waits_out_the_delay() {
+    // Triton: `preferred_batch_size: [2, 6]`, 10 s delay, one request of batch 1.
+    let start = Instant::now();
+    let mut state = State::new(dynamic(8, &[2, 6], 10_000_000));
+    assert!(state.waits_for_company());
+    state.push(sub(0, 1), start).unwrap();
+    let due = start + Duration::from_secs(10);
+    assert_eq!(state.next_batch(start, true), Next::WaitUntil(due));
+    let almost = due - Duration::from_micros(1);
+    assert_eq!(state.next_batch(almost, true), Next::WaitUntil(due));
+    assert_eq!(batch(state.next_batch(due, false)), vec![0]);
+    // Waiting for nobody changes nothing: the next lone request waits again.
+    state.push(sub(1, 1), due).unwrap();
+    assert!(state.waits_for_company());
+    assert!(matches!(state.next_batch(due, true), Next::WaitUntil(_)));
+}
+
+#[test]
+fn two_requests_that_make_a_preferred_size_go_together_at_once() {
+    let now = Instant::now();
+    let mut state = State::new(dynamic(8, &[2, 6], 10_000_000));
+    state.push(sub(0, 1), now).unwrap();
+    state.push(sub(1, 1), now).unwrap();
+    assert_eq!(batch(state.next_batch(now, false)), vec![0, 1]);
+}
+
+#[test]
+fn a_batch_that_cannot_grow_to_a_preferred_size_goes_at_once() {
+    // Triton marks the batch where the next request would take it past the largest preferred
+    // size: 3 + 3 > 4, so the first goes alone, now.
+    let now = Instant::now();
+    let mut state = State::new(dynamic(8, &[4], 10_000_000));
+    state.push(sub(0, 3), now).unwrap();
+    state.push(sub(1, 3), now).unwrap();
+    assert_eq!(batch(state.next_batch(now, false)), vec![0]);
+    assert!(matches!(state.next_batch(now, false), Next::WaitUntil(_)));
+    // Without preferred sizes the largest is max_batch_size: 5 + 4 > 8.
+    let mut state = State::new(dynamic(8, &[], 10_000_000));
+    state.push(sub(0, 5), now).unwrap();
+    state.push(sub(1, 4), now).unwrap();
+    assert_eq!(batch(state.next_batch(now, false)), vec![0]);
+    // A request of another shape ends the batch: it goes now, the other waits.
+    let mut state = State::new(dynamic(8, &[], 10_000_000));
+    state.push(sub(0, 1), now).unwrap();
+    let other = Submission {
+        signature: 9,
+        ..sub(1, 1)
+    };
+    state.push(other, now).unwrap();
+    assert_eq!(batch(state.next_batch(now, false)), vec![0]);
+    assert!(matches!(state.next_batch(now, false), Next::WaitUntil(_)));
+}
+
+#[test]
+fn once_the_delay_passes_everything_pending_goes_past_the_preferred_sizes() {
+    let start = Instant::now();
+    let mut state = State::new(dynamic(8, &[4], 1000));
+    for i in 0..3 {
+        state.push(sub(i, 1), start).unwrap();
+    }
+    let due = start + Duration::from_micros(1000);
+    assert_eq!(state.next_batch(start, false), Next::WaitUntil(due));
+    state.push(sub(3, 1), due).unwrap();
+    state.push(sub(4, 1), due).unwrap();
+    // Before the delay a preferred size (4) would go; after it, the whole pending batch.
+    assert_eq!(batch(state.next_batch(due, false)), vec![0, 1, 2, 3, 4]);
 }
 
 #[test]
