@@ -4,7 +4,8 @@
 #
 # usage: bench/run.sh [peers|scheduler] [compare.py options]
 #        bench/run.sh ab OLD [compare.py options]
-#   peers      (default) issue 8's table: kiln as configured for each model (target `kiln`;
+#   peers      (default) issue 8's table: kiln as configured for each model (target `kiln`,
+#              Triton's batcher; `kiln-adaptive`: the same with --adaptive-batching;
 #              `kiln-dynbatch`: every model batched on 2 instances, as Triton's is) vs
 #              Triton with and without dynamic batching and furnace, on add_sub, mlp and
 #              matmul_stack, gRPC and REST, concurrency 1 and 8, 3 rounds, + in-process ORT
@@ -81,7 +82,7 @@ elif [ "$preset" = scheduler ]; then
   [ $# -eq 0 ] && set -- --only kiln-dynbatch,triton-dynbatch,furnace --models mlp,matmul_stack \
     --protocols grpc -c 8 -d 8 -w 2 --rounds 3 --ort-ref
 else
-  [ $# -eq 0 ] && set -- --only kiln,kiln-dynbatch,triton,triton-dynbatch,furnace \
+  [ $# -eq 0 ] && set -- --only kiln,kiln-adaptive,kiln-dynbatch,triton,triton-dynbatch,furnace \
     --models add_sub,mlp,matmul_stack --protocols grpc,http -c 1,8 -d 6 -w 2 --rounds 3 --ort-ref
 fi
 if [ -n "${HALT_POLL_NS:-}" ]; then
