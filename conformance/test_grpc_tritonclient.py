@@ -351,7 +351,7 @@ def test_bytes_echo_utf8_and_empty(client):
 
 
 def test_bytes_echo_non_utf8(client):
-    """BYTES are arbitrary bytes, not text (no NUL: ONNX string tensors are C strings)."""
+    """BYTES are arbitrary bytes, not text (NULs too: conformance/test_bytes.py)."""
     a = np.array([[b"\xff\xfe\x80", b"ok", b"\xc3("]], dtype=np.object_)
     out = infer(client, "string_echo", {"input-1": a}).as_numpy("output-1")
     assert out.tolist() == a.tolist()

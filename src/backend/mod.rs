@@ -26,7 +26,7 @@ pub enum BackendError {
     /// The model file could not be turned into a session.
     #[error("{0}")]
     Load(String),
-    /// An input could not be handed to the runtime (e.g. a BYTES element that is not UTF-8).
+    /// An input could not be handed to the runtime (e.g. a BYTES tensor whose framing is broken).
     #[error("{0}")]
     Input(String),
     /// The runtime failed while executing.

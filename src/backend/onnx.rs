@@ -385,47 +385,77 @@ fn input_value(tensor: &Tensor) -> Result<SessionInputValue<'_>, BackendError> {
 }
 
 /// A BYTES tensor as an ONNX string tensor (always in host memory).
-pub(super) fn string_input(tensor: &Tensor) -> Result<ort::value::DynValue, BackendError> {
-    let elements = string_elements(tensor)?;
-    ort::value::Tensor::from_string_array((tensor.shape.clone(), elements.as_slice()))
-        .map(|value| value.into_dyn())
-        .map_err(|e| {
-            BackendError::Input(format!(
-                "failed to create input tensor '{}': {e}",
-                tensor.name
-            ))
-        })
+pub(super) fn string_input(tensor: &Tensor) -> Result<DynValue, BackendError> {
+    let elements = BytesElements::new(&tensor.data)
+        .collect::<Result<Vec<&[u8]>, _>>()
+        .map_err(|e| BackendError::Input(e.to_string()))?;
+    string_tensor(&tensor.shape, &elements).map_err(|e| {
+        BackendError::Input(format!(
+            "failed to create input tensor '{}': {e}",
+            tensor.name
+        ))
+    })
 }
 
-/// One BYTES element handed to ONNX Runtime as-is. ONNX string tensors are byte strings in the C
-/// API, so any bytes pass (only an embedded NUL cannot, as ONNX Runtime copies C strings).
-#[derive(Clone)]
-struct StringElement(Bytes);
-
-impl ort::value::Utf8Data for StringElement {
-    fn as_utf8_bytes(&self) -> &[u8] {
-        &self.0
+/// An ONNX string tensor of `shape` holding `elements` byte for byte. Each element is written
+/// into a buffer of its own length (`GetResizedStringTensorElementBuffer`), so any bytes pass,
+/// NULs included: `ort`'s `from_string_array` goes through C strings and cannot take a NUL.
+fn string_tensor(shape: &[i64], elements: &[&[u8]]) -> Result<DynValue, String> {
+    use ort::AsPointer;
+    let count = shape
+        .iter()
+        .try_fold(1usize, |n, &d| n.checked_mul(usize::try_from(d).ok()?));
+    if count != Some(elements.len()) {
+        return Err(format!(
+            "{} elements do not fill shape {shape:?}",
+            elements.len()
+        ));
     }
-}
-
-fn string_elements(tensor: &Tensor) -> Result<Vec<StringElement>, BackendError> {
-    BytesElements::new(&tensor.data)
-        .enumerate()
-        .map(|(index, element)| {
-            let element = element.map_err(|e| BackendError::Input(e.to_string()))?;
-            if element.contains(&0) {
-                return Err(BackendError::Input(format!(
-                    "element {index} of BYTES input '{}' contains a NUL byte, which ONNX string tensors cannot hold",
-                    tensor.name
-                )));
+    let api = ort::api();
+    let mut allocator = ort::memory::Allocator::default();
+    let mut ptr = std::ptr::null_mut();
+    // SAFETY: the allocator and the shape outlive the call, which writes one value pointer.
+    status(unsafe {
+        (api.CreateTensorAsOrtValue)(
+            allocator.ptr_mut(),
+            shape.as_ptr(),
+            shape.len(),
+            ort::sys::ONNXTensorElementDataType::ONNX_TENSOR_ELEMENT_DATA_TYPE_STRING,
+            &mut ptr,
+        )
+    })?;
+    let ptr = std::ptr::NonNull::new(ptr).ok_or("ONNX Runtime made no string tensor")?;
+    // SAFETY: `ptr` is the tensor just made with `allocator`; `value` owns it from here and
+    // releases it when dropped, on the error paths below too.
+    let mut value: DynValue = unsafe { DynValue::from_ptr(ptr, Some(&allocator)) };
+    for (index, element) in elements.iter().enumerate() {
+        let mut buffer: *mut std::ffi::c_char = std::ptr::null_mut();
+        // SAFETY: `value` is a live string tensor of `elements.len()` elements; the call resizes
+        // element `index` to `element.len()` bytes and gives its buffer.
+        status(unsafe {
+            (api.GetResizedStringTensorElementBuffer)(
+                value.ptr_mut(),
+                index,
+                element.len(),
+                &mut buffer,
+            )
+        })?;
+        if !element.is_empty() {
+            if buffer.is_null() {
+                return Err(format!("ONNX Runtime gave no buffer for element {index}"));
             }
-            Ok(StringElement(tensor.data.slice_ref(element)))
-        })
-        .collect()
+            // SAFETY: `buffer` holds `element.len()` bytes, owned by the tensor, apart from
+            // `element`.
+            unsafe {
+                std::ptr::copy_nonoverlapping(element.as_ptr(), buffer.cast(), element.len())
+            };
+        }
+    }
+    Ok(value)
 }
 
-/// Turns a failed ONNX Runtime C API status into an error (and releases it).
-fn check_status(status: ort::sys::OrtStatusPtr) -> Result<(), BackendError> {
+/// A failed ONNX Runtime C API status as its message (the status is released).
+fn status(status: ort::sys::OrtStatusPtr) -> Result<(), String> {
     if status.0.is_null() {
         return Ok(());
     }
@@ -438,9 +468,7 @@ fn check_status(status: ort::sys::OrtStatusPtr) -> Result<(), BackendError> {
         (api.ReleaseStatus)(status.0);
         text
     };
-    Err(BackendError::Run(format!(
-        "failed to read string output: {message}"
-    )))
+    Err(message)
 }
 
 /// Reads a string tensor's elements as raw bytes and frames them as BYTES. (`ort`'s own
@@ -452,12 +480,13 @@ fn string_output(value: &DynValue, count: usize) -> Result<Bytes, BackendError> 
     }
     let api = ort::api();
     let ptr = value.ptr();
+    let read_error = |e: String| BackendError::Run(format!("failed to read string output: {e}"));
     let mut total = 0usize;
     // SAFETY: `ptr` is a live string tensor owned by `value`; the buffers have the sizes passed.
-    check_status(unsafe { (api.GetStringTensorDataLength)(ptr, &mut total) })?;
+    status(unsafe { (api.GetStringTensorDataLength)(ptr, &mut total) }).map_err(read_error)?;
     let mut content = vec![0u8; total];
     let mut offsets = vec![0usize; count];
-    check_status(unsafe {
+    status(unsafe {
         (api.GetStringTensorContent)(
             ptr,
             content.as_mut_ptr().cast(),
@@ -465,7 +494,8 @@ fn string_output(value: &DynValue, count: usize) -> Result<Bytes, BackendError> 
             offsets.as_mut_ptr(),
             count,
         )
-    })?;
+    })
+    .map_err(read_error)?;
     offsets.push(total);
     let elements = offsets
         .windows(2)
@@ -528,7 +558,70 @@ pub(super) fn output_tensor(name: &str, value: &DynValue) -> Result<Tensor, Back
 
 #[cfg(test)]
 mod tests {
-    use super::read_unaligned;
+    use super::*;
+    use crate::core::tensor::frame_bytes;
+
+    /// Byte strings a C string cannot hold, and some that are not UTF-8.
+    fn awkward_elements() -> Vec<Vec<u8>> {
+        vec![
+            b"\x00\xffraw".to_vec(),
+            Vec::new(),
+            b"\x00".to_vec(),
+            b"a\x00b".to_vec(),
+            (0..=255u8).collect(),
+            b"trailing\x00\x00".to_vec(),
+        ]
+    }
+
+    #[test]
+    fn string_tensors_hold_any_bytes() {
+        if OnnxRuntime::get().is_err() {
+            eprintln!("skipped: no ONNX Runtime library (.ci/setup.sh runtime)");
+            return;
+        }
+        let elements = awkward_elements();
+        let data = frame_bytes(&elements);
+        let tensor = Tensor::new("s", DataType::Bytes, vec![2, 3], data.clone());
+        let value = string_input(&tensor).unwrap();
+        assert_eq!(value.shape().to_vec(), vec![2, 3]);
+        assert_eq!(string_output(&value, elements.len()).unwrap(), data);
+        // An empty tensor, and one whose elements do not fill its shape.
+        let empty = Tensor::new("e", DataType::Bytes, vec![0, 4], Bytes::new());
+        assert_eq!(
+            string_output(&string_input(&empty).unwrap(), 0).unwrap(),
+            Bytes::new()
+        );
+        for shape in [vec![7], vec![2, -1]] {
+            let short = Tensor::new("short", DataType::Bytes, shape, data.clone());
+            let error = string_input(&short).unwrap_err().to_string();
+            assert!(error.contains("do not fill shape"), "{error}");
+        }
+        let torn = Tensor::new("torn", DataType::Bytes, vec![1], data.slice(..6));
+        assert!(string_input(&torn).is_err());
+    }
+
+    #[test]
+    fn a_string_model_echoes_any_bytes() {
+        let Ok(runtime) = OnnxRuntime::get() else {
+            eprintln!("skipped: no ONNX Runtime library (.ci/setup.sh runtime)");
+            return;
+        };
+        let path =
+            Path::new(env!("CARGO_MANIFEST_DIR")).join("model_repository/string_echo/1/model.onnx");
+        let options = SessionOptions {
+            intra_op_threads: 1,
+            device: Device::Cpu,
+            tuning: SessionTuning::default(),
+            pool_name: None,
+        };
+        let mut session = OnnxSession::load(&runtime, &path, &options).unwrap();
+        let data = frame_bytes(awkward_elements());
+        let input = Tensor::new("input-1", DataType::Bytes, vec![1, 6], data.clone());
+        let outputs = session.run(&[input]).unwrap();
+        assert_eq!(outputs.len(), 1);
+        assert_eq!(outputs[0].shape, vec![1, 6]);
+        assert_eq!(outputs[0].data, data);
+    }
 
     #[test]
     fn unaligned_bytes_read_as_the_same_elements() {

@@ -259,6 +259,31 @@ mod tests {
         }
     }
 
+    /// BYTES inputs stay on the host and are bound as ONNX string tensors, every byte kept
+    /// (NULs, non-UTF-8), on a CPU session through the same binding a GPU instance uses.
+    #[test]
+    fn string_inputs_keep_every_byte_through_the_binding() {
+        let Ok(runtime) = crate::backend::OnnxRuntime::get() else {
+            eprintln!("skipped: no ONNX Runtime library (.ci/setup.sh runtime)");
+            return;
+        };
+        let path = std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
+            .join("model_repository/string_echo/1/model.onnx");
+        let options = onnx::SessionOptions {
+            intra_op_threads: 1,
+            device: crate::backend::cuda::Device::Cpu,
+            tuning: Default::default(),
+            pool_name: None,
+        };
+        let session = OnnxSession::load(&runtime, &path, &options).unwrap();
+        let mut instance = CudaInstance::new(session, 0).unwrap();
+        let elements: [&[u8]; 4] = [b"\x00\xffraw", b"", b"a\x00b", &[0xc3, 0x28, 0]];
+        let data = crate::core::tensor::frame_bytes(elements);
+        let input = Tensor::new("input-1", DataType::Bytes, vec![1, 4], data.clone());
+        let outputs = instance.run(&[input]).unwrap();
+        assert_eq!((&outputs[0].shape, &outputs[0].data), (&vec![1, 4], &data));
+    }
+
     /// The staging path on the default (host) allocator: what a GPU instance does when ONNX
     /// Runtime offers no pinned allocator, checked without a GPU.
     #[test]

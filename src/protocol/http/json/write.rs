@@ -5,8 +5,17 @@ use std::io::Write as _;
 
 /// Appends `s` as a JSON string.
 pub fn write_str(out: &mut Vec<u8>, s: &str) {
+    write_bytes_str(out, s.as_bytes());
+}
+
+/// Appends arbitrary bytes (a BYTES element) as a JSON string the way Triton writes one: quotes,
+/// backslashes and control characters escaped as rapidjson escapes them (`\n`, `\b`, ..., else
+/// `\u001F` with upper-case digits; NUL as `\u0000`), every other byte as it is.
+/// Bytes that are not UTF-8 stay as they are too, as rapidjson's writer (which Triton uses,
+/// without encoding validation) copies them: such a body is not strictly UTF-8, and a client that
+/// wants them reads it leniently or asks for the output as binary data.
+pub fn write_bytes_str(out: &mut Vec<u8>, bytes: &[u8]) {
     out.push(b'"');
-    let bytes = s.as_bytes();
     let mut run_start = 0;
     for (i, &b) in bytes.iter().enumerate() {
         let escape: &[u8] = match b {
@@ -15,12 +24,14 @@ pub fn write_str(out: &mut Vec<u8>, s: &str) {
             b'\n' => b"\\n",
             b'\r' => b"\\r",
             b'\t' => b"\\t",
+            0x08 => b"\\b",
+            0x0c => b"\\f",
             0..=0x1f => b"",
             _ => continue,
         };
         out.extend_from_slice(&bytes[run_start..i]);
         if escape.is_empty() {
-            let _ = write!(out, "\\u{b:04x}");
+            let _ = write!(out, "\\u{b:04X}");
         } else {
             out.extend_from_slice(escape);
         }
@@ -33,12 +44,6 @@ pub fn write_str(out: &mut Vec<u8>, s: &str) {
 /// Appends an integer, formatted in place (no `to_string` allocation).
 pub fn write_integer(out: &mut Vec<u8>, value: impl std::fmt::Display) {
     let _ = write!(out, "{value}");
-}
-
-/// Appends arbitrary bytes as a JSON string; bytes that are not UTF-8 become U+FFFD (binary data
-/// should be requested with `binary_data`).
-pub fn write_bytes_str(out: &mut Vec<u8>, bytes: &[u8]) {
-    write_str(out, &String::from_utf8_lossy(bytes));
 }
 
 /// Appends a double the way Triton writes it: shortest round-trip form, `NaN`, `Infinity`,

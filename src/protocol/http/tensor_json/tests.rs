@@ -159,11 +159,12 @@ fn encode_every_json_datatype_flat() {
         encoded(DataType::Fp64, f64::NEG_INFINITY.to_le_bytes().to_vec()).unwrap(),
         "[-Infinity]"
     );
-    let strings = crate::core::tensor::frame_bytes([&b"a\"b"[..], b"", b"\xff"]);
-    assert_eq!(
-        encoded(DataType::Bytes, strings.to_vec()).unwrap(),
-        "[\"a\\\"b\",\"\",\"\u{fffd}\"]"
-    );
+    // BYTES as Triton writes them: escaped where JSON needs it, any other byte as it is.
+    let strings = crate::core::tensor::frame_bytes([&b"a\"b"[..], b"", b"\xff\x00"]);
+    let tensor = Tensor::new("y", DataType::Bytes, vec![3], strings);
+    let mut out = Vec::new();
+    encode(&mut out, &tensor).unwrap();
+    assert_eq!(out, b"[\"a\\\"b\",\"\",\"\xff\\u0000\"]");
     assert_eq!(encoded(DataType::Fp32, vec![]).unwrap(), "[]");
 }
 
