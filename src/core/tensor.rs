@@ -92,6 +92,13 @@ impl fmt::Display for DataType {
 pub enum ShapeError {
     #[error("shape dimension {0} is negative")]
     Negative(i64),
+    /// The element count does not fit in an int64, where Triton counts elements.
+    #[error("causes total element count to exceed maximum size of {}", i64::MAX)]
+    CountOverflow,
+    /// The element count fits in an int64 but its byte size does not.
+    #[error("byte size exceeds maximum size of {}", i64::MAX)]
+    ByteSizeOverflow,
+    /// More than [`MAX_ELEMENTS`]: no message kiln accepts can hold the tensor.
     #[error("shape {0} has too many elements")]
     Overflow(String),
 }
@@ -103,17 +110,51 @@ const MAX_ELEMENTS: u64 = 1 << 56;
 /// Number of elements of a concrete shape (the empty shape is a scalar: 1 element). Checked for
 /// negative dimensions and overflow before anything is allocated.
 pub fn element_count(shape: &[i64]) -> Result<usize, ShapeError> {
-    let mut count: u64 = 1;
+    sized_element_count(shape, None)
+}
+
+/// [`element_count`] of a tensor whose elements take `element_size` bytes each (`None`: BYTES),
+/// checked as Triton checks a request's shape: the count must fit in an int64, then its byte size
+/// too, before kiln's own [`MAX_ELEMENTS`].
+pub fn sized_element_count(
+    shape: &[i64],
+    element_size: Option<usize>,
+) -> Result<usize, ShapeError> {
+    let mut count: i64 = 1;
     for &dim in shape {
         if dim < 0 {
             return Err(ShapeError::Negative(dim));
         }
-        count = count
-            .checked_mul(dim as u64)
-            .filter(|&c| c <= MAX_ELEMENTS)
-            .ok_or_else(|| ShapeError::Overflow(format_dims(shape)))?;
+        count = count.checked_mul(dim).ok_or(ShapeError::CountOverflow)?;
     }
-    usize::try_from(count).map_err(|_| ShapeError::Overflow(format_dims(shape)))
+    if let Some(size) = element_size {
+        count
+            .checked_mul(size as i64)
+            .ok_or(ShapeError::ByteSizeOverflow)?;
+    }
+    usize::try_from(count)
+        .ok()
+        .filter(|&c| c as u64 <= MAX_ELEMENTS)
+        .ok_or_else(|| ShapeError::Overflow(format_dims(shape)))
+}
+
+/// The message for an input whose shape [`sized_element_count`] refused: Triton's words for the
+/// count and byte size overflows (its HTTP frontend's checks, server PR #8182; frozen by Triton's
+/// qa/L0_http/http_test.py `test_buffer_size_overflow`, which matches "causes total element count
+/// to exceed maximum size of" and "byte size overflow for input").
+pub fn shape_refusal(error: &ShapeError, input: &str, model: &str, shape: &[i64]) -> String {
+    let dims = format_dims(shape);
+    match error {
+        ShapeError::CountOverflow => {
+            format!("input '{input}' for model '{model}' with shape {dims} {error}")
+        }
+        ShapeError::ByteSizeOverflow => {
+            format!("byte size overflow for input '{input}' for model '{model}' with shape {dims}: {error}")
+        }
+        ShapeError::Negative(_) | ShapeError::Overflow(_) => {
+            format!("invalid shape {dims} for input '{input}' for model '{model}': {error}")
+        }
+    }
 }
 
 /// Formats dims as Triton does in messages: `[-1,16]`.
@@ -267,19 +308,32 @@ mod tests {
     #[test]
     fn element_count_rejects_negative_and_overflow() {
         assert_eq!(element_count(&[2, -1]), Err(ShapeError::Negative(-1)));
-        assert!(matches!(
-            element_count(&[1 << 40, 1 << 40]),
-            Err(ShapeError::Overflow(_))
-        ));
-        assert!(matches!(
-            element_count(&[i64::MAX, 2]),
-            Err(ShapeError::Overflow(_))
-        ));
-        // Zero anywhere still short-circuits to an empty tensor only if no earlier overflow.
-        assert!(matches!(
-            element_count(&[i64::MAX, i64::MAX, 0]),
-            Err(ShapeError::Overflow(_))
-        ));
+        // Triton's order: the count must fit in an int64, then its bytes, then kiln's own cap.
+        for shape in [
+            &[1 << 40, 1 << 40][..],
+            &[i64::MAX, 2],
+            &[i64::MAX, i64::MAX, 0],
+        ] {
+            assert_eq!(
+                element_count(shape),
+                Err(ShapeError::CountOverflow),
+                "{shape:?}"
+            );
+        }
+        assert_eq!(
+            sized_element_count(&[4, (1 << 60) + 2], Some(4)),
+            Err(ShapeError::ByteSizeOverflow)
+        );
+        assert_eq!(
+            sized_element_count(&[4, (1 << 60) + 2], None),
+            Err(ShapeError::Overflow("[4,1152921504606846978]".into()))
+        );
+        assert_eq!(sized_element_count(&[2, 8], Some(8)), Ok(16));
+        assert_eq!(
+            shape_refusal(&ShapeError::CountOverflow, "x", "m", &[16, (1 << 60) + 2]),
+            "input 'x' for model 'm' with shape [16,1152921504606846978] causes total element \
+             count to exceed maximum size of 9223372036854775807"
+        );
     }
 
     #[test]

@@ -2,7 +2,8 @@
 //! and mapping shapes between what clients send and what the ONNX graph takes. Pure functions.
 
 use crate::core::tensor::{
-    check_bytes_framing, element_count, format_dims, BytesElements, FramingError, ShapeError,
+    check_bytes_framing, format_dims, shape_refusal, sized_element_count, BytesElements,
+    FramingError,
 };
 use crate::core::{Error, InferRequest, Tensor};
 use crate::invalid_arg;
@@ -35,14 +36,7 @@ pub fn prepare_inputs(
     request: &mut InferRequest,
 ) -> Result<Vec<Tensor>, Error> {
     let prefix = request_prefix(&request.id);
-    for output in &request.outputs {
-        if io.output(&output.name).is_none() {
-            return Err(invalid_arg!(
-                "unexpected inference output '{}' for model '{model}'",
-                output.name
-            ));
-        }
-    }
+    check_outputs(model, io, request, &prefix)?;
     let required = io.inputs.iter().filter(|spec| !spec.optional).count();
     // The required inputs the request leaves out.
     let missing = |request: &InferRequest| {
@@ -132,6 +126,40 @@ pub fn prepare_inputs(
             to_model_shape(input, spec, batch)
         })
         .collect())
+}
+
+/// The requested outputs: each named once, each the model's.
+///
+/// A name asked for twice is refused first, as Triton's core refuses it while the request is
+/// built (core PR #493, `InferenceRequest::AddOriginalRequestedOutput` in src/infer_request.cc;
+/// the text follows its twin for inputs, `AddOriginalInput`), before normalisation finds unknown
+/// names.
+fn check_outputs(
+    model: &str,
+    io: &IoSpec,
+    request: &InferRequest,
+    prefix: &str,
+) -> Result<(), Error> {
+    for (index, output) in request.outputs.iter().enumerate() {
+        if request.outputs[..index]
+            .iter()
+            .any(|earlier| earlier.name == output.name)
+        {
+            return Err(invalid_arg!(
+                "{prefix}output '{}' already exists in request",
+                output.name
+            ));
+        }
+    }
+    for output in &request.outputs {
+        if io.output(&output.name).is_none() {
+            return Err(invalid_arg!(
+                "unexpected inference output '{}' for model '{model}'",
+                output.name
+            ));
+        }
+    }
+    Ok(())
 }
 
 /// Runs a pass over the inputs in request order; when it finds a problem, runs it again in the
@@ -256,12 +284,8 @@ fn check_declared(
 fn check_data(model: &str, io: &IoSpec, input: &Tensor, prefix: &str) -> Result<(), Error> {
     let spec = known(model, io, input)?;
     let name = &input.name;
-    let count = element_count(&input.shape).map_err(|e| match e {
-        ShapeError::Negative(_) | ShapeError::Overflow(_) => invalid_arg!(
-            "{prefix}invalid shape {} for input '{name}' for model '{model}': {e}",
-            format_dims(&input.shape)
-        ),
-    })?;
+    let count = sized_element_count(&input.shape, input.datatype.element_size())
+        .map_err(|e| invalid_arg!("{prefix}{}", shape_refusal(&e, name, model, &input.shape)))?;
     match input.datatype.element_size() {
         Some(size) => {
             let expected = count as u64 * size as u64;
@@ -276,6 +300,13 @@ fn check_data(model: &str, io: &IoSpec, input: &Tensor, prefix: &str) -> Result<
             }
         }
         None => check_bytes_framing(&input.data, count).map_err(|e| match e {
+            // Triton's two texts (core src/infer_request.cc, InferenceRequest::ValidateBytesInputs;
+            // frozen by its qa/L0_input_validation test_input_string_shape_validation): one
+            // element too many is refused as soon as it is met.
+            FramingError::Count { expected, found } if found > expected => invalid_arg!(
+                "{prefix}unexpected number of string elements {} for inference input '{name}' for model '{model}', expecting {expected}",
+                expected + 1
+            ),
             FramingError::Count { expected, found } => invalid_arg!(
                 "{prefix}expected {expected} string elements for inference input '{name}' for model '{model}', got {found}"
             ),
@@ -347,6 +378,7 @@ pub fn to_client_shape(mut output: Tensor, spec: &TensorSpec, batched: bool) -> 
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::core::tensor::element_count;
     use crate::core::tensor::frame_bytes;
     use crate::core::{DataType, RequestedOutput};
     use bytes::Bytes;
@@ -470,6 +502,22 @@ mod tests {
     }
 
     #[test]
+    fn an_output_asked_for_twice_is_refused_before_unknown_ones() {
+        let mut req = request(vec![fp32("INPUT0", &[1, 16]), fp32("INPUT1", &[1, 16])]);
+        for name in ["OUTPUT1", "NOPE", "OUTPUT1"] {
+            req.outputs.push(RequestedOutput {
+                name: name.into(),
+                ..Default::default()
+            });
+        }
+        req.id = "r1".into();
+        assert_eq!(
+            err(&add_sub(), req),
+            "[request id: r1] output 'OUTPUT1' already exists in request"
+        );
+    }
+
+    #[test]
     fn datatype_mismatch_uses_request_id() {
         let mut req = request(vec![fp32("INPUT0", &[1, 16]), fp32("INPUT1", &[1, 16])]);
         req.id = "r7".into();
@@ -573,7 +621,18 @@ mod tests {
             vec![1 << 40, 1 << 40],
             Bytes::from_static(&[0; 4]),
         );
-        assert!(err(&io, request(vec![huge])).contains("too many elements"));
+        assert_eq!(
+            err(&io, request(vec![huge])),
+            "[request id: <id_unknown>] input 'X' for model 'add_sub' with shape \
+             [1099511627776,1099511627776] causes total element count to exceed maximum size of \
+             9223372036854775807"
+        );
+        let wide = Tensor::new("X", DataType::Fp32, vec![1, 1 << 62], Bytes::new());
+        assert_eq!(
+            err(&io, request(vec![wide])),
+            "[request id: <id_unknown>] byte size overflow for input 'X' for model 'add_sub' with \
+             shape [1,4611686018427387904]: byte size exceeds maximum size of 9223372036854775807"
+        );
         let negative = Tensor::new("X", DataType::Fp32, vec![-5, 16], Bytes::new());
         assert!(err(&io, request(vec![negative])).contains("negative"));
         let io = add_sub();
@@ -610,6 +669,17 @@ mod tests {
         assert!(err(&io, request(vec![short])).contains(
             "expected 3 string elements for inference input 'S' for model 'add_sub', got 2"
         ));
+        let long = Tensor::new(
+            "S",
+            DataType::Bytes,
+            vec![1],
+            frame_bytes([&b"a"[..], b"bc", b"d"]),
+        );
+        assert_eq!(
+            err(&io, request(vec![long])),
+            "[request id: <id_unknown>] unexpected number of string elements 2 for inference \
+             input 'S' for model 'add_sub', expecting 1"
+        );
         let truncated = Tensor::new(
             "S",
             DataType::Bytes,

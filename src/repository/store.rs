@@ -80,8 +80,10 @@ pub fn open(location: &Path) -> Result<Box<dyn ModelStore>, String> {
     Ok(Box::new(LocalStore::new(location.to_path_buf())))
 }
 
-/// Checks a model name as Triton does, and more strictly: not empty or blank, and no path
-/// separators or parent references, so a name can never leave the repository.
+/// Checks a model name as Triton's current release does: not empty or blank, and nothing that
+/// could leave the repository once joined to its path (server PR #8400): no path separator (`/`,
+/// and `\` as on Windows), not `.` or `..` as the whole name, no NUL. Every other name is valid,
+/// dots and spaces included (`...`, `a..b`, `my model`).
 ///
 /// # Errors
 /// Triton's message for the rule broken.
@@ -92,12 +94,8 @@ pub fn validate_name(name: &str) -> Result<(), String> {
     if name.trim().is_empty() {
         return Err("model name must not contain only whitespace characters".into());
     }
-    let traversal = name.contains("..")
-        || name.contains('/')
-        || name.contains('\\')
-        || name.contains('\0')
-        || name == ".";
-    if traversal {
+    let escapes = matches!(name, "." | "..") || name.contains(['/', '\\', '\0']);
+    if escapes {
         return Err(format!(
             "invalid model name '{name}', model name must not contain path traversal characters"
         ));
@@ -288,10 +286,15 @@ mod tests {
 
     #[test]
     fn names_that_could_leave_the_repository_are_refused() {
-        for bad in ["", "  ", "..", "../x", "a/b", "a\\b", "x..y", ".", "a\0b"] {
+        for bad in [
+            "", "  ", "\t\n", "..", "../x", "a/b", "a\\b", ".", "a\0b", "/",
+        ] {
             assert!(validate_name(bad).is_err(), "{bad:?}");
         }
-        for good in ["add_sub", "model-1", "a.b", "ünï"] {
+        // Names that cannot leave the repository are Triton's to accept.
+        for good in [
+            "add_sub", "model-1", "a.b", "ünï", "...", "x..y", "..x", "my model", " a ",
+        ] {
             assert!(validate_name(good).is_ok(), "{good:?}");
         }
         assert_eq!(

@@ -51,6 +51,12 @@ pub fn decode(name: &str, datatype: DataType, count: usize, src: &[u8]) -> Resul
         json::VisitError::Syntax(e) => {
             invalid_arg!("Unable to parse 'data' for input '{name}': {e}")
         }
+        // Triton's text (server src/http_server.cc, ReadDataFromJson wrapping
+        // ReadDataFromJsonHelper's depth check), frozen in conformance/test_triton_validation.py.
+        json::VisitError::TooDeep => invalid_arg!(
+            "Unable to parse 'data': JSON nesting depth exceeds maximum allowed limit ({})",
+            json::MAX_DATA_DEPTH
+        ),
     })?;
     if seen != count {
         return Err(Error::InvalidArgument(shape_mismatch()));

@@ -7,7 +7,7 @@
 
 use super::super::json::{self, Number, Value};
 use super::super::tensor_json;
-use crate::core::tensor::{element_count, format_dims};
+use crate::core::tensor::{shape_refusal, sized_element_count};
 use crate::core::{DataType, Error, InferRequest, ParamValue, Parameters, RequestedOutput, Tensor};
 use crate::invalid_arg;
 use bytes::Bytes;
@@ -165,12 +165,9 @@ fn decode_input(model: &str, input: &Value<'_>, binary: &mut Bytes) -> Result<Te
             })?;
         take_binary(model, &name, size, binary)?
     } else {
-        let count = element_count(&shape).map_err(|e| {
-            invalid_arg!(
-                "invalid shape {} for input '{name}' for model '{model}': {e}",
-                format_dims(&shape)
-            )
-        })?;
+        // Triton's HTTP frontend checks the count and its byte size before reading `data`.
+        let count = sized_element_count(&shape, datatype.element_size())
+            .map_err(|e| Error::InvalidArgument(shape_refusal(&e, &name, model, &shape)))?;
         match input.get("data") {
             // Triton does not read `data` of an empty tensor.
             _ if count == 0 => Bytes::new(),

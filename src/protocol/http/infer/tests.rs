@@ -171,6 +171,14 @@ fn malformed_fields() {
         ),
         (
             r#"{"inputs": [{"name": "x", "shape": [4294967296, 4294967296], "datatype": "FP32", "data": [1]}]}"#,
+            "causes total element count to exceed maximum size of 9223372036854775807",
+        ),
+        (
+            r#"{"inputs": [{"name": "x", "shape": [4, 1152921504606846978], "datatype": "FP32", "data": [1]}]}"#,
+            "byte size overflow for input 'x'",
+        ),
+        (
+            r#"{"inputs": [{"name": "x", "shape": [4, 1152921504606846978], "datatype": "BYTES", "data": ["a"]}]}"#,
             "too many elements",
         ),
         (

@@ -4,8 +4,10 @@
 //! and writes the tokens `NaN`, `Infinity` and `-Infinity`, which serde_json can neither parse nor
 //! print; and tensor `data` arrays are kept here as source text ([`Value::Raw`]) and decoded
 //! straight into raw tensor bytes by `tensor_json`, instead of first becoming a tree with one node
-//! per element. Nesting deeper than [`MAX_DEPTH`] is refused, so a hostile body cannot exhaust
-//! the stack. Everything else follows RFC 8259 strictly (no comments, no trailing commas).
+//! per element. Any depth is read, as Triton reads it (rapidjson's iterative mode since common
+//! PR #156), without recursing past [`MAX_DEPTH`], so a hostile body cannot exhaust the stack;
+//! tensor `data` nests at most [`MAX_DATA_DEPTH`] levels, Triton's limit. Everything else follows
+//! RFC 8259 strictly (no comments, no trailing commas).
 
 mod reader;
 #[cfg(test)]
@@ -18,9 +20,14 @@ use std::fmt;
 
 pub use write::{write_bytes_str, write_f32, write_f64, write_integer, write_number, write_str};
 
-/// Deepest nesting of arrays and objects accepted. A request needs 4 levels plus one per
-/// dimension of a nested `data` array.
+/// Deepest nesting of arrays and objects built into a tree; a deeper value is validated and kept
+/// as its source text ([`Value::Raw`]). Request handlers read 4 levels at most.
 pub const MAX_DEPTH: usize = 64;
+
+/// Deepest nesting of a tensor's `data` arrays: Triton's limit (server PR #8172,
+/// `ReadDataFromJsonHelper` and `JsonBytesArrayByteSize` in src/http_server.cc), which refuses
+/// deeper data with "JSON nesting depth exceeds maximum allowed limit (100)".
+pub const MAX_DATA_DEPTH: usize = 100;
 
 /// Most values [`parse`] builds (members kept raw do not count). A request header holds a few
 /// dozen; the cap keeps a hostile body of tiny values from growing a tree many times its size.
@@ -85,7 +92,8 @@ pub enum Value<'a> {
     Array(Vec<Value<'a>>),
     /// Member names are borrowed from the source unless they hold escapes.
     Object(Vec<(Cow<'a, str>, Value<'a>)>),
-    /// The validated source text of a value left unparsed (the `data` of request tensors).
+    /// The validated source text of a value left unparsed: the `data` of request tensors, and any
+    /// value nested deeper than [`MAX_DEPTH`].
     Raw(&'a [u8]),
 }
 
@@ -150,8 +158,8 @@ impl fmt::Display for ParseError {
 /// Parses one JSON document. Members named `lazy_key` are validated but kept as [`Value::Raw`].
 ///
 /// # Errors
-/// [`ParseError`] for malformed JSON, nesting deeper than [`MAX_DEPTH`], more than
-/// [`MAX_VALUES`] values, strings that are not UTF-8, or trailing content.
+/// [`ParseError`] for malformed JSON, more than [`MAX_VALUES`] values, strings that are not
+/// UTF-8, or trailing content.
 pub fn parse<'a>(src: &'a [u8], lazy_key: Option<&str>) -> Result<Value<'a>, ParseError> {
     let mut reader = Reader {
         src,
@@ -172,18 +180,47 @@ pub fn parse<'a>(src: &'a [u8], lazy_key: Option<&str>) -> Result<Value<'a>, Par
 
 /// A small request body (repository, settings, shared-memory APIs) as a `serde_json` tree.
 ///
+/// serde_json stops at 128 levels and at `NaN` / `Infinity`, which Triton's rapidjson reads: such
+/// a document is read by [`parse`] instead, its values deeper than [`MAX_DEPTH`] and its
+/// non-finite numbers becoming `null` (no handler reads either), so a deeply nested body answers
+/// as in Triton (its repository index, for one, ignores members it does not know).
+///
 /// # Errors
 /// INVALID_ARGUMENT "failed to parse the request JSON buffer: ..." with the syntax error as
 /// [`parse`] (and so Triton's rapidjson) words it.
 pub fn document(src: &[u8]) -> Result<serde_json::Value, crate::core::Error> {
-    serde_json::from_slice(src).map_err(|serde| {
-        let why = parse(src, None)
-            .err()
-            .map_or(serde.to_string(), |e| e.to_string());
-        crate::core::Error::InvalidArgument(format!(
-            "failed to parse the request JSON buffer: {why}"
-        ))
+    serde_json::from_slice(src).or_else(|_| {
+        parse(src, None).map(|value| to_serde(&value)).map_err(|e| {
+            crate::core::Error::InvalidArgument(format!(
+                "failed to parse the request JSON buffer: {e}"
+            ))
+        })
     })
+}
+
+/// [`Value`] as `serde_json` holds it; recursion is bounded by [`MAX_DEPTH`] (deeper is `Raw`).
+fn to_serde(value: &Value<'_>) -> serde_json::Value {
+    use serde_json::Value as Json;
+    match value {
+        Value::Null | Value::Raw(_) => Json::Null,
+        Value::Bool(b) => Json::Bool(*b),
+        Value::Number(Number::Unsigned(v)) => Json::from(*v),
+        Value::Number(Number::Negative(v)) => Json::from(*v),
+        Value::Number(Number::Float(v)) => {
+            serde_json::Number::from_f64(*v).map_or(Json::Null, Json::Number)
+        }
+        Value::String(s) => Json::String(s.to_string()),
+        Value::Array(items) => Json::Array(items.iter().map(to_serde).collect()),
+        Value::Object(members) => {
+            let mut map = serde_json::Map::new();
+            for (key, member) in members {
+                // The first of duplicate names, as rapidjson's FindMember.
+                map.entry(key.to_string())
+                    .or_insert_with(|| to_serde(member));
+            }
+            Json::Object(map)
+        }
+    }
 }
 
 /// One leaf of a nested array, as [`visit_scalars`] reports it.
@@ -227,6 +264,8 @@ pub enum VisitError {
     Visitor(String),
     /// The text is not an array of arrays and scalars.
     Syntax(ParseError),
+    /// The arrays nest deeper than [`MAX_DATA_DEPTH`].
+    TooDeep,
 }
 
 impl From<ParseError> for VisitError {

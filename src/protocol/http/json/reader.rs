@@ -1,6 +1,8 @@
-//! The recursive-descent reader behind [`super::parse`] and [`super::visit_scalars`].
+//! The recursive-descent reader behind [`super::parse`] and [`super::visit_scalars`]. Recursion is
+//! bounded: values deeper than [`MAX_DEPTH`] are validated by [`Reader::skip`], which keeps its
+//! open containers on the heap, and `data` arrays stop at [`MAX_DATA_DEPTH`].
 
-use super::{Number, ParseError, Scalar, Value, VisitError, MAX_DEPTH, MAX_VALUES};
+use super::{Number, ParseError, Scalar, Value, VisitError, MAX_DATA_DEPTH, MAX_DEPTH, MAX_VALUES};
 use std::borrow::Cow;
 
 pub(super) struct Reader<'a> {
@@ -37,15 +39,6 @@ impl<'a> Reader<'a> {
         }
     }
 
-    fn check_depth(&self, depth: usize) -> Result<(), ParseError> {
-        if depth > MAX_DEPTH {
-            return Err(self.error(format!(
-                "JSON nesting is deeper than the limit of {MAX_DEPTH} levels"
-            )));
-        }
-        Ok(())
-    }
-
     pub(super) fn value(
         &mut self,
         depth: usize,
@@ -56,10 +49,16 @@ impl<'a> Reader<'a> {
                 "JSON has more than {MAX_VALUES} values outside tensor 'data'"
             ))
         })?;
+        if depth > MAX_DEPTH && matches!(self.peek(), Some(b'[' | b'{')) {
+            // Triton's parser reads any depth (rapidjson's iterative mode, common PR #156) and no
+            // handler looks this deep: the value is validated and kept as its source text.
+            let start = self.pos;
+            self.skip()?;
+            return Ok(Value::Raw(&self.src[start..self.pos]));
+        }
         match self.peek() {
             Some(b'{') => self.object(depth, lazy_key),
             Some(b'[') => {
-                self.check_depth(depth)?;
                 self.pos += 1;
                 let mut items = Vec::new();
                 self.skip_ws();
@@ -84,7 +83,6 @@ impl<'a> Reader<'a> {
     }
 
     fn object(&mut self, depth: usize, lazy_key: Option<&str>) -> Result<Value<'a>, ParseError> {
-        self.check_depth(depth)?;
         self.pos += 1;
         let mut members = Vec::new();
         self.skip_ws();
@@ -106,7 +104,7 @@ impl<'a> Reader<'a> {
             self.skip_ws();
             let value = if lazy_key == Some(&*key) {
                 let start = self.pos;
-                self.skip(depth + 1)?;
+                self.skip()?;
                 Value::Raw(&self.src[start..self.pos])
             } else {
                 self.value(depth + 1, lazy_key)?
@@ -134,50 +132,68 @@ impl<'a> Reader<'a> {
         }
     }
 
-    /// Validates a value without building it.
-    fn skip(&mut self, depth: usize) -> Result<(), ParseError> {
-        match self.peek() {
-            Some(open @ (b'[' | b'{')) => {
-                self.check_depth(depth)?;
-                let (close, missing) = if open == b'[' {
-                    (b']', MISSING_ARRAY_SEPARATOR)
-                } else {
-                    (b'}', MISSING_MEMBER_SEPARATOR)
-                };
-                self.pos += 1;
-                self.skip_ws();
-                if self.peek() == Some(close) {
+    /// Validates a value without building it, however deep: the open containers are kept on the
+    /// heap (one byte each, bounded by the body), never on the call stack.
+    fn skip(&mut self) -> Result<(), ParseError> {
+        // The closing byte of each open container, innermost last.
+        let mut open: Vec<u8> = Vec::new();
+        loop {
+            match self.peek() {
+                Some(b @ (b'[' | b'{')) => {
+                    let close = if b == b'[' { b']' } else { b'}' };
                     self.pos += 1;
-                    return Ok(());
-                }
-                loop {
                     self.skip_ws();
-                    if open == b'{' {
-                        if self.peek() != Some(b'"') {
-                            return Err(self.error("Missing a name for object member."));
+                    if self.peek() != Some(close) {
+                        open.push(close);
+                        if close == b'}' {
+                            self.member_name()?;
                         }
-                        self.string(None)?;
-                        self.skip_ws();
-                        if self.peek() != Some(b':') {
-                            return Err(
-                                self.error("Missing a colon after a name of object member.")
-                            );
-                        }
-                        self.pos += 1;
-                        self.skip_ws();
+                        continue;
                     }
-                    self.skip(depth + 1)?;
-                    if self.separator(close, missing)? {
-                        return Ok(());
-                    }
+                    self.pos += 1;
                 }
+                Some(b'"') => self.string(None)?,
+                Some(b't') => self.literal("true")?,
+                Some(b'f') => self.literal("false")?,
+                Some(b'n') => self.literal("null")?,
+                _ => self.skip_number()?,
             }
-            Some(b'"') => self.string(None),
-            Some(b't') => self.literal("true"),
-            Some(b'f') => self.literal("false"),
-            Some(b'n') => self.literal("null"),
-            _ => self.skip_number(),
+            // A value ended: close what it ends, or go on to the next element.
+            loop {
+                let Some(&close) = open.last() else {
+                    return Ok(());
+                };
+                let missing = if close == b']' {
+                    MISSING_ARRAY_SEPARATOR
+                } else {
+                    MISSING_MEMBER_SEPARATOR
+                };
+                if self.separator(close, missing)? {
+                    open.pop();
+                    continue;
+                }
+                self.skip_ws();
+                if close == b'}' {
+                    self.member_name()?;
+                }
+                break;
+            }
         }
+    }
+
+    /// An object member's name and colon, and the whitespace before its value.
+    fn member_name(&mut self) -> Result<(), ParseError> {
+        if self.peek() != Some(b'"') {
+            return Err(self.error("Missing a name for object member."));
+        }
+        self.string(None)?;
+        self.skip_ws();
+        if self.peek() != Some(b':') {
+            return Err(self.error("Missing a colon after a name of object member."));
+        }
+        self.pos += 1;
+        self.skip_ws();
+        Ok(())
     }
 
     pub(super) fn visit(
@@ -188,7 +204,9 @@ impl<'a> Reader<'a> {
     ) -> Result<(), VisitError> {
         let scalar = match self.peek() {
             Some(b'[') => {
-                self.check_depth(depth)?;
+                if depth > MAX_DATA_DEPTH {
+                    return Err(VisitError::TooDeep);
+                }
                 self.pos += 1;
                 self.skip_ws();
                 if self.peek() == Some(b']') {

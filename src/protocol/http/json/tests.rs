@@ -300,20 +300,27 @@ fn structural_errors_have_offsets() {
 }
 
 #[test]
-fn depth_is_limited_without_recursing_forever() {
-    let ok = format!("{}{}", "[".repeat(MAX_DEPTH), "]".repeat(MAX_DEPTH));
-    assert!(parse(ok.as_bytes(), None).is_ok());
+fn any_depth_is_read_without_recursing_past_the_tree() {
+    // The tree stops at MAX_DEPTH; below it a value is validated and kept as its text.
     let deep = format!("{}{}", "[".repeat(MAX_DEPTH + 1), "]".repeat(MAX_DEPTH + 1));
-    assert!(error(&deep).contains("deeper than the limit"));
-    // A bomb far past the limit fails fast on the way down.
-    let bomb = "[".repeat(10_000_000);
-    assert!(error(&bomb).contains("deeper than the limit"));
-    let objects = format!(
-        "{}1{}",
-        r#"{"a":"#.repeat(MAX_DEPTH + 1),
-        "}".repeat(MAX_DEPTH + 1)
-    );
-    assert!(error(&objects).contains("deeper than the limit"));
+    let tree = parse(deep.as_bytes(), None).unwrap();
+    let mut at = &tree;
+    for _ in 1..MAX_DEPTH {
+        at = &at.as_array().unwrap()[0];
+    }
+    assert_eq!(at.as_array().unwrap(), [Value::Raw(b"[]")]);
+    // A million levels: no stack overflow, and rapidjson's words for what is wrong at the bottom.
+    let fine = format!("{}1{}", "[".repeat(1_000_000), "]".repeat(1_000_000));
+    assert!(parse(fine.as_bytes(), None).is_ok());
+    assert!(error(&"[".repeat(1_000_000)).starts_with("Invalid value."));
+    let objects = format!("{}1{}", r#"{"a":"#.repeat(200_000), "}".repeat(200_000));
+    assert!(parse(objects.as_bytes(), None).is_ok());
+    let no_colon = format!("{}{{\"b\" 1}}{}", r#"{"a":"#.repeat(100), "}".repeat(100));
+    assert!(error(&no_colon).starts_with("Missing a colon after a name of object member."));
+    let unclosed = format!("{}1,{}", "[".repeat(100), "]".repeat(99));
+    assert!(error(&unclosed).starts_with("Invalid value."));
+    let trailing = format!("{}1{}]", "[".repeat(100), "]".repeat(100));
+    assert!(error(&trailing).starts_with("The document root must not be followed by other values."));
 }
 
 #[test]
@@ -324,12 +331,24 @@ fn lazy_members_are_validated_but_kept_raw() {
     assert_eq!(v.get("x").unwrap().get("data"), Some(&Value::Raw(b"\"s\"")));
     assert!(parse(br#"{"data": [1, 2,]}"#, Some("data")).is_err());
     assert!(parse(br#"{"data": [{"a" 1}]}"#, Some("data")).is_err());
-    let deep = format!(
-        r#"{{"data": {}{}}}"#,
-        "[".repeat(MAX_DEPTH),
-        "]".repeat(MAX_DEPTH)
-    );
-    assert!(parse(deep.as_bytes(), Some("data")).is_err());
+    let nested = format!("{}1{}", "[".repeat(1000), "]".repeat(1000));
+    let deep = format!(r#"{{"data": {nested}}}"#);
+    let v = parse(deep.as_bytes(), Some("data")).unwrap();
+    assert_eq!(v.get("data"), Some(&Value::Raw(nested.as_bytes())));
+}
+
+#[test]
+fn data_nests_at_most_tritons_limit() {
+    let nested = |depth: usize| format!("{}1{}", "[".repeat(depth), "]".repeat(depth));
+    let mut seen = 0;
+    visit_scalars(nested(MAX_DATA_DEPTH).as_bytes(), |_| {
+        seen += 1;
+        Ok(())
+    })
+    .unwrap();
+    assert_eq!(seen, 1);
+    let err = visit_scalars(nested(MAX_DATA_DEPTH + 1).as_bytes(), |_| Ok(())).unwrap_err();
+    assert_eq!(err, VisitError::TooDeep);
 }
 
 #[test]
@@ -505,4 +524,24 @@ fn small_documents_report_syntax_errors_in_rapidjsons_words() {
         super::document(br#"{"ready": true}"#).unwrap()["ready"],
         serde_json::json!(true)
     );
+}
+
+#[test]
+fn small_documents_read_what_serde_json_stops_at() {
+    // Past serde_json's 128 levels: read, the deep value as null (Triton reads any depth).
+    let deep = format!(
+        r#"{{"ready": true, "x": {}{}}}"#,
+        "[".repeat(10_000),
+        "]".repeat(10_000)
+    );
+    let doc = super::document(deep.as_bytes()).unwrap();
+    // "x" is at depth 2: arrays down to MAX_DEPTH, then the rest as null.
+    let mut x = serde_json::Value::Null;
+    for _ in 2..=MAX_DEPTH {
+        x = serde_json::Value::Array(vec![x]);
+    }
+    assert_eq!(doc, serde_json::json!({"ready": true, "x": x}));
+    // Non-finite numbers, which rapidjson reads and serde_json does not, as null.
+    let doc = super::document(br#"{"ready": false, "n": NaN}"#).unwrap();
+    assert_eq!(doc, serde_json::json!({"ready": false, "n": null}));
 }
