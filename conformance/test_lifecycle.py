@@ -213,6 +213,12 @@ def test_load_errors_follow_triton(grpc_client, http_client):
         http_client.load_model("..")
     assert e.value.status() == "400"
     assert "path traversal" in e.value.message()
+    # Names are kept (load locks, the index): no longer than a directory's name may be.
+    with pytest.raises(InferenceServerException) as e:
+        grpc_client.load_model("m" * (1 << 20), client_timeout=T)
+    assert_triton_error(e.value, grpc.StatusCode.INVALID_ARGUMENT,
+                        "invalid model name: it is 1048576 bytes, longer than the 255")
+    assert len(e.value.message()) < 1000
 
 
 def test_server_metadata_lists_the_extension(grpc_client):

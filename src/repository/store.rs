@@ -80,14 +80,27 @@ pub fn open(location: &Path) -> Result<Box<dyn ModelStore>, String> {
     Ok(Box::new(LocalStore::new(location.to_path_buf())))
 }
 
-/// Checks a model name as Triton does, and more strictly: not empty or blank, and no path
-/// separators or parent references, so a name can never leave the repository.
+/// Longest model name, in bytes: a model is a directory in its repository (and in a remote
+/// store's local cache), whose name cannot be longer (NAME_MAX); and names a client asks to load
+/// are kept (the index, load locks), so they are bounded before anything else looks at them.
+pub const MAX_MODEL_NAME_BYTES: usize = 255;
+
+/// Checks a model name as Triton does, and more strictly: not empty or blank, no longer than
+/// [`MAX_MODEL_NAME_BYTES`], and no path separators or parent references, so a name can never
+/// leave the repository.
 ///
 /// # Errors
-/// Triton's message for the rule broken.
+/// Triton's message for the rule broken (kiln's for the length, which does not repeat the name).
 pub fn validate_name(name: &str) -> Result<(), String> {
     if name.is_empty() {
         return Err("model name must not be empty".into());
+    }
+    if name.len() > MAX_MODEL_NAME_BYTES {
+        return Err(format!(
+            "invalid model name: it is {} bytes, longer than the {MAX_MODEL_NAME_BYTES} a model \
+             directory's name may be",
+            name.len()
+        ));
     }
     if name.trim().is_empty() {
         return Err("model name must not contain only whitespace characters".into());
@@ -297,6 +310,11 @@ mod tests {
         assert_eq!(
             validate_name("../etc").unwrap_err(),
             "invalid model name '../etc', model name must not contain path traversal characters"
+        );
+        assert!(validate_name(&"m".repeat(MAX_MODEL_NAME_BYTES)).is_ok());
+        assert_eq!(
+            validate_name(&"m".repeat(MAX_MODEL_NAME_BYTES + 1)).unwrap_err(),
+            "invalid model name: it is 256 bytes, longer than the 255 a model directory's name may be"
         );
     }
 
