@@ -2165,8 +2165,13 @@ def test_a_packed_environment_is_unpacked_activated_and_removed_at_exit(tmp_path
     (repo / "py_bad_env" / "env.tar.gz").write_bytes(b"\x1f\x8b not really gzip")
     server = start_server([repo], name="kiln-python-env", env={"TMPDIR": str(temp)},
                           extra_args=["--model-control-mode", "explicit", "--load-model", "*"])
-    unpacked = temp / f"kiln_python_env_{server.proc.pid}"
     try:
+        # One private directory (mode 0700, a random name) holds this server's environments.
+        made = [p for p in temp.iterdir() if p.name.startswith("kiln_python_env_")]
+        assert len(made) == 1, made
+        unpacked = made[0]
+        assert unpacked.name != f"kiln_python_env_{server.proc.pid}"
+        assert unpacked.stat().st_mode & 0o777 == 0o700
         client = grpcclient.InferenceServerClient(server.grpc_url)
 
         def where():
