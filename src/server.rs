@@ -247,21 +247,13 @@ pub async fn run(
             when_stopped(&stopped)
         }
     };
-    // The cloud services: plain HTTP listeners of their own, over the same engine.
+    // The cloud services: HTTP listeners of their own, over the same engine, with REST's TLS.
     let cloud = |listener: Option<TcpListener>, router: Option<axum::Router>, what: &str| {
         let (Some(listener), Some(router)) = (listener, router) else {
             return Ok(when_stopped(&stopped));
         };
-        info!("Started {what} HTTPService at {}", listener.local_addr()?);
-        let serving = serve_http(
-            listener,
-            router.layer(responses.clone()),
-            stopped_signal(&stopped),
-        );
-        Ok::<Serving, ServerError>(Box::pin(async move {
-            serving.await;
-            Ok(())
-        }))
+        let router = router.layer(responses.clone());
+        serve_cloud(listener, router, config.http_tls.as_ref(), &stopped, what)
     };
     let sagemaker_serve = cloud(
         listeners.sagemaker,
@@ -449,6 +441,32 @@ fn serve_rest(
         }
     };
     info!("Started HTTPService at {address}");
+    Ok(Box::pin(async move {
+        serving.await;
+        Ok(())
+    }))
+}
+
+/// Serves a cloud service's router (SageMaker, Vertex AI, OpenAI) on `listener`, over TLS with
+/// REST's certificates (and client certificates) when REST has them: these services run
+/// inference too, so they must not be a plaintext way around `--http-use-ssl`.
+fn serve_cloud(
+    listener: TcpListener,
+    router: axum::Router,
+    tls: Option<&TlsFiles>,
+    stopped: &tokio::sync::watch::Receiver<bool>,
+    what: &str,
+) -> Result<Serving, ServerError> {
+    let address = listener.local_addr()?;
+    let serving: std::pin::Pin<Box<dyn Future<Output = ()> + Send>> = match tls {
+        Some(files) => {
+            let listener = TlsListener::new(listener, files.server_config()?)?;
+            info!("{what} uses TLS{}", client_certificates(files));
+            Box::pin(serve_http(listener, router, stopped_signal(stopped)))
+        }
+        None => Box::pin(serve_http(listener, router, stopped_signal(stopped))),
+    };
+    info!("Started {what} HTTPService at {address}");
     Ok(Box::pin(async move {
         serving.await;
         Ok(())
