@@ -83,6 +83,8 @@ pub struct Config {
     pub op_libraries: crate::repository::op_library::AllowedOpLibraries,
     /// `--backend-directory`: where Python-based backends' `model.py` files live.
     pub backend_directory: std::path::PathBuf,
+    /// `--python-env-passthrough`: which environment variables Python stubs see.
+    pub python_env: crate::backend::python::StubEnvironment,
     /// `--allow-sagemaker`: what SageMaker's `/invocations` runs.
     pub sagemaker: Option<http::sagemaker::SageMakerConfig>,
     /// `--allow-vertex-ai`: Vertex AI's routes and default model.
@@ -580,6 +582,7 @@ fn open_repository(config: &Config) -> Result<ModelRepository, ServerError> {
             gpu_fallback_to_cpu: config.gpu_fallback_to_cpu,
             op_libraries: config.op_libraries.clone(),
             backend_directory: config.backend_directory.clone(),
+            python_env: config.python_env.clone(),
             response_cache: config.response_cache.is_some(),
             default_max_batch_size: config.default_max_batch_size,
             config_name: config.model_config_name.clone(),

@@ -12,6 +12,7 @@
 //! the environment's `lib` first on `LD_LIBRARY_PATH`, under bash); one without runs its
 //! `bin/python3` directly.
 
+use super::stub_env::StubEnvironment;
 use std::collections::HashMap;
 use std::fmt;
 use std::fs::{self, File};
@@ -43,6 +44,8 @@ pub struct Interpreter {
     python: PathBuf,
     /// The environment's activation script and its library directory.
     activate: Option<(PathBuf, PathBuf)>,
+    /// Which of kiln's environment variables the stub sees.
+    variables: StubEnvironment,
 }
 
 impl Interpreter {
@@ -70,6 +73,7 @@ impl Interpreter {
             return Ok(Interpreter {
                 python,
                 activate: None,
+                variables: StubEnvironment::default(),
             });
         };
         let named =
@@ -93,12 +97,21 @@ impl Interpreter {
         }
         let activate = env.join("bin").join("activate");
         let activate = activate.is_file().then(|| (activate, env.join("lib")));
-        Ok(Interpreter { python, activate })
+        Ok(Interpreter {
+            python,
+            activate,
+            variables: StubEnvironment::default(),
+        })
     }
 
-    /// The command that starts this Python; its arguments follow.
+    /// This interpreter, its stubs seeing `variables` of kiln's environment.
+    pub fn with_variables(self, variables: StubEnvironment) -> Interpreter {
+        Interpreter { variables, ..self }
+    }
+
+    /// The command that starts this Python, with the stub's environment; its arguments follow.
     pub fn command(&self) -> Command {
-        match &self.activate {
+        let mut command = match &self.activate {
             None => Command::new(&self.python),
             Some((script, lib)) => {
                 let mut command = Command::new("bash");
@@ -111,7 +124,9 @@ impl Interpreter {
                     .arg(&self.python);
                 command
             }
-        }
+        };
+        self.variables.apply(&mut command);
+        command
     }
 
     /// The interpreter's executable.
