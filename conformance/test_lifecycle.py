@@ -15,7 +15,8 @@ import tritonclient.grpc as grpcclient
 import tritonclient.http as httpclient
 from tritonclient.utils import InferenceServerException
 
-from conftest import BUNDLED_REPO, RPC_TIMEOUT, assert_triton_error, http_request, start_server, stop_server
+from conftest import (BUNDLED_REPO, RPC_TIMEOUT, assert_triton_error, http_request, kiln_bin, start_server,
+                      stop_server)
 
 import grpc
 
@@ -156,6 +157,37 @@ def test_file_overrides_make_new_models(grpc_client, http_client):
     assert_triton_error(e.value, grpc.StatusCode.INVALID_ARGUMENT, "must stay within model directory")
 
 
+def test_override_files_never_go_through_a_planted_path(tmp_path, monkeypatch):
+    """Override files used to be written to `$TMPDIR/kiln-override-<pid>-<n>`, made with
+    create_dir_all: a local user who planted a link there had the model written into a directory
+    of theirs, to read or to swap. Each load now writes to a fresh private directory (mode 0700,
+    a random name): the planted links are left alone, the load works, and the directory is gone
+    once the load has read it."""
+    temp, attacker, repo = tmp_path / "temp", tmp_path / "attacker", tmp_path / "repo"
+    for d in (temp, attacker, repo):
+        d.mkdir()
+    # kiln keeps the script's process ID ($$): the links are at the names kiln would have chosen.
+    wrapper = tmp_path / "plant.sh"
+    wrapper.write_text('#!/bin/sh\nfor n in 0 1 2; do ln -s "$ATTACKER" "$TMPDIR/kiln-override-$$-$n" || exit 1; done\n'
+                       'exec "$KILN_REAL_BIN" "$@"\n')
+    wrapper.chmod(0o755)
+    env = {"TMPDIR": str(temp), "ATTACKER": str(attacker), "KILN_REAL_BIN": str(kiln_bin())}
+    monkeypatch.setenv("KILN_BIN", str(wrapper))
+    srv = start_server([repo], name="kiln-planted-override", env=env, extra_args=["--model-control-mode", "explicit"])
+    try:
+        client = grpcclient.InferenceServerClient(srv.grpc_url)
+        for _ in range(2):
+            client.load_model("planted", config=add_sub_config("planted"),
+                              files={"file:1/model.onnx": ADD_SUB_ONNX}, client_timeout=T)
+        add_sub_grpc(client, "planted")
+        client.close()
+        assert list(attacker.iterdir()) == [], "files were written through the planted link"
+        links = sorted(p.name for p in temp.iterdir() if p.name.startswith("kiln"))
+        assert links == [f"kiln-override-{srv.proc.pid}-{n}" for n in range(3)], links
+    finally:
+        stop_server(srv)
+
+
 def model_series(server, model: str) -> dict[str, float]:
     """The series of `model` on /metrics, by family and labels."""
     reply = http_request(server.metrics_url, "GET", "/metrics")
@@ -213,6 +245,12 @@ def test_load_errors_follow_triton(grpc_client, http_client):
         http_client.load_model("..")
     assert e.value.status() == "400"
     assert "path traversal" in e.value.message()
+    # Names are kept (load locks, the index): no longer than a directory's name may be.
+    with pytest.raises(InferenceServerException) as e:
+        grpc_client.load_model("m" * (1 << 20), client_timeout=T)
+    assert_triton_error(e.value, grpc.StatusCode.INVALID_ARGUMENT,
+                        "invalid model name: it is 1048576 bytes, longer than the 255")
+    assert len(e.value.message()) < 1000
 
 
 def test_server_metadata_lists_the_extension(grpc_client):

@@ -2165,8 +2165,13 @@ def test_a_packed_environment_is_unpacked_activated_and_removed_at_exit(tmp_path
     (repo / "py_bad_env" / "env.tar.gz").write_bytes(b"\x1f\x8b not really gzip")
     server = start_server([repo], name="kiln-python-env", env={"TMPDIR": str(temp)},
                           extra_args=["--model-control-mode", "explicit", "--load-model", "*"])
-    unpacked = temp / f"kiln_python_env_{server.proc.pid}"
     try:
+        # One private directory (mode 0700, a random name) holds this server's environments.
+        made = [p for p in temp.iterdir() if p.name.startswith("kiln_python_env_")]
+        assert len(made) == 1, made
+        unpacked = made[0]
+        assert unpacked.name != f"kiln_python_env_{server.proc.pid}"
+        assert unpacked.stat().st_mode & 0o777 == 0o700
         client = grpcclient.InferenceServerClient(server.grpc_url)
 
         def where():
@@ -2198,3 +2203,52 @@ def test_a_packed_environment_is_unpacked_activated_and_removed_at_exit(tmp_path
     finally:
         stop_server(server)
     assert not unpacked.exists(), "kiln left its unpacked environments behind"
+
+
+PY_ENVIRON_CONFIG = '''
+name: "py_environ"
+backend: "python"
+input [ { name: "X" data_type: TYPE_FP32 dims: [ 1 ] } ]
+output [ { name: "ENV" data_type: TYPE_STRING dims: [ -1 ] } ]
+'''
+
+PY_ENVIRON = '''
+import os
+import numpy as np
+import triton_python_backend_utils as pb_utils
+
+class TritonPythonModel:
+    def execute(self, requests):
+        seen = np.array([f"{k}={v}".encode() for k, v in sorted(os.environ.items())], dtype=object)
+        return [pb_utils.InferenceResponse(output_tensors=[pb_utils.Tensor("ENV", seen)]) for _ in requests]
+'''
+
+
+def test_stubs_see_no_server_secret_but_path_and_passthrough_variables(tmp_path):
+    """Model code runs in stubs that see a short list of kiln's variables (PATH, PYTHON*, ...)
+    and those named by --python-env-passthrough: not the bearer token or cloud credentials kiln
+    itself was started with."""
+    write_model(tmp_path, "py_environ", PY_ENVIRON_CONFIG, PY_ENVIRON)
+    secrets = {"KILN_INFERENCE_BEARER_TOKEN": "bearer-secret-value",
+               "AWS_ACCESS_KEY_ID": "aws-key-id-value", "AWS_SECRET_ACCESS_KEY": "aws-secret-value",
+               "GOOGLE_APPLICATION_CREDENTIALS": "/google-secret-path.json",
+               "AZURE_STORAGE_ACCOUNT_KEY": "azure-secret-value"}
+    env = {**secrets, "KILN_PYTHON": sys.executable, "KILN_TEST_PASSED": "passed", "KILN_TEST_KEPT_BACK": "kept"}
+    server = start_server([tmp_path], name="kiln-python-environ", env=env,
+                          extra_args=["--python-env-passthrough", "KILN_TEST_PASSED"])
+    try:
+        client = grpcclient.InferenceServerClient(server.grpc_url)
+        x = grpcclient.InferInput("X", [1], "FP32")
+        x.set_data_from_numpy(np.array([1], dtype=np.float32))
+        bearer = {"authorization": f"Bearer {secrets['KILN_INFERENCE_BEARER_TOKEN']}"}
+        result = client.infer("py_environ", [x], headers=bearer, client_timeout=RPC_TIMEOUT)
+        seen = dict(item.decode().split("=", 1) for item in result.as_numpy("ENV"))
+        for name, value in secrets.items():
+            assert name not in seen
+            assert not any(value in v for v in seen.values()), f"{name}'s value reached the model"
+        assert seen["PATH"] == os.environ["PATH"]
+        assert seen["KILN_TEST_PASSED"] == "passed"
+        assert "KILN_TEST_KEPT_BACK" not in seen and "KILN_PYTHON" not in seen
+        client.close()
+    finally:
+        stop_server(server)

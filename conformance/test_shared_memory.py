@@ -246,3 +246,35 @@ def test_rest_refusals_in_tritons_words(server):
         answer = requests.post(f"{url}/v2/models/add_sub/infer", json=body, timeout=T)
         assert (answer.status_code, answer.json()) == (
             400, {"error": f"Output can't set both 'shared_memory_region' and '{refused}'"})
+
+
+@pytest.mark.parametrize("field,length", [("name", 300), ("name", 60 << 20), ("key", 300), ("key", 60 << 20)])
+def test_names_and_keys_too_long_to_keep_are_refused(triton, field, length):
+    """A region's name and key are kept while it is registered and listed by every status call:
+    one longer than NAME_MAX-sized bounds (255-byte names, 256-byte keys) is refused with an
+    error that says so without repeating it, and status never shows it."""
+    module, client = triton
+    if module is httpclient and field == "name" and length > 300:
+        pytest.skip("a 60 MB name does not fit in a URL path")
+    tag = f"long_{os.getpid()}_{id(client)}"
+    handle = shm.create_shared_memory_region(tag, f"/kiln_{tag}", BYTES)
+    name, key = tag, f"/kiln_{tag}"
+    if field == "name":
+        name = "n" * length
+    else:
+        key = "/" * length
+    try:
+        with pytest.raises(InferenceServerException) as e:
+            client.register_system_shared_memory(name, key, BYTES)
+        message = str(e.value)
+        assert f"its {field} is {length} bytes, longer than the" in message, message[:300]
+        assert len(message) < 1000, f"the error repeats the {field}: {len(message)} characters"
+        status = client.get_system_shared_memory_status()
+        if module is grpcclient:
+            kept = [(r.name, r.key) for r in status.regions.values()]
+        else:
+            kept = [(r["name"], r["key"]) for r in status]
+        assert all(len(n) <= 255 and len(k) <= 256 for n, k in kept), "a long name or key was kept"
+    finally:
+        client.unregister_system_shared_memory(name)
+        shm.destroy_shared_memory_region(handle)

@@ -3,7 +3,9 @@ flags of the same shape), with certificates the test makes with the openssl CLI 
 use tritonclient's own SSL options: a client trusting the test CA gets answers, a plaintext client
 gets none, and with mutual TLS only a client presenting a certificate signed by the CA is served."""
 
+import http.client
 import shutil
+import ssl
 import subprocess
 
 import grpc
@@ -13,7 +15,7 @@ import tritonclient.grpc as grpcclient
 import tritonclient.http as httpclient
 from tritonclient.utils import InferenceServerException
 
-from conftest import BUNDLED_REPO, start_server, stop_server
+from conftest import BUNDLED_REPO, find_free_port, http_request, start_server, stop_server
 
 pytestmark = pytest.mark.skipif(shutil.which("openssl") is None, reason="needs the openssl CLI")
 
@@ -150,3 +152,47 @@ def test_tls_flags_are_checked(certs):
                               capture_output=True, timeout=60, text=True)
         assert proc.returncode != 0, proc.stderr
         assert message in proc.stderr, proc.stderr
+
+
+def https_status(url, path, certs, client_cert):
+    """The status of `GET path` over TLS, trusting the test CA (and presenting the client
+    certificate when asked)."""
+    context = ssl.create_default_context(cafile=str(certs / "ca.crt"))
+    if client_cert:
+        context.load_cert_chain(str(certs / "client.crt"), str(certs / "client.key"))
+    host, port = url.rsplit(":", 1)
+    conn = http.client.HTTPSConnection(host, int(port), context=context, timeout=10)
+    try:
+        conn.request("GET", path)
+        return conn.getresponse().status
+    finally:
+        conn.close()
+
+
+@pytest.mark.parametrize("mutual", [False, True], ids=["tls", "mutual-tls"])
+def test_the_cloud_listeners_use_the_rest_tls_settings(certs, mutual):
+    """SageMaker, Vertex AI and the OpenAI-compatible API run inference on listeners of their
+    own: with --http-use-ssl they speak TLS with REST's certificate (and require client
+    certificates with mutual TLS), so none is a plaintext way around it."""
+    ports = {name: find_free_port() for name in ("sagemaker", "vertex", "openai")}
+    health = "/v1/endpoints/e/deployedModels/m"
+    env = {"AIP_MODE": "PREDICTION", "AIP_HTTP_PORT": str(ports["vertex"]), "AIP_HEALTH_ROUTE": health,
+           "AIP_PREDICT_ROUTE": f"{health}:predict"}
+    flags = tls_flags(certs, mutual) + [
+        "--allow-sagemaker=true", "--sagemaker-port", str(ports["sagemaker"]),
+        "--openai-port", str(ports["openai"]), "--vertex-ai-default-model=add_sub"]
+    srv = start_server([BUNDLED_REPO], name=f"kiln-cloud-{'mtls' if mutual else 'tls'}", env=env,
+                       extra_args=flags, grpc_credentials=credentials(certs, client_cert=mutual))
+    try:
+        for name, path in [("sagemaker", "/ping"), ("vertex", health), ("openai", "/v1/models")]:
+            url = f"127.0.0.1:{ports[name]}"
+            assert https_status(url, path, certs, client_cert=mutual) == 200, name
+            with pytest.raises(Exception):
+                reply = http_request(url, "GET", path)
+                pytest.fail(f"{name} answered plaintext HTTP: {reply.status}")
+            if mutual:
+                with pytest.raises(Exception):
+                    status = https_status(url, path, certs, client_cert=False)
+                    pytest.fail(f"{name} answered without a client certificate: {status}")
+    finally:
+        stop_server(srv)

@@ -10,6 +10,7 @@ pub mod proto;
 pub mod protocol;
 pub mod repository;
 pub mod scheduler;
+pub mod scratch;
 pub mod server;
 pub mod tls;
 pub mod trace;

@@ -85,6 +85,8 @@ pub struct Config {
     pub backend_directory: std::path::PathBuf,
     /// `--adaptive-batching`: dynamic batchers take kiln's shortcuts unless a config says not to.
     pub adaptive_batching: bool,
+    /// `--python-env-passthrough`: which environment variables Python stubs see.
+    pub python_env: crate::backend::python::StubEnvironment,
     /// `--allow-sagemaker`: what SageMaker's `/invocations` runs.
     pub sagemaker: Option<http::sagemaker::SageMakerConfig>,
     /// `--allow-vertex-ai`: Vertex AI's routes and default model.
@@ -249,21 +251,13 @@ pub async fn run(
             when_stopped(&stopped)
         }
     };
-    // The cloud services: plain HTTP listeners of their own, over the same engine.
+    // The cloud services: HTTP listeners of their own, over the same engine, with REST's TLS.
     let cloud = |listener: Option<TcpListener>, router: Option<axum::Router>, what: &str| {
         let (Some(listener), Some(router)) = (listener, router) else {
             return Ok(when_stopped(&stopped));
         };
-        info!("Started {what} HTTPService at {}", listener.local_addr()?);
-        let serving = serve_http(
-            listener,
-            router.layer(responses.clone()),
-            stopped_signal(&stopped),
-        );
-        Ok::<Serving, ServerError>(Box::pin(async move {
-            serving.await;
-            Ok(())
-        }))
+        let router = router.layer(responses.clone());
+        serve_cloud(listener, router, config.http_tls.as_ref(), &stopped, what)
     };
     let sagemaker_serve = cloud(
         listeners.sagemaker,
@@ -457,6 +451,32 @@ fn serve_rest(
     }))
 }
 
+/// Serves a cloud service's router (SageMaker, Vertex AI, OpenAI) on `listener`, over TLS with
+/// REST's certificates (and client certificates) when REST has them: these services run
+/// inference too, so they must not be a plaintext way around `--http-use-ssl`.
+fn serve_cloud(
+    listener: TcpListener,
+    router: axum::Router,
+    tls: Option<&TlsFiles>,
+    stopped: &tokio::sync::watch::Receiver<bool>,
+    what: &str,
+) -> Result<Serving, ServerError> {
+    let address = listener.local_addr()?;
+    let serving: std::pin::Pin<Box<dyn Future<Output = ()> + Send>> = match tls {
+        Some(files) => {
+            let listener = TlsListener::new(listener, files.server_config()?)?;
+            info!("{what} uses TLS{}", client_certificates(files));
+            Box::pin(serve_http(listener, router, stopped_signal(stopped)))
+        }
+        None => Box::pin(serve_http(listener, router, stopped_signal(stopped))),
+    };
+    info!("Started {what} HTTPService at {address}");
+    Ok(Box::pin(async move {
+        serving.await;
+        Ok(())
+    }))
+}
+
 fn client_certificates(files: &TlsFiles) -> &'static str {
     if files.mutual {
         " with client certificates"
@@ -565,6 +585,7 @@ fn open_repository(config: &Config) -> Result<ModelRepository, ServerError> {
             op_libraries: config.op_libraries.clone(),
             backend_directory: config.backend_directory.clone(),
             adaptive_batching: config.adaptive_batching,
+            python_env: config.python_env.clone(),
             response_cache: config.response_cache.is_some(),
             default_max_batch_size: config.default_max_batch_size,
             config_name: config.model_config_name.clone(),

@@ -13,7 +13,7 @@ mod tests;
 
 pub use compat::{BackendSettings, CompressionLevel};
 
-use crate::backend::python::DEFAULT_BACKEND_DIRECTORY;
+use crate::backend::python::{StubEnvironment, DEFAULT_BACKEND_DIRECTORY};
 use crate::engine::CacheConfig;
 use crate::logging::{LogFormat, LogSettings};
 use crate::metrics::MetricsConfig;
@@ -354,6 +354,14 @@ pub struct Args {
     #[arg(long, value_name = "DIR", default_value = DEFAULT_BACKEND_DIRECTORY)]
     pub backend_directory: PathBuf,
 
+    /// An environment variable that Python models' stub processes see (repeatable; `NAME*`:
+    /// every variable starting with `NAME`). Stubs otherwise see only PATH, HOME, USER,
+    /// LOGNAME, TMPDIR, TZ, LANG, LANGUAGE, LC_*, PYTHON*, LD_LIBRARY_PATH,
+    /// CUDA_VISIBLE_DEVICES, CUDA_DEVICE_ORDER and the OMP/MKL/OpenBLAS thread counts: never
+    /// the server's secrets (its bearer token, object-store credentials).
+    #[arg(long = "python-env-passthrough", value_name = "NAME")]
+    pub python_env_passthrough: Vec<String>,
+
     /// A custom-operator library, or a directory of them, that models may load with
     /// `model_operations { op_library_filename: ... }` (repeatable). A model repository does not
     /// choose the native code kiln runs: a model naming any other library fails its load.
@@ -652,6 +660,7 @@ impl Args {
             op_libraries: AllowedOpLibraries::from_flags(&self.allowed_op_libraries)?,
             backend_directory: self.backend_directory,
             adaptive_batching: self.adaptive_batching,
+            python_env: StubEnvironment::new(self.python_env_passthrough)?,
             rate_limit,
             sagemaker: cloud.sagemaker,
             vertex: cloud.vertex,

@@ -327,7 +327,7 @@ fn prepare_python(
             std::fs::read_to_string(path).is_ok_and(|code| code.contains("auto_complete_config"))
         };
         if let Some(path) = newest.filter(defines) {
-            crate::backend::python::auto_complete(&mut config, dir, &path)?;
+            crate::backend::python::auto_complete(&mut config, dir, &path, &options.python_env)?;
         }
     }
     if config.input.is_empty() && config.output.is_empty() {
@@ -338,7 +338,7 @@ fn prepare_python(
     }
     let mut python = PythonSpec {
         code,
-        ..PythonSpec::from_config(&mut config, dir, &options.python_calls)?
+        ..PythonSpec::from_config(&mut config, dir, &options.python_calls, &options.python_env)?
     };
     config::fill_scheduler_defaults(&mut config);
     config::validate_io(&config).map_err(|e| e.to_string())?;

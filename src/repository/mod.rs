@@ -82,6 +82,9 @@ pub struct LoadOptions {
     pub op_libraries: op_library::AllowedOpLibraries,
     /// How Python models call other models (connected to the engine by the server).
     pub python_calls: crate::backend::python::ModelCaller,
+    /// Which of the server's environment variables Python stubs see
+    /// (`--python-env-passthrough`).
+    pub python_env: crate::backend::python::StubEnvironment,
     /// `--backend-directory`: a model whose backend is `<name>` runs `<dir>/<name>/model.py`
     /// (Triton's Python-based backends).
     pub backend_directory: std::path::PathBuf,
@@ -93,7 +96,8 @@ pub struct LoadOptions {
 
 impl Default for LoadOptions {
     /// Triton's defaults (auto-complete on, a default batch size of 4), one core, no cache, no
-    /// rate limiter, no custom-operator library.
+    /// rate limiter, no custom-operator library, no variable passed to Python stubs beyond
+    /// the usual ones.
     fn default() -> LoadOptions {
         LoadOptions {
             auto_complete: true,
@@ -105,6 +109,7 @@ impl Default for LoadOptions {
             rate_limiter: None,
             op_libraries: op_library::AllowedOpLibraries::default(),
             python_calls: crate::backend::python::ModelCaller::default(),
+            python_env: crate::backend::python::StubEnvironment::default(),
             backend_directory: crate::backend::python::DEFAULT_BACKEND_DIRECTORY.into(),
             adaptive_batching: false,
         }

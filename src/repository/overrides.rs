@@ -1,7 +1,8 @@
 //! The load API's parameters, checked as Triton checks them: `config` (a JSON model config used
 //! instead of `config.pbtxt`) and `file:<path>` (bytes of a file in an override model directory,
 //! which then replaces the repository's directory entirely and requires `config`). Override files
-//! are written to a fresh temporary directory that is removed once the load has read them.
+//! are written to a fresh private temporary directory (see [`crate::scratch`]) that is removed
+//! once the load has read them.
 
 use super::config::ConfigError;
 use super::limits::MAX_CONFIG_BYTES;
@@ -12,8 +13,8 @@ use crate::proto::descriptor_pool;
 use crate::proto::inference::ModelConfig;
 use prost_reflect::DynamicMessage;
 use std::collections::BTreeMap;
+use std::io::Write;
 use std::path::{Path, PathBuf};
-use std::sync::atomic::{AtomicU64, Ordering};
 
 /// One load or unload parameter as either protocol sends it.
 #[derive(Debug, Clone, PartialEq)]
@@ -119,7 +120,7 @@ pub fn config_from_json(text: &str) -> Result<ModelConfig, ConfigError> {
 /// A temporary model directory made of override files; removed when dropped.
 #[derive(Debug)]
 pub struct OverrideDir {
-    /// `<temp>/kiln-override-<pid>-<n>`, removed on drop.
+    /// `<temp>/kiln-override-<random>`, mode 0700, removed on drop.
     base: PathBuf,
     /// `<base>/<model name>`, the directory the model loads from.
     model: PathBuf,
@@ -131,37 +132,50 @@ impl OverrideDir {
     /// # Errors
     /// INVALID_ARGUMENT when a path collides with a file, INTERNAL when writing fails.
     pub fn write(name: &str, files: &[(String, bytes::Bytes)]) -> Result<OverrideDir, Error> {
-        static NEXT: AtomicU64 = AtomicU64::new(0);
-        let base = std::env::temp_dir().join(format!(
-            "kiln-override-{}-{}",
-            std::process::id(),
-            NEXT.fetch_add(1, Ordering::Relaxed)
-        ));
+        let internal =
+            |e: std::io::Error| Error::Internal(format!("failed to write override files: {e}"));
+        let base = crate::scratch::private_dir("kiln-override-").map_err(internal)?;
         let dir = OverrideDir {
             model: base.join(name),
             base,
         };
-        let internal =
-            |e: std::io::Error| Error::Internal(format!("failed to write override files: {e}"));
-        std::fs::create_dir_all(&dir.model).map_err(internal)?;
+        std::fs::create_dir(&dir.model).map_err(internal)?;
         for (relative, contents) in files {
-            let path = dir.model.join(relative);
-            if let Some(parent) = path.parent() {
-                if parent.exists() && !parent.is_dir() {
-                    return Err(invalid_arg!(
-                        "Invalid file parameter '{FILE_PREFIX}{relative}', directory has been created as a file"
-                    ));
-                }
-                std::fs::create_dir_all(parent).map_err(internal)?;
-            }
-            if path.is_dir() {
-                return Err(invalid_arg!(
-                    "Invalid file parameter '{FILE_PREFIX}{relative}', a directory of that name was created by another file"
-                ));
-            }
-            std::fs::write(&path, contents).map_err(internal)?;
+            dir.write_one(relative, contents)?;
         }
         Ok(dir)
+    }
+
+    /// Writes one override file into a new file of its own (inside the private directory, so
+    /// nothing but this load has put anything there).
+    fn write_one(&self, relative: &str, contents: &[u8]) -> Result<(), Error> {
+        let internal =
+            |e: std::io::Error| Error::Internal(format!("failed to write override files: {e}"));
+        let path = self.model.join(relative);
+        if let Some(parent) = path.parent() {
+            if parent.exists() && !parent.is_dir() {
+                return Err(invalid_arg!(
+                    "Invalid file parameter '{FILE_PREFIX}{relative}', directory has been created as a file"
+                ));
+            }
+            std::fs::create_dir_all(parent).map_err(internal)?;
+        }
+        if path.is_dir() {
+            return Err(invalid_arg!(
+                "Invalid file parameter '{FILE_PREFIX}{relative}', a directory of that name was created by another file"
+            ));
+        }
+        let mut file = crate::scratch::create_new_file(&path).map_err(|e| {
+            if e.kind() == std::io::ErrorKind::AlreadyExists {
+                // `a/./b` and `a/b` name one file.
+                invalid_arg!(
+                    "Invalid file parameter '{FILE_PREFIX}{relative}', another file parameter names the same file"
+                )
+            } else {
+                internal(e)
+            }
+        })?;
+        file.write_all(contents).map_err(internal)
     }
 
     pub fn path(&self) -> &Path {
@@ -264,6 +278,34 @@ mod tests {
             ),
         ];
         assert!(OverrideDir::write("m", &clash).is_err());
+        let twice = vec![
+            ("1/model.onnx".to_string(), bytes::Bytes::from_static(b"a")),
+            (
+                "1/./model.onnx".to_string(),
+                bytes::Bytes::from_static(b"b"),
+            ),
+        ];
+        assert!(OverrideDir::write("m", &twice)
+            .unwrap_err()
+            .message()
+            .contains("another file parameter names the same file"));
+    }
+
+    #[test]
+    fn override_directories_are_private_and_unpredictable() {
+        use std::os::unix::fs::PermissionsExt;
+        let files = vec![("1/model.onnx".to_string(), bytes::Bytes::new())];
+        let (one, two) = (
+            OverrideDir::write("m", &files).unwrap(),
+            OverrideDir::write("m", &files).unwrap(),
+        );
+        assert_ne!(one.base, two.base);
+        let name = one.base.file_name().unwrap().to_string_lossy().into_owned();
+        assert!(name.starts_with("kiln-override-"), "{name}");
+        let old_name = format!("kiln-override-{}-", std::process::id());
+        assert!(!name.starts_with(&old_name), "{name}");
+        let mode = std::fs::metadata(&one.base).unwrap().permissions().mode();
+        assert_eq!(mode & 0o777, 0o700);
     }
 
     #[test]

@@ -41,8 +41,8 @@ use tokio::runtime::{Handle, Runtime, RuntimeFlavor};
 
 /// Environment variable naming the directory remote models are cached in (else Triton's
 /// `TRITON_AWS_MOUNT_DIRECTORY`, `TRITON_GCS_MOUNT_DIRECTORY` or `TRITON_AZURE_MOUNT_DIRECTORY`,
-/// by cloud). Unset: a directory per server process under the system temporary directory,
-/// removed when the server stops.
+/// by cloud). Unset: a fresh private directory (mode 0700, a random name) per store under the
+/// system temporary directory, removed when the server stops.
 pub const CACHE_DIR_ENV: &str = "KILN_MODEL_CACHE_DIR";
 
 /// What a fetch downloaded a local file from; equal metadata means the file is current.
@@ -104,10 +104,13 @@ impl RemoteStore {
         let configured = [CACHE_DIR_ENV, triton_mount]
             .iter()
             .find_map(|key| std::env::var_os(key).filter(|dir| !dir.is_empty()));
+        // The operator's directory is theirs to protect; the default is a fresh private one
+        // that nobody else can have prepared (see `crate::scratch`).
         let (root, owns_cache) = match configured {
             Some(dir) => (PathBuf::from(dir), false),
             None => (
-                std::env::temp_dir().join(format!("kiln-model-cache-{}", std::process::id())),
+                crate::scratch::private_dir("kiln-model-cache-")
+                    .map_err(|e| format!("cannot create a model cache: {e}"))?,
                 true,
             ),
         };
@@ -115,8 +118,15 @@ impl RemoteStore {
         let mut hasher = DefaultHasher::new();
         location.hash(&mut hasher);
         let cache = root.join(format!("{}-{:016x}", url.cache_name(), hasher.finish()));
-        std::fs::create_dir_all(&cache)
-            .map_err(|e| format!("cannot create model cache {}: {e}", cache.display()))?;
+        if let Err(e) = std::fs::create_dir_all(&cache) {
+            if owns_cache {
+                let _ = std::fs::remove_dir_all(&root);
+            }
+            return Err(format!(
+                "cannot create model cache {}: {e}",
+                cache.display()
+            ));
+        }
         Ok(RemoteStore {
             location: location.to_string(),
             prefix: ObjectPath::from(url.prefix.as_str()),
@@ -201,6 +211,9 @@ impl RemoteStore {
     }
 
     /// Downloads one object to `target`: streamed into a sibling temporary file, then renamed.
+    /// The temporary file is a new one (`O_EXCL|O_NOFOLLOW`): one left by an interrupted
+    /// download is removed first (a link, not what it points to), and anything put back in its
+    /// place meanwhile fails the download rather than being written through.
     fn download(&self, meta: &ObjectMeta, target: &Path) -> Result<(), String> {
         let parent = target.parent().unwrap_or(&self.cache);
         std::fs::create_dir_all(parent)
@@ -210,7 +223,11 @@ impl RemoteStore {
             target.file_name().unwrap_or_default().to_string_lossy()
         ));
         let written = self.block_on(async {
-            let mut file = std::fs::File::create(&partial)?;
+            match std::fs::remove_file(&partial) {
+                Err(e) if e.kind() != io::ErrorKind::NotFound => return Err(e),
+                _ => {}
+            }
+            let mut file = crate::scratch::create_new_file(&partial)?;
             let result = self
                 .client
                 .get(&meta.location)
@@ -309,9 +326,9 @@ impl Drop for RemoteStore {
             runtime.shutdown_background();
         }
         if self.owns_cache {
+            // The private directory made for this store alone.
             if let Some(root) = self.cache.parent() {
-                let _ = std::fs::remove_dir_all(&self.cache);
-                let _ = std::fs::remove_dir(root);
+                let _ = std::fs::remove_dir_all(root);
             }
         }
     }

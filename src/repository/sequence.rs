@@ -32,6 +32,10 @@ const MAX_STATE_BYTES: usize = 64 << 20;
 /// Live sequences a version holds at most; a new one beyond is refused.
 const MAX_SEQUENCES: usize = 65_536;
 
+/// Longest string correlation ID, in bytes: a live sequence keeps its ID (up to
+/// [`MAX_SEQUENCES`] of them), so its length is bounded as the count is.
+pub const MAX_CORRELATION_ID_BYTES: usize = 1024;
+
 /// A control input the server fills.
 #[derive(Debug, Clone, PartialEq)]
 struct ControlInput {
@@ -367,6 +371,13 @@ impl SequenceFlags {
         let id = match request.parameters.get("sequence_id") {
             Some(ParamValue::Uint64(n)) if *n != 0 => CorrId::Number(*n),
             Some(ParamValue::Int64(n)) if *n > 0 => CorrId::Number(*n as u64),
+            Some(ParamValue::String(s)) if s.len() > MAX_CORRELATION_ID_BYTES => {
+                return Err(invalid_arg!(
+                    "inference request to model '{model}' has a correlation ID of {} bytes, \
+                     longer than the {MAX_CORRELATION_ID_BYTES} kiln keeps",
+                    s.len()
+                ))
+            }
             Some(ParamValue::String(s)) if !s.is_empty() => CorrId::Text(s.clone()),
             _ => {
                 return Err(invalid_arg!(

@@ -80,16 +80,29 @@ pub fn open(location: &Path) -> Result<Box<dyn ModelStore>, String> {
     Ok(Box::new(LocalStore::new(location.to_path_buf())))
 }
 
+/// Longest model name, in bytes: a model is a directory in its repository (and in a remote
+/// store's local cache), whose name cannot be longer (NAME_MAX); and names a client asks to load
+/// are kept (the index, load locks), so they are bounded before anything else looks at them.
+pub const MAX_MODEL_NAME_BYTES: usize = 255;
+
 /// Checks a model name as Triton's current release does: not empty or blank, and nothing that
 /// could leave the repository once joined to its path (server PR #8400): no path separator (`/`,
 /// and `\` as on Windows), not `.` or `..` as the whole name, no NUL. Every other name is valid,
-/// dots and spaces included (`...`, `a..b`, `my model`).
+/// dots and spaces included (`...`, `a..b`, `my model`). Also no longer than
+/// [`MAX_MODEL_NAME_BYTES`].
 ///
 /// # Errors
-/// Triton's message for the rule broken.
+/// Triton's message for the rule broken (kiln's for the length, which does not repeat the name).
 pub fn validate_name(name: &str) -> Result<(), String> {
     if name.is_empty() {
         return Err("model name must not be empty".into());
+    }
+    if name.len() > MAX_MODEL_NAME_BYTES {
+        return Err(format!(
+            "invalid model name: it is {} bytes, longer than the {MAX_MODEL_NAME_BYTES} a model \
+             directory's name may be",
+            name.len()
+        ));
     }
     if name.trim().is_empty() {
         return Err("model name must not contain only whitespace characters".into());
@@ -300,6 +313,11 @@ mod tests {
         assert_eq!(
             validate_name("../etc").unwrap_err(),
             "invalid model name '../etc', model name must not contain path traversal characters"
+        );
+        assert!(validate_name(&"m".repeat(MAX_MODEL_NAME_BYTES)).is_ok());
+        assert_eq!(
+            validate_name(&"m".repeat(MAX_MODEL_NAME_BYTES + 1)).unwrap_err(),
+            "invalid model name: it is 256 bytes, longer than the 255 a model directory's name may be"
         );
     }
 

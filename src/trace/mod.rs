@@ -393,7 +393,7 @@ impl Specified {
     }
 }
 
-/// Finished traces a setting without a log frequency holds before it appends them to its file.
+/// Finished traces a setting holds at most before it writes them out.
 const PENDING_BYTES: usize = 1 << 20;
 
 /// How long shutdown waits for the last spans to reach the collector.
@@ -504,9 +504,10 @@ impl Setting {
     }
 
     /// Takes a finished trace; writes a numbered file when the log frequency's worth is pending,
-    /// or when the last trace of a count has finished. Without a log frequency, pending traces
-    /// go to the main file whenever they reach [`PENDING_BYTES`], so that memory stays bounded
-    /// however long tracing runs (Triton keeps them all until it exits).
+    /// or when the last trace of a count has finished. Pending traces are written whenever they
+    /// reach [`PENDING_BYTES`] too (to the main file without a log frequency, else to a numbered
+    /// file of fewer traces), so that memory stays bounded however long tracing runs, whatever
+    /// log frequency a client sets (Triton keeps them all until it exits).
     fn finish(&self, records: &str) {
         let mut state = self.lock();
         state.written += 1;
@@ -523,10 +524,14 @@ impl Setting {
             let traces = state.take_pending();
             drop(state);
             self.file.save_numbered(&traces);
-        } else if frequency == 0 && state.pending.len() >= PENDING_BYTES {
+        } else if state.pending.len() >= PENDING_BYTES {
             let traces = state.take_pending();
             drop(state);
-            self.file.save(&traces);
+            if frequency == 0 {
+                self.file.save(&traces);
+            } else {
+                self.file.save_numbered(&traces);
+            }
         }
     }
 

@@ -348,6 +348,27 @@ fn without_a_log_frequency_memory_stays_bounded() {
 }
 
 #[test]
+fn with_a_huge_log_frequency_memory_stays_bounded() {
+    // A client may set log_frequency to u32::MAX through the trace API.
+    let dir = scratch("bounded-frequency");
+    let path = dir.join("t.json");
+    let tracer = Tracer::new(TraceSettings {
+        log_frequency: u32::MAX,
+        ..tracing_to(&path)
+    });
+    let first = dir.join("t.json.0");
+    let mut traces = 0;
+    while !first.exists() {
+        let trace = tracer.sample("m").unwrap();
+        trace.describe("m", 1, &"x".repeat(1000));
+        traces += 1;
+        assert!(traces < 2_000, "1 MiB of traces was never written");
+    }
+    assert_eq!(read_json(&first).len(), traces);
+    assert_eq!(tracer.lock().global.lock().pending_traces, 0);
+}
+
+#[test]
 fn monotonic_nanoseconds_follow_instants() {
     let now = Instant::now();
     let later = now + std::time::Duration::from_millis(3);

@@ -347,3 +347,125 @@ async fn a_credential_file_gives_each_repository_its_credentials() {
         ]
     );
 }
+
+/// Puts the bundled add_sub under `models/` in `bucket`.
+async fn put_add_sub(bucket: &Bucket) {
+    let add_sub = repo_path("model_repository/add_sub");
+    for file in ["config.pbtxt", "1/model.onnx"] {
+        let contents = std::fs::read(add_sub.join(file)).unwrap();
+        bucket
+            .put(&format!("models/add_sub/{file}"), contents)
+            .await;
+    }
+}
+
+/// add_sub answers one row correctly.
+async fn add_sub_serves(server: &Server) {
+    let mut client = server.client().await;
+    let row = add_sub_row(&[1.0; 16], &[0.5; 16]);
+    let response = client.model_infer(row).await.unwrap().into_inner();
+    assert_eq!(fp32_values(&response.raw_output_contents[0]), [1.5; 16]);
+}
+
+/// The default cache of a remote store used to be `$TMPDIR/kiln-model-cache-<pid>`, made with
+/// `create_dir_all`: a local user who planted a link there (to a directory of theirs) before
+/// kiln started got the models written into it, and could swap them. Now the cache is a fresh
+/// directory with a random name, mode 0700; the planted link is left alone, and the cache is
+/// removed when kiln stops.
+#[tokio::test(flavor = "multi_thread")]
+async fn the_default_cache_is_a_fresh_private_directory() {
+    use std::os::unix::fs::PermissionsExt;
+    let s3 = S3Server::start(BUCKET);
+    put_add_sub(&s3.client(BUCKET)).await;
+    let (temp, attacker, scripts) = (
+        TempRepo::new("planted-temp"),
+        TempRepo::new("planted-target"),
+        TempRepo::new("planted-script"),
+    );
+    // kiln keeps the script's process ID: the link is at the name kiln would have chosen.
+    let wrapper = scripts.path.join("plant.sh");
+    std::fs::write(
+        &wrapper,
+        "ln -s \"$ATTACKER\" \"$TMPDIR/kiln-model-cache-$$\" || exit 1\nexec \"$@\"\n",
+    )
+    .unwrap();
+    let mut env: Vec<(&str, String)> = s3
+        .env("")
+        .into_iter()
+        .filter(|(key, _)| *key != "KILN_MODEL_CACHE_DIR")
+        .collect();
+    env.push(("TMPDIR", temp.path.to_string_lossy().into_owned()));
+    env.push(("ATTACKER", attacker.path.to_string_lossy().into_owned()));
+    let env: Vec<(&str, &str)> = env.iter().map(|(k, v)| (*k, v.as_str())).collect();
+    let repository = PathBuf::from(format!("s3://{BUCKET}/models"));
+    let mut server = Server::launch_wrapped(&wrapper, &[repository], &[], &env);
+    add_sub_serves(&server).await;
+
+    assert!(
+        files(&attacker.path).is_empty(),
+        "{:?}",
+        files(&attacker.path)
+    );
+    let made: Vec<PathBuf> = std::fs::read_dir(&temp.path)
+        .unwrap()
+        .map(|entry| entry.unwrap().path())
+        .filter(|path| std::fs::symlink_metadata(path).unwrap().is_dir())
+        .collect();
+    assert_eq!(made.len(), 1, "{made:?}");
+    let name = made[0].file_name().unwrap().to_string_lossy().into_owned();
+    assert!(name.starts_with("kiln-model-cache-"), "{name}");
+    let mode = std::fs::metadata(&made[0]).unwrap().permissions().mode();
+    assert_eq!(mode & 0o777, 0o700);
+    assert!(
+        files(&made[0])
+            .iter()
+            .any(|f| f.ends_with("add_sub/1/model.onnx")),
+        "{:?}",
+        files(&made[0])
+    );
+    assert!(server.terminate().success());
+    assert!(!made[0].exists(), "the cache outlived the server");
+}
+
+/// In a cache directory the operator named, a download is written beside its target first
+/// (`.<file>.kiln-partial`). A link planted at that name (to someone else's file) is removed
+/// and the download made in a new file, never written through the link.
+#[tokio::test(flavor = "multi_thread")]
+async fn downloads_never_write_through_a_planted_link() {
+    use std::hash::{Hash, Hasher};
+    let s3 = S3Server::start(BUCKET);
+    put_add_sub(&s3.client(BUCKET)).await;
+    let (cache, attacker) = (
+        TempRepo::new("planted-cache"),
+        TempRepo::new("planted-victim"),
+    );
+    let victim = attacker.path.join("victim");
+    std::fs::write(&victim, "precious").unwrap();
+    // The cache's layout: `<bucket>-<hash of the URL>/<model>/` (see `RemoteStore`).
+    let location = format!("s3://{BUCKET}/models");
+    let mut hasher = std::collections::hash_map::DefaultHasher::new();
+    location.hash(&mut hasher);
+    let version = cache
+        .path
+        .join(format!("{BUCKET}-{:016x}", hasher.finish()))
+        .join("add_sub/1");
+    std::fs::create_dir_all(&version).unwrap();
+    let partial = version.join(".model.onnx.kiln-partial");
+    std::os::unix::fs::symlink(&victim, &partial).unwrap();
+
+    let env = s3.env(cache.path.to_str().unwrap());
+    let env: Vec<(&str, &str)> = env.iter().map(|(k, v)| (*k, v.as_str())).collect();
+    let server = Server::launch_env(&[PathBuf::from(location)], &[], &env, true);
+    assert_eq!(
+        std::fs::read(&victim).unwrap(),
+        b"precious",
+        "written through"
+    );
+    add_sub_serves(&server).await;
+    assert!(
+        std::fs::symlink_metadata(&partial).is_err(),
+        "the link is gone"
+    );
+    let model = std::fs::symlink_metadata(version.join("model.onnx")).unwrap();
+    assert!(model.is_file(), "model.onnx is a file of its own");
+}

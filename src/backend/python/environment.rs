@@ -4,13 +4,15 @@
 //!
 //! `EXECUTION_ENV_PATH` names an environment: a directory, used where it is, or a packed one (a
 //! tar archive, gzipped or not, as `conda-pack` and `venv-pack` make them), which kiln unpacks
-//! into a directory of its own under the system's temporary directory — once per archive, and
-//! again when the archive changes (its modification time or size), into a new directory so
-//! that stubs still running from the old one keep their files; kiln removes them when it
-//! exits. An environment that has a `bin/activate` script is activated before its
-//! `bin/python3` starts, as Triton starts its stubs (`source bin/activate`, the environment's
-//! `lib` first on `LD_LIBRARY_PATH`, under bash); one without runs its `bin/python3` directly.
+//! into a private directory of its own (mode 0700, a random name) under the system's temporary
+//! directory — once per archive, and again when the archive changes (its modification time or
+//! size), into a new directory so that stubs still running from the old one keep their files;
+//! kiln removes them when it exits. An environment that has a `bin/activate` script is
+//! activated before its `bin/python3` starts, as Triton starts its stubs (`source bin/activate`,
+//! the environment's `lib` first on `LD_LIBRARY_PATH`, under bash); one without runs its
+//! `bin/python3` directly.
 
+use super::stub_env::StubEnvironment;
 use std::collections::HashMap;
 use std::fmt;
 use std::fs::{self, File};
@@ -42,6 +44,8 @@ pub struct Interpreter {
     python: PathBuf,
     /// The environment's activation script and its library directory.
     activate: Option<(PathBuf, PathBuf)>,
+    /// Which of kiln's environment variables the stub sees.
+    variables: StubEnvironment,
 }
 
 impl Interpreter {
@@ -69,6 +73,7 @@ impl Interpreter {
             return Ok(Interpreter {
                 python,
                 activate: None,
+                variables: StubEnvironment::default(),
             });
         };
         let named =
@@ -92,12 +97,21 @@ impl Interpreter {
         }
         let activate = env.join("bin").join("activate");
         let activate = activate.is_file().then(|| (activate, env.join("lib")));
-        Ok(Interpreter { python, activate })
+        Ok(Interpreter {
+            python,
+            activate,
+            variables: StubEnvironment::default(),
+        })
     }
 
-    /// The command that starts this Python; its arguments follow.
+    /// This interpreter, its stubs seeing `variables` of kiln's environment.
+    pub fn with_variables(self, variables: StubEnvironment) -> Interpreter {
+        Interpreter { variables, ..self }
+    }
+
+    /// The command that starts this Python, with the stub's environment; its arguments follow.
     pub fn command(&self) -> Command {
-        match &self.activate {
+        let mut command = match &self.activate {
             None => Command::new(&self.python),
             Some((script, lib)) => {
                 let mut command = Command::new("bash");
@@ -110,7 +124,9 @@ impl Interpreter {
                     .arg(&self.python);
                 command
             }
-        }
+        };
+        self.variables.apply(&mut command);
+        command
     }
 
     /// The interpreter's executable.
@@ -201,25 +217,11 @@ impl Unpacked {
     }
 }
 
-/// Makes this process's directory for unpacked environments in `temp`, readable by its owner
-/// alone. One left by an earlier process with the same ID (which is gone: IDs are unique among
-/// live processes) is removed first.
+/// Makes this process's directory for unpacked environments in `temp`: a fresh one, readable by
+/// its owner alone, under a random name (see [`crate::scratch`]), so that nobody can have put
+/// anything in its place.
 fn make_base(temp: &Path) -> io::Result<PathBuf> {
-    use std::os::unix::fs::DirBuilderExt;
-    let base = temp.join(format!("kiln_python_env_{}", std::process::id()));
-    let mut builder = fs::DirBuilder::new();
-    builder.mode(0o700);
-    match builder.create(&base) {
-        Err(e) if e.kind() == io::ErrorKind::AlreadyExists => {
-            match fs::symlink_metadata(&base)? {
-                m if m.is_dir() => fs::remove_dir_all(&base)?,
-                _ => fs::remove_file(&base)?,
-            }
-            builder.create(&base)?;
-        }
-        other => other?,
-    }
-    Ok(base)
+    crate::scratch::private_dir_in(temp, "kiln_python_env_")
 }
 
 /// Removes the environments this process unpacked. Called as kiln exits, when no stub runs.

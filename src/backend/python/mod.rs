@@ -21,12 +21,14 @@
 //! different sequences' requests batch together there.
 //!
 //! The interpreter is the config's `EXECUTION_ENV_PATH` (an environment, packed or not), else
-//! `$KILN_PYTHON`, else `python3` on the `PATH` ([`environment`]); it needs numpy.
+//! `$KILN_PYTHON`, else `python3` on the `PATH` ([`environment`]); it needs numpy. A stub sees
+//! only some of kiln's environment variables, none of its secrets ([`StubEnvironment`]).
 
 mod cancel;
 mod channel;
 mod decoupled;
 pub mod environment;
+mod stub_env;
 
 use crate::backend::BackendError;
 use crate::core::{Error, InferRequest, InferResponse, ParamValue, Parameters, Tensor};
@@ -42,6 +44,7 @@ use std::path::{Path, PathBuf};
 use std::process::{Child, ChildStdin, ChildStdout, Stdio};
 use std::sync::{Arc, Mutex, OnceLock};
 use std::time::{Duration, Instant};
+pub use stub_env::StubEnvironment;
 
 /// Triton's `TRITONSERVER_REQUEST_FLAG_SEQUENCE_START`, a request's first of its sequence.
 const SEQUENCE_START: u32 = 1;
@@ -265,6 +268,7 @@ impl PythonSpec {
         config: &mut ModelConfig,
         dir: &Path,
         caller: &ModelCaller,
+        variables: &StubEnvironment,
     ) -> Result<PythonSpec, String> {
         let name = config.name.clone();
         for (tensor, data_type) in config
@@ -279,7 +283,7 @@ impl PythonSpec {
                 ));
             }
         }
-        let interpreter = interpreter(config, dir)?;
+        let interpreter = interpreter(config, dir, variables)?;
         // As Triton names them: the group a config leaves out is named after the model, unnamed
         // groups `<model>_<index>`; instances `<group>_<n>`.
         if config.instance_group.is_empty() {
@@ -345,8 +349,9 @@ pub fn auto_complete(
     config: &mut ModelConfig,
     dir: &Path,
     model_file: &Path,
+    variables: &StubEnvironment,
 ) -> Result<(), String> {
-    let interpreter = interpreter(config, dir)?;
+    let interpreter = interpreter(config, dir, variables)?;
     let name = config.name.clone();
     let mut stub = Stub::spawn(&interpreter, model_file, &["--auto-complete"])?;
     let current = crate::repository::config::config_to_json(config);
@@ -384,13 +389,18 @@ pub fn auto_complete(
     }
 }
 
-/// The interpreter a model runs under. Blocking: a packed environment is unpacked.
-fn interpreter(config: &ModelConfig, dir: &Path) -> Result<Interpreter, String> {
+/// The interpreter a model runs under, its stubs seeing `variables`. Blocking: a packed
+/// environment is unpacked.
+fn interpreter(
+    config: &ModelConfig,
+    dir: &Path,
+    variables: &StubEnvironment,
+) -> Result<Interpreter, String> {
     let parameter = config
         .parameters
         .get(environment::EXECUTION_ENV_PATH)
         .map(|p| p.string_value.as_str());
-    Interpreter::find(parameter, dir)
+    Ok(Interpreter::find(parameter, dir)?.with_variables(variables.clone()))
 }
 
 /// What `python -c` runs: it reads the two modules kiln sends first on the pipe (two

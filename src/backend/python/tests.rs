@@ -14,8 +14,13 @@ fn config(groups: Vec<ModelInstanceGroup>) -> ModelConfig {
 #[test]
 fn instance_groups_become_named_instances() {
     let mut plain = config(Vec::new());
-    let spec =
-        PythonSpec::from_config(&mut plain, Path::new("/m"), &ModelCaller::default()).unwrap();
+    let spec = PythonSpec::from_config(
+        &mut plain,
+        Path::new("/m"),
+        &ModelCaller::default(),
+        &StubEnvironment::default(),
+    )
+    .unwrap();
     assert_eq!(
         spec.instances,
         [Instance {
@@ -46,8 +51,13 @@ fn instance_groups_become_named_instances() {
             ..Default::default()
         },
     ]);
-    let spec =
-        PythonSpec::from_config(&mut groups, Path::new("/m"), &ModelCaller::default()).unwrap();
+    let spec = PythonSpec::from_config(
+        &mut groups,
+        Path::new("/m"),
+        &ModelCaller::default(),
+        &StubEnvironment::default(),
+    )
+    .unwrap();
     let described: Vec<(&str, &str, i32, usize)> = spec
         .instances
         .iter()
@@ -79,7 +89,13 @@ fn the_interpreter_is_the_environment_or_the_default() {
             string_value: "$$TRITON_MODEL_DIRECTORY/env".into(),
         },
     );
-    let spec = PythonSpec::from_config(&mut with_env, &model_dir, &ModelCaller::default()).unwrap();
+    let spec = PythonSpec::from_config(
+        &mut with_env,
+        &model_dir,
+        &ModelCaller::default(),
+        &StubEnvironment::default(),
+    )
+    .unwrap();
     assert_eq!(spec.interpreter.python(), model_dir.join("env/bin/python3"));
     std::fs::remove_dir_all(&model_dir).unwrap();
     let mut packed = config(Vec::new());
@@ -89,8 +105,13 @@ fn the_interpreter_is_the_environment_or_the_default() {
             string_value: "/nowhere/env.tar.gz".into(),
         },
     );
-    let error =
-        PythonSpec::from_config(&mut packed, Path::new("/m"), &ModelCaller::default()).unwrap_err();
+    let error = PythonSpec::from_config(
+        &mut packed,
+        Path::new("/m"),
+        &ModelCaller::default(),
+        &StubEnvironment::default(),
+    )
+    .unwrap_err();
     assert!(
         error.starts_with("EXECUTION_ENV_PATH '/nowhere/env.tar.gz': "),
         "{error}"
@@ -105,8 +126,13 @@ fn what_numpy_cannot_hold_fails_the_load_with_its_name() {
         data_type: crate::proto::inference::DataType::TypeBf16 as i32,
         ..Default::default()
     });
-    let error =
-        PythonSpec::from_config(&mut bf16, Path::new("/m"), &ModelCaller::default()).unwrap_err();
+    let error = PythonSpec::from_config(
+        &mut bf16,
+        Path::new("/m"),
+        &ModelCaller::default(),
+        &StubEnvironment::default(),
+    )
+    .unwrap_err();
     assert!(error.contains("'y'") && error.contains("BF16"), "{error}");
 }
 

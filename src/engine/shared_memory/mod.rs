@@ -25,6 +25,14 @@ use window::{OpenError, Window};
 /// descriptors for connections too.
 pub const MAX_REGIONS: usize = 4096;
 
+/// Longest region name, in bytes: names are kept while the region is registered and listed by
+/// every status call, so they are bounded like the file names they usually mirror (NAME_MAX).
+pub const MAX_NAME_BYTES: usize = 255;
+
+/// Longest key, in bytes: a `/` and a file name of at most NAME_MAX (255) bytes is the longest
+/// key `shm_open` can open; a longer one could only fail, after being logged and echoed.
+pub const MAX_KEY_BYTES: usize = 256;
+
 /// What status reports of one region.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct RegionStatus {
@@ -54,8 +62,9 @@ impl SharedMemory {
     ///
     /// # Errors
     /// ALREADY_EXISTS for a name in use; INTERNAL when the object cannot be opened; INVALID_ARGUMENT
-    /// when the window does not fit inside the object (Triton's texts), or RESOURCE_EXHAUSTED
-    /// past [`MAX_REGIONS`].
+    /// when the window does not fit inside the object (Triton's texts) or the name or key is
+    /// longer than [`MAX_NAME_BYTES`] / [`MAX_KEY_BYTES`]; RESOURCE_EXHAUSTED past
+    /// [`MAX_REGIONS`].
     pub fn register(
         &self,
         name: &str,
@@ -63,6 +72,7 @@ impl SharedMemory {
         offset: u64,
         byte_size: u64,
     ) -> Result<(), Error> {
+        check_lengths(name, key)?;
         let mut regions = self
             .regions
             .lock()
@@ -153,6 +163,25 @@ impl SharedMemory {
     }
 }
 
+/// Refuses a name or a key too long to keep, without repeating it (it may be megabytes).
+fn check_lengths(name: &str, key: &str) -> Result<(), Error> {
+    if name.len() > MAX_NAME_BYTES {
+        return Err(Error::InvalidArgument(format!(
+            "failed to register shared memory region: its name is {} bytes, longer than the \
+             {MAX_NAME_BYTES} kiln accepts",
+            name.len()
+        )));
+    }
+    if key.len() > MAX_KEY_BYTES {
+        return Err(Error::InvalidArgument(format!(
+            "failed to register shared memory region '{name}': its key is {} bytes, longer than \
+             the {MAX_KEY_BYTES} kiln accepts",
+            key.len()
+        )));
+    }
+    Ok(())
+}
+
 /// CUDA shared memory as a server without CUDA IPC answers it (as Triton built without GPUs):
 /// no region is ever registered, so status lists none, unregistering has nothing to do, and
 /// this refuses registration. Clients such as perf_analyzer unregister both kinds on exit.
@@ -239,6 +268,42 @@ mod tests {
             );
         }
         assert!(memory.status("").unwrap().is_empty());
+    }
+
+    #[test]
+    fn names_and_keys_longer_than_the_bounds_are_refused_unrepeated() {
+        let object = Object::new("bounds", 4096);
+        let memory = SharedMemory::default();
+        let long_name = "n".repeat(MAX_NAME_BYTES + 1);
+        let error = memory.register(&long_name, &object.key, 0, 8).unwrap_err();
+        assert_eq!(
+            error,
+            Error::InvalidArgument(
+                "failed to register shared memory region: its name is 256 bytes, longer than the \
+                 255 kiln accepts"
+                    .into()
+            )
+        );
+        let long_key = format!("/{}", "k".repeat(MAX_KEY_BYTES));
+        let error = memory.register("r", &long_key, 0, 8).unwrap_err();
+        assert_eq!(
+            error,
+            Error::InvalidArgument(
+                "failed to register shared memory region 'r': its key is 257 bytes, longer than \
+                 the 256 kiln accepts"
+                    .into()
+            )
+        );
+        assert!(memory.status("").unwrap().is_empty());
+        // At the bounds: the name is kept; the key is passed on to shm_open.
+        let name = "n".repeat(MAX_NAME_BYTES);
+        memory.register(&name, &object.key, 0, 8).unwrap();
+        assert_eq!(memory.status(&name).unwrap()[0].name, name);
+        let longest_key = format!("/{}", "k".repeat(MAX_KEY_BYTES - 1));
+        assert!(matches!(
+            memory.register("r", &longest_key, 0, 8),
+            Err(Error::Internal(_))
+        ));
     }
 
     #[test]

@@ -120,7 +120,8 @@ pub struct ModelRepository {
     options: RepositoryOptions,
     /// The current snapshot; writers replace the `Arc`, readers clone it and let go of the lock.
     state: RwLock<Arc<Snapshot>>,
-    /// One lock per model name, held for a whole load or unload.
+    /// One lock per model name, held for a whole load or unload; an entry lives only while an
+    /// operation holds or waits for it, so the names clients make up do not pile up here.
     operations: Mutex<HashMap<String, Arc<Mutex<()>>>>,
     retirer: Retirer,
     /// Bumped on every change of state, so watchers re-evaluate readiness.
@@ -290,8 +291,17 @@ impl ModelRepository {
             let mut locks = self.operations.lock().unwrap_or_else(|p| p.into_inner());
             Arc::clone(locks.entry(name.to_string()).or_default())
         };
-        let _held = lock.lock().unwrap_or_else(|p| p.into_inner());
-        operation()
+        let done = {
+            let _held = lock.lock().unwrap_or_else(|p| p.into_inner());
+            operation()
+        };
+        // Clones are only taken under the map's lock: two references (the map's and this one)
+        // mean that no other operation holds or waits for it.
+        let mut locks = self.operations.lock().unwrap_or_else(|p| p.into_inner());
+        if Arc::strong_count(&lock) == 2 {
+            locks.remove(name);
+        }
+        done
     }
 
     /// Replaces one slot (`None` removes it) and returns the previous one.

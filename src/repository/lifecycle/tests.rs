@@ -132,6 +132,26 @@ fn the_api_answers_only_in_explicit_mode() {
         repository.snapshot().get("zz").is_none(),
         "no slot for unknown names"
     );
+    let long = "m".repeat(crate::repository::store::MAX_MODEL_NAME_BYTES + 1);
+    assert!(matches!(
+        repository.load(&long, BTreeMap::new()),
+        Err(Error::InvalidArgument(message)) if message.contains("longer than the 255")
+    ));
+}
+
+#[test]
+fn load_locks_of_names_made_up_by_clients_are_not_kept() {
+    let repository = repository(ControlMode::Explicit, vec!["a"]);
+    for n in 0..100 {
+        let _ = repository.load(&format!("made-up-{n}"), BTreeMap::new());
+        let _ = repository.unload(&format!("made-up-{n}"), false);
+    }
+    let _ = repository.load("a", BTreeMap::new());
+    assert!(repository
+        .operations
+        .lock()
+        .unwrap_or_else(|p| p.into_inner())
+        .is_empty());
 }
 
 #[test]

@@ -139,6 +139,13 @@ fn flags_come_from_tritons_parameters() {
             .contains("non-zero or non-empty correlation ID"));
     }
     assert!(flags(&[]).is_err());
+    let longest = "i".repeat(MAX_CORRELATION_ID_BYTES);
+    assert!(flags(&[("sequence_id", ParamValue::String(longest))]).is_ok());
+    let long = "i".repeat(MAX_CORRELATION_ID_BYTES + 1);
+    assert!(flags(&[("sequence_id", ParamValue::String(long))])
+        .unwrap_err()
+        .message()
+        .ends_with("has a correlation ID of 1025 bytes, longer than the 1024 kiln keeps"));
 }
 
 #[tokio::test]

@@ -86,7 +86,30 @@ impl Server {
         env: &[(&str, &str)],
         wait_for_models: bool,
     ) -> Server {
-        let mut command = Command::new(env!("CARGO_BIN_EXE_kiln"));
+        let command = Command::new(env!("CARGO_BIN_EXE_kiln"));
+        Server::launch_command(command, repositories, extra, env, wait_for_models)
+    }
+
+    /// As [`Server::launch_env`], started by the shell script `wrapper`, which gets kiln's path
+    /// and arguments and must `exec "$@"` (so that kiln keeps the script's process ID, `$$`).
+    pub fn launch_wrapped(
+        wrapper: &std::path::Path,
+        repositories: &[PathBuf],
+        extra: &[&str],
+        env: &[(&str, &str)],
+    ) -> Server {
+        let mut command = Command::new("sh");
+        command.arg(wrapper).arg(env!("CARGO_BIN_EXE_kiln"));
+        Server::launch_command(command, repositories, extra, env, true)
+    }
+
+    fn launch_command(
+        mut command: Command,
+        repositories: &[PathBuf],
+        extra: &[&str],
+        env: &[(&str, &str)],
+        wait_for_models: bool,
+    ) -> Server {
         command.envs(env.iter().copied());
         for repository in repositories {
             command.arg("--model-repository").arg(repository);
