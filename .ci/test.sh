@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # Sets up everything the tests need (ONNX Runtime library, Python clients) and runs every test:
 # Rust unit + integration tests, then the Python conformance suite against the same debug binary.
-# Also compiles the `cuda` feature (GPU instances) and runs its unit tests that need no GPU, and
-# compiles the fuzz targets.
+# Also compiles the `cuda` feature (GPU instances) and runs its unit tests that need no GPU,
+# compiles the fuzz targets, and builds the container image from a release binary for
+# conformance/test_image.py.
 set -euo pipefail
 ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 cd "$ROOT"
@@ -20,4 +21,10 @@ cargo test --locked --lib --features cuda backend::cuda
 # the library: built as plain binaries (no sanitizer, nothing fuzzed), sharing this target folder.
 CARGO_TARGET_DIR="${CARGO_TARGET_DIR:-$ROOT/target}" cargo build --locked --manifest-path fuzz/Cargo.toml --bins
 cargo test --locked
+# The container image (deploy/image/build.sh) with a release binary: conformance/test_image.py runs
+# it. Where podman could not be installed (no root), the image is not built and that test skips.
+if command -v podman >/dev/null 2>&1 && [ "$(id -u)" = 0 ]; then
+  cargo build --locked --release --bin kiln
+  deploy/image/build.sh
+fi
 KILN_BIN="$ROOT/target/debug/kiln" .venv/bin/python -m pytest conformance "$@"
