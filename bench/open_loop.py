@@ -106,8 +106,8 @@ class Target:
 def perf_analyzer(target: Target, mode: list[str], duration_ms: int) -> dict:
     with tempfile.NamedTemporaryFile(suffix=".csv") as out:
         cmd = [str(PERF_ANALYZER), "-m", target.model, "-u", target.grpc, "-i", "grpc",
-               "--measurement-interval", str(duration_ms), "--stability-percentage", "50",
-               "--max-trials", "3", "-f", out.name, *mode]
+               "--measurement-interval", str(duration_ms), "--stability-percentage", "100",
+               "--max-trials", "6", "-f", out.name, *mode]
         env = {**os.environ, "PEERS_HOME": str(PEERS_HOME)}
         done = subprocess.run(cmd, env=env, capture_output=True, text=True)
         if done.returncode != 0:
@@ -160,8 +160,10 @@ def main() -> None:
                 print(json.dumps(rows[-1]), flush=True)
                 for fraction in map(float, args.fractions.split(",")):
                     rate = max(1, int(closed["throughput"] * fraction))
+                    # Asynchronous sends: a request goes at its scheduled time whether or not
+                    # earlier ones were answered (sync threads would wait, closing the loop).
                     mode = ["--request-rate-range", str(rate), "--request-distribution", "poisson",
-                            "--max-threads", "16"]
+                            "--async", "--max-threads", "4"]
                     rows.append({"target": name, "load": f"open {fraction:.0%}", "offered": rate,
                                  **measure(target, mode, duration_ms)})
                     print(json.dumps(rows[-1]), flush=True)
