@@ -111,8 +111,11 @@ def perf_analyzer(target: Target, mode: list[str], duration_ms: int) -> dict:
         env = {**os.environ, "PEERS_HOME": str(PEERS_HOME)}
         done = subprocess.run(cmd, env=env, capture_output=True, text=True)
         if done.returncode != 0:
-            sys.stderr.write(done.stdout[-3000:] + done.stderr[-3000:])
-            raise SystemExit(f"perf_analyzer failed against {target.name}")
+            # Under overload a server refuses requests and perf_analyzer stops: say why.
+            lines = (done.stdout + done.stderr).splitlines()
+            why = next((l.split("error: ", 1)[-1] for l in lines if "had error" in l),
+                       lines[-1] if lines else "no output")
+            return {"error": why}
         rows = list(csv.DictReader(io.StringIO(Path(out.name).read_text())))
     return rows[-1]
 
@@ -122,6 +125,9 @@ def measure(target: Target, mode: list[str], duration_ms: int) -> dict:
     row = perf_analyzer(target, mode, duration_ms)
     after = counts(target.http, target.model)
     inferences, executions = after[0] - before[0], after[1] - before[1]
+    if "error" in row:
+        return {"throughput": None, "batch": inferences / executions if executions else 0.0,
+                "p50_us": None, "p99_us": None, "error": row["error"]}
     return {
         "throughput": float(row["Inferences/Second"]),
         "batch": inferences / executions if executions else 0.0,
@@ -155,6 +161,8 @@ def main() -> None:
             target.start()
             try:
                 closed = measure(target, ["--concurrency-range", str(args.concurrency)], duration_ms)
+                if closed.get("error"):
+                    raise SystemExit(f"{name}: closed loop failed: {closed['error']}")
                 rows.append({"target": name, "load": f"closed c={args.concurrency}",
                              "offered": None, **closed})
                 print(json.dumps(rows[-1]), flush=True)
@@ -177,6 +185,10 @@ def main() -> None:
     print("|---|---|---|---|---|---|---|")
     for r in rows:
         offered = "" if r["offered"] is None else str(r["offered"])
+        if r.get("error"):
+            print(f"| {r['target']} | {r['load']} | {offered} | failed: {r['error']} | "
+                  f"{r['batch']:.2f} | | |")
+            continue
         print(f"| {r['target']} | {r['load']} | {offered} | {r['throughput']:.0f} | "
               f"{r['batch']:.2f} | {r['p50_us']} | {r['p99_us']} |")
 
