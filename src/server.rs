@@ -11,10 +11,12 @@ use crate::engine::{CacheConfig, Engine};
 use crate::proto::inference::grpc_inference_service_server::GrpcInferenceServiceServer;
 use crate::protocol::access::grpc::GrpcAccessLayer;
 use crate::protocol::access::AccessPolicy;
-use crate::protocol::connection::serve_http;
+use crate::protocol::connection::{grpc_incoming, serve_http, Transport};
 use crate::protocol::grpc::InferenceService;
+use crate::protocol::grpc_frames::InflateLayer;
 use crate::protocol::http::{self, HttpConfig};
 use crate::protocol::in_flight::ResponsesInFlight;
+use crate::protocol::limits::{ConnectionSlots, TransportLimits};
 use crate::repository::{
     store, ControlMode, LoadOptions, ModelRepository, ModelStore, RepositoryOptions,
 };
@@ -27,7 +29,6 @@ use std::sync::Arc;
 use std::time::Duration;
 use tokio::net::TcpListener;
 use tonic::codec::CompressionEncoding;
-use tonic::transport::server::TcpIncoming;
 use tonic_health::ServingStatus;
 use tracing::{info, warn};
 
@@ -59,6 +60,8 @@ pub struct Config {
     pub http_tls: Option<TlsFiles>,
     /// HTTP/2 settings of the gRPC listener.
     pub grpc_transport: GrpcTransport,
+    /// Timeouts, connection and decoding limits of every listener.
+    pub limits: TransportLimits,
     /// Complete configs from the ONNX graph.
     pub auto_complete: bool,
     /// What auto-complete gives batchable models (`--backend-config default-max-batch-size`).
@@ -220,13 +223,23 @@ pub async fn run(
         }
     }
     let responses = ResponsesInFlight::default();
+    let transport = Transport {
+        limits: config.limits.clone(),
+        slots: ConnectionSlots::new(config.limits.max_connections),
+    };
+    crate::protocol::grpc_codec::set_max_entries(config.limits.grpc_max_message_entries);
     let grpc_serve = match listeners.grpc {
         Some(listener) => {
             let services = GrpcServices {
                 inference: inference_service(&engine, &config),
                 health: health_service,
             };
-            serve_grpc(listener, &config, services, &responses, &stopped)?
+            let serving = GrpcServing {
+                responses: &responses,
+                slots: &transport.slots,
+                stopped: &stopped,
+            };
+            serve_grpc(listener, &config, services, serving)?
         }
         None => {
             info!("gRPC is off (--allow-grpc=false)");
@@ -235,12 +248,19 @@ pub async fn run(
     };
     let http_config = || HttpConfig {
         max_input_bytes: config.http_max_input_bytes,
+        body_timeout: config.limits.body_timeout,
         access: Arc::new(config.http_access.clone()),
     };
     let http_serve = match listeners.http {
         Some(listener) => {
             let router = http::router(Arc::clone(&engine), http_config()).layer(responses.clone());
-            serve_rest(listener, router, config.http_tls.as_ref(), &stopped)?
+            serve_rest(
+                listener,
+                router,
+                config.http_tls.as_ref(),
+                &stopped,
+                transport.clone(),
+            )?
         }
         None => {
             info!("HTTP is off (--allow-http=false)");
@@ -257,6 +277,7 @@ pub async fn run(
             listener,
             router.layer(responses.clone()),
             stopped_signal(&stopped),
+            transport.clone(),
         );
         Ok::<Serving, ServerError>(Box::pin(async move {
             serving.await;
@@ -381,21 +402,33 @@ struct GrpcServices<H> {
     health: tonic_health::pb::health_server::HealthServer<H>,
 }
 
+/// What the gRPC listener shares with the others.
+struct GrpcServing<'a> {
+    responses: &'a ResponsesInFlight,
+    slots: &'a ConnectionSlots,
+    stopped: &'a tokio::sync::watch::Receiver<bool>,
+}
+
 /// Serves the inference, health and reflection services on `listener`, with the configured
-/// transport settings, TLS and access policy.
+/// transport settings, limits, TLS and access policy.
 fn serve_grpc<H: tonic_health::pb::health_server::Health>(
     listener: TcpListener,
     config: &Config,
     services: GrpcServices<H>,
-    responses: &ResponsesInFlight,
-    stopped: &tokio::sync::watch::Receiver<bool>,
+    serving: GrpcServing<'_>,
 ) -> Result<Serving, ServerError> {
     let address = listener.local_addr()?;
-    let incoming = TcpIncoming::from(listener).with_nodelay(Some(true));
+    let incoming = grpc_incoming(listener, serving.slots.clone());
     let transport = &config.grpc_transport;
+    let limits = &config.limits;
+    // tonic leaves the stream count unbounded and turns hyper's limit on locally reset streams
+    // off unless told.
     let mut builder = tonic::transport::Server::builder()
         .http2_keepalive_interval(Some(transport.keepalive_time))
-        .http2_keepalive_timeout(Some(transport.keepalive_timeout));
+        .http2_keepalive_timeout(Some(transport.keepalive_timeout))
+        .max_concurrent_streams(limits.http2_max_concurrent_streams)
+        .http2_max_pending_accept_reset_streams(Some(limits.http2_max_pending_reset_streams))
+        .http2_max_local_error_reset_streams(Some(limits.http2_max_local_error_reset_streams));
     if let Some(age) = transport.max_connection_age {
         builder = builder.max_connection_age(age);
     }
@@ -411,14 +444,19 @@ fn serve_grpc<H: tonic_health::pb::health_server::Health>(
             .register_encoded_file_descriptor_set(crate::proto::FILE_DESCRIPTOR_SET)
             .register_encoded_file_descriptor_set(tonic_health::pb::FILE_DESCRIPTOR_SET)
     };
+    let inflate = InflateLayer {
+        max_wire: config.max_message_bytes,
+        max_decompressed: limits.grpc_max_decompressed_bytes,
+    };
     let serving = builder
-        .layer(responses.clone())
+        .layer(serving.responses.clone())
         .layer(GrpcAccessLayer::new(Arc::new(config.grpc_access.clone())))
+        .layer(inflate)
         .add_service(services.inference)
         .add_service(services.health)
         .add_service(reflection().build_v1()?)
         .add_service(reflection().build_v1alpha()?)
-        .serve_with_incoming_shutdown(incoming, stopped_signal(stopped));
+        .serve_with_incoming_shutdown(incoming, stopped_signal(serving.stopped));
     info!("Started GRPCInferenceService at {address}");
     Ok(Box::pin(
         async move { serving.await.map_err(ServerError::from) },
@@ -431,13 +469,19 @@ fn serve_rest(
     router: axum::Router,
     tls: Option<&TlsFiles>,
     stopped: &tokio::sync::watch::Receiver<bool>,
+    transport: Transport,
 ) -> Result<Serving, ServerError> {
     let address = listener.local_addr()?;
     let serving: std::pin::Pin<Box<dyn Future<Output = ()> + Send>> = match tls {
         Some(files) => {
             let listener = TlsListener::new(listener, files.server_config()?)?;
             info!("HTTP uses TLS{}", client_certificates(files));
-            Box::pin(serve_http(listener, router, stopped_signal(stopped)))
+            Box::pin(serve_http(
+                listener,
+                router,
+                stopped_signal(stopped),
+                transport,
+            ))
         }
         None => {
             let listener = listener.tap_io(|stream| {
@@ -445,7 +489,12 @@ fn serve_rest(
                     warn!("cannot set TCP_NODELAY on an HTTP connection: {e}");
                 }
             });
-            Box::pin(serve_http(listener, router, stopped_signal(stopped)))
+            Box::pin(serve_http(
+                listener,
+                router,
+                stopped_signal(stopped),
+                transport,
+            ))
         }
     };
     info!("Started HTTPService at {address}");
