@@ -16,7 +16,7 @@ use crate::protocol::grpc::InferenceService;
 use crate::protocol::grpc_frames::InflateLayer;
 use crate::protocol::http::{self, HttpConfig};
 use crate::protocol::in_flight::ResponsesInFlight;
-use crate::protocol::limits::{ConnectionSlots, TransportLimits};
+use crate::protocol::limits::TransportLimits;
 use crate::repository::{
     store, ControlMode, LoadOptions, ModelRepository, ModelStore, RepositoryOptions,
 };
@@ -223,10 +223,7 @@ pub async fn run(
         }
     }
     let responses = ResponsesInFlight::default();
-    let transport = Transport {
-        limits: config.limits.clone(),
-        slots: ConnectionSlots::new(config.limits.max_connections),
-    };
+    let transport = Transport::new(config.limits.clone());
     crate::protocol::grpc_codec::set_max_entries(config.limits.grpc_max_message_entries);
     let grpc_serve = match listeners.grpc {
         Some(listener) => {
@@ -234,12 +231,9 @@ pub async fn run(
                 inference: inference_service(&engine, &config),
                 health: health_service,
             };
-            let serving = GrpcServing {
-                responses: &responses,
-                slots: &transport.slots,
-                stopped: &stopped,
-            };
-            serve_grpc(listener, &config, services, serving)?
+            serve_grpc(
+                listener, &config, services, &responses, &transport, &stopped,
+            )?
         }
         None => {
             info!("gRPC is off (--allow-grpc=false)");
@@ -402,23 +396,18 @@ struct GrpcServices<H> {
     health: tonic_health::pb::health_server::HealthServer<H>,
 }
 
-/// What the gRPC listener shares with the others.
-struct GrpcServing<'a> {
-    responses: &'a ResponsesInFlight,
-    slots: &'a ConnectionSlots,
-    stopped: &'a tokio::sync::watch::Receiver<bool>,
-}
-
 /// Serves the inference, health and reflection services on `listener`, with the configured
 /// transport settings, limits, TLS and access policy.
 fn serve_grpc<H: tonic_health::pb::health_server::Health>(
     listener: TcpListener,
     config: &Config,
     services: GrpcServices<H>,
-    serving: GrpcServing<'_>,
+    responses: &ResponsesInFlight,
+    connections: &Transport,
+    stopped: &tokio::sync::watch::Receiver<bool>,
 ) -> Result<Serving, ServerError> {
     let address = listener.local_addr()?;
-    let incoming = grpc_incoming(listener, serving.slots.clone());
+    let incoming = grpc_incoming(listener, connections);
     let transport = &config.grpc_transport;
     let limits = &config.limits;
     // tonic leaves the stream count unbounded and turns hyper's limit on locally reset streams
@@ -449,14 +438,14 @@ fn serve_grpc<H: tonic_health::pb::health_server::Health>(
         max_decompressed: limits.grpc_max_decompressed_bytes,
     };
     let serving = builder
-        .layer(serving.responses.clone())
+        .layer(responses.clone())
         .layer(GrpcAccessLayer::new(Arc::new(config.grpc_access.clone())))
         .layer(inflate)
         .add_service(services.inference)
         .add_service(services.health)
         .add_service(reflection().build_v1()?)
         .add_service(reflection().build_v1alpha()?)
-        .serve_with_incoming_shutdown(incoming, stopped_signal(serving.stopped));
+        .serve_with_incoming_shutdown(incoming, stopped_signal(stopped));
     info!("Started GRPCInferenceService at {address}");
     Ok(Box::pin(
         async move { serving.await.map_err(ServerError::from) },
@@ -472,16 +461,12 @@ fn serve_rest(
     transport: Transport,
 ) -> Result<Serving, ServerError> {
     let address = listener.local_addr()?;
+    let stop = stopped_signal(stopped);
     let serving: std::pin::Pin<Box<dyn Future<Output = ()> + Send>> = match tls {
         Some(files) => {
             let listener = TlsListener::new(listener, files.server_config()?)?;
             info!("HTTP uses TLS{}", client_certificates(files));
-            Box::pin(serve_http(
-                listener,
-                router,
-                stopped_signal(stopped),
-                transport,
-            ))
+            Box::pin(serve_http(listener, router, stop, transport))
         }
         None => {
             let listener = listener.tap_io(|stream| {
@@ -489,12 +474,7 @@ fn serve_rest(
                     warn!("cannot set TCP_NODELAY on an HTTP connection: {e}");
                 }
             });
-            Box::pin(serve_http(
-                listener,
-                router,
-                stopped_signal(stopped),
-                transport,
-            ))
+            Box::pin(serve_http(listener, router, stop, transport))
         }
     };
     info!("Started HTTPService at {address}");

@@ -108,6 +108,14 @@ pub struct Transport {
 }
 
 impl Transport {
+    /// The limits, with a connection count of their own.
+    pub fn new(limits: TransportLimits) -> Transport {
+        Transport {
+            slots: ConnectionSlots::new(limits.max_connections),
+            limits,
+        }
+    }
+
     /// The connection builder: hyper's header read timeout (which needs a timer; without one
     /// half-sent headers held a connection for ever) and the HTTP/2 stream and reset limits.
     fn builder(&self) -> Builder<TokioExecutor> {
@@ -189,14 +197,17 @@ pub async fn serve_http<L>(
     closing.closed().await;
 }
 
-/// The gRPC listener's connections, each accepted only with a free slot (held until it closes),
-/// with TCP_NODELAY. Accept errors (a full descriptor table, a connection reset before it was
-/// accepted) are logged and retried after a pause, never handed to tonic.
+/// The gRPC listener's connections, each accepted only with a free slot of `transport` (held
+/// until it closes), with TCP_NODELAY, and closed unless the HTTP/2 preface has arrived within
+/// the header timeout (h2 has no timer of its own before its handshake). Accept errors (a full
+/// descriptor table, a connection reset before it was accepted) are logged and retried after a
+/// pause, never handed to tonic.
 pub fn grpc_incoming(
     listener: tokio::net::TcpListener,
-    slots: ConnectionSlots,
+    transport: &Transport,
 ) -> impl futures_util::Stream<Item = Result<SlottedStream, std::io::Error>> {
-    futures_util::stream::unfold((listener, slots), |(listener, slots)| async move {
+    let (slots, preface_timeout) = (transport.slots.clone(), transport.limits.header_timeout);
+    futures_util::stream::unfold((listener, slots), move |(listener, slots)| async move {
         let permit = slots.acquire().await;
         loop {
             match listener.accept().await {
@@ -207,6 +218,10 @@ pub fn grpc_incoming(
                     let stream = SlottedStream {
                         stream,
                         _permit: permit,
+                        preface: Some(Preface {
+                            missing: PREFACE_LEN,
+                            deadline: Box::pin(tokio::time::sleep(preface_timeout)),
+                        }),
                     };
                     return Some((Ok(stream), (listener, slots)));
                 }
@@ -219,11 +234,22 @@ pub fn grpc_incoming(
     })
 }
 
+/// The HTTP/2 client preface (`PRI * HTTP/2.0...`).
+const PREFACE_LEN: usize = 24;
+
 /// A gRPC connection holding its slot.
 #[derive(Debug)]
 pub struct SlottedStream {
     stream: tokio::net::TcpStream,
     _permit: tokio::sync::OwnedSemaphorePermit,
+    /// Until the preface has arrived: how much of it is missing, and by when it must come.
+    preface: Option<Preface>,
+}
+
+#[derive(Debug)]
+struct Preface {
+    missing: usize,
+    deadline: Pin<Box<tokio::time::Sleep>>,
 }
 
 impl tonic::transport::server::Connected for SlottedStream {
@@ -240,7 +266,26 @@ impl tokio::io::AsyncRead for SlottedStream {
         cx: &mut Context<'_>,
         buf: &mut tokio::io::ReadBuf<'_>,
     ) -> Poll<std::io::Result<()>> {
-        Pin::new(&mut self.stream).poll_read(cx, buf)
+        let this = &mut *self;
+        let before = buf.filled().len();
+        let read = Pin::new(&mut this.stream).poll_read(cx, buf);
+        let Some(preface) = &mut this.preface else {
+            return read;
+        };
+        if let Poll::Ready(Ok(())) = read {
+            preface.missing = preface.missing.saturating_sub(buf.filled().len() - before);
+            if preface.missing == 0 {
+                this.preface = None;
+            }
+            return read;
+        }
+        if read.is_pending() && preface.deadline.as_mut().poll(cx).is_ready() {
+            return Poll::Ready(Err(std::io::Error::new(
+                std::io::ErrorKind::TimedOut,
+                "no HTTP/2 preface within the header timeout",
+            )));
+        }
+        read
     }
 }
 

@@ -81,14 +81,7 @@ impl<U: Message + Default> Decoder for LimitedDecoder<U> {
     fn decode(&mut self, buf: &mut DecodeBuf<'_>) -> Result<Option<U>, Status> {
         if let Some(message) = self.message {
             // The whole message is in one piece: tonic buffers it before decoding.
-            let bytes = bytes::Buf::chunk(buf);
-            if count_entries(schema(), message, bytes, self.max_entries).is_err() {
-                return Err(Status::resource_exhausted(format!(
-                    "the message holds more than {} entries (tensors, parameters, strings); \
-                     the limit is --grpc-max-message-entries",
-                    self.max_entries
-                )));
-            }
+            check_entries(message, bytes::Buf::chunk(buf), self.max_entries)?;
         }
         self.inner.decode(buf)
     }
@@ -182,6 +175,28 @@ pub fn count_entries(
     let mut left = max;
     walk(schema, message, bytes, 0, &mut left)?;
     Ok(max - left)
+}
+
+/// Checks that `bytes`, a message of type `U`, holds at most `max` entries.
+///
+/// # Errors
+/// RESOURCE_EXHAUSTED naming the flag past `max`.
+pub fn check_entries_of<U: Name>(bytes: &[u8], max: usize) -> Result<(), Status> {
+    match schema().index(&U::full_name()) {
+        Some(message) => check_entries(message, bytes, max),
+        None => Ok(()),
+    }
+}
+
+fn check_entries(message: usize, bytes: &[u8], max: usize) -> Result<(), Status> {
+    count_entries(schema(), message, bytes, max)
+        .map(|_| ())
+        .map_err(|TooManyEntries| {
+            Status::resource_exhausted(format!(
+                "the message holds more than {max} entries (tensors, parameters, strings); \
+                 the limit is --grpc-max-message-entries"
+            ))
+        })
 }
 
 /// The index of a message type by its full name (`inference.ModelInferRequest`).
