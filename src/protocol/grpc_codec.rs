@@ -13,9 +13,10 @@
 
 use prost::{Message, Name};
 use prost_reflect::Kind;
+use std::any::TypeId;
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicUsize, Ordering};
-use std::sync::OnceLock;
+use std::sync::{OnceLock, PoisonError, RwLock};
 use tonic::codec::{BufferSettings, Codec, DecodeBuf, Decoder};
 use tonic::Status;
 use tonic_prost::{ProstCodec, ProstDecoder, ProstEncoder};
@@ -59,7 +60,7 @@ where
     fn decoder(&mut self) -> LimitedDecoder<U> {
         LimitedDecoder {
             inner: self.0.decoder(),
-            message: schema().index(&U::full_name()),
+            message: index_of::<U>(),
             max_entries: MAX_ENTRIES.load(Ordering::Relaxed),
         }
     }
@@ -152,6 +153,28 @@ impl Schema {
     }
 }
 
+/// `U`'s index in [`schema`], remembered by type: its full name is a `String` built on each
+/// call, and hashing it cost as much as the count itself.
+fn index_of<U: Name + 'static>() -> Option<usize> {
+    type Cache = RwLock<HashMap<TypeId, Option<usize>>>;
+    static CACHE: OnceLock<Cache> = OnceLock::new();
+    let cache = CACHE.get_or_init(Cache::default);
+    let id = TypeId::of::<U>();
+    if let Some(found) = cache
+        .read()
+        .unwrap_or_else(PoisonError::into_inner)
+        .get(&id)
+    {
+        return *found;
+    }
+    let found = schema().index(&U::full_name());
+    cache
+        .write()
+        .unwrap_or_else(PoisonError::into_inner)
+        .insert(id, found);
+    found
+}
+
 /// The schema of the compiled protos, built once.
 pub fn schema() -> &'static Schema {
     static SCHEMA: OnceLock<Schema> = OnceLock::new();
@@ -181,8 +204,8 @@ pub fn count_entries(
 ///
 /// # Errors
 /// RESOURCE_EXHAUSTED naming the flag past `max`.
-pub fn check_entries_of<U: Name>(bytes: &[u8], max: usize) -> Result<(), Status> {
-    match schema().index(&U::full_name()) {
+pub fn check_entries_of<U: Name + 'static>(bytes: &[u8], max: usize) -> Result<(), Status> {
+    match index_of::<U>() {
         Some(message) => check_entries(message, bytes, max),
         None => Ok(()),
     }
