@@ -205,10 +205,13 @@ pub async fn run(
     }
     let health_watch = tokio::spawn(follow_readiness(Arc::clone(&engine), health.clone()));
 
+    // Every listener, metrics included, shares the connection slots and timeouts.
+    let transport = Transport::new(config.limits.clone());
+    crate::protocol::grpc_codec::set_max_entries(config.limits.grpc_max_message_entries);
     // Vertex AI's `metrics` redirect renders the same text.
     let metrics_handle = metrics.as_ref().map(|(_, handle)| handle.clone());
     if let Some((listener, handle)) = metrics {
-        serve_metrics(listener, handle)?;
+        serve_metrics(listener, handle, transport.clone())?;
         if config.metrics.gpu {
             crate::metrics::gpu::start(config.metrics.interval);
         }
@@ -223,8 +226,6 @@ pub async fn run(
         }
     }
     let responses = ResponsesInFlight::default();
-    let transport = Transport::new(config.limits.clone());
-    crate::protocol::grpc_codec::set_max_entries(config.limits.grpc_max_message_entries);
     let grpc_serve = match listeners.grpc {
         Some(listener) => {
             let services = GrpcServices {
@@ -755,10 +756,12 @@ async fn follow_readiness(engine: Arc<Engine>, health: tonic_health::server::Hea
     }
 }
 
-/// Serves Prometheus metrics at `/metrics` (and `/metrics/`, as Triton) until the process ends.
+/// Serves Prometheus metrics at `/metrics` (and `/metrics/`, as Triton) until the process ends,
+/// with the other listeners' connection limits.
 fn serve_metrics(
     listener: TcpListener,
     handle: metrics_exporter_prometheus::PrometheusHandle,
+    transport: Transport,
 ) -> Result<(), ServerError> {
     let address = listener
         .local_addr()
@@ -786,10 +789,6 @@ fn serve_metrics(
         .route("/metrics", axum::routing::get(render.clone()))
         .route("/metrics/", axum::routing::get(render));
     info!("Started Metrics Service at {address}");
-    tokio::spawn(async move {
-        if let Err(e) = axum::serve(listener, app).await {
-            warn!("metrics endpoint stopped: {e}");
-        }
-    });
+    tokio::spawn(serve_http(listener, app, std::future::pending(), transport));
     Ok(())
 }
