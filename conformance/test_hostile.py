@@ -248,8 +248,11 @@ def test_half_sent_headers_and_idle_connections_are_closed_and_lock_nobody_out(h
 # 4. HTTP/2 limits: advertised streams, rapid reset, MadeYouReset
 # ---------------------------------------------------------------------------------------------
 PREFACE = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n"
-DATA, HEADERS, RST_STREAM, SETTINGS, GOAWAY, WINDOW_UPDATE = 0, 1, 3, 4, 7, 8
-MAX_CONCURRENT_STREAMS = 3
+DATA, HEADERS, RST_STREAM, SETTINGS, GOAWAY = 0, 1, 3, 4, 7
+SETTINGS_MAX_CONCURRENT_STREAMS = 3
+CANCEL = struct.pack(">I", 8)
+ENHANCE_YOUR_CALM = 11
+MAX_STREAMS = 5
 
 
 def frame(kind: int, flags: int, stream: int, payload: bytes = b"") -> bytes:
@@ -302,18 +305,20 @@ class H2:
                         for i in range(0, len(payload), 6)}
         raise AssertionError("no SETTINGS from the server")
 
-    def goaway(self) -> bool:
-        """Whether the server sent GOAWAY before closing."""
-        return any(kind == GOAWAY for kind, _, _, _ in self.frames())
+    def goaway(self) -> int | None:
+        """The error code of the server's GOAWAY, or None if it closed without one."""
+        for kind, _, _, payload in self.frames():
+            if kind == GOAWAY:
+                return int.from_bytes(payload[4:8], "big")
+        return None
 
-    def flood(self, count: int, then) -> None:
-        """Opens `count` streams, each followed at once by the frames `then(stream)`; stops
-        early if the server has closed."""
+    def flood(self, count: int, headers: bytes, then) -> None:
+        """Opens `count` streams with `headers`, each followed at once by the frames
+        `then(stream)`; stops early if the server has closed."""
         batch = b""
         for i in range(count):
             stream = 2 * i + 1
-            batch += frame(HEADERS, 0x4, stream, request_headers(b"/inference.GRPCInferenceService/ModelInfer"))
-            batch += then(stream)
+            batch += frame(HEADERS, 0x4, stream, headers) + then(stream)
             if len(batch) > 16384 or i == count - 1:
                 try:
                     self.sock.sendall(batch)
@@ -323,22 +328,29 @@ class H2:
 
 
 def test_http2_stream_and_reset_limits_on_both_listeners(hostile):
-    server = hostile([f"--http2-max-concurrent-streams={MAX_CONCURRENT_STREAMS}",
+    server = hostile([f"--http2-max-concurrent-streams={MAX_STREAMS}",
                       "--http2-max-pending-reset-streams=10", "--http2-max-local-error-reset-streams=20"])
-    for url in (server.srv.grpc_url, server.srv.http_url):
+    paths = {server.srv.grpc_url: b"/inference.GRPCInferenceService/ModelInfer",
+             server.srv.http_url: b"/v2/models/add_sub/infer"}
+    for url in paths:
         settings = H2(url).settings()
-        assert settings.get(MAX_CONCURRENT_STREAMS) == 3, (url, settings)
+        assert settings.get(SETTINGS_MAX_CONCURRENT_STREAMS) == MAX_STREAMS, (url, settings)
 
     def rapid_reset():
-        h2 = H2(server.srv.grpc_url)
-        h2.flood(5000, lambda stream: frame(RST_STREAM, 0, stream, struct.pack(">I", 8)))  # CANCEL
-        assert h2.goaway(), "rapid reset: no GOAWAY"
+        # Streams opened and cancelled at once, faster than the server accepts them.
+        for url, path in paths.items():
+            h2 = H2(url)
+            h2.flood(5000, request_headers(path), lambda stream: frame(RST_STREAM, 0, stream, CANCEL))
+            assert h2.goaway() == ENHANCE_YOUR_CALM, f"rapid reset on {url}"
 
     def made_you_reset():
-        # A WINDOW_UPDATE of 0 is a stream error: the server resets the stream itself.
-        h2 = H2(server.srv.grpc_url)
-        h2.flood(2000, lambda stream: frame(WINDOW_UPDATE, 0, stream, struct.pack(">I", 0)))
-        assert h2.goaway(), "MadeYouReset: no GOAWAY"
+        # `content-length: 0` and then data: a stream error, so the server resets each stream
+        # itself (a zero WINDOW_UPDATE would end the whole connection at once instead).
+        for url, path in paths.items():
+            h2 = H2(url)
+            headers = request_headers(path) + literal(b"content-length", b"0")
+            h2.flood(2000, headers, lambda stream: frame(DATA, 0, stream, b"x" * 10))
+            assert h2.goaway() == ENHANCE_YOUR_CALM, f"MadeYouReset on {url}"
 
     server.during(rapid_reset)
     server.during(made_you_reset)
