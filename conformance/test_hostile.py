@@ -357,6 +357,23 @@ def test_http2_stream_and_reset_limits_on_both_listeners(hostile):
     server.survived()
 
 
+def test_an_idle_connection_is_closed_after_its_request(hostile):
+    # HTTP/2 (prior knowledge), where hyper's header timeout does not apply between requests.
+    server = hostile(["--http-idle-timeout-secs=1"])
+    h2 = H2(server.srv.http_url)
+    get = b"".join(literal(n, v) for n, v in [
+        (b":method", b"GET"), (b":scheme", b"http"), (b":path", b"/v2/health/live"), (b":authority", b"kiln")])
+    h2.sock.sendall(frame(HEADERS, 0x5, 1, get))
+    answered = False
+    for kind, flags, stream, _ in h2.frames():
+        if stream == 1 and kind in (DATA, HEADERS) and flags & 0x1:
+            answered = True
+        if kind == GOAWAY:
+            break
+    assert answered, "the request was not answered before the connection closed"
+    server.survived()
+
+
 # ---------------------------------------------------------------------------------------------
 # 6. a decoupled stream written and never read
 # ---------------------------------------------------------------------------------------------

@@ -319,7 +319,7 @@ impl tokio::io::AsyncWrite for SlottedStream {
     }
 }
 
-/// A connection's requests in progress and when the last one ended, for the idle timeout.
+/// A connection's requests in progress and when that last changed, for the idle timeout.
 #[derive(Debug, Clone)]
 struct Activity(Arc<ActivityState>);
 
@@ -330,8 +330,8 @@ struct ActivityState {
     /// Whether a request has begun: until one has, the connection gets the header timeout
     /// (hyper's own starts only once it knows the connection is HTTP/1, after the first bytes).
     begun: AtomicBool,
-    /// When the connection last had no request in progress.
-    since: std::sync::Mutex<tokio::time::Instant>,
+    /// When a request last began or ended; the watcher wakes on each change.
+    changed: tokio::sync::watch::Sender<tokio::time::Instant>,
 }
 
 impl Default for Activity {
@@ -339,7 +339,7 @@ impl Default for Activity {
         Activity(Arc::new(ActivityState {
             open: AtomicUsize::new(0),
             begun: AtomicBool::new(false),
-            since: std::sync::Mutex::new(tokio::time::Instant::now()),
+            changed: tokio::sync::watch::Sender::new(tokio::time::Instant::now()),
         }))
     }
 }
@@ -348,28 +348,29 @@ impl Activity {
     fn begin(&self) -> RequestOpen {
         self.0.open.fetch_add(1, Ordering::SeqCst);
         self.0.begun.store(true, Ordering::SeqCst);
+        self.0.changed.send_replace(tokio::time::Instant::now());
         RequestOpen(Arc::clone(&self.0))
     }
 
     /// Resolves once no request has been in progress for `idle` (`first` before the first
     /// request).
     async fn idle_for(&self, first: Duration, idle: Duration) {
+        let mut changes = self.0.changed.subscribe();
         loop {
+            let since = *changes.borrow_and_update();
             let timeout = if self.0.begun.load(Ordering::SeqCst) {
                 idle
             } else {
                 first
             };
-            let since = *self.0.since.lock().unwrap_or_else(|e| e.into_inner());
-            let deadline = since + timeout;
-            tokio::time::sleep_until(deadline).await;
-            let since_now = *self.0.since.lock().unwrap_or_else(|e| e.into_inner());
-            if self.0.open.load(Ordering::SeqCst) == 0 && since_now == since {
-                return;
-            }
             if self.0.open.load(Ordering::SeqCst) > 0 {
-                // Busy: look again a timeout from now (the end of the request moves `since`).
-                tokio::time::sleep(timeout).await;
+                // Busy: wait for the next change (the sender lives as long as `self`).
+                let _ = changes.changed().await;
+                continue;
+            }
+            tokio::select! {
+                () = tokio::time::sleep_until(since + timeout) => return,
+                _ = changes.changed() => {}
             }
         }
     }
@@ -381,8 +382,8 @@ struct RequestOpen(Arc<ActivityState>);
 
 impl Drop for RequestOpen {
     fn drop(&mut self) {
-        *self.0.since.lock().unwrap_or_else(|e| e.into_inner()) = tokio::time::Instant::now();
         self.0.open.fetch_sub(1, Ordering::SeqCst);
+        self.0.changed.send_replace(tokio::time::Instant::now());
     }
 }
 
