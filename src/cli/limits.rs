@@ -8,7 +8,9 @@ use std::time::Duration;
 #[derive(Debug, Clone, clap::Args)]
 pub struct LimitFlags {
     /// Seconds an HTTP/1 client may take to send a request's headers, counted from when the
-    /// connection starts waiting for them (so an idle keep-alive connection closes after it too).
+    /// connection starts waiting for them (so an idle keep-alive connection closes after it too);
+    /// also the time to start a first request on a REST connection and to send the HTTP/2
+    /// preface on gRPC.
     #[arg(long, env = "KILN_HTTP_HEADER_TIMEOUT_SECS", default_value_t = limits::DEFAULT_HEADER_TIMEOUT.as_secs_f64(), value_parser = positive_secs)]
     pub http_header_timeout_secs: f64,
 

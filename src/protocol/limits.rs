@@ -12,7 +12,9 @@ use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 #[derive(Debug, Clone)]
 pub struct TransportLimits {
     /// How long an HTTP/1 client may take to send a request's headers, counted from the moment
-    /// the connection waits for them (so an idle keep-alive connection is closed after it too).
+    /// the connection waits for them (so an idle keep-alive connection is closed after it too);
+    /// also how long a REST connection may take to start its first request, and a gRPC one to
+    /// send the HTTP/2 preface.
     pub header_timeout: Duration,
     /// How long a REST request body may go without a byte arriving.
     pub body_timeout: Duration,
