@@ -100,6 +100,7 @@ class Hostile:
         assert self.srv.proc.pid == self.pid
         self.infer()
         peak = memory(self.pid)["VmHWM"]
+        print(f"{self.srv.name}: idle {self.idle / MIB:.0f} MiB, peak {peak / MIB:.0f} MiB")  # with -s
         assert peak - self.idle < GROWTH_LIMIT, \
             f"peak RSS {peak / MIB:.0f} MiB, idle {self.idle / MIB:.0f} MiB"
 
