@@ -13,11 +13,16 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     let fds = protox::compile(files, ["proto"])?;
     let out = PathBuf::from(env::var("OUT_DIR")?);
     std::fs::write(out.join("inference_descriptor.bin"), fds.encode_to_vec())?;
+    // Type names let the codec find a message's descriptor; the codec counts a received
+    // message's entries before prost builds them (src/protocol/grpc_codec.rs).
+    let mut config = tonic_prost_build::Config::new();
+    config.enable_type_names();
     tonic_prost_build::configure()
         .bytes(".inference")
         .build_client(true)
         .build_server(true)
         .generate_default_stubs(true)
-        .compile_fds(fds)?;
+        .codec_path("crate::protocol::grpc_codec::LimitedCodec")
+        .compile_fds_with_config(fds, config)?;
     Ok(())
 }

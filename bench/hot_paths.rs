@@ -1,5 +1,5 @@
 //! Criterion micro-benchmarks of the request path's data handling, in bytes per second:
-//! gRPC raw-contents decode and response encode, BYTES framing checks, JSON tensor parsing (the
+//! gRPC raw-contents decode (and the entry count before it) and response encode, BYTES framing checks, JSON tensor parsing (the
 //! data alone, and a whole REST request body), and dynamic-batch concat/split. Run with
 //! `cargo bench --bench hot_paths`.
 
@@ -9,6 +9,7 @@ use kiln::core::tensor::{check_bytes_framing, frame_bytes};
 use kiln::core::{DataType, InferResponse, Parameters, Tensor};
 use kiln::proto::inference::{model_infer_request::InferInputTensor, ModelInferRequest};
 use kiln::protocol::codec::{request_from_wire, response_to_wire};
+use kiln::protocol::grpc_codec::check_entries_of;
 use kiln::protocol::http::{json, tensor_json};
 use kiln::scheduler::batch;
 use prost::Message;
@@ -44,6 +45,15 @@ fn grpc_codec(c: &mut Criterion) {
         b.iter(|| {
             let message = ModelInferRequest::decode(black_box(wire.clone())).unwrap();
             black_box(request_from_wire(message).unwrap())
+        })
+    });
+    // What the server's codec adds before that decode (issue 35): the entry count.
+    group.bench_function("count entries ModelInferRequest 8x784 FP32", |b| {
+        b.iter(|| {
+            black_box(check_entries_of::<ModelInferRequest>(
+                black_box(&wire),
+                16_384,
+            ))
         })
     });
     let response = InferResponse {

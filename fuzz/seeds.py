@@ -75,6 +75,21 @@ def grpc_infer_request():
     put("grpc_infer_request", "huge_shape", b"\x01" + req([("I", "INT64", [1 << 40, 1 << 40], None)], [b""]))
 
 
+def grpc_compressed_request():
+    """The grpc_infer_request seeds, plain (0), gzip (1) and zlib (2), and an entry bomb."""
+    import gzip
+    import zlib
+
+    source = os.path.join(CORPUS, "grpc_infer_request")
+    for name in sorted(os.listdir(source)):
+        with open(os.path.join(source, name), "rb") as f:
+            selector, message = f.read(1), f.read()
+        put("grpc_compressed_request", f"{name}_plain", b"\x00" + selector + message)
+        put("grpc_compressed_request", f"{name}_gzip", b"\x01" + selector + gzip.compress(message, mtime=0))
+        put("grpc_compressed_request", f"{name}_zlib", b"\x02" + selector + zlib.compress(message))
+    put("grpc_compressed_request", "empty_inputs", b"\x01\x00" + gzip.compress(b"\x2a\x00" * 100_000, mtime=0))
+
+
 def rest_json():
     put("rest_json", "data_fp32", b"\x0b\x04" + b"[[1.5, -2], [NaN, Infinity]]")
     put("rest_json", "data_bytes", b"\x0d\x02" + b'["a\\u00e9", "\\n"]')
@@ -148,6 +163,7 @@ def generate_request():
 if __name__ == "__main__":
     bytes_framing()
     grpc_infer_request()
+    grpc_compressed_request()
     rest_json()
     rest_infer_request()
     config_pbtxt()

@@ -11,10 +11,12 @@ use crate::engine::{CacheConfig, Engine};
 use crate::proto::inference::grpc_inference_service_server::GrpcInferenceServiceServer;
 use crate::protocol::access::grpc::GrpcAccessLayer;
 use crate::protocol::access::AccessPolicy;
-use crate::protocol::connection::serve_http;
+use crate::protocol::connection::{grpc_incoming, serve_http, Transport};
 use crate::protocol::grpc::InferenceService;
+use crate::protocol::grpc_frames::InflateLayer;
 use crate::protocol::http::{self, HttpConfig};
 use crate::protocol::in_flight::ResponsesInFlight;
+use crate::protocol::limits::TransportLimits;
 use crate::repository::{
     store, ControlMode, LoadOptions, ModelRepository, ModelStore, RepositoryOptions,
 };
@@ -27,7 +29,6 @@ use std::sync::Arc;
 use std::time::Duration;
 use tokio::net::TcpListener;
 use tonic::codec::CompressionEncoding;
-use tonic::transport::server::TcpIncoming;
 use tonic_health::ServingStatus;
 use tracing::{info, warn};
 
@@ -59,6 +60,8 @@ pub struct Config {
     pub http_tls: Option<TlsFiles>,
     /// HTTP/2 settings of the gRPC listener.
     pub grpc_transport: GrpcTransport,
+    /// Timeouts, connection and decoding limits of every listener.
+    pub limits: TransportLimits,
     /// Complete configs from the ONNX graph.
     pub auto_complete: bool,
     /// What auto-complete gives batchable models (`--backend-config default-max-batch-size`).
@@ -206,10 +209,13 @@ pub async fn run(
     }
     let health_watch = tokio::spawn(follow_readiness(Arc::clone(&engine), health.clone()));
 
+    // Every listener, metrics included, shares the connection slots and timeouts.
+    let transport = Transport::new(config.limits.clone());
+    crate::protocol::grpc_codec::set_max_entries(config.limits.grpc_max_message_entries);
     // Vertex AI's `metrics` redirect renders the same text.
     let metrics_handle = metrics.as_ref().map(|(_, handle)| handle.clone());
     if let Some((listener, handle)) = metrics {
-        serve_metrics(listener, handle)?;
+        serve_metrics(listener, handle, transport.clone())?;
         if config.metrics.gpu {
             crate::metrics::gpu::start(config.metrics.interval);
         }
@@ -230,7 +236,9 @@ pub async fn run(
                 inference: inference_service(&engine, &config),
                 health: health_service,
             };
-            serve_grpc(listener, &config, services, &responses, &stopped)?
+            serve_grpc(
+                listener, &config, services, &responses, &transport, &stopped,
+            )?
         }
         None => {
             info!("gRPC is off (--allow-grpc=false)");
@@ -239,12 +247,20 @@ pub async fn run(
     };
     let http_config = || HttpConfig {
         max_input_bytes: config.http_max_input_bytes,
+        body_timeout: config.limits.body_timeout,
         access: Arc::new(config.http_access.clone()),
     };
     let http_serve = match listeners.http {
         Some(listener) => {
             let router = http::router(Arc::clone(&engine), http_config()).layer(responses.clone());
-            serve_rest(listener, router, config.http_tls.as_ref(), &stopped)?
+            serve_rest(
+                listener,
+                router,
+                config.http_tls.as_ref(),
+                &stopped,
+                transport.clone(),
+                "",
+            )?
         }
         None => {
             info!("HTTP is off (--allow-http=false)");
@@ -257,7 +273,8 @@ pub async fn run(
             return Ok(when_stopped(&stopped));
         };
         let router = router.layer(responses.clone());
-        serve_cloud(listener, router, config.http_tls.as_ref(), &stopped, what)
+        let tls = config.http_tls.as_ref();
+        serve_rest(listener, router, tls, &stopped, transport.clone(), what)
     };
     let sagemaker_serve = cloud(
         listeners.sagemaker,
@@ -378,20 +395,27 @@ struct GrpcServices<H> {
 }
 
 /// Serves the inference, health and reflection services on `listener`, with the configured
-/// transport settings, TLS and access policy.
+/// transport settings, limits, TLS and access policy.
 fn serve_grpc<H: tonic_health::pb::health_server::Health>(
     listener: TcpListener,
     config: &Config,
     services: GrpcServices<H>,
     responses: &ResponsesInFlight,
+    connections: &Transport,
     stopped: &tokio::sync::watch::Receiver<bool>,
 ) -> Result<Serving, ServerError> {
     let address = listener.local_addr()?;
-    let incoming = TcpIncoming::from(listener).with_nodelay(Some(true));
+    let incoming = grpc_incoming(listener, connections);
     let transport = &config.grpc_transport;
+    let limits = &config.limits;
+    // tonic leaves the stream count unbounded and turns hyper's limit on locally reset streams
+    // off unless told.
     let mut builder = tonic::transport::Server::builder()
         .http2_keepalive_interval(Some(transport.keepalive_time))
-        .http2_keepalive_timeout(Some(transport.keepalive_timeout));
+        .http2_keepalive_timeout(Some(transport.keepalive_timeout))
+        .max_concurrent_streams(limits.http2_max_concurrent_streams)
+        .http2_max_pending_accept_reset_streams(Some(limits.http2_max_pending_reset_streams))
+        .http2_max_local_error_reset_streams(Some(limits.http2_max_local_error_reset_streams));
     if let Some(age) = transport.max_connection_age {
         builder = builder.max_connection_age(age);
     }
@@ -407,9 +431,14 @@ fn serve_grpc<H: tonic_health::pb::health_server::Health>(
             .register_encoded_file_descriptor_set(crate::proto::FILE_DESCRIPTOR_SET)
             .register_encoded_file_descriptor_set(tonic_health::pb::FILE_DESCRIPTOR_SET)
     };
+    let inflate = InflateLayer {
+        max_wire: config.max_message_bytes,
+        max_decompressed: limits.grpc_max_decompressed_bytes,
+    };
     let serving = builder
         .layer(responses.clone())
         .layer(GrpcAccessLayer::new(Arc::new(config.grpc_access.clone())))
+        .layer(inflate)
         .add_service(services.inference)
         .add_service(services.health)
         .add_service(reflection().build_v1()?)
@@ -421,19 +450,26 @@ fn serve_grpc<H: tonic_health::pb::health_server::Health>(
     ))
 }
 
-/// Serves the REST router on `listener`, over TLS when configured.
+/// Serves a REST router on `listener`, over TLS when configured: kiln's REST API (`what` empty)
+/// or a cloud service's (SageMaker, Vertex AI, OpenAI), which takes REST's certificates (and
+/// client certificates): these services run inference too, so they must not be a plaintext way
+/// around `--http-use-ssl`.
 fn serve_rest(
     listener: TcpListener,
     router: axum::Router,
     tls: Option<&TlsFiles>,
     stopped: &tokio::sync::watch::Receiver<bool>,
+    transport: Transport,
+    what: &str,
 ) -> Result<Serving, ServerError> {
     let address = listener.local_addr()?;
+    let stop = stopped_signal(stopped);
     let serving: std::pin::Pin<Box<dyn Future<Output = ()> + Send>> = match tls {
         Some(files) => {
             let listener = TlsListener::new(listener, files.server_config()?)?;
-            info!("HTTP uses TLS{}", client_certificates(files));
-            Box::pin(serve_http(listener, router, stopped_signal(stopped)))
+            let service = if what.is_empty() { "HTTP" } else { what };
+            info!("{service} uses TLS{}", client_certificates(files));
+            Box::pin(serve_http(listener, router, stop, transport))
         }
         None => {
             let listener = listener.tap_io(|stream| {
@@ -441,36 +477,11 @@ fn serve_rest(
                     warn!("cannot set TCP_NODELAY on an HTTP connection: {e}");
                 }
             });
-            Box::pin(serve_http(listener, router, stopped_signal(stopped)))
+            Box::pin(serve_http(listener, router, stop, transport))
         }
     };
-    info!("Started HTTPService at {address}");
-    Ok(Box::pin(async move {
-        serving.await;
-        Ok(())
-    }))
-}
-
-/// Serves a cloud service's router (SageMaker, Vertex AI, OpenAI) on `listener`, over TLS with
-/// REST's certificates (and client certificates) when REST has them: these services run
-/// inference too, so they must not be a plaintext way around `--http-use-ssl`.
-fn serve_cloud(
-    listener: TcpListener,
-    router: axum::Router,
-    tls: Option<&TlsFiles>,
-    stopped: &tokio::sync::watch::Receiver<bool>,
-    what: &str,
-) -> Result<Serving, ServerError> {
-    let address = listener.local_addr()?;
-    let serving: std::pin::Pin<Box<dyn Future<Output = ()> + Send>> = match tls {
-        Some(files) => {
-            let listener = TlsListener::new(listener, files.server_config()?)?;
-            info!("{what} uses TLS{}", client_certificates(files));
-            Box::pin(serve_http(listener, router, stopped_signal(stopped)))
-        }
-        None => Box::pin(serve_http(listener, router, stopped_signal(stopped))),
-    };
-    info!("Started {what} HTTPService at {address}");
+    let prefix = if what.is_empty() { String::new() } else { format!("{what} ") };
+    info!("Started {prefix}HTTPService at {address}");
     Ok(Box::pin(async move {
         serving.await;
         Ok(())
@@ -750,10 +761,12 @@ async fn follow_readiness(engine: Arc<Engine>, health: tonic_health::server::Hea
     }
 }
 
-/// Serves Prometheus metrics at `/metrics` (and `/metrics/`, as Triton) until the process ends.
+/// Serves Prometheus metrics at `/metrics` (and `/metrics/`, as Triton) until the process ends,
+/// with the other listeners' connection limits.
 fn serve_metrics(
     listener: TcpListener,
     handle: metrics_exporter_prometheus::PrometheusHandle,
+    transport: Transport,
 ) -> Result<(), ServerError> {
     let address = listener
         .local_addr()
@@ -781,10 +794,6 @@ fn serve_metrics(
         .route("/metrics", axum::routing::get(render.clone()))
         .route("/metrics/", axum::routing::get(render));
     info!("Started Metrics Service at {address}");
-    tokio::spawn(async move {
-        if let Err(e) = axum::serve(listener, app).await {
-            warn!("metrics endpoint stopped: {e}");
-        }
-    });
+    tokio::spawn(serve_http(listener, app, std::future::pending(), transport));
     Ok(())
 }

@@ -8,6 +8,7 @@
 //! log settings and the addresses to bind.
 
 mod compat;
+mod limits;
 #[cfg(test)]
 mod tests;
 
@@ -416,6 +417,9 @@ pub struct Args {
     #[arg(long = "response-cache-byte-size", value_name = "BYTES")]
     pub response_cache_byte_size: Option<usize>,
 
+    #[command(flatten, next_help_heading = "Limits on clients (kiln's own)")]
+    pub limits: limits::LimitFlags,
+
     #[command(
         flatten,
         next_help_heading = "Triton's older tracing flags (use --trace-config)"
@@ -638,6 +642,7 @@ impl Args {
             http_access,
             grpc_tls,
             http_tls,
+            limits: self.limits.limits(),
             grpc_transport: GrpcTransport {
                 keepalive_time: millis(self.grpc_keepalive_time),
                 keepalive_timeout: millis(self.grpc_keepalive_timeout),

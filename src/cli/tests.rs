@@ -226,3 +226,48 @@ fn the_rate_limiter_is_off_unless_asked_for() {
     );
     assert!(launch(&["--model-repository=/m", "--rate-limit=fair"]).is_err());
 }
+
+#[test]
+fn the_transport_limits_have_defaults_and_flags() {
+    let defaults = launch(&["--model-repository=/m"]).unwrap().config.limits;
+    assert_eq!(defaults.header_timeout, Duration::from_secs(30));
+    assert_eq!(defaults.body_timeout, Duration::from_secs(60));
+    assert_eq!(defaults.idle_timeout, Duration::from_secs(60));
+    assert!(defaults.max_connections >= 64);
+    assert_eq!(defaults.http2_max_concurrent_streams, 256);
+    assert_eq!(defaults.grpc_max_decompressed_bytes, 256 << 20);
+    assert_eq!(defaults.grpc_max_message_entries, 16_384);
+    let set = launch(&[
+        "--model-repository=/m",
+        "--http-header-timeout-secs=0.5",
+        "--http-body-timeout-secs=2",
+        "--http-idle-timeout-secs=3",
+        "--max-connections=100",
+        "--http2-max-concurrent-streams=8",
+        "--http2-max-pending-reset-streams=5",
+        "--http2-max-local-error-reset-streams=6",
+        "--grpc-max-decompressed-bytes=1000",
+        "--grpc-max-message-entries=10",
+    ])
+    .unwrap()
+    .config
+    .limits;
+    assert_eq!(set.header_timeout, Duration::from_millis(500));
+    assert_eq!(set.body_timeout, Duration::from_secs(2));
+    assert_eq!(set.idle_timeout, Duration::from_secs(3));
+    assert_eq!(set.max_connections, 100);
+    assert_eq!(set.http2_max_concurrent_streams, 8);
+    assert_eq!(set.http2_max_pending_reset_streams, 5);
+    assert_eq!(set.http2_max_local_error_reset_streams, 6);
+    assert_eq!(set.grpc_max_decompressed_bytes, 1000);
+    assert_eq!(set.grpc_max_message_entries, 10);
+    for bad in [
+        "--http-body-timeout-secs=0",
+        "--http-header-timeout-secs=-1",
+        "--grpc-max-message-entries=0",
+        "--http2-max-concurrent-streams=0",
+    ] {
+        let error = launch(&["--model-repository=/m", bad]).unwrap_err();
+        assert!(error.contains(bad.split('=').next().unwrap()), "{error}");
+    }
+}

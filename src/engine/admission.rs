@@ -1,6 +1,7 @@
 //! Admission: the server-wide bound on inference requests in flight, and the shutdown switch.
-//! Both front ends admit a request before doing any work for it, so overload and shutdown are
-//! answered at once and cost nothing; the same count tells graceful shutdown what to wait for.
+//! Both front ends admit a request once it has arrived and before doing any work for it, so
+//! overload and shutdown are answered at once and cost no more than reading it; the same count
+//! tells graceful shutdown what to wait for.
 
 use super::Engine;
 use crate::core::Error;
@@ -57,7 +58,9 @@ impl Engine {
 
     /// Admits one inference request, or refuses it at once: UNAVAILABLE while shutting down,
     /// RESOURCE_EXHAUSTED when `--max-inflight-requests` are already in flight. Front ends call
-    /// this before reading a request body, so that refused work costs no memory.
+    /// this once the request has arrived whole and before any work on it: a client that sends
+    /// its body slowly, or never, must not hold a slot (the body read is bounded in size and
+    /// time by the transport instead).
     ///
     /// # Errors
     /// As described; the message names the limit, never a queue position.

@@ -1,4 +1,5 @@
-//! Serving connections: the HTTP accept loop, and [`Repoll`], which keeps a connection that wakes
+//! Serving connections: the HTTP accept loop with its limits (connection slots, header and idle
+//! timeouts, HTTP/2 stream and reset limits), and [`Repoll`], which keeps a connection that wakes
 //! itself from being rescheduled.
 //!
 //! hyper's HTTP/1 connection wakes its own task whenever the handler takes a request body (its
@@ -8,12 +9,16 @@
 //! again. On the benchmark VM that was 0.6 futex calls and 1.3 extra context switches per REST
 //! request at concurrency 1 (bench/RESULTS.md, "Tenth session").
 
+use super::limits::{ConnectionSlots, TransportLimits};
 use futures_util::task::AtomicWaker;
+use hyper_util::rt::{TokioExecutor, TokioTimer};
+use hyper_util::server::conn::auto::Builder;
 use std::future::Future;
 use std::pin::Pin;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::task::{Context, Poll, Wake, Waker};
+use std::time::Duration;
 
 /// Rounds one wake-up of a task may take before it yields to others anyway.
 const MAX_ROUNDS: usize = 16;
@@ -94,30 +99,88 @@ impl<F: Future> Future for Repoll<F> {
 
 impl<F> Unpin for Repoll<F> {}
 
+/// What a REST listener's connections are held to, and the count they share with the other
+/// listeners.
+#[derive(Debug, Clone)]
+pub struct Transport {
+    pub limits: TransportLimits,
+    pub slots: ConnectionSlots,
+}
+
+impl Transport {
+    /// The limits, with a connection count of their own.
+    pub fn new(limits: TransportLimits) -> Transport {
+        Transport {
+            slots: ConnectionSlots::new(limits.max_connections),
+            limits,
+        }
+    }
+
+    /// The connection builder: hyper's header read timeout (which needs a timer; without one
+    /// half-sent headers held a connection for ever) and the HTTP/2 stream and reset limits.
+    fn builder(&self) -> Builder<TokioExecutor> {
+        let limits = &self.limits;
+        let mut builder = Builder::new(TokioExecutor::new());
+        builder
+            .http1()
+            .timer(TokioTimer::new())
+            .header_read_timeout(limits.header_timeout);
+        builder
+            .http2()
+            .timer(TokioTimer::new())
+            .max_concurrent_streams(limits.http2_max_concurrent_streams)
+            .max_pending_accept_reset_streams(limits.http2_max_pending_reset_streams)
+            .max_local_error_reset_streams(limits.http2_max_local_error_reset_streams);
+        builder
+    }
+}
+
 /// Serves `router` over HTTP/1 and HTTP/2 (prior knowledge) on `listener` until `stop`; then
 /// each connection shuts down gracefully (requests in progress are answered) and this returns
-/// once all have closed.
-pub async fn serve_http<L>(mut listener: L, router: axum::Router, stop: impl Future<Output = ()>)
-where
+/// once all have closed. A connection is accepted only with a free slot of `transport.slots`
+/// (the others wait in the kernel's backlog), and one that stays idle for the idle timeout is
+/// closed.
+pub async fn serve_http<L>(
+    mut listener: L,
+    router: axum::Router,
+    stop: impl Future<Output = ()>,
+    transport: Transport,
+) where
     L: axum::serve::Listener,
 {
     let (closing, closed) = tokio::sync::watch::channel(false);
+    let builder = transport.builder();
+    let (header_timeout, idle_timeout) = (
+        transport.limits.header_timeout,
+        transport.limits.idle_timeout,
+    );
     tokio::pin!(stop);
     loop {
-        let io = tokio::select! {
+        let (permit, io) = tokio::select! {
             () = &mut stop => break,
-            (io, _) = listener.accept() => io,
+            accepted = async {
+                let permit = transport.slots.acquire().await;
+                (permit, listener.accept().await.0)
+            } => accepted,
         };
-        let service = hyper_util::service::TowerToHyperService::new(router.clone());
+        let activity = Activity::default();
+        let service = hyper_util::service::TowerToHyperService::new(Watched {
+            router: router.clone(),
+            activity: activity.clone(),
+        });
         let mut closed = closed.clone();
+        let builder = builder.clone();
         tokio::spawn(async move {
-            let builder =
-                hyper_util::server::conn::auto::Builder::new(hyper_util::rt::TokioExecutor::new());
+            let _permit = permit;
             let connection =
                 builder.serve_connection_with_upgrades(hyper_util::rt::TokioIo::new(io), service);
             let mut connection = Repoll::new(connection);
             let result = tokio::select! {
                 result = &mut connection => result,
+                () = activity.idle_for(header_timeout, idle_timeout) => {
+                    connection.inner().graceful_shutdown();
+                    (&mut connection).await
+                }
                 () = async { let _ = closed.wait_for(|c| *c).await; } => {
                     connection.inner().graceful_shutdown();
                     (&mut connection).await
@@ -132,6 +195,252 @@ where
     drop(closed);
     let _ = closing.send(true);
     closing.closed().await;
+}
+
+/// The gRPC listener's connections, each accepted only with a free slot of `transport` (held
+/// until it closes), with TCP_NODELAY, and closed unless the HTTP/2 preface has arrived within
+/// the header timeout (h2 has no timer of its own before its handshake). Accept errors (a full
+/// descriptor table, a connection reset before it was accepted) are logged and retried after a
+/// pause, never handed to tonic.
+pub fn grpc_incoming(
+    listener: tokio::net::TcpListener,
+    transport: &Transport,
+) -> impl futures_util::Stream<Item = Result<SlottedStream, std::io::Error>> {
+    let (slots, preface_timeout) = (transport.slots.clone(), transport.limits.header_timeout);
+    futures_util::stream::unfold((listener, slots), move |(listener, slots)| async move {
+        let permit = slots.acquire().await;
+        loop {
+            match listener.accept().await {
+                Ok((stream, _)) => {
+                    if let Err(e) = stream.set_nodelay(true) {
+                        tracing::warn!("cannot set TCP_NODELAY on a gRPC connection: {e}");
+                    }
+                    let stream = SlottedStream {
+                        stream,
+                        _permit: permit,
+                        preface: Some(Preface {
+                            missing: PREFACE_LEN,
+                            deadline: Box::pin(tokio::time::sleep(preface_timeout)),
+                        }),
+                    };
+                    return Some((Ok(stream), (listener, slots)));
+                }
+                Err(e) => {
+                    tracing::warn!("gRPC accept failed: {e}");
+                    tokio::time::sleep(Duration::from_millis(100)).await;
+                }
+            }
+        }
+    })
+}
+
+/// The HTTP/2 client preface (`PRI * HTTP/2.0...`).
+const PREFACE_LEN: usize = 24;
+
+/// A gRPC connection holding its slot.
+#[derive(Debug)]
+pub struct SlottedStream {
+    stream: tokio::net::TcpStream,
+    _permit: tokio::sync::OwnedSemaphorePermit,
+    /// Until the preface has arrived: how much of it is missing, and by when it must come.
+    preface: Option<Preface>,
+}
+
+#[derive(Debug)]
+struct Preface {
+    missing: usize,
+    deadline: Pin<Box<tokio::time::Sleep>>,
+}
+
+impl tonic::transport::server::Connected for SlottedStream {
+    type ConnectInfo = tonic::transport::server::TcpConnectInfo;
+
+    fn connect_info(&self) -> Self::ConnectInfo {
+        self.stream.connect_info()
+    }
+}
+
+impl tokio::io::AsyncRead for SlottedStream {
+    fn poll_read(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &mut tokio::io::ReadBuf<'_>,
+    ) -> Poll<std::io::Result<()>> {
+        let this = &mut *self;
+        let before = buf.filled().len();
+        let read = Pin::new(&mut this.stream).poll_read(cx, buf);
+        let Some(preface) = &mut this.preface else {
+            return read;
+        };
+        if let Poll::Ready(Ok(())) = read {
+            preface.missing = preface.missing.saturating_sub(buf.filled().len() - before);
+            if preface.missing == 0 {
+                this.preface = None;
+            }
+            return read;
+        }
+        if read.is_pending() && preface.deadline.as_mut().poll(cx).is_ready() {
+            return Poll::Ready(Err(std::io::Error::new(
+                std::io::ErrorKind::TimedOut,
+                "no HTTP/2 preface within the header timeout",
+            )));
+        }
+        read
+    }
+}
+
+impl tokio::io::AsyncWrite for SlottedStream {
+    fn poll_write(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &[u8],
+    ) -> Poll<std::io::Result<usize>> {
+        Pin::new(&mut self.stream).poll_write(cx, buf)
+    }
+
+    fn poll_write_vectored(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        bufs: &[std::io::IoSlice<'_>],
+    ) -> Poll<std::io::Result<usize>> {
+        Pin::new(&mut self.stream).poll_write_vectored(cx, bufs)
+    }
+
+    fn is_write_vectored(&self) -> bool {
+        self.stream.is_write_vectored()
+    }
+
+    fn poll_flush(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<std::io::Result<()>> {
+        Pin::new(&mut self.stream).poll_flush(cx)
+    }
+
+    fn poll_shutdown(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<std::io::Result<()>> {
+        Pin::new(&mut self.stream).poll_shutdown(cx)
+    }
+}
+
+/// A connection's requests in progress and when that last changed, for the idle timeout.
+#[derive(Debug, Clone)]
+struct Activity(Arc<ActivityState>);
+
+#[derive(Debug)]
+struct ActivityState {
+    /// Requests whose response has not been sent in full.
+    open: AtomicUsize,
+    /// Whether a request has begun: until one has, the connection gets the header timeout
+    /// (hyper's own starts only once it knows the connection is HTTP/1, after the first bytes).
+    begun: AtomicBool,
+    /// When a request last began or ended; the watcher wakes on each change.
+    changed: tokio::sync::watch::Sender<tokio::time::Instant>,
+}
+
+impl Default for Activity {
+    fn default() -> Self {
+        Activity(Arc::new(ActivityState {
+            open: AtomicUsize::new(0),
+            begun: AtomicBool::new(false),
+            changed: tokio::sync::watch::Sender::new(tokio::time::Instant::now()),
+        }))
+    }
+}
+
+impl Activity {
+    fn begin(&self) -> RequestOpen {
+        self.0.open.fetch_add(1, Ordering::SeqCst);
+        self.0.begun.store(true, Ordering::SeqCst);
+        self.0.changed.send_replace(tokio::time::Instant::now());
+        RequestOpen(Arc::clone(&self.0))
+    }
+
+    /// Resolves once no request has been in progress for `idle` (`first` before the first
+    /// request).
+    async fn idle_for(&self, first: Duration, idle: Duration) {
+        let mut changes = self.0.changed.subscribe();
+        loop {
+            let since = *changes.borrow_and_update();
+            let timeout = if self.0.begun.load(Ordering::SeqCst) {
+                idle
+            } else {
+                first
+            };
+            if self.0.open.load(Ordering::SeqCst) > 0 {
+                // Busy: wait for the next change (the sender lives as long as `self`).
+                let _ = changes.changed().await;
+                continue;
+            }
+            tokio::select! {
+                () = tokio::time::sleep_until(since + timeout) => return,
+                _ = changes.changed() => {}
+            }
+        }
+    }
+}
+
+/// One request in progress; its end, when dropped, restarts the idle clock.
+#[derive(Debug)]
+struct RequestOpen(Arc<ActivityState>);
+
+impl Drop for RequestOpen {
+    fn drop(&mut self) {
+        self.0.open.fetch_sub(1, Ordering::SeqCst);
+        self.0.changed.send_replace(tokio::time::Instant::now());
+    }
+}
+
+/// The router, with each request counted in progress until its response body is gone.
+#[derive(Clone)]
+struct Watched {
+    router: axum::Router,
+    activity: Activity,
+}
+
+impl<B> tower_service::Service<axum::http::Request<B>> for Watched
+where
+    B: http_body::Body<Data = bytes::Bytes> + Send + 'static,
+    B::Error: Into<axum::BoxError>,
+{
+    type Response = axum::response::Response;
+    type Error = std::convert::Infallible;
+    type Future = Pin<Box<dyn Future<Output = Result<Self::Response, Self::Error>> + Send>>;
+
+    fn poll_ready(&mut self, _: &mut Context<'_>) -> Poll<Result<(), Self::Error>> {
+        Poll::Ready(Ok(()))
+    }
+
+    fn call(&mut self, request: axum::http::Request<B>) -> Self::Future {
+        let open = self.activity.begin();
+        let response = tower_service::Service::call(&mut self.router, request);
+        Box::pin(async move {
+            let response = response.await?;
+            Ok(response.map(|body| axum::body::Body::new(Counted { body, _open: open })))
+        })
+    }
+}
+
+/// A response body that keeps its request in progress until dropped.
+struct Counted {
+    body: axum::body::Body,
+    _open: RequestOpen,
+}
+
+impl http_body::Body for Counted {
+    type Data = bytes::Bytes;
+    type Error = axum::Error;
+
+    fn poll_frame(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+    ) -> Poll<Option<Result<http_body::Frame<bytes::Bytes>, axum::Error>>> {
+        Pin::new(&mut self.body).poll_frame(cx)
+    }
+
+    fn is_end_stream(&self) -> bool {
+        self.body.is_end_stream()
+    }
+
+    fn size_hint(&self) -> http_body::SizeHint {
+        self.body.size_hint()
+    }
 }
 
 #[cfg(test)]

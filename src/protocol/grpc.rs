@@ -128,7 +128,9 @@ fn traceparent(metadata: &tonic::metadata::MetadataMap) -> Option<Arc<str>> {
         .map(Arc::from)
 }
 
-/// Requests of one stream that may run at the same time.
+/// Requests of one stream that may run at the same time, decoupled ones included. Past it the
+/// stream is not read (HTTP/2 flow control then holds the client back) until one finishes: a
+/// client that sends requests and never reads their responses holds this many, not more.
 const STREAM_CONCURRENCY: usize = 64;
 
 /// The trace of a gRPC request to `model`, when sampled, with the reading of its message:
@@ -336,11 +338,12 @@ impl GrpcInferenceService for InferenceService {
         Ok(response)
     }
 
-    /// Runs the requests of a stream concurrently (up to [`STREAM_CONCURRENCY`] at a time) and
-    /// answers them in request order, as Triton does for models that are not decoupled. A failed
-    /// request is answered with `error_message` and the stream stays open; when the client goes
-    /// away, its queued requests are cancelled. Requests to decoupled (generation) models run on
-    /// their own and send their responses as they come ([`decoupled`]).
+    /// Runs the requests of a stream concurrently (up to [`STREAM_CONCURRENCY`] at a time, all
+    /// kinds together) and answers them in request order, as Triton does for models that are not
+    /// decoupled. A failed request is answered with `error_message` and the stream stays open;
+    /// when the client goes away, its queued requests are cancelled. Requests to decoupled
+    /// (generation) models run on their own and send their responses as they come
+    /// ([`decoupled`]); the stream ends once the last of them has.
     async fn model_stream_infer(
         &self,
         request: Request<Streaming<ModelInferRequest>>,
@@ -355,15 +358,17 @@ impl GrpcInferenceService for InferenceService {
         let (sender, receiver) = tokio::sync::mpsc::channel(STREAM_CONCURRENCY);
         tokio::spawn(async move {
             let mut running = FuturesOrdered::new();
+            let mut decoupled_running = tokio::task::JoinSet::new();
             let mut reading = true;
-            while reading || !running.is_empty() {
+            while reading || !running.is_empty() || !decoupled_running.is_empty() {
+                let room = running.len() + decoupled_running.len() < STREAM_CONCURRENCY;
                 tokio::select! {
-                    message = inbound.next(), if reading && running.len() < STREAM_CONCURRENCY => match message {
+                    message = inbound.next(), if reading && room => match message {
                         Some(Ok(wire)) => {
                             let waited = std::mem::replace(&mut waited, Instant::now());
                             if engine.is_decoupled(&wire.model_name, &wire.model_version) {
                                 let answer = decoupled::answer(Arc::clone(&engine), wire, sender.clone(), traceparent.as_deref(), waited);
-                                tokio::spawn(answer);
+                                decoupled_running.spawn(answer);
                             } else {
                                 running.push_back(stream_answer(Arc::clone(&engine), wire, deadline, traceparent.clone(), waited));
                             }
@@ -375,6 +380,7 @@ impl GrpcInferenceService for InferenceService {
                             return;
                         }
                     }
+                    Some(_) = decoupled_running.join_next(), if !decoupled_running.is_empty() => {}
                     () = sender.closed() => return,
                 }
             }

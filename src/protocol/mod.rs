@@ -8,5 +8,8 @@ pub mod codec;
 pub mod connection;
 pub mod decoupled;
 pub mod grpc;
+pub mod grpc_codec;
+pub mod grpc_frames;
 pub mod http;
 pub mod in_flight;
+pub mod limits;

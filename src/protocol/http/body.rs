@@ -3,11 +3,12 @@
 //! Bodies are read frame by frame (plain `Content-Length` or chunked) and refused with 413 as
 //! soon as they pass the limit, so a client cannot make the server buffer more than
 //! `--http-max-input-size`; a declared `Content-Length` above the limit is refused before any
-//! byte is read. `Content-Encoding: gzip | deflate` bodies are inflated under the same cap (a
+//! byte is read. A body that goes `--http-body-timeout-secs` without a byte arriving is answered
+//! 408 (nginx's `client_body_timeout`), so a stalled client holds its connection no longer. `Content-Encoding: gzip | deflate` bodies are inflated under the same cap (a
 //! compression bomb stops at the limit). Responses are compressed when `Accept-Encoding` asks,
 //! choosing as Triton does among `gzip`, `deflate` and `identity` by `q` weight.
 
-use super::HttpError;
+use super::{HttpConfig, HttpError};
 use crate::core::Error;
 use crate::invalid_arg;
 use axum::body::Body;
@@ -64,12 +65,28 @@ pub fn request_encoding(headers: &HeaderMap) -> Result<Encoding, HttpError> {
     }
 }
 
-/// Reads the whole body, decompressed, refusing more than `limit` bytes either way.
+fn too_slow(timeout: std::time::Duration) -> HttpError {
+    HttpError::new(
+        StatusCode::REQUEST_TIMEOUT,
+        format!(
+            "no byte of the request body arrived for {} s (--http-body-timeout-secs)",
+            timeout.as_secs_f64()
+        ),
+    )
+}
+
+/// Reads the whole body, decompressed, refusing more than `config.max_input_bytes` either way
+/// and a body that stalls for `config.body_timeout`.
 ///
 /// # Errors
-/// 413 past the limit, 501 for an unknown encoding, 400 for a body that does not inflate or a
-/// connection that fails mid-body.
-pub async fn read(body: Body, headers: &HeaderMap, limit: usize) -> Result<Bytes, HttpError> {
+/// 413 past the limit, 408 for a stalled body, 501 for an unknown encoding, 400 for a body that
+/// does not inflate or a connection that fails mid-body.
+pub async fn read(
+    body: Body,
+    headers: &HeaderMap,
+    config: &HttpConfig,
+) -> Result<Bytes, HttpError> {
+    let (limit, timeout) = (config.max_input_bytes, config.body_timeout);
     let encoding = request_encoding(headers)?;
     let declared = headers
         .get(header::CONTENT_LENGTH)
@@ -79,15 +96,18 @@ pub async fn read(body: Body, headers: &HeaderMap, limit: usize) -> Result<Bytes
         return Err(too_large(limit));
     }
     let mut frames = body.into_data_stream();
-    let raw = match frames.next().await {
+    let raw = match next_frame(&mut frames, timeout).await? {
         None => Bytes::new(),
         // The whole declared body in one frame (the usual case: it came with the head). It is
         // kept as it is, and the end of the stream is not awaited: the connection already knows
         // the body is complete.
         Some(Ok(frame)) if declared == Some(frame.len() as u64) => frame,
         Some(first) => {
-            // Trust the declared length only as a capacity hint, and only up to the limit.
-            let mut buffer = BytesMut::with_capacity(declared.map_or(0, |len| len as usize));
+            // Trust the declared length only as a capacity hint, only up to the limit, and past
+            // the first MiB only once that much has come (a client that declares 64 MiB and
+            // stalls costs no more than what it sent).
+            let declared_len = declared.map_or(0, |len| len as usize);
+            let mut buffer = BytesMut::with_capacity(declared_len.min(TRUSTED_CAPACITY));
             let mut next = Some(first);
             while let Some(frame) = next {
                 let frame =
@@ -95,11 +115,14 @@ pub async fn read(body: Body, headers: &HeaderMap, limit: usize) -> Result<Bytes
                 if buffer.len() + frame.len() > limit {
                     return Err(too_large(limit));
                 }
+                if buffer.len() + frame.len() > buffer.capacity() && declared_len > buffer.len() {
+                    buffer.reserve(declared_len - buffer.len());
+                }
                 buffer.extend_from_slice(&frame);
                 if declared == Some(buffer.len() as u64) {
                     break;
                 }
-                next = frames.next().await;
+                next = next_frame(&mut frames, timeout).await?;
             }
             buffer.freeze()
         }
@@ -110,6 +133,19 @@ pub async fn read(body: Body, headers: &HeaderMap, limit: usize) -> Result<Bytes
             .await
             .map_err(|e| Error::Internal(e.to_string()))?,
     }
+}
+
+/// The part of a declared `Content-Length` reserved before the body has arrived.
+const TRUSTED_CAPACITY: usize = 1 << 20;
+
+/// The next frame of a body, or 408 when none comes within `timeout`.
+async fn next_frame<S: tokio_stream::Stream + Unpin>(
+    frames: &mut S,
+    timeout: std::time::Duration,
+) -> Result<Option<S::Item>, HttpError> {
+    tokio::time::timeout(timeout, frames.next())
+        .await
+        .map_err(|_| too_slow(timeout))
 }
 
 /// Decompresses `data`, stopping one byte past `limit` so a bomb never inflates further.
@@ -183,6 +219,40 @@ pub fn compress(encoding: Encoding, body: Vec<u8>) -> (Encoding, Vec<u8>) {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// [`super::read`] under `limit`, with a minute for the body.
+    async fn read(body: Body, headers: &HeaderMap, limit: usize) -> Result<Bytes, HttpError> {
+        super::read(
+            body,
+            headers,
+            &config(limit, std::time::Duration::from_secs(60)),
+        )
+        .await
+    }
+
+    fn config(max_input_bytes: usize, body_timeout: std::time::Duration) -> HttpConfig {
+        HttpConfig {
+            max_input_bytes,
+            body_timeout,
+            access: Default::default(),
+        }
+    }
+
+    /// A body that sends part of itself and then stalls is answered 408 once the timeout passes
+    /// without a byte.
+    #[tokio::test]
+    async fn a_stalled_body_times_out() {
+        let stalled = Body::from_stream(
+            tokio_stream::iter([Ok::<_, std::io::Error>(Bytes::from_static(b"he"))])
+                .chain(tokio_stream::pending()),
+        );
+        let declared = headers(&[("content-length", "5")]);
+        let timeout = std::time::Duration::from_millis(50);
+        let err = super::read(stalled, &declared, &config(100, timeout))
+            .await
+            .unwrap_err();
+        assert_eq!(err.status(), StatusCode::REQUEST_TIMEOUT);
+    }
 
     fn headers(pairs: &[(&'static str, &'static str)]) -> HeaderMap {
         let mut map = HeaderMap::new();

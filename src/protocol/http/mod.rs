@@ -32,6 +32,8 @@ pub struct HttpConfig {
     /// Largest request body accepted, checked while reading and again after decompression
     /// (Triton's `--http-max-input-size`).
     pub max_input_bytes: usize,
+    /// How long a request body may go without a byte arriving (`--http-body-timeout-secs`).
+    pub body_timeout: std::time::Duration,
     /// Restricted APIs and the bearer token (`--http-restricted-api`, `--inference-bearer-token`).
     pub access: std::sync::Arc<crate::protocol::access::AccessPolicy>,
 }

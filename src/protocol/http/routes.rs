@@ -241,7 +241,7 @@ async fn repository_index(
     headers: HeaderMap,
     request: Body,
 ) -> Result<Json<Value>, HttpError> {
-    let request = body::read(request, &headers, state.config.max_input_bytes).await?;
+    let request = body::read(request, &headers, &state.config).await?;
     let bad = |message: String| HttpError::from(Error::InvalidArgument(message));
     let ready = if request.iter().all(u8::is_ascii_whitespace) {
         false
@@ -312,7 +312,7 @@ async fn repository_parameters(
     headers: &HeaderMap,
     request: Body,
 ) -> Result<BTreeMap<String, LoadParameter>, HttpError> {
-    let request = body::read(request, headers, state.config.max_input_bytes).await?;
+    let request = body::read(request, headers, &state.config).await?;
     let bad = |message: String| HttpError::from(Error::InvalidArgument(message));
     if request.iter().all(u8::is_ascii_whitespace) {
         return Ok(BTreeMap::new());

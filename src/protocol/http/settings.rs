@@ -92,7 +92,7 @@ async fn json_object(
     headers: &HeaderMap,
     request: Body,
 ) -> Result<Map<String, Value>, HttpError> {
-    let request = body::read(request, headers, state.config.max_input_bytes).await?;
+    let request = body::read(request, headers, &state.config).await?;
     match super::json::document(&request)? {
         Value::Object(doc) => Ok(doc),
         _ => Err(invalid_arg!("the request body must be a JSON object").into()),

@@ -67,7 +67,7 @@ async fn register(
     headers: HeaderMap,
     request: Body,
 ) -> Result<StatusCode, HttpError> {
-    let request = body::read(request, &headers, state.config.max_input_bytes).await?;
+    let request = body::read(request, &headers, &state.config).await?;
     let (key, offset, byte_size) = register_body(&request)?;
     state
         .engine

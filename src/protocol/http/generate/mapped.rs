@@ -34,7 +34,7 @@ pub fn request(
     version: &str,
     body: &[u8],
 ) -> Result<InferRequest, Error> {
-    let document: Value = serde_json::from_slice(body)
+    let document = super::super::json::bounded_value(body, super::super::json::MAX_VALUES)
         .map_err(|e| invalid_arg!("failed to parse the request JSON buffer: {e}"))?;
     let Value::Object(fields) = document else {
         return Err(invalid_arg!("the generate request must be a JSON object"));

@@ -131,23 +131,24 @@ fn each_sent(
     sent_one_by_one(events).map(Ok)
 }
 
-/// Admits the request, reads it and starts it; with its trace when it is sampled.
+/// Reads the request, admits it (once its body has arrived, so a stalled body holds no in-flight
+/// slot) and starts it; with its trace when it is sampled.
 async fn start(
     state: &AppState,
     model: ModelPath,
     headers: &HeaderMap,
     body: Body,
 ) -> Result<(Started, Option<Arc<Trace>>), HttpError> {
-    let admission = state.engine.admit()?;
     let traceparent = headers.get("traceparent").and_then(|v| v.to_str().ok());
     let trace = state.engine.tracer().sample_with(&model.name, traceparent);
     if let Some(trace) = &trace {
         trace.record(Activity::HttpRecvStart, Instant::now());
     }
-    let body = body::read(body, headers, state.config.max_input_bytes).await?;
+    let body = body::read(body, headers, &state.config).await?;
     if let Some(trace) = &trace {
         trace.record(Activity::HttpRecvEnd, Instant::now());
     }
+    let admission = state.engine.admit()?;
     let engine = &state.engine;
     if engine.generates_text(&model.name, &model.version) {
         let mut request = text::decode(&model.name, &model.version, &body)?;

@@ -46,8 +46,6 @@ async fn infer(
     headers: &HeaderMap,
     body: Body,
 ) -> Result<Response, HttpError> {
-    // Admitted before the body is read: a refused request (overload, shutdown) costs no memory.
-    let admission = state.engine.admit()?;
     let traceparent = headers.get("traceparent").and_then(|v| v.to_str().ok());
     let trace = state.engine.tracer().sample_with(&model.name, traceparent);
     if let Some(trace) = &trace {
@@ -59,10 +57,13 @@ async fn infer(
         )));
     }
     let encoding = body::response_encoding(headers.get(header::ACCEPT_ENCODING));
-    let body = body::read(body, headers, state.config.max_input_bytes).await?;
+    let body = body::read(body, headers, &state.config).await?;
     if let Some(trace) = &trace {
         trace.record(Activity::HttpRecvEnd, Instant::now());
     }
+    // Admitted once the body has arrived: a client that sends its body slowly, or never, holds
+    // no in-flight slot (the body read is bounded in size and time instead).
+    let admission = state.engine.admit()?;
     let header_length = header_length(headers, body.len())?;
     // No JSON at all (a header length of 0, or an empty body without one): the body is the
     // data of the model's only input, as Triton reads it.
@@ -84,13 +85,12 @@ async fn infer(
         Ok(response) => response,
         Err(error) => return Ok(sending(HttpError::from(error).into_response(), trace)),
     };
-    let encoded = response::encode(&response, &formats)?;
+    let (encoded, encoding, bytes) = encode_and_compress(response, formats, encoding).await?;
     let content_type = if encoded.header_length.is_some() {
         "application/octet-stream"
     } else {
         "application/json"
     };
-    let (encoding, bytes) = body::compress(encoding, encoded.body);
     let mut reply = ([(header::CONTENT_TYPE, content_type)], bytes).into_response();
     let reply_headers = reply.headers_mut();
     if let Some(length) = encoded.header_length {
@@ -100,6 +100,33 @@ async fn infer(
         reply_headers.insert(header::CONTENT_ENCODING, value);
     }
     Ok(sending(reply, trace))
+}
+
+/// Output data past which a response is encoded and compressed on a blocking thread: writing
+/// megabytes of JSON numbers or gzip takes milliseconds, which must not stall the async workers
+/// (and every connection they serve); below it the hand-over costs more than the work.
+const ENCODE_ON_WORKER_BYTES: usize = 256 * 1024;
+
+/// The response body, compressed as asked; its `body` has moved into the returned bytes.
+async fn encode_and_compress(
+    response: crate::core::InferResponse,
+    formats: OutputFormats,
+    encoding: body::Encoding,
+) -> Result<(response::Encoded, body::Encoding, Vec<u8>), HttpError> {
+    let data: usize = response.outputs.iter().map(|o| o.data.len()).sum();
+    let work = move || {
+        let mut encoded = response::encode(&response, &formats)?;
+        let (encoding, bytes) = body::compress(encoding, std::mem::take(&mut encoded.body));
+        Ok::<_, Error>((encoded, encoding, bytes))
+    };
+    let done = if data > ENCODE_ON_WORKER_BYTES {
+        tokio::task::spawn_blocking(work)
+            .await
+            .map_err(|e| Error::Internal(format!("encoding the response stopped: {e}")))?
+    } else {
+        work()
+    };
+    Ok(done?)
 }
 
 /// Records a traced response's send timestamps: its start now, its end when the connection has

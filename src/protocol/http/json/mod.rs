@@ -33,6 +33,11 @@ pub const MAX_DATA_DEPTH: usize = 100;
 /// dozen; the cap keeps a hostile body of tiny values from growing a tree many times its size.
 pub const MAX_VALUES: usize = 1_000_000;
 
+/// Most values a management body (repository, settings, logging, trace, shared memory) may hold
+/// when it is read into a `serde_json` tree ([`document`]): they hold a few dozen; a model file
+/// sent with a load is one string.
+pub const MAX_DOCUMENT_VALUES: usize = 65_536;
+
 /// A JSON number, kept exact: integers stay integers so INT64 and UINT64 data round-trip.
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub enum Number {
@@ -185,10 +190,18 @@ pub fn parse<'a>(src: &'a [u8], lazy_key: Option<&str>) -> Result<Value<'a>, Par
 /// non-finite numbers becoming `null` (no handler reads either), so a deeply nested body answers
 /// as in Triton (its repository index, for one, ignores members it does not know).
 ///
+/// A body of more than [`MAX_DOCUMENT_VALUES`] values is refused before any tree is built.
+///
 /// # Errors
 /// INVALID_ARGUMENT "failed to parse the request JSON buffer: ..." with the syntax error as
-/// [`parse`] (and so Triton's rapidjson) words it.
+/// [`parse`] (and so Triton's rapidjson) words it, or the value count.
 pub fn document(src: &[u8]) -> Result<serde_json::Value, crate::core::Error> {
+    if more_values_than(src, MAX_DOCUMENT_VALUES) {
+        return Err(crate::core::Error::InvalidArgument(format!(
+            "failed to parse the request JSON buffer: JSON has more than {MAX_DOCUMENT_VALUES} \
+             values"
+        )));
+    }
     serde_json::from_slice(src).or_else(|_| {
         parse(src, None).map(|value| to_serde(&value)).map_err(|e| {
             crate::core::Error::InvalidArgument(format!(
@@ -221,6 +234,49 @@ fn to_serde(value: &Value<'_>) -> serde_json::Value {
             Json::Object(map)
         }
     }
+}
+
+/// A request body as a `serde_json` tree, once a count (which builds nothing) shows it holds at
+/// most `max_values` values: a serde_json value costs tens of bytes against the one or two of
+/// `0,`, so a body of tiny values would otherwise grow a tree many times its size.
+///
+/// # Errors
+/// The reason, for the caller's own wording: too many values, or serde_json's syntax error.
+pub fn bounded_value(src: &[u8], max_values: usize) -> Result<serde_json::Value, String> {
+    if more_values_than(src, max_values) {
+        return Err(format!("JSON has more than {max_values} values"));
+    }
+    serde_json::from_slice(src).map_err(|e| e.to_string())
+}
+
+/// Whether `src` may hold more than `max` values: one plus its commas and openings outside
+/// strings bounds its values from above (every value but the first follows a comma or an
+/// opening).
+pub fn more_values_than(src: &[u8], max: usize) -> bool {
+    let (mut count, mut in_string, mut escaped) = (1usize, false, false);
+    for &byte in src {
+        if in_string {
+            if escaped {
+                escaped = false;
+            } else if byte == b'\\' {
+                escaped = true;
+            } else if byte == b'"' {
+                in_string = false;
+            }
+            continue;
+        }
+        match byte {
+            b'"' => in_string = true,
+            b',' | b'[' | b'{' => {
+                count += 1;
+                if count > max {
+                    return true;
+                }
+            }
+            _ => {}
+        }
+    }
+    false
 }
 
 /// One leaf of a nested array, as [`visit_scalars`] reports it.

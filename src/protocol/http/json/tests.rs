@@ -545,3 +545,20 @@ fn small_documents_read_what_serde_json_stops_at() {
     let doc = super::document(br#"{"ready": false, "n": NaN}"#).unwrap();
     assert_eq!(doc, serde_json::json!({"ready": false, "n": null}));
 }
+
+#[test]
+fn bodies_of_many_tiny_values_are_refused_before_they_become_trees() {
+    // Commas and openings bound the values from above; strings hide theirs.
+    assert!(!super::more_values_than(b"[0,0,0]", 4));
+    assert!(super::more_values_than(b"[0,0,0]", 3));
+    assert!(!super::more_values_than(br#"{"a":"x,y,[z\",{"}"#, 2));
+    let zeros = [b"[".as_slice(), &b"0,".repeat(70_000), b"0]"].concat();
+    let refused = super::document(&zeros).unwrap_err();
+    assert_eq!(
+        refused.message(),
+        "failed to parse the request JSON buffer: JSON has more than 65536 values"
+    );
+    // The array and its 70,001 zeros.
+    assert!(super::bounded_value(&zeros, 70_002).is_ok());
+    assert!(super::bounded_value(&zeros, 70_001).is_err());
+}

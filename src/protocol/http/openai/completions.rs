@@ -436,8 +436,9 @@ async fn start(
     headers: &HeaderMap,
     body: Body,
 ) -> Result<(Completion, Texts), OpenAiError> {
+    // Admitted once the body has arrived: a stalled body holds no in-flight slot.
+    let body = body::read(body, headers, &state.config).await?;
     let admission = state.engine.admit()?;
-    let body = body::read(body, headers, state.config.max_input_bytes).await?;
     let mut completion = read_request(kind, &body)?;
     let llm = state.engine.takes_llm_tensors(&completion.model, "");
     if !llm && !state.engine.generates_text(&completion.model, "") {

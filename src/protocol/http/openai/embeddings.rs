@@ -145,8 +145,9 @@ pub(super) async fn embeddings(
 }
 
 async fn embed(state: &AppState, headers: &HeaderMap, body: Body) -> Result<Vec<u8>, OpenAiError> {
+    // Admitted once the body has arrived: a stalled body holds no in-flight slot.
+    let body = body::read(body, headers, &state.config).await?;
     let admission = state.engine.admit()?;
-    let body = body::read(body, headers, state.config.max_input_bytes).await?;
     let request = read_request(&body)?;
     let id = completion_id("embd");
     let embeddings = state

@@ -223,7 +223,10 @@ pub(super) async fn load(
             )
         }
     };
-    let request: serde_json::Value = match serde_json::from_slice(&bytes) {
+    let request = match crate::protocol::http::json::bounded_value(
+        &bytes,
+        crate::protocol::http::json::MAX_DOCUMENT_VALUES,
+    ) {
         Ok(value) => value,
         Err(e) => {
             return error(
