@@ -30,6 +30,7 @@ pub mod custom;
 mod families;
 pub mod gpu;
 pub mod histogram;
+pub mod latency;
 pub mod series;
 
 pub use config::MetricsConfig;
@@ -272,6 +273,9 @@ struct Totals {
     cache_miss: Total,
     /// Per executed batch size: (input, infer, output).
     batches: BTreeMap<u64, [Total; 3]>,
+    /// Successful requests' end-to-end and queue times, for the status page's percentiles.
+    request_latency: latency::LatencyHistogram,
+    queue_latency: latency::LatencyHistogram,
 }
 
 /// Prometheus handles of what one device (the CPU, or one GPU) ran for a model version,
@@ -445,6 +449,8 @@ impl ModelStats {
             totals.success.add(total);
             totals.queue.add(queue);
             totals.cache_hit.add(lookup);
+            totals.request_latency.record(micros(total));
+            totals.queue_latency.record(micros(queue));
         }
         self.cpu.success.increment(1);
         self.cpu.request_us.increment(micros(total));
@@ -524,6 +530,8 @@ impl ModelStats {
             totals.compute_input.add(times.input);
             totals.compute_infer.add(times.infer);
             totals.compute_output.add(times.output);
+            totals.request_latency.record(micros(total));
+            totals.queue_latency.record(micros(queue));
         }
         let h = self.device(gpu);
         h.success.increment(1);
@@ -555,6 +563,13 @@ impl ModelStats {
         };
         self.failures[index].increment(1);
         self.cpu.request_us.increment(micros(total));
+    }
+
+    /// Cumulative histograms of successful requests' end-to-end and queue times (buckets of
+    /// [`latency::BOUNDS_US`]).
+    pub fn latencies(&self) -> (latency::LatencyHistogram, latency::LatencyHistogram) {
+        let totals = self.totals();
+        (totals.request_latency.clone(), totals.queue_latency.clone())
     }
 
     /// Triton's `ModelStatistics` message for this version.

@@ -13,6 +13,7 @@ use crate::protocol::access::grpc::GrpcAccessLayer;
 use crate::protocol::access::AccessPolicy;
 use crate::protocol::connection::serve_http;
 use crate::protocol::grpc::InferenceService;
+use crate::protocol::grpc_web::GrpcWebLayer;
 use crate::protocol::http::{self, HttpConfig};
 use crate::protocol::in_flight::ResponsesInFlight;
 use crate::repository::{
@@ -99,6 +100,10 @@ pub struct Config {
     pub trace: TraceConfig,
     /// `--cache-config`: the response cache, if any.
     pub response_cache: Option<CacheConfig>,
+    /// `--console`: the status and documentation pages on the REST listener.
+    pub console: bool,
+    /// `--grpc-web`: gRPC-Web (and CORS) on the gRPC listener.
+    pub grpc_web: crate::protocol::grpc_web::GrpcWebOptions,
 }
 
 /// The gRPC listener's connection settings (Triton's `--grpc-*` flags).
@@ -240,6 +245,7 @@ pub async fn run(
     let http_config = || HttpConfig {
         max_input_bytes: config.http_max_input_bytes,
         access: Arc::new(config.http_access.clone()),
+        console: config.console,
     };
     let http_serve = match listeners.http {
         Some(listener) => {
@@ -408,6 +414,8 @@ fn serve_grpc<H: tonic_health::pb::health_server::Health>(
             .register_encoded_file_descriptor_set(tonic_health::pb::FILE_DESCRIPTOR_SET)
     };
     let serving = builder
+        .accept_http1(config.grpc_web.enabled)
+        .layer(GrpcWebLayer::new(&config.grpc_web))
         .layer(responses.clone())
         .layer(GrpcAccessLayer::new(Arc::new(config.grpc_access.clone())))
         .add_service(services.inference)

@@ -9,10 +9,13 @@
 //! errors become HTTP statuses in one place, [`status`].
 
 mod body;
+mod console;
 pub mod generate;
 pub mod infer;
 pub mod json;
 pub mod openai;
+mod openapi;
+mod route_table;
 mod routes;
 pub mod sagemaker;
 mod settings;
@@ -34,6 +37,8 @@ pub struct HttpConfig {
     pub max_input_bytes: usize,
     /// Restricted APIs and the bearer token (`--http-restricted-api`, `--inference-bearer-token`).
     pub access: std::sync::Arc<crate::protocol::access::AccessPolicy>,
+    /// Serve the status page and the document's rendering under `/console` (`--console`).
+    pub console: bool,
 }
 
 /// Triton's default `--http-max-input-size`: 64 MiB.
