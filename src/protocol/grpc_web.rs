@@ -19,7 +19,7 @@ use std::pin::Pin;
 use std::task::{Context, Poll};
 use std::time::Duration;
 use tonic::body::Body;
-use tower_http::cors::{AllowOrigin, Cors, CorsLayer};
+use tower_http::cors::{AllowHeaders, AllowOrigin, Cors, CorsLayer};
 use tower_layer::Layer;
 use tower_service::Service;
 
@@ -68,13 +68,9 @@ impl GrpcWebOptions {
         CorsLayer::new()
             .allow_origin(origins)
             .allow_methods([Method::POST, Method::OPTIONS])
-            .allow_headers([
-                header::CONTENT_TYPE,
-                header::AUTHORIZATION,
-                HeaderName::from_static("x-grpc-web"),
-                HeaderName::from_static("x-user-agent"),
-                HeaderName::from_static("grpc-timeout"),
-            ])
+            // Whatever headers the page asks to send (the bearer token, restricted-protocol
+            // headers, grpc-timeout): the origin is what is checked.
+            .allow_headers(AllowHeaders::mirror_request())
             .expose_headers([
                 HeaderName::from_static("grpc-status"),
                 HeaderName::from_static("grpc-message"),
