@@ -4,8 +4,8 @@
 //! between two readings, so they describe the last seconds rather than the version's lifetime.
 
 /// Upper bounds of the buckets in microseconds: 1, 1.5, 2, 3, 5 and 7 per decade from 10 µs to
-/// 70 s, so a percentile read from them is off by at most half a step (≈ 25 %). A last bucket
-/// takes everything slower.
+/// 70 s (neighbouring bounds at most 1.67× apart: coarse, enough for a dashboard). A last
+/// bucket takes everything slower.
 pub const BOUNDS_US: [u64; 42] = bounds();
 
 const fn bounds() -> [u64; 42] {

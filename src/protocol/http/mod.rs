@@ -5,7 +5,9 @@
 //! [`InferRequest`](crate::core::InferRequest) and encodes the response; `generate` is Triton's
 //! generate extension (whole text, or server-sent events) for generation models; `body` reads request
 //! bodies under the size limit and handles compression; `json` and `tensor_json` are the wire
-//! format. Validation and inference happen in the engine only, exactly as for gRPC; engine
+//! format; `console` is the status and documentation pages, `openapi` the OpenAPI document
+//! of every route, held to the routers, which list their routes through `route_table`.
+//! Validation and inference happen in the engine only, exactly as for gRPC; engine
 //! errors become HTTP statuses in one place, [`status`].
 
 mod body;
