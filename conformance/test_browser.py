@@ -12,8 +12,9 @@ on and the status page's origin allowed:
 - the documentation page renders every operation of /v2/openapi.json;
 - each page's screenshot is checked not to be blank.
 
-Without gRPC-Web's browser checks, gRPC-Web itself is checked over plain HTTP here too: off by
-default, CORS only for the allowed origin, access restrictions as for gRPC.
+gRPC-Web itself is checked without a browser too: off by default, CORS only for the allowed
+origin, access restrictions and the message size limit as for gRPC, TLS the gRPC listener's (over
+HTTP/2, as browsers negotiate it, with curl).
 """
 
 from __future__ import annotations
@@ -23,16 +24,20 @@ import json
 import os
 import shutil
 import struct
+import subprocess
 import tempfile
 import time
+import urllib.parse
 import zlib
 from pathlib import Path
 
+import grpc
 import numpy as np
 import pytest
 import requests
 
 from conftest import BUNDLED_REPO, RPC_TIMEOUT, KilnServer, http_request, start_server, stop_server
+from test_tls import certs, credentials  # noqa: F401 (certs is a fixture)
 
 CHROMIUM = Path(os.environ.get("KILN_CHROMIUM", "/usr/bin/chromium"))
 CHROMEDRIVER = Path(os.environ.get("KILN_CHROMEDRIVER", "/usr/bin/chromedriver"))
@@ -328,8 +333,12 @@ def grpc_web_call(url: str, method: str, message: bytes = b"", headers=None) -> 
 
 def grpc_status(answer: http.client.HTTPResponse) -> tuple[str, str]:
     """grpc-status and grpc-message of a gRPC-Web answer (headers, or the trailer frame)."""
-    status, message = answer.getheader("grpc-status"), answer.getheader("grpc-message") or ""
-    body = answer.read()
+    message = urllib.parse.unquote(answer.getheader("grpc-message") or "")
+    return trailers(answer.getheader("grpc-status"), message, answer.read())
+
+
+def trailers(status: str | None, message: str, body: bytes) -> tuple[str, str]:
+    """The status a gRPC-Web body's trailer frame gives, else the headers' (`status`, `message`)."""
     at = 0
     while at + 5 <= len(body):
         flag, length = body[at], struct.unpack(">I", body[at + 1:at + 5])[0]
@@ -339,7 +348,7 @@ def grpc_status(answer: http.client.HTTPResponse) -> tuple[str, str]:
                 if key.strip().lower() == "grpc-status":
                     status = value.strip()
                 elif key.strip().lower() == "grpc-message":
-                    message = value.strip()
+                    message = urllib.parse.unquote(value.strip())
         at += 5 + length
     return status, message
 
@@ -377,7 +386,8 @@ def test_grpc_web_cors_answers_only_the_allowed_origin(kiln):
 def test_grpc_web_is_restricted_as_grpc(repo):
     srv = start_server([repo], name="kiln-grpc-web-restricted", extra_args=[
         "--model-control-mode=explicit", "--grpc-web=true",
-        "--grpc-restricted-protocol=inference:secret-key=yes", "--grpc-web-cors-origin=*"])
+        "--grpc-restricted-protocol=inference:secret-key=yes", "--grpc-web-cors-origin=*",
+        "--grpc-max-message-bytes=4096"])
     try:
         status, message = grpc_status(grpc_web_call(srv.grpc_url, "ModelInfer"))
         assert status == "14" and "restricted" in message, (status, message)
@@ -386,5 +396,41 @@ def test_grpc_web_is_restricted_as_grpc(repo):
         assert status != "14", message
         # Health is not restricted.
         assert grpc_status(grpc_web_call(srv.grpc_url, "ServerLive")) == ("0", "")
+        # gRPC's message size limit holds: 8 KB of raw input in a 4 KB world.
+        big = b"\x0a\x07add_sub" + b"\x3a\x80\x40" + bytes(8192)  # model_name, raw_input_contents
+        status, message = grpc_status(grpc_web_call(srv.grpc_url, "ModelInfer", big,
+                                                    headers={"triton-grpc-protocol-secret-key": "yes"}))
+        call = srv.channel().unary_unary("/inference.GRPCInferenceService/ModelInfer",
+                                         request_serializer=lambda b: b, response_deserializer=lambda b: b)
+        with pytest.raises(grpc.RpcError) as native:
+            call(big, metadata=[("triton-grpc-protocol-secret-key", "yes")], timeout=RPC_TIMEOUT)
+        assert (status, message) == (str(native.value.code().value[0]), native.value.details())
+        assert "too large" in message
+    finally:
+        stop_server(srv)
+
+
+def test_grpc_web_uses_the_grpc_listeners_tls(repo, certs, tmp_path):
+    srv = start_server([repo], name="kiln-grpc-web-tls", grpc_credentials=credentials(certs, client_cert=False),
+                       extra_args=["--model-control-mode=explicit", "--grpc-web=true", "--grpc-use-ssl",
+                                   f"--grpc-server-cert={certs / 'server.crt'}",
+                                   f"--grpc-server-key={certs / 'server.key'}"])
+    try:
+        # A browser offers HTTP/2 by ALPN, which the TLS listener takes: gRPC-Web over it.
+        (tmp_path / "frame").write_bytes(b"\x00\x00\x00\x00\x00")
+        headers, body = tmp_path / "headers", tmp_path / "body"
+        curl = subprocess.run(
+            ["curl", "-s", "--http2", "--cacert", str(certs / "ca.crt"), "-D", str(headers), "-o", str(body),
+             "-H", "content-type: application/grpc-web+proto", "--data-binary", f"@{tmp_path / 'frame'}",
+             f"https://127.0.0.1:{srv.grpc_port}/inference.GRPCInferenceService/ServerLive"],
+            capture_output=True, timeout=RPC_TIMEOUT)
+        assert curl.returncode == 0, curl.stderr
+        lines = headers.read_text().lower().splitlines()
+        assert lines[0].startswith("http/2 200"), lines
+        assert "content-type: application/grpc-web+proto" in lines
+        assert trailers(None, "", body.read_bytes()) == ("0", "")
+        # Without TLS there is no answer.
+        with pytest.raises((http.client.HTTPException, ConnectionError)):
+            grpc_status(grpc_web_call(srv.grpc_url, "ServerLive"))
     finally:
         stop_server(srv)
