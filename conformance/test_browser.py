@@ -19,6 +19,7 @@ HTTP/2, as browsers negotiate it, with curl).
 
 from __future__ import annotations
 
+import base64
 import http.client
 import json
 import os
@@ -381,6 +382,25 @@ def test_grpc_web_cors_answers_only_the_allowed_origin(kiln):
     assert answer.getheader("access-control-allow-origin") == allowed
     assert "grpc-status" in (answer.getheader("access-control-expose-headers") or "")
     assert grpc_status(answer) == ("0", "")
+
+
+def test_grpc_web_text_is_answered_in_base64(kiln):
+    """application/grpc-web-text: frames in base64 both ways (for clients that cannot read binary)."""
+    from tritonclient.grpc import service_pb2
+
+    message = service_pb2.ModelMetadataRequest(name="add_sub").SerializeToString()
+    frame = base64.b64encode(b"\x00" + struct.pack(">I", len(message)) + message)
+    host, port = kiln.grpc_url.rsplit(":", 1)
+    conn = http.client.HTTPConnection(host, int(port), timeout=RPC_TIMEOUT)
+    conn.request("POST", "/inference.GRPCInferenceService/ModelMetadata", body=frame,
+                 headers={"Content-Type": "application/grpc-web-text", "Accept": "application/grpc-web-text"})
+    answer = conn.getresponse()
+    assert answer.getheader("content-type").startswith("application/grpc-web-text")
+    body = base64.b64decode(answer.read())
+    length = struct.unpack(">I", body[1:5])[0]
+    metadata = service_pb2.ModelMetadataResponse.FromString(body[5:5 + length])
+    assert (metadata.name, [t.name for t in metadata.inputs]) == ("add_sub", ["INPUT0", "INPUT1"])
+    assert trailers(None, "", body[5 + length:]) == ("0", "")
 
 
 def test_grpc_web_is_restricted_as_grpc(repo):
