@@ -5,6 +5,7 @@
 - what a running kiln answers matches the document's schemas: every GET route without a body
   that answers 200 for the bundled models, and inference, generation, repository index, log and
   trace settings, errors;
+- with --console=false the pages answer Triton's 404 and the document stays;
 - (the unit test protocol::http::openapi::tests checks both ways that every route the REST and
   OpenAI routers register is in the document and every documented operation is routed.)
 """
@@ -127,3 +128,15 @@ def test_errors_match_the_error_schema(kiln, document):
         reply = http_request(kiln.http_url, method, path, b"{" if method == "POST" else b"")
         assert reply.status in (400, 404), reply
         check(document, "Error", reply.json())
+
+
+def test_without_the_console_its_pages_are_gone_and_the_document_stays(tmp_path):
+    shutil.copytree(BUNDLED_REPO / "add_sub", tmp_path / "add_sub")
+    srv = start_server([tmp_path], name="kiln-no-console", extra_args=["--console=false"])
+    try:
+        for path in ("/console", "/console/docs", "/console/status"):
+            reply = http_request(srv.http_url, "GET", path)
+            assert (reply.status, reply.json()) == (404, {"error": "Not Found"}), path
+        assert http_request(srv.http_url, "GET", "/v2/openapi.json").status == 200
+    finally:
+        stop_server(srv)

@@ -702,6 +702,22 @@ mod tests {
     }
 
     #[test]
+    fn successes_and_cache_hits_feed_the_latency_histograms_and_failures_do_not() {
+        let stats = ModelStats::new("m", 1);
+        let timing = Timing::queued(Duration::from_micros(12));
+        stats.record_success(1, Duration::from_micros(120), timing);
+        stats.record_cache_hit(MS, Duration::from_micros(5), Duration::from_micros(1));
+        stats.record_failure(10 * MS, FailureReason::Other);
+        let (request, queue) = stats.latencies();
+        let bucket = |us: u64| latency::BOUNDS_US.partition_point(|&b| b < us);
+        assert_eq!(request.counts()[bucket(120)], 1);
+        assert_eq!(request.counts()[bucket(1_000)], 1);
+        assert_eq!(request.counts().iter().sum::<u64>(), 2);
+        assert_eq!(queue.counts()[bucket(12)], 1);
+        assert_eq!(queue.counts()[bucket(5)], 1);
+    }
+
+    #[test]
     fn batch_stats_are_sorted_by_size() {
         let stats = ModelStats::new("m", 1);
         for size in [4, 1, 2, 4] {
