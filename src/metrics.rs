@@ -30,6 +30,7 @@ pub mod custom;
 mod families;
 pub mod gpu;
 pub mod histogram;
+pub mod latency;
 pub mod series;
 
 pub use config::MetricsConfig;
@@ -272,6 +273,9 @@ struct Totals {
     cache_miss: Total,
     /// Per executed batch size: (input, infer, output).
     batches: BTreeMap<u64, [Total; 3]>,
+    /// Successful requests' end-to-end and queue times, for the status page's percentiles.
+    request_latency: latency::LatencyHistogram,
+    queue_latency: latency::LatencyHistogram,
 }
 
 /// Prometheus handles of what one device (the CPU, or one GPU) ran for a model version,
@@ -445,6 +449,8 @@ impl ModelStats {
             totals.success.add(total);
             totals.queue.add(queue);
             totals.cache_hit.add(lookup);
+            totals.request_latency.record(micros(total));
+            totals.queue_latency.record(micros(queue));
         }
         self.cpu.success.increment(1);
         self.cpu.request_us.increment(micros(total));
@@ -524,6 +530,8 @@ impl ModelStats {
             totals.compute_input.add(times.input);
             totals.compute_infer.add(times.infer);
             totals.compute_output.add(times.output);
+            totals.request_latency.record(micros(total));
+            totals.queue_latency.record(micros(queue));
         }
         let h = self.device(gpu);
         h.success.increment(1);
@@ -555,6 +563,13 @@ impl ModelStats {
         };
         self.failures[index].increment(1);
         self.cpu.request_us.increment(micros(total));
+    }
+
+    /// Cumulative histograms of successful requests' end-to-end and queue times (buckets of
+    /// [`latency::BOUNDS_US`]).
+    pub fn latencies(&self) -> (latency::LatencyHistogram, latency::LatencyHistogram) {
+        let totals = self.totals();
+        (totals.request_latency.clone(), totals.queue_latency.clone())
     }
 
     /// Triton's `ModelStatistics` message for this version.
@@ -684,6 +699,22 @@ mod tests {
                 ns: 2_000_000
             }
         );
+    }
+
+    #[test]
+    fn successes_and_cache_hits_feed_the_latency_histograms_and_failures_do_not() {
+        let stats = ModelStats::new("m", 1);
+        let timing = Timing::queued(Duration::from_micros(12));
+        stats.record_success(1, Duration::from_micros(120), timing);
+        stats.record_cache_hit(MS, Duration::from_micros(5), Duration::from_micros(1));
+        stats.record_failure(10 * MS, FailureReason::Other);
+        let (request, queue) = stats.latencies();
+        let bucket = |us: u64| latency::BOUNDS_US.partition_point(|&b| b < us);
+        assert_eq!(request.counts()[bucket(120)], 1);
+        assert_eq!(request.counts()[bucket(1_000)], 1);
+        assert_eq!(request.counts().iter().sum::<u64>(), 2);
+        assert_eq!(queue.counts()[bucket(12)], 1);
+        assert_eq!(queue.counts()[bucket(5)], 1);
     }
 
     #[test]

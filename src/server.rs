@@ -14,6 +14,7 @@ use crate::protocol::access::AccessPolicy;
 use crate::protocol::connection::{grpc_incoming, serve_http, Transport};
 use crate::protocol::grpc::InferenceService;
 use crate::protocol::grpc_frames::InflateLayer;
+use crate::protocol::grpc_web::GrpcWebLayer;
 use crate::protocol::http::{self, HttpConfig};
 use crate::protocol::in_flight::ResponsesInFlight;
 use crate::protocol::limits::TransportLimits;
@@ -102,6 +103,10 @@ pub struct Config {
     pub trace: TraceConfig,
     /// `--cache-config`: the response cache, if any.
     pub response_cache: Option<CacheConfig>,
+    /// `--console`: the status and documentation pages on the REST listener.
+    pub console: bool,
+    /// `--grpc-web`: gRPC-Web (and CORS) on the gRPC listener.
+    pub grpc_web: crate::protocol::grpc_web::GrpcWebOptions,
 }
 
 /// The gRPC listener's connection settings (Triton's `--grpc-*` flags).
@@ -249,6 +254,7 @@ pub async fn run(
         max_input_bytes: config.http_max_input_bytes,
         body_timeout: config.limits.body_timeout,
         access: Arc::new(config.http_access.clone()),
+        console: config.console,
     };
     let http_serve = match listeners.http {
         Some(listener) => {
@@ -436,6 +442,8 @@ fn serve_grpc<H: tonic_health::pb::health_server::Health>(
         max_decompressed: limits.grpc_max_decompressed_bytes,
     };
     let serving = builder
+        .accept_http1(config.grpc_web.enabled)
+        .layer(GrpcWebLayer::new(&config.grpc_web))
         .layer(responses.clone())
         .layer(GrpcAccessLayer::new(Arc::new(config.grpc_access.clone())))
         .layer(inflate)

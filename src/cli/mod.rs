@@ -7,6 +7,7 @@
 //! [`Args::launch`] turns the parsed flags into what `main` needs: the server [`Config`], the
 //! log settings and the addresses to bind.
 
+mod browser;
 mod compat;
 mod limits;
 #[cfg(test)]
@@ -19,6 +20,7 @@ use crate::engine::CacheConfig;
 use crate::logging::{LogFormat, LogSettings};
 use crate::metrics::MetricsConfig;
 use crate::protocol::access::{AccessPolicy, Secret, GRPC_HEADER_PREFIX};
+use crate::protocol::grpc_web::GrpcWebOptions;
 use crate::protocol::http::sagemaker::SageMakerConfig;
 use crate::protocol::http::vertex::VertexConfig;
 use crate::protocol::http::DEFAULT_MAX_INPUT_BYTES;
@@ -426,6 +428,9 @@ pub struct Args {
     )]
     pub old_trace: compat::OldTraceFlags,
 
+    #[command(flatten, next_help_heading = "Browsers")]
+    pub browser: browser::BrowserFlags,
+
     #[command(flatten, next_help_heading = "Accepted for tritonserver compatibility")]
     pub triton: compat::TritonOnlyFlags,
 }
@@ -677,6 +682,11 @@ impl Args {
             },
             trace,
             response_cache,
+            console: self.browser.console,
+            grpc_web: GrpcWebOptions::from_flags(
+                self.browser.grpc_web,
+                self.browser.grpc_web_cors_origins,
+            )?,
         };
         Ok(Launch {
             config,

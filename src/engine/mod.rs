@@ -13,6 +13,7 @@ mod lookup;
 pub mod raw_input;
 mod response;
 pub mod shared_memory;
+mod status;
 mod stream;
 mod traces;
 pub mod validate;
@@ -35,6 +36,7 @@ use cache::ResponseCache;
 pub use embed::{Embeddings, MAX_TEXTS};
 use shared_memory::tensors;
 use shared_memory::SharedMemory;
+pub use status::VersionLatencies;
 use std::collections::BTreeMap;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::Arc;
@@ -117,6 +119,8 @@ pub struct Engine {
     cache: Option<ResponseCache>,
     /// The server's name in server metadata (`--id`).
     server_id: String,
+    /// When the engine was made (the server started), for the status page's uptime.
+    started: Instant,
 }
 
 impl Engine {
@@ -131,6 +135,7 @@ impl Engine {
             tracer: Arc::new(Tracer::new(TraceSettings::default())),
             cache: None,
             server_id: "kiln".to_string(),
+            started: Instant::now(),
         }
     }
 

@@ -16,6 +16,9 @@ pub fn group_of(path: &str) -> Option<ApiGroup> {
     let segments: Vec<&str> = path.trim_end_matches('/').split('/').collect();
     match segments.as_slice() {
         ["", "v2"] => Some(ApiGroup::Metadata),
+        // The API's own description, and the status page's data (`--console`).
+        ["", "v2", "openapi.json"] => Some(ApiGroup::Metadata),
+        ["", "console", "status"] => Some(ApiGroup::Statistics),
         ["", "v2", "health", ..] => Some(ApiGroup::Health),
         ["", "v2", "repository", ..] => Some(ApiGroup::ModelRepository),
         ["", "v2", "systemsharedmemory" | "cudasharedmemory", ..] => Some(ApiGroup::SharedMemory),

@@ -189,6 +189,9 @@ fn rest_paths_map_to_triton_groups() {
         ),
         ("/v2/logging", Some(ApiGroup::Logging)),
         ("/v2/trace/setting", Some(ApiGroup::Trace)),
+        ("/v2/openapi.json", Some(ApiGroup::Metadata)),
+        ("/console/status", Some(ApiGroup::Statistics)),
+        ("/console", None),
         // SageMaker's service.
         ("/ping", Some(ApiGroup::Health)),
         ("/invocations", Some(ApiGroup::Inference)),

@@ -235,6 +235,7 @@ mod tests {
             max_input_bytes,
             body_timeout,
             access: Default::default(),
+            console: false,
         }
     }
 

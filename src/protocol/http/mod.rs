@@ -5,14 +5,19 @@
 //! [`InferRequest`](crate::core::InferRequest) and encodes the response; `generate` is Triton's
 //! generate extension (whole text, or server-sent events) for generation models; `body` reads request
 //! bodies under the size limit and handles compression; `json` and `tensor_json` are the wire
-//! format. Validation and inference happen in the engine only, exactly as for gRPC; engine
+//! format; `console` is the status and documentation pages, `openapi` the OpenAPI document
+//! of every route, held to the routers, which list their routes through `route_table`.
+//! Validation and inference happen in the engine only, exactly as for gRPC; engine
 //! errors become HTTP statuses in one place, [`status`].
 
 mod body;
+mod console;
 pub mod generate;
 pub mod infer;
 pub mod json;
 pub mod openai;
+mod openapi;
+mod route_table;
 mod routes;
 pub mod sagemaker;
 mod settings;
@@ -36,6 +41,8 @@ pub struct HttpConfig {
     pub body_timeout: std::time::Duration,
     /// Restricted APIs and the bearer token (`--http-restricted-api`, `--inference-bearer-token`).
     pub access: std::sync::Arc<crate::protocol::access::AccessPolicy>,
+    /// Serve the status page and the document's rendering under `/console` (`--console`).
+    pub console: bool,
 }
 
 /// Triton's default `--http-max-input-size`: 64 MiB.

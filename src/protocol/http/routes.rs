@@ -4,7 +4,10 @@
 //! `/v2/models/stats` is a static route, so it wins over `/v2/models/{model}`. Unknown paths get
 //! Triton's 404 `{"error":"Not Found"}`, wrong methods 405 `{"error":"Method Not Allowed"}`.
 
-use super::{body, generate, infer, settings, shared_memory, HttpConfig, HttpError};
+use super::route_table::Routes;
+use super::{
+    body, console, generate, infer, openapi, settings, shared_memory, HttpConfig, HttpError,
+};
 use crate::core::Error;
 use crate::engine::{Engine, LoadParameter, TensorMetadata};
 use crate::invalid_arg;
@@ -14,7 +17,6 @@ use axum::extract::rejection::PathRejection;
 use axum::extract::{FromRequestParts, Path, State};
 use axum::http::{request::Parts, HeaderMap, StatusCode};
 use axum::response::{IntoResponse, Response};
-use axum::routing::{get, post};
 use axum::{Json, Router};
 use serde_json::{json, Value};
 use std::collections::{BTreeMap, HashMap};
@@ -26,57 +28,12 @@ pub struct AppState {
     pub config: HttpConfig,
 }
 
-type Shared = Arc<AppState>;
+pub(super) type Shared = Arc<AppState>;
 
 /// The REST router over `engine`.
 pub fn router(engine: Arc<Engine>, config: HttpConfig) -> Router {
-    let mut router = Router::new()
-        .route("/v2", get(server_metadata))
-        .route("/v2/health/live", get(live))
-        .route("/v2/health/ready", get(ready))
-        .route("/v2/models/stats", get(all_statistics))
-        .route("/v2/repository/index", post(repository_index))
-        .route("/v2/repository/{repository}/index", post(repository_name))
-        .route("/v2/repository/models/{model}/load", post(load))
-        .route("/v2/repository/models/{model}/unload", post(unload))
-        .route(
-            "/v2/repository/{repository}/models/{model}/load",
-            post(repository_name),
-        )
-        .route(
-            "/v2/repository/{repository}/models/{model}/unload",
-            post(repository_name),
-        )
-        .route(
-            "/v2/trace/setting",
-            get(settings::get_global_trace).post(settings::post_global_trace),
-        )
-        .route(
-            "/v2/logging",
-            get(settings::get_log).post(settings::post_log),
-        );
-    for prefix in [
-        "/v2/models/{model}",
-        "/v2/models/{model}/versions/{version}",
-    ] {
-        router = router
-            .route(prefix, get(model_metadata))
-            .route(&format!("{prefix}/ready"), get(model_ready))
-            .route(&format!("{prefix}/config"), get(model_config))
-            .route(&format!("{prefix}/infer"), post(infer::handle))
-            .route(&format!("{prefix}/stats"), get(model_statistics))
-            .route(&format!("{prefix}/generate"), post(generate::handle))
-            .route(
-                &format!("{prefix}/generate_stream"),
-                post(generate::handle_stream),
-            );
-    }
-    router = router.route(
-        "/v2/models/{model}/trace/setting",
-        get(settings::get_model_trace).post(settings::post_model_trace),
-    );
-    router = router.merge(shared_memory::routes());
-    router
+    routes(config.console)
+        .into_router()
         .method_not_allowed_fallback(|| async {
             HttpError::new(StatusCode::METHOD_NOT_ALLOWED, "Method Not Allowed")
         })
@@ -86,6 +43,63 @@ pub fn router(engine: Arc<Engine>, config: HttpConfig) -> Router {
             crate::protocol::access::http::enforce,
         ))
         .with_state(Arc::new(AppState { engine, config }))
+}
+
+/// Every REST route, the status page's with `console`; the OpenAPI document lists the same
+/// (checked in `openapi`'s tests).
+pub fn routes(console: bool) -> Routes<Shared> {
+    let mut routes = Routes::new()
+        .get("/v2", server_metadata)
+        .get("/v2/health/live", live)
+        .get("/v2/health/ready", ready)
+        .get("/v2/models/stats", all_statistics)
+        .post("/v2/repository/index", repository_index)
+        .post("/v2/repository/{repository}/index", repository_name)
+        .post("/v2/repository/models/{model}/load", load)
+        .post("/v2/repository/models/{model}/unload", unload)
+        .post(
+            "/v2/repository/{repository}/models/{model}/load",
+            repository_name,
+        )
+        .post(
+            "/v2/repository/{repository}/models/{model}/unload",
+            repository_name,
+        )
+        .get("/v2/trace/setting", settings::get_global_trace)
+        .post("/v2/trace/setting", settings::post_global_trace)
+        .get("/v2/logging", settings::get_log)
+        .post("/v2/logging", settings::post_log);
+    for prefix in [
+        "/v2/models/{model}",
+        "/v2/models/{model}/versions/{version}",
+    ] {
+        routes = routes
+            .get(prefix, model_metadata)
+            .get(&format!("{prefix}/ready"), model_ready)
+            .get(&format!("{prefix}/config"), model_config)
+            .post(&format!("{prefix}/infer"), infer::handle)
+            .get(&format!("{prefix}/stats"), model_statistics)
+            .post(&format!("{prefix}/generate"), generate::handle)
+            .post(
+                &format!("{prefix}/generate_stream"),
+                generate::handle_stream,
+            );
+    }
+    routes = routes
+        .get(
+            "/v2/models/{model}/trace/setting",
+            settings::get_model_trace,
+        )
+        .post(
+            "/v2/models/{model}/trace/setting",
+            settings::post_model_trace,
+        )
+        .merge(shared_memory::routes())
+        .merge(openapi::routes());
+    if console {
+        routes = routes.merge(console::routes());
+    }
+    routes
 }
 
 /// The model name and version of a `/v2/models/{model}[/versions/{version}]` path. Versions are

@@ -4,6 +4,7 @@
 //! (see `engine::shared_memory`); gRPC serves the same one. The `/v2/cudasharedmemory` routes
 //! answer as Triton without GPUs does: no regions, registration refused.
 
+use super::route_table::Routes;
 use super::routes::{AppState, PathName};
 use super::{body, HttpError};
 use crate::core::Error;
@@ -11,28 +12,27 @@ use crate::engine::shared_memory;
 use axum::body::Body;
 use axum::extract::State;
 use axum::http::{HeaderMap, StatusCode};
-use axum::routing::{get, post};
-use axum::{Json, Router};
+use axum::Json;
 use serde_json::{json, Value};
 use std::sync::Arc;
 
 type Shared = Arc<AppState>;
 
 /// The system and CUDA shared-memory routes, for the REST router to merge.
-pub fn routes() -> Router<Shared> {
+pub fn routes() -> Routes<Shared> {
     let region = "/v2/systemsharedmemory/region/{region}";
     let cuda_region = "/v2/cudasharedmemory/region/{region}";
-    Router::new()
-        .route("/v2/systemsharedmemory/status", get(status_all))
-        .route(&format!("{region}/status"), get(status_region))
-        .route(&format!("{region}/register"), post(register))
-        .route("/v2/systemsharedmemory/unregister", post(unregister_all))
-        .route(&format!("{region}/unregister"), post(unregister_region))
-        .route("/v2/cudasharedmemory/status", get(cuda_status_all))
-        .route(&format!("{cuda_region}/status"), get(cuda_status_region))
-        .route(&format!("{cuda_region}/register"), post(cuda_register))
-        .route("/v2/cudasharedmemory/unregister", post(cuda_unregister))
-        .route(&format!("{cuda_region}/unregister"), post(cuda_unregister))
+    Routes::new()
+        .get("/v2/systemsharedmemory/status", status_all)
+        .get(&format!("{region}/status"), status_region)
+        .post(&format!("{region}/register"), register)
+        .post("/v2/systemsharedmemory/unregister", unregister_all)
+        .post(&format!("{region}/unregister"), unregister_region)
+        .get("/v2/cudasharedmemory/status", cuda_status_all)
+        .get(&format!("{cuda_region}/status"), cuda_status_region)
+        .post(&format!("{cuda_region}/register"), cuda_register)
+        .post("/v2/cudasharedmemory/unregister", cuda_unregister)
+        .post(&format!("{cuda_region}/unregister"), cuda_unregister)
 }
 
 /// Every region: `[{"name", "key", "offset", "byte_size"}, ...]`.

@@ -29,6 +29,7 @@ mod completions;
 mod embeddings;
 mod llm;
 
+use super::route_table::Routes;
 use super::routes::AppState;
 use super::HttpConfig;
 use crate::core::Error;
@@ -36,12 +37,23 @@ use crate::engine::Engine;
 use axum::extract::{Path, State};
 use axum::http::StatusCode;
 use axum::response::{IntoResponse, Response};
-use axum::routing::{get, post};
 use axum::{Json, Router};
 use serde_json::{json, Map, Value};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::{SystemTime, UNIX_EPOCH};
+
+/// Every route of the OpenAI-compatible API (the OpenAPI document lists the same).
+pub fn routes() -> Routes<Arc<AppState>> {
+    Routes::new()
+        .get("/health", live)
+        .get("/health/ready", ready)
+        .get("/v1/models", models)
+        .get("/v1/models/{model}", model)
+        .post("/v1/completions", completions::completions)
+        .post("/v1/chat/completions", completions::chat_completions)
+        .post("/v1/embeddings", embeddings::embeddings)
+}
 
 /// The OpenAI router over `engine`.
 pub fn router(engine: Arc<Engine>, http: HttpConfig) -> Router {
@@ -50,14 +62,8 @@ pub fn router(engine: Arc<Engine>, http: HttpConfig) -> Router {
         engine,
         config: http,
     });
-    Router::new()
-        .route("/health", get(live))
-        .route("/health/ready", get(ready))
-        .route("/v1/models", get(models))
-        .route("/v1/models/{model}", get(model))
-        .route("/v1/completions", post(completions::completions))
-        .route("/v1/chat/completions", post(completions::chat_completions))
-        .route("/v1/embeddings", post(embeddings::embeddings))
+    routes()
+        .into_router()
         .fallback(|| async {
             OpenAiError::new(StatusCode::NOT_FOUND, "not found", "invalid_request_error")
         })
