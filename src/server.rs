@@ -488,7 +488,11 @@ fn serve_rest(
             Box::pin(serve_http(listener, router, stop, transport))
         }
     };
-    let prefix = if what.is_empty() { String::new() } else { format!("{what} ") };
+    let prefix = if what.is_empty() {
+        String::new()
+    } else {
+        format!("{what} ")
+    };
     info!("Started {prefix}HTTPService at {address}");
     Ok(Box::pin(async move {
         serving.await;
