@@ -2,7 +2,7 @@
 # Sets up everything the tests need (ONNX Runtime library, Python clients) and runs every test:
 # Rust unit + integration tests, then the Python conformance suite against the same debug binary.
 # Also compiles the `cuda` feature (GPU instances) and runs its unit tests that need no GPU, and
-# compiles the fuzz targets.
+# compiles the fuzz targets and replays their committed seeds.
 set -euo pipefail
 ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 cd "$ROOT"
@@ -19,5 +19,12 @@ cargo test --locked --lib --features cuda backend::cuda
 # The fuzz targets (fuzz/, a workspace of its own, run by fuzz/run.sh) must keep compiling against
 # the library: built as plain binaries (no sanitizer, nothing fuzzed), sharing this target folder.
 CARGO_TARGET_DIR="${CARGO_TARGET_DIR:-$ROOT/target}" cargo build --locked --manifest-path fuzz/Cargo.toml --bins
+# Every committed seed is replayed once through its target (libFuzzer's -runs=0: read the corpus,
+# run each input, fuzz nothing): a seed that panics fails CI, so the corpora stay regression tests.
+# A crashing input is written under target/, not into the checkout.
+for target in $(sed -n 's/^name = "\(.*\)"$/\1/p' fuzz/Cargo.toml | grep -v '^kiln-fuzz$'); do
+    "${CARGO_TARGET_DIR:-$ROOT/target}/debug/$target" "fuzz/corpus/$target" -runs=0 \
+        -artifact_prefix="${CARGO_TARGET_DIR:-$ROOT/target}/fuzz-replay-$target-"
+done
 cargo test --locked
 KILN_BIN="$ROOT/target/debug/kiln" .venv/bin/python -m pytest conformance "$@"
