@@ -2,6 +2,7 @@
 //! correctly, queues fill, deadlines expire without running, streams answer in order, and
 //! statistics and metrics report what happened.
 
+use crate::common::lifecycle::eventually;
 use crate::common::{fp32_bytes, fp32_values, Server};
 use bytes::Bytes;
 use kiln::proto::inference::{
@@ -91,12 +92,11 @@ async fn full_queue_rejects_and_waiting_requests_still_complete() {
     let mut client = client.clone();
     // Wait until the server reports all four queued, then one more must be refused.
     let queued = "nv_inference_pending_request_count{model=\"slow_batcher\",version=\"1\"} 4";
-    for _ in 0..500 {
-        if server.metrics_text().lines().any(|l| l == queued) {
-            break;
-        }
-        tokio::time::sleep(Duration::from_millis(10)).await;
-    }
+    eventually("four requests queued", || {
+        let queued = server.metrics_text().lines().any(|l| l == queued);
+        async move { queued }
+    })
+    .await;
     let rejected = client.model_infer(slow(100.0, 3)).await.err();
     let rejected = rejected.expect("the fifth request is refused");
     assert_eq!(rejected.code(), Code::Unavailable);
@@ -138,12 +138,19 @@ async fn expired_requests_never_run() {
         matches!(status.code(), Code::DeadlineExceeded | Code::Cancelled),
         "{status:?}"
     );
-    tokio::time::sleep(Duration::from_millis(50)).await;
-    let stats = stats(&mut client, "slow_batcher").await;
-    assert_eq!(stats.execution_count, 0, "nothing ran");
-    assert_eq!(stats.inference_stats.unwrap().fail.unwrap().count, 1);
+    // The failure is counted once the server has given the request up (polled, not slept for).
+    eventually("the expired request to count as failed", || {
+        let mut client = client.clone();
+        async move {
+            let stats = stats(&mut client, "slow_batcher").await;
+            stats.inference_stats.unwrap().fail.map_or(0, |f| f.count) == 1
+        }
+    })
+    .await;
+    assert_eq!(stats(&mut client, "slow_batcher").await.execution_count, 0);
     // The request's own timeout (µs) cannot give a queue policy without one a timeout (Triton's
     // rule: it only shortens the policy's): the request waits out its batch delay and runs.
+    // It runs alone: had the expired request stayed queued, it would have run beside it.
     let mut request = slow(1.0, 1);
     request.parameters.insert(
         "timeout".into(),
@@ -153,6 +160,23 @@ async fn expired_requests_never_run() {
     );
     let response = client.model_infer(request).await.unwrap().into_inner();
     assert_eq!(fp32_values(&response.raw_output_contents[0]), vec![2.0]);
+    let stats = stats(&mut client, "slow_batcher").await;
+    assert_eq!((stats.execution_count, stats.inference_count), (1, 1));
+    let batches: Vec<(u64, u64)> = stats
+        .batch_stats
+        .iter()
+        .map(|b| {
+            (
+                b.batch_size,
+                b.compute_infer.as_ref().map_or(0, |d| d.count),
+            )
+        })
+        .collect();
+    assert_eq!(
+        batches,
+        [(1, 1)],
+        "one batch of one row: the expired request never ran"
+    );
 }
 
 #[tokio::test]
