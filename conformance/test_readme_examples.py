@@ -1,8 +1,8 @@
 """The README's examples that print values, run as written and compared with what the README says
 they print (the `# ...` comments under them): streamed generation with curl, the generate
-extension on string_echo, the OpenAI client (completion and embeddings), MLServer's codecs and grpcurl's ModelInfer. Each
-points at a kiln serving the bundled repository instead of localhost. test_readme_curl.py does
-the same for "REST with curl" and tritonclient (HTTP).
+extension on string_echo, the OpenAI client (completion and embeddings), MLServer's codecs and
+grpcurl's ModelInfer. Each points at a kiln serving the bundled repository instead of localhost.
+test_readme_curl.py does the same for "REST with curl" and tritonclient (HTTP).
 """
 
 from __future__ import annotations
