@@ -52,7 +52,12 @@ fn levels_read_and_print_as_triton_names_them() {
         err.message(),
         "Expect only one trace level 'OFF' is specified"
     );
-    assert!(Level::parse(&["BOGUS"]).is_err());
+    assert_eq!(
+        Level::parse(&["BOGUS"]).unwrap_err(),
+        Error::InvalidArgument(
+            "unknown trace level 'BOGUS': expected OFF, TIMESTAMPS or TENSORS".into()
+        )
+    );
 }
 
 #[test]
