@@ -451,8 +451,20 @@ mod tests {
     fn config_names_are_plain_file_names() {
         assert!(check_config_name("h100").is_ok());
         assert!(check_config_name("a.b-c_d").is_ok());
-        for bad in ["", "with space", "../x", "a/b", "..", "tab\t"] {
-            assert!(check_config_name(bad).is_err(), "{bad:?}");
+        for bad in ["", "with space", "tab\t"] {
+            assert_eq!(
+                check_config_name(bad).unwrap_err(),
+                format!("--model-config-name '{bad}' must be a non-empty name without spaces")
+            );
+        }
+        for bad in ["../x", "a/b", ".."] {
+            assert_eq!(
+                check_config_name(bad).unwrap_err(),
+                format!(
+                    "--model-config-name '{bad}' must be a file name under <model>/configs/, not a \
+                     path"
+                )
+            );
         }
     }
 

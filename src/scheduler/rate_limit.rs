@@ -362,7 +362,10 @@ mod tests {
     #[test]
     fn malformed_flags_are_refused() {
         for bad in ["R", ":1", "R:x", "R:1:-1", "R:1:0:0", "R:-2"] {
-            assert!(ResourceFlags::parse(&[bad.into()]).is_err(), "{bad}");
+            assert_eq!(
+                ResourceFlags::parse(&[bad.into()]).unwrap_err(),
+                format!("--rate-limit-resource {bad}: expected <name>:<count>[:<device>]")
+            );
         }
     }
 
