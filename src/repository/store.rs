@@ -333,8 +333,18 @@ mod tests {
         for remote in ["gs://bucket/models", "as://account/container/models"] {
             assert_eq!(open(Path::new(remote)).unwrap().location(), remote);
         }
-        assert!(open(Path::new("s3:///models")).is_err());
-        assert!(open(Path::new("as://account")).is_err());
+        assert_eq!(
+            open(Path::new("s3:///models")).err(),
+            Some("repository URL 's3:///models' names no bucket".into())
+        );
+        assert_eq!(
+            open(Path::new("as://account")).err(),
+            Some(
+                "repository URL 'as://account' must name an account and a container \
+                 (as://<account>/<container>/<path>)"
+                    .into()
+            )
+        );
     }
 
     #[test]
