@@ -1,7 +1,7 @@
 """The README's examples that print values, run as written and compared with what the README says
 they print (the `# ...` comments under them): streamed generation with curl, the generate
-extension on string_echo, the OpenAI client (completion and embeddings), MLServer's codecs and
-grpcurl's ModelInfer. Each points at a kiln serving the bundled repository instead of localhost.
+extension on string_echo, the OpenAI client (completion and embeddings), MLServer's codecs,
+grpcurl's ModelInfer, tritonclient (gRPC) and the repository API with curl. Each points at a kiln serving the bundled repository instead of localhost.
 test_readme_curl.py does the same for "REST with curl" and tritonclient (HTTP).
 """
 
@@ -149,6 +149,42 @@ def test_grpcurl_examples_run_and_model_infer_answers_add_sub(bundled_server):
     assert [o["name"] for o in answer["outputs"]] == ["OUTPUT0", "OUTPUT1"]
     values = [np.frombuffer(base64.b64decode(raw), "<f4").tolist() for raw in answer["rawOutputContents"]]
     assert values == [[float(i + 1) for i in range(16)], [float(i - 1) for i in range(16)]]
+
+
+def test_tritonclient_grpc_example_prints_a_plus_b_and_a_minus_b(bundled_server):
+    (code,) = blocks("tritonclient (gRPC)", "python")
+    assert "# a + b" in code and "# a - b" in code
+    code = code.replace("localhost:8001", bundled_server.grpc_url)
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=RPC_TIMEOUT)
+    assert proc.returncode == 0, proc.stderr
+    a = np.arange(16, dtype=np.float32).reshape(1, 16)
+    with np.printoptions():
+        assert proc.stdout == f"{a + 1}\n{a - 1}\n"
+
+
+@pytest.fixture(scope="module")
+def explicit_server():
+    server = start_server([BUNDLED_REPO], name="kiln-readme-explicit",
+                          extra_args=["--model-control-mode", "explicit", "--load-model", "add_sub"])
+    yield server
+    stop_server(server)
+
+
+def test_managing_models_curl_examples(explicit_server):
+    block = untagged("Managing models", "/v2/repository/index")
+    index, load, unload = commands(block)
+    said = shown(block)[0]
+    # The index: the rows the README shows, then the rest it elides ("...").
+    rows = json.loads(run_bash(index, explicit_server.http_url))
+    shown_rows = json.loads(said.replace(",...]", "]"))
+    assert said.endswith(",...]") and rows[:len(shown_rows)] == shown_rows
+    # "# 200, empty body": curl -s prints nothing; the model then serves.
+    assert run_bash(load.split("#")[0], explicit_server.http_url) == ""
+    rows = json.loads(run_bash(index, explicit_server.http_url))
+    assert {"name": "mlp_classifier", "version": "1", "state": "READY", "reason": ""} in rows
+    assert run_bash(unload, explicit_server.http_url) == ""
+    rows = json.loads(run_bash(index, explicit_server.http_url))
+    assert all(r.get("state") != "READY" for r in rows if r["name"] == "mlp_classifier"), rows
 
 
 def test_every_command_here_is_found(bundled_server):
