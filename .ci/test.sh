@@ -2,8 +2,8 @@
 # Sets up everything the tests need (ONNX Runtime library, Python clients) and runs every test:
 # Rust unit + integration tests, then the Python conformance suite against the same debug binary.
 # Also compiles the `cuda` feature (GPU instances) and runs its unit tests that need no GPU,
-# compiles the fuzz targets, and builds the container image from a release binary for
-# conformance/test_image.py.
+# compiles the fuzz targets and replays their committed seeds, and builds the container image
+# from a release binary for conformance/test_image.py.
 set -euo pipefail
 ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 cd "$ROOT"
@@ -20,6 +20,13 @@ cargo test --locked --lib --features cuda backend::cuda
 # The fuzz targets (fuzz/, a workspace of its own, run by fuzz/run.sh) must keep compiling against
 # the library: built as plain binaries (no sanitizer, nothing fuzzed), sharing this target folder.
 CARGO_TARGET_DIR="${CARGO_TARGET_DIR:-$ROOT/target}" cargo build --locked --manifest-path fuzz/Cargo.toml --bins
+# Every committed seed is replayed once through its target (libFuzzer's -runs=0: read the corpus,
+# run each input, fuzz nothing): a seed that panics fails CI, so the corpora stay regression tests.
+# A crashing input is written under target/, not into the checkout.
+for target in $(sed -n 's/^name = "\(.*\)"$/\1/p' fuzz/Cargo.toml | grep -v '^kiln-fuzz$'); do
+    "${CARGO_TARGET_DIR:-$ROOT/target}/debug/$target" "fuzz/corpus/$target" -runs=0 \
+        -artifact_prefix="${CARGO_TARGET_DIR:-$ROOT/target}/fuzz-replay-$target-"
+done
 cargo test --locked
 # The container image (deploy/image/build.sh) with a release binary: conformance/test_image.py runs
 # it. Where podman could not be installed (no root), the image is not built and that test skips.

@@ -2,12 +2,15 @@
 kiln honours do what Triton's do (endpoints on and off, SO_REUSEPORT, --id, --exit-on-error,
 --model-config-name, --backend-config default-max-batch-size, the older trace flags, response
 compression), and the metrics flags give Triton's series (CPU gauges, latency summaries with the
-chosen quantiles, counters off). Every test starts a kiln of its own.
+chosen quantiles, counters off). Every flag of tritonserver's parser (tritonserver_flags.txt) is
+known to kiln, documented, and either honoured or logged as having no effect. Every test starts a
+kiln of its own.
 """
 
 from __future__ import annotations
 
 import json
+import re
 import shutil
 import socket
 import subprocess
@@ -245,3 +248,93 @@ def test_exit_on_error_stops_a_server_whose_models_fail_to_load(tmp_path):
         assert client.is_model_ready("add_sub") and not client.is_model_ready("broken")
     finally:
         stop_server(server)
+
+
+# --------------------------------------------------------------------------- every tritonserver flag
+
+TRITON_FLAGS = [line.strip() for line in (Path(__file__).parent / "tritonserver_flags.txt").read_text().splitlines()
+                if line.strip() and not line.startswith("#")]
+
+# The flags kiln accepts without effect, each with a value a Triton deployment might give it.
+NO_EFFECT = {
+    "enable-peer-access": "true",
+    "http-header-forward-pattern": "x-.*",
+    "http-thread-count": "8",
+    "grpc-header-forward-pattern": "x-.*",
+    "grpc-infer-thread-count": "2",
+    "grpc-infer-allocation-pool-size": "8",
+    "grpc-max-response-pool-size": "8",
+    "grpc-keepalive-permit-without-calls": "true",
+    "grpc-http2-max-pings-without-data": "2",
+    "grpc-http2-min-recv-ping-interval-without-data": "300000",
+    "grpc-http2-max-ping-strikes": "2",
+    "sagemaker-safe-port-range": "8000-8002",
+    "sagemaker-thread-count": "8",
+    "vertex-ai-thread-count": "8",
+    "cache-directory": "/opt/tritonserver/caches",
+    "pinned-memory-pool-byte-size": "268435456",
+    "cuda-memory-pool-byte-size": "0:67108864",
+    "cuda-virtual-address-size": "0:1073741824",
+    "min-supported-compute-capability": "6.0",
+    "buffer-manager-thread-count": "0",
+    "host-policy": "gpu0,numa-node=0",
+    "model-load-gpu-limit": "0:0.8",
+    "repoagent-directory": "/opt/tritonserver/repoagents",
+}
+
+
+def readme_command_line() -> tuple[str, str]:
+    """README's Command line section, and its paragraph on the flags without effect."""
+    text = (Path(__file__).parent.parent / "README.md").read_text()
+    section = text.split("\n## Command line\n", 1)[1].split("\n### ", 1)[0]
+    return section, section.split("Flags of `tritonserver` about parts", 1)[1]
+
+
+def mentions(text: str, flag: str) -> bool:
+    return re.search(rf"--{re.escape(flag)}(?![\w-])", text) is not None
+
+
+def test_the_flag_list_is_tritons_and_every_flag_is_documented():
+    assert len(TRITON_FLAGS) == len(set(TRITON_FLAGS)) == 90
+    # The issue's named flags are there.
+    assert {"response-cache-byte-size", "grpc-max-message-bytes", "log-info", "log-warning",
+            "log-error"} <= set(TRITON_FLAGS)
+    section, no_effect = readme_command_line()
+    assert [f for f in TRITON_FLAGS if not mentions(section, f)] == [], "not in the README's Command line"
+    assert set(NO_EFFECT) <= set(TRITON_FLAGS)
+    assert [f for f in NO_EFFECT if not mentions(no_effect, f)] == [], "not among the README's flags without effect"
+
+
+def test_kiln_knows_every_tritonserver_flag():
+    # clap lists every flag it accepts in --help (the alias `model-store` too: see below).
+    text = subprocess.run([str(kiln_bin()), "--help"], capture_output=True, text=True, timeout=60).stdout
+    known = set(re.findall(r"^\s+(?:-\w, )?--([a-z0-9-]+)", text, re.M))
+    assert [f for f in TRITON_FLAGS if f not in known and f != "model-store"] == []
+
+
+def test_flags_without_effect_are_accepted_and_logged(tmp_path):
+    repo = add_sub_repo(tmp_path)
+    other = tmp_path / "other"
+    other.mkdir()
+    # Namespacing off is kiln's only way, so `false` is honoured silently.
+    args = [f"--{flag}={value}" for flag, value in NO_EFFECT.items()] + [f"--model-store={other}",
+                                                                          "--model-namespacing=false"]
+    server = start_server([repo], name="no-effect-flags", extra_args=args)
+    try:
+        client = grpcclient.InferenceServerClient(server.grpc_url)
+        inputs, a = add_sub_inputs(grpcclient)
+        np.testing.assert_array_equal(client.infer("add_sub", inputs, client_timeout=T).as_numpy("OUTPUT0"), a + 1)
+        log = server.log_text()
+    finally:
+        stop_server(server)
+    assert [flag for flag in NO_EFFECT if f"--{flag} has no effect: " not in log] == []
+    assert "model-namespacing" not in log and "model-store" not in log
+
+
+def test_model_namespacing_is_refused(tmp_path):
+    # It would change which model a name reaches: refused at start-up, not ignored.
+    run = subprocess.run([str(kiln_bin()), "--model-repository", str(add_sub_repo(tmp_path)),
+                          "--model-namespacing=true", "--grpc-port=0", "--http-port=0", "--metrics-port=0"],
+                         capture_output=True, text=True, timeout=60)
+    assert run.returncode == 1
+    assert "--model-namespacing=true is not supported: model names must be unique across repositories" in run.stderr

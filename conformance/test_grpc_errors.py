@@ -58,9 +58,11 @@ def test_unknown_model_via_tritonclient(client):
 
 
 def test_empty_model_name(stub):
+    # An empty name is an unknown model like any other (Triton core's model lookup).
     req = add_sub_req()
     req.model_name = ""
-    assert_rpc_error(infer_err(stub, req), NOT_FOUND)
+    err = infer_err(stub, req)
+    assert (err.code(), err.details()) == (NOT_FOUND, "Request for unknown model: '' is not found")
 
 
 @pytest.mark.parametrize("model,version", [("add_sub", "7"), ("versioned", "2"), ("latest_two", "1"),
@@ -83,9 +85,15 @@ def test_bad_version_string(stub, version):
     assert_rpc_error(err, INV, f"'{version}'")
 
 
+@pytest.mark.xfail(strict=True, reason="kiln answers std::stol's failure text for a negative version "
+                   "(src/engine/lookup.rs parse_version); Triton's GetModelVersionFromString parses '-1' "
+                   "and refuses it with its own text")
 def test_negative_version(stub):
-    # Triton: "invalid model version specified '-1' , version should be an integral value > 0"
-    assert_rpc_error(infer_err(stub, add_sub_req(version="-1")), INV, "'-1'")
+    # Triton (server src/common.cc, GetModelVersionFromString): std::stol("-1") succeeds, then
+    # `*version < 0` gives this text, with its space before the comma.
+    err = infer_err(stub, add_sub_req(version="-1"))
+    assert (err.code(), err.details()) == (
+        INV, "invalid model version specified '-1' , version should be an integral value > 0")
 
 
 def test_broken_model_no_version(stub):
@@ -100,10 +108,12 @@ def test_broken_model_version_not_ready(stub):
 
 
 def test_name_mismatch_model_not_served(stub):
+    # Its config names another model, so it fails to load and serves no version: answered as
+    # `broken` is (test_broken_model_no_version).
     req = infer_request("name_mismatch", [("INPUT0", "FP32", [1], f32([1.0]))])
     err = infer_err(stub, req)
-    assert err.code() in (NOT_FOUND, grpc.StatusCode.UNAVAILABLE), (err.code(), err.details())
-    assert "name_mismatch" in err.details()
+    assert (err.code(), err.details()) == (
+        NOT_FOUND, "Request for unknown model: 'name_mismatch' has no available versions")
 
 
 # --------------------------------------------------------------------------- tensor validation
@@ -258,28 +268,56 @@ def test_typed_bytes_count_mismatch(stub):
 
 # --------------------------------------------------------------------------- hostile shapes
 
+INT64_MAX = 2**63 - 1
+ID = "[request id: <id_unknown>] "
+NOTE = ("NOTE: Setting a non-zero max_batch_size in the model config requires a batch dimension to be "
+        "prepended to each input shape. If you want to specify the full shape including the batch dim in "
+        "your input dims config, try setting max_batch_size to zero. See the model configuration docs for "
+        "more info on max_batch_size.")
+# Each shape with the whole answer. The texts are Triton core's (InferenceRequest::Normalize: batch
+# sizes, batch-size limit, unexpected shape; server PR #8182: element count and byte size overflow;
+# ValidateBytesInputs: string elements; test_triton_validation.py has their sources), except
+# "invalid shape ... is negative", which is kiln's own: Triton's answer to a negative dimension is
+# not recorded here.
 HOSTILE = [
-    ("add_sub", [("INPUT0", "FP32", [2**40, 2**40], ONES), ("INPUT1", "FP32", [1, 16], ONES)]),
-    ("add_sub", [("INPUT0", "FP32", [-5, 16], ONES), ("INPUT1", "FP32", [-5, 16], ONES)]),
-    ("add_sub", [("INPUT0", "FP32", [1, -16], ONES), ("INPUT1", "FP32", [1, 16], ONES)]),
-    ("int_div", [("A", "INT32", [2**62], b"\0" * 4), ("B", "INT32", [2**62], b"\0" * 4)]),
-    ("int_div", [("A", "INT32", [2**63 - 1], b"\0" * 4), ("B", "INT32", [1], b"\0" * 4)]),
-    ("int_div", [("A", "INT32", [-1], b""), ("B", "INT32", [-1], b"")]),
-    ("int_div", [("A", "INT32", [-(2**63)], b""), ("B", "INT32", [1], b"\0" * 4)]),
-    ("nobatch_dynamic", [("X", "FP32", [3, 2**62], f32(np.ones(3)))]),
-    ("nobatch_dynamic", [("X", "FP32", [3, 2**61 + 1], f32(np.ones(3)))]),
-    ("string_echo", [("input-1", "BYTES", [1, 2**40], struct.pack("<I", 1) + b"a")]),
-    ("string_echo", [("input-1", "BYTES", [64, 2**57], struct.pack("<I", 1) + b"a")]),
-    ("reshaped", [("X", "FP32", [4, 2**31, 2**31], f32(np.ones(4)))]),
+    ("add_sub", [("INPUT0", "FP32", [2**40, 2**40], ONES), ("INPUT1", "FP32", [1, 16], ONES)],
+     "input 'INPUT0' batch size does not match other inputs for 'add_sub'"),
+    ("add_sub", [("INPUT0", "FP32", [-5, 16], ONES), ("INPUT1", "FP32", [-5, 16], ONES)],
+     "inference request batch-size must be <= 8 for 'add_sub'"),
+    ("add_sub", [("INPUT0", "FP32", [1, -16], ONES), ("INPUT1", "FP32", [1, 16], ONES)],
+     f"unexpected shape for input 'INPUT0' for model 'add_sub'. Expected [-1,16], got [1,-16]. {NOTE}"),
+    ("int_div", [("A", "INT32", [2**62], b"\0" * 4), ("B", "INT32", [2**62], b"\0" * 4)],
+     f"byte size overflow for input 'B' for model 'int_div' with shape [{2**62}]: byte size exceeds "
+     f"maximum size of {INT64_MAX}"),
+    ("int_div", [("A", "INT32", [2**63 - 1], b"\0" * 4), ("B", "INT32", [1], b"\0" * 4)],
+     f"byte size overflow for input 'A' for model 'int_div' with shape [{INT64_MAX}]: byte size exceeds "
+     f"maximum size of {INT64_MAX}"),
+    ("int_div", [("A", "INT32", [-1], b""), ("B", "INT32", [-1], b"")],
+     "invalid shape [-1] for input 'B' for model 'int_div': shape dimension -1 is negative"),
+    ("int_div", [("A", "INT32", [-(2**63)], b""), ("B", "INT32", [1], b"\0" * 4)],
+     f"invalid shape [{-(2**63)}] for input 'A' for model 'int_div': shape dimension {-(2**63)} is negative"),
+    ("nobatch_dynamic", [("X", "FP32", [3, 2**62], f32(np.ones(3)))],
+     f"input 'X' for model 'nobatch_dynamic' with shape [3,{2**62}] causes total element count to exceed "
+     f"maximum size of {INT64_MAX}"),
+    ("nobatch_dynamic", [("X", "FP32", [3, 2**61 + 1], f32(np.ones(3)))],
+     f"byte size overflow for input 'X' for model 'nobatch_dynamic' with shape [3,{2**61 + 1}]: byte size "
+     f"exceeds maximum size of {INT64_MAX}"),
+    ("string_echo", [("input-1", "BYTES", [1, 2**40], struct.pack("<I", 1) + b"a")],
+     f"expected {2**40} string elements for inference input 'input-1' for model 'string_echo', got 1"),
+    ("string_echo", [("input-1", "BYTES", [64, 2**57], struct.pack("<I", 1) + b"a")],
+     f"input 'input-1' for model 'string_echo' with shape [64,{2**57}] causes total element count to "
+     f"exceed maximum size of {INT64_MAX}"),
+    ("reshaped", [("X", "FP32", [4, 2**31, 2**31], f32(np.ones(4)))],
+     f"unexpected shape for input 'X' for model 'reshaped'. Expected [-1,2,2], got [4,{2**31},{2**31}]. {NOTE}"),
 ]
 
 
-@pytest.mark.parametrize("model,inputs", HOSTILE, ids=[f"{m}-{i}" for i, (m, _) in enumerate(HOSTILE)])
-def test_hostile_shape_rejected_fast(stub, model, inputs):
+@pytest.mark.parametrize("model,inputs,message", HOSTILE, ids=[f"{m}-{i}" for i, (m, _, _) in enumerate(HOSTILE)])
+def test_hostile_shape_rejected_fast(stub, model, inputs, message):
     t0 = time.monotonic()
     err = infer_err(stub, infer_request(model, inputs))
     elapsed = time.monotonic() - t0
-    assert_rpc_error(err, INV)
+    assert (err.code(), err.details()) == (INV, ID + message)
     assert elapsed < 5.0, f"rejecting a bogus shape took {elapsed:.1f}s (allocation?)"
 
 
@@ -343,7 +381,11 @@ def test_unknown_method(server, path):
 
 
 def test_garbage_protobuf_body(server):
+    # gRPC C++ (Triton's server) answers a body that does not parse with INTERNAL
+    # (GenericDeserialize: Status(INTERNAL, msg->InitializationErrorString()), empty for proto3
+    # messages); kiln's status is the same, its message is tonic's decoder's.
     call = server.channel().unary_unary("/inference.GRPCInferenceService/ModelInfer",
                                         request_serializer=lambda b: b, response_deserializer=lambda b: b)
     err = grpc_error(call, b"\xff\xff\xff\xff\x0f\x0a")
-    assert err.code() in (grpc.StatusCode.INTERNAL, INV), (err.code(), err.details())
+    assert (err.code(), err.details()) == (
+        grpc.StatusCode.INTERNAL, "failed to decode Protobuf message: invalid wire type value: 7")

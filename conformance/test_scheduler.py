@@ -4,6 +4,7 @@ streaming with many requests in flight, ModelStatistics, deadlines and the Prome
 from __future__ import annotations
 
 import queue
+import shutil
 import threading
 import time
 import urllib.request
@@ -18,12 +19,38 @@ from conftest import BUNDLED_REPO, FIXTURE_REPO, start_server, stop_server
 T = 30  # client timeout, seconds
 
 
+# mlp_classifier version 2 behind a batcher that batches deterministically: a batch goes when it
+# holds 16 rows (the preferred size) and waits up to 10 s for them, with one instance.
+BATCHED_CONFIG = """name: "mlp_batched"
+platform: "onnxruntime_onnx"
+max_batch_size: 32
+input [ { name: "INPUT0" data_type: TYPE_FP32 dims: [ 64 ] } ]
+output [ { name: "OUTPUT0" data_type: TYPE_FP32 dims: [ 10 ] } ]
+dynamic_batching { preferred_batch_size: [ 16 ] max_queue_delay_microseconds: 10000000 }
+instance_group [ { count: 1 kind: KIND_CPU } ]
+"""
+
+
 @pytest.fixture(scope="module")
-def fresh():
+def fresh(tmp_path_factory):
     """A server of its own, so that statistics start from zero."""
-    s = start_server([BUNDLED_REPO, FIXTURE_REPO], name="kiln-scheduler")
+    repo = tmp_path_factory.mktemp("scheduler") / "repo"
+    (repo / "mlp_batched" / "1").mkdir(parents=True)
+    shutil.copy(BUNDLED_REPO / "mlp_classifier" / "2" / "model.onnx", repo / "mlp_batched" / "1")
+    (repo / "mlp_batched" / "config.pbtxt").write_text(BATCHED_CONFIG)
+    s = start_server([BUNDLED_REPO, FIXTURE_REPO, repo], name="kiln-scheduler")
     yield s
     stop_server(s)
+
+
+def _stats(url: str, model: str, version: str = "") -> dict:
+    return grpcclient.InferenceServerClient(url).get_inference_statistics(
+        model, version, as_json=True, client_timeout=T)["model_stats"][0]
+
+
+def _batches(stats: dict) -> dict[int, int]:
+    """{batch size: executions} from a model's statistics."""
+    return {int(b["batch_size"]): int(b["compute_infer"]["count"]) for b in stats.get("batch_stats", [])}
 
 
 def _mlp_input(x):
@@ -41,39 +68,40 @@ def _mlp_reference(version, x):
 
 
 def test_concurrent_clients_are_batched_with_correct_results(fresh):
+    # Eight clients send six requests each, one after another, of 1 to 3 rows: each round of eight
+    # holds exactly 16 rows (the preferred size) and none can start the next round before its
+    # answer, so Triton's batcher runs six batches of 16, each split back to its eight callers.
+    rows = [1, 2, 3, 1, 2, 3, 1, 3]
+    assert sum(rows) == 16
     rng = np.random.default_rng(7)
-    inputs = [rng.standard_normal((1 + i % 3, 64)).astype(np.float32) for i in range(48)]
-    results: dict[int, np.ndarray] = {}
+    inputs = {(k, r): rng.standard_normal((rows[k], 64)).astype(np.float32)
+              for k in range(8) for r in range(6)}
+    results: dict[tuple[int, int], np.ndarray] = {}
     errors: list[Exception] = []
 
-    def worker(indices):
+    def worker(k):
         client = grpcclient.InferenceServerClient(fresh.grpc_url)
-        for i in indices:
+        for r in range(6):
             try:
-                r = client.infer("mlp_classifier", [_mlp_input(inputs[i])], client_timeout=T)
-                results[i] = r.as_numpy("OUTPUT0")
+                answer = client.infer("mlp_batched", [_mlp_input(inputs[k, r])], client_timeout=T)
+                results[k, r] = answer.as_numpy("OUTPUT0")
             except Exception as e:  # noqa: BLE001
                 errors.append(e)
 
-    threads = [threading.Thread(target=worker, args=(range(k, 48, 8),)) for k in range(8)]
+    threads = [threading.Thread(target=worker, args=(k,)) for k in range(8)]
     for t in threads:
         t.start()
     for t in threads:
         t.join()
     assert not errors, errors
-    for i, x in enumerate(inputs):
-        np.testing.assert_allclose(results[i], _mlp_reference(2, x), rtol=1e-5, atol=1e-6)
+    for key, x in inputs.items():
+        np.testing.assert_allclose(results[key], _mlp_reference(2, x), rtol=1e-5, atol=1e-6)
 
-    stats = grpcclient.InferenceServerClient(fresh.grpc_url).get_inference_statistics(
-        "mlp_classifier", "2", as_json=True, client_timeout=T)["model_stats"][0]
-    rows = sum(x.shape[0] for x in inputs)
-    assert int(stats["inference_count"]) == rows
+    stats = _stats(fresh.grpc_url, "mlp_batched")
+    assert int(stats["inference_count"]) == 6 * 16
     assert int(stats["inference_stats"]["success"]["count"]) == 48
-    executions = int(stats["execution_count"])
-    assert executions <= 48
-    sizes = {int(b["batch_size"]): int(b["compute_infer"]["count"]) for b in stats["batch_stats"]}
-    assert sum(size * count for size, count in sizes.items()) == rows
-    assert sum(sizes.values()) == executions
+    assert int(stats["execution_count"]) == 6
+    assert _batches(stats) == {16: 6}
 
 
 def test_stream_with_many_requests_in_flight(fresh):
@@ -125,11 +153,22 @@ def test_client_deadline_expires_in_queue_without_running(fresh):
         # slow_batcher waits up to 2 s for a batch of 4; the client gives up after 0.2 s
         client.infer("slow_batcher", [x], client_timeout=0.2)
     assert e.value.status() == "StatusCode.DEADLINE_EXCEEDED"
-    time.sleep(0.3)
-    after = client.get_inference_statistics("slow_batcher", as_json=True, client_timeout=T)["model_stats"][0]
-    assert int(after.get("execution_count", 0)) == int(before.get("execution_count", 0)), "it never ran"
-    assert int(after["inference_stats"]["fail"].get("count", 0)) == \
-        int(before["inference_stats"].get("fail", {}).get("count", 0)) + 1
+    # The failure is counted once the server gives the request up: polled for, not slept for.
+    failed = int(before["inference_stats"].get("fail", {}).get("count", 0)) + 1
+    deadline = time.monotonic() + T
+    while int(_stats(fresh.grpc_url, "slow_batcher")["inference_stats"].get("fail", {}).get("count", 0)) < failed:
+        assert time.monotonic() < deadline, "the expired request was never counted as failed"
+        time.sleep(0.05)
+    after = _stats(fresh.grpc_url, "slow_batcher")
+    assert int(after["inference_stats"]["fail"]["count"]) == failed
+    assert int(after.get("execution_count", 0)) == int(before.get("execution_count", 0))
+    # The next request waits out the 2 s delay and runs alone: had the expired one stayed queued,
+    # they would have run as a batch of 2.
+    y = client.infer("slow_batcher", [x], client_timeout=T).as_numpy("Y")
+    assert y.tolist() == [[2.0]]
+    ran = _batches(_stats(fresh.grpc_url, "slow_batcher"))
+    earlier = _batches(before)
+    assert {size: n - earlier.get(size, 0) for size, n in ran.items() if n != earlier.get(size, 0)} == {1: 1}, ran
 
 
 def test_a_timeout_parameter_without_a_policy_timeout_is_ignored_as_in_triton(fresh):
@@ -140,7 +179,8 @@ def test_a_timeout_parameter_without_a_policy_timeout_is_ignored_as_in_triton(fr
     x = grpcclient.InferInput("X", [1, 1], "FP32")
     x.set_data_from_numpy(np.array([[1.0]], np.float32))
     result = client.infer("slow_batcher", [x], timeout=100_000, request_id="t1", client_timeout=T)
-    assert result.as_numpy("Y").shape == (1, 1)
+    assert result.get_response().id == "t1"
+    assert result.as_numpy("Y").tolist() == [[2.0]]  # Y = X + 1: it ran
 
 
 def test_prometheus_text_uses_triton_names(fresh):

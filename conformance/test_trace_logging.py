@@ -228,18 +228,26 @@ def test_log_settings_change_the_log(logged):
     assert all(ISO_LINE.match(line) for line in lines), lines
 
     # A failed shared-memory open is a verbose (debug) message: absent at level 0, present at 1.
+    # The quiet attempt comes first and the loud one is waited for: the log is written in order,
+    # so once the loud line is there a quiet line would be there too (no sleep decides it).
     def open_missing_region(name):
         with pytest.raises(InferenceServerException):
-            grpc_client.register_system_shared_memory(name, "/kiln-no-such-key", 8)
-        time.sleep(0.2)
-        return [line for line in log_file.read_text().splitlines() if "kiln-no-such-key" in line]
+            grpc_client.register_system_shared_memory(name, f"/kiln-no-such-key-{name}", 8)
 
-    assert open_missing_region("quiet") == []
+    def lines_with_key(name):
+        return [line for line in log_file.read_text().splitlines() if f"kiln-no-such-key-{name}" in line]
+
+    open_missing_region("quiet")
     answer = grpc_client.update_log_settings({"log_verbose_level": 1, "log_format": "default"}, as_json=True)
     assert answer["settings"]["log_verbose_level"] == {"uint32_param": 1}
     assert answer["settings"]["log_format"] == {"string_param": "default"}
-    verbose = open_missing_region("loud")
+    open_missing_region("loud")
+    deadline = time.monotonic() + 10
+    while not lines_with_key("loud") and time.monotonic() < deadline:
+        time.sleep(0.05)
+    verbose = lines_with_key("loud")
     assert len(verbose) == 1 and DEFAULT_LINE.match(verbose[0]), verbose
+    assert lines_with_key("quiet") == []
 
     # The severity switches: (un)loading logs at INFO, a failed reload warns.
     def lines_with(text):

@@ -159,6 +159,12 @@ pub struct TritonOnlyFlags {
     /// No effect: kiln keeps no pool of request objects.
     #[arg(long, value_name = "N")]
     pub grpc_infer_allocation_pool_size: Option<u32>,
+    /// No effect (as --http-thread-count).
+    #[arg(long, value_name = "N")]
+    pub grpc_infer_thread_count: Option<u32>,
+    /// No effect: kiln keeps no pool of response objects.
+    #[arg(long, value_name = "N")]
+    pub grpc_max_response_pool_size: Option<u32>,
     /// No effect: kiln answers every keepalive ping and counts no ping strikes.
     #[arg(long, value_name = "BOOL", value_parser = super::bool_value)]
     pub grpc_keepalive_permit_without_calls: Option<bool>,
@@ -246,6 +252,11 @@ impl TritonOnlyFlags {
             threads,
         );
         note(
+            "grpc-infer-thread-count",
+            self.grpc_infer_thread_count.is_some(),
+            threads,
+        );
+        note(
             "sagemaker-thread-count",
             self.sagemaker_thread_count.is_some(),
             threads,
@@ -275,6 +286,11 @@ impl TritonOnlyFlags {
             "grpc-infer-allocation-pool-size",
             self.grpc_infer_allocation_pool_size.is_some(),
             "kiln keeps no pool of request objects",
+        );
+        note(
+            "grpc-max-response-pool-size",
+            self.grpc_max_response_pool_size.is_some(),
+            "kiln keeps no pool of response objects",
         );
         let pings = "kiln answers every keepalive ping and counts no ping strikes (as Triton with \
                      --grpc-http2-max-ping-strikes=0)";
@@ -435,8 +451,20 @@ mod tests {
     fn config_names_are_plain_file_names() {
         assert!(check_config_name("h100").is_ok());
         assert!(check_config_name("a.b-c_d").is_ok());
-        for bad in ["", "with space", "../x", "a/b", "..", "tab\t"] {
-            assert!(check_config_name(bad).is_err(), "{bad:?}");
+        for bad in ["", "with space", "tab\t"] {
+            assert_eq!(
+                check_config_name(bad).unwrap_err(),
+                format!("--model-config-name '{bad}' must be a non-empty name without spaces")
+            );
+        }
+        for bad in ["../x", "a/b", ".."] {
+            assert_eq!(
+                check_config_name(bad).unwrap_err(),
+                format!(
+                    "--model-config-name '{bad}' must be a file name under <model>/configs/, not a \
+                     path"
+                )
+            );
         }
     }
 

@@ -224,7 +224,14 @@ fn the_rate_limiter_is_off_unless_asked_for() {
         error.contains("--rate-limit-resource R: expected"),
         "{error}"
     );
-    assert!(launch(&["--model-repository=/m", "--rate-limit=fair"]).is_err());
+    let error = launch(&["--model-repository=/m", "--rate-limit=fair"]).unwrap_err();
+    assert!(
+        error.starts_with(
+            "error: invalid value 'fair' for '--rate-limit <RATE_LIMIT>'\n  \
+             [possible values: off, execution_count]"
+        ),
+        "{error}"
+    );
 }
 
 #[test]

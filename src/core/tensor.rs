@@ -376,6 +376,13 @@ mod tests {
         );
         assert_eq!(check_bytes_framing(&[], 0), Ok(()));
         // A huge declared length never allocates: it is only compared with what remains.
-        assert!(check_bytes_framing(&[255, 255, 255, 255], 1).is_err());
+        assert_eq!(
+            check_bytes_framing(&[255, 255, 255, 255], 1),
+            Err(FramingError::TruncatedElement {
+                index: 0,
+                len: u32::MAX as usize,
+                available: 0
+            })
+        );
     }
 }

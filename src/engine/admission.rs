@@ -115,7 +115,15 @@ mod tests {
         assert_eq!(engine.in_flight(), 2, "a refused request is not counted");
         drop(first);
         let _third = engine.admit().unwrap();
-        assert!(engine.admit().is_err());
+        let Err(refused) = engine.admit() else {
+            panic!("a third request was admitted beside two");
+        };
+        assert_eq!(
+            refused,
+            Error::ResourceExhausted(
+                "Exceeds maximum in-flight requests (2) for the server".into()
+            )
+        );
     }
 
     #[test]

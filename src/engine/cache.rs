@@ -332,13 +332,15 @@ mod tests {
             Ok(Some(CacheConfig { size: 1_048_576 }))
         );
         assert_eq!(flags(&["local,size=0"]), Ok(None));
-        for bad in [
-            &["redis,host=x"][..],
-            &["local,size=big"],
-            &["local"],
-            &["local,color=red"],
-        ] {
-            assert!(flags(bad).is_err(), "{bad:?}");
+        assert_eq!(
+            flags(&["redis,host=x"]).unwrap_err(),
+            "--cache-config redis,host=x: only the 'local' cache is supported"
+        );
+        for bad in ["local,size=big", "local", "local,color=red"] {
+            assert_eq!(
+                flags(&[bad]).unwrap_err(),
+                format!("--cache-config {bad}: expected local,size=<bytes>")
+            );
         }
     }
 }

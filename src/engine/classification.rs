@@ -298,7 +298,12 @@ mod tests {
         assert_eq!(result.shape, vec![0, 3]);
         assert!(result.data.is_empty());
         let empty_item = fp32(&[2, 0], &[]);
-        assert!(classify(&empty_item, 3, true, None).is_err());
+        assert_eq!(
+            classify(&empty_item, 3, true, None).unwrap_err(),
+            Error::InvalidArgument(
+                "requested class count 3 exceeds the 0 elements of output 'OUT'".into()
+            )
+        );
     }
 
     #[test]
@@ -398,7 +403,10 @@ mod tests {
             Err(Error::Internal(_))
         ));
         let negative = fp32(&[-1], &[]);
-        assert!(classify(&negative, 1, false, None).is_err());
+        assert_eq!(
+            classify(&negative, 1, false, None).unwrap_err(),
+            Error::Internal("output tensor shape does not match size of output for 'OUT'".into())
+        );
     }
 
     #[test]

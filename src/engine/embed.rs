@@ -425,7 +425,12 @@ mod tests {
         )
         .unwrap();
         assert_eq!((plan.output.as_str(), plan.dimensions), ("state", None));
-        assert!(pick(vec![spec("ids", DataType::Int64, &[4])]).is_err());
+        assert_eq!(
+            pick(vec![spec("ids", DataType::Int64, &[4])]).unwrap_err(),
+            Error::InvalidArgument(
+                "model 'm' has no floating-point output to take embeddings from".into()
+            )
+        );
     }
 
     #[test]
@@ -475,6 +480,9 @@ mod tests {
         ] {
             assert_eq!(floats(&tensor(datatype, data)).unwrap(), want);
         }
-        assert!(floats(&tensor(DataType::Int32, vec![0; 8])).is_err());
+        assert_eq!(
+            floats(&tensor(DataType::Int32, vec![0; 8])).unwrap_err(),
+            Error::Internal("output 'e' is INT32, not floating-point".into())
+        );
     }
 }

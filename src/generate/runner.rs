@@ -388,3 +388,197 @@ impl Runner {
         self.metrics.active(0);
     }
 }
+
+#[cfg(test)]
+mod tests {
+    //! The loop driven one step at a time from the test (no thread): what each step does is
+    //! seen in the batch's state, whatever the machine's timing.
+    use super::*;
+    use crate::backend::{Device, OnnxRuntime, SessionOptions};
+    use crate::generate::{Event, GenerateParams, Inbox, Ticket};
+    use std::path::Path;
+    use std::sync::atomic::AtomicUsize;
+    use std::sync::{Condvar, Mutex};
+    use tokio::sync::mpsc;
+
+    fn model_dir() -> std::path::PathBuf {
+        Path::new(env!("CARGO_MANIFEST_DIR")).join("model_repository/tiny_decoder")
+    }
+
+    fn codec() -> Arc<TextCodec> {
+        Arc::new(TextCodec::load(&model_dir().join("tokenizer.json"), None).unwrap())
+    }
+
+    fn runner(max_active: usize, stats: &Arc<ModelStats>) -> Runner {
+        let runtime = OnnxRuntime::get().expect("ONNX Runtime (.ci/setup.sh runtime)");
+        let options = SessionOptions {
+            intra_op_threads: 1,
+            device: Device::Cpu,
+            tuning: Default::default(),
+            pool_name: None,
+        };
+        let session =
+            DecoderSession::load(&runtime, &model_dir().join("1/model.onnx"), &options).unwrap();
+        let metrics = GenerationMetrics::new("runner_test", 1, &[]);
+        Runner::new(
+            session,
+            codec(),
+            max_active,
+            512,
+            Arc::clone(stats),
+            metrics,
+        )
+    }
+
+    fn shared() -> Arc<Shared> {
+        Arc::new(Shared {
+            inbox: Mutex::new(Inbox::default()),
+            wake: Condvar::new(),
+            in_flight: AtomicUsize::new(0),
+        })
+    }
+
+    /// Queues a greedy request that runs its `max_tokens` to the end, as `Generator::submit` does.
+    fn submit(
+        shared: &Arc<Shared>,
+        prompt: &str,
+        max_tokens: usize,
+    ) -> mpsc::UnboundedReceiver<Event> {
+        let (events, receiver) = mpsc::unbounded_channel();
+        shared
+            .in_flight
+            .fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+        shared.lock().arrivals.push(Sequence {
+            prompt: codec().encode(prompt).unwrap(),
+            params: GenerateParams {
+                max_tokens,
+                sampling: Default::default(),
+                stop: Vec::new(),
+                ignore_eos: true,
+            },
+            events,
+            arrived: Instant::now(),
+            _ticket: Ticket(Arc::clone(shared)),
+        });
+        receiver
+    }
+
+    /// What a receiver got so far: (text, tokens, finished).
+    fn received(receiver: &mut mpsc::UnboundedReceiver<Event>, got: &mut (String, usize, bool)) {
+        while let Ok(event) = receiver.try_recv() {
+            match event {
+                Event::Token { text, finish } => {
+                    got.0.push_str(&text);
+                    got.1 += 1;
+                    got.2 |= finish.is_some();
+                }
+                Event::Failed(message) => panic!("generation failed: {message}"),
+            }
+        }
+    }
+
+    const PROMPTS: [(&str, usize); 5] = [
+        ("The potter", 3),
+        ("Wood kilns", 6),
+        ("Glaze", 2),
+        ("A kiln fires clay", 5),
+        ("Ash", 4),
+    ];
+
+    /// Steps until every request finished; returns each one's text and, per step, the rows
+    /// running after it and the requests still waiting.
+    fn drive(max_active: usize, stats: &Arc<ModelStats>) -> (Vec<String>, Vec<(usize, usize)>) {
+        let mut runner = runner(max_active, stats);
+        let shared = shared();
+        let mut receivers: Vec<_> = PROMPTS
+            .iter()
+            .map(|(p, n)| submit(&shared, p, *n))
+            .collect();
+        let mut got = vec![(String::new(), 0, false); PROMPTS.len()];
+        let mut steps = Vec::new();
+        while !got.iter().all(|g| g.2) {
+            assert!(
+                steps.len() < 100,
+                "the loop stopped making progress: {steps:?}"
+            );
+            runner.step(&shared);
+            steps.push((runner.state.rows().len(), runner.state.pending()));
+            for (receiver, got) in receivers.iter_mut().zip(&mut got) {
+                received(receiver, got);
+            }
+        }
+        for (got, (_, max_tokens)) in got.iter().zip(PROMPTS) {
+            assert_eq!(got.1, max_tokens, "one event per generated token");
+        }
+        (got.into_iter().map(|g| g.0).collect(), steps)
+    }
+
+    fn batch_sizes(stats: &ModelStats) -> Vec<u64> {
+        let snapshot = stats.snapshot();
+        snapshot.batch_stats.iter().map(|b| b.batch_size).collect()
+    }
+
+    #[test]
+    fn max_active_caps_the_batch_and_waiting_requests_join_as_rows_free() {
+        // One at a time: the reference texts, and batches of one only.
+        let alone = Arc::new(ModelStats::new("alone", 1));
+        let (texts, steps) = drive(1, &alone);
+        assert!(steps.iter().all(|(rows, _)| *rows <= 1), "{steps:?}");
+        assert_eq!(batch_sizes(&alone), [1]);
+
+        let capped = Arc::new(ModelStats::new("capped", 1));
+        let (batched, steps) = drive(2, &capped);
+        // Batched greedy decoding gives each request the text it gets alone.
+        assert_eq!(batched, texts);
+        // All five were waiting at the first step: two joined, three wait.
+        assert_eq!(steps[0], (2, 3), "{steps:?}");
+        assert!(steps.iter().all(|(rows, _)| *rows <= 2), "{steps:?}");
+        // Rows free after a step (its finished sequences left at its end) are taken by waiting
+        // requests at the next one, up to the cap: the batch that decodes is full while
+        // requests wait.
+        for pair in steps.windows(2) {
+            let ((rows, waiting), (_, still_waiting)) = (pair[0], pair[1]);
+            if waiting > 0 {
+                let joined = waiting - still_waiting;
+                assert_eq!(rows + joined, 2, "a row stayed free: {steps:?}");
+            }
+        }
+        assert_eq!(batch_sizes(&capped), [1, 2]);
+        // Five requests of 20 tokens in all: fewer steps together than alone.
+        assert!(steps.len() < 20, "{steps:?}");
+    }
+
+    #[test]
+    fn a_cancelled_request_leaves_its_row_to_a_waiting_one() {
+        let stats = Arc::new(ModelStats::new("cancel", 1));
+        let mut runner = runner(1, &stats);
+        let shared = shared();
+        let first = submit(&shared, "The potter", 50);
+        let mut second = submit(&shared, "Wood kilns", 2);
+        runner.step(&shared);
+        assert_eq!((runner.state.rows().len(), runner.state.pending()), (1, 1));
+        drop(first); // the client goes away
+        let mut got = (String::new(), 0, false);
+        for _ in 0..4 {
+            runner.step(&shared);
+            received(&mut second, &mut got);
+        }
+        assert_eq!(
+            (got.1, got.2),
+            (2, true),
+            "the waiting request ran once the row freed"
+        );
+        assert!(runner.state.is_idle());
+        let inference = stats.snapshot().inference_stats.unwrap();
+        assert_eq!(
+            inference.fail.map(|f| f.count),
+            Some(1),
+            "the cancelled one failed"
+        );
+        assert_eq!(inference.success.map(|s| s.count), Some(1));
+        assert_eq!(
+            shared.in_flight.load(std::sync::atomic::Ordering::SeqCst),
+            0
+        );
+    }
+}

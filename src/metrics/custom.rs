@@ -455,7 +455,10 @@ mod tests {
                 &change,
             )
         };
-        assert!(apply(Change::Observe(1.0)).is_err(), "no series yet");
+        assert_eq!(
+            apply(Change::Observe(1.0)).unwrap_err(),
+            "histogram 'test_histogram:seconds' has no such series"
+        );
         apply(Change::Create {
             buckets: vec![0.5, 2.0],
         })
@@ -463,15 +466,27 @@ mod tests {
         for v in [0.25, 0.5, 1.0, 9.0] {
             apply(Change::Observe(v)).unwrap();
         }
-        for refused in [
-            Change::Increment(1.0),
-            Change::Set(1.0),
-            Change::Observe(f64::INFINITY),
-            Change::Create {
-                buckets: vec![2.0, 1.0],
-            },
+        for (refused, why) in [
+            (
+                Change::Increment(1.0),
+                "histogram 'test_histogram:seconds' can only observe values",
+            ),
+            (
+                Change::Set(1.0),
+                "histogram 'test_histogram:seconds' can only observe values",
+            ),
+            (
+                Change::Observe(f64::INFINITY),
+                "metric 'test_histogram:seconds': inf is not a finite value",
+            ),
+            (
+                Change::Create {
+                    buckets: vec![2.0, 1.0],
+                },
+                "histogram 'test_histogram:seconds' needs at most 256 increasing, finite buckets",
+            ),
         ] {
-            assert!(apply(refused.clone()).is_err(), "{refused:?}");
+            assert_eq!(apply(refused.clone()).unwrap_err(), why, "{refused:?}");
         }
         let other = labels(&[("model", "n")]);
         assert!(super::apply(

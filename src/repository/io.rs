@@ -393,7 +393,13 @@ mod tests {
         let x = |shape: &[i64]| [info("x", DataType::Fp32, shape)];
         // A variable graph dimension takes anything; a fixed one must be stated as it is.
         assert!(IoSpec::new(&config("[16]"), &x(&[-1, 16]), &y).is_ok());
-        assert!(IoSpec::new(&config("[-1]"), &x(&[-1, 16]), &y).is_err());
+        assert_eq!(
+            IoSpec::new(&config("[-1]"), &x(&[-1, 16]), &y).unwrap_err(),
+            "model 'm', tensor 'x': the model expects 2 dimensions (shape [-1,16]) but the model \
+             configuration specifies 2 dimensions (an initial batch dimension because \
+             max_batch_size > 0 followed by the explicit tensor shape, making complete shape \
+             [-1,-1])"
+        );
         assert!(IoSpec::new(&config("[1099511627776]"), &x(&[-1, -1]), &y).is_ok());
         assert_eq!(
             IoSpec::new(&config("[1099511627776]"), &x(&[-1, 16]), &y).unwrap_err(),
@@ -403,8 +409,19 @@ mod tests {
              [-1,1099511627776])"
         );
         // A batching model needs a batch dimension in the graph.
-        assert!(IoSpec::new(&config("[1]"), &x(&[]), &y).is_err());
-        assert!(IoSpec::new(&config("[16, 16]"), &x(&[-1, 16]), &y).is_err());
+        assert_eq!(
+            IoSpec::new(&config("[1]"), &x(&[]), &y).unwrap_err(),
+            "model 'm', tensor 'x': for the model to support batching the shape should have at \
+             least 1 dimension and the first dimension must be -1; but shape expected by the \
+             model is []"
+        );
+        assert_eq!(
+            IoSpec::new(&config("[16, 16]"), &x(&[-1, 16]), &y).unwrap_err(),
+            "model 'm', tensor 'x': the model expects 2 dimensions (shape [-1,16]) but the model \
+             configuration specifies 3 dimensions (an initial batch dimension because \
+             max_batch_size > 0 followed by the explicit tensor shape, making complete shape \
+             [-1,16,16])"
+        );
     }
 
     #[test]

@@ -145,14 +145,22 @@ mod tests {
     fn element_counts_are_bounded_without_overflow() {
         assert!(check_dims("t", "dims", &[-1, 1 << 32]).is_ok());
         assert!(check_dims("t", "dims", &[1 << 16, 1 << 16]).is_ok());
-        assert!(check_dims("t", "dims", &[1 << 16, (1 << 16) + 1]).is_err());
+        assert_eq!(
+            check_dims("t", "dims", &[1 << 16, (1 << 16) + 1]).unwrap_err(),
+            "t: dims [65536, 65537] describe more than the 4294967296 elements kiln allows per \
+             tensor"
+        );
         assert_eq!(
             check_dims("t", "dims", &[1 << 40, 1 << 40]).unwrap_err(),
             "t: dims [1099511627776, 1099511627776] describe more than the 4294967296 elements \
              kiln allows per tensor"
         );
         // The product would overflow 64 bits: refused, not wrapped.
-        assert!(check_dims("t", "dims", &[i64::MAX, i64::MAX, 4]).is_err());
+        assert_eq!(
+            check_dims("t", "dims", &[i64::MAX, i64::MAX, 4]).unwrap_err(),
+            "t: dims [9223372036854775807, 9223372036854775807, 4] describe more than the \
+             4294967296 elements kiln allows per tensor"
+        );
     }
 
     #[test]
@@ -164,7 +172,14 @@ mod tests {
             "model 'm' would start 10000 ONNX Runtime sessions (5000 versions × 2 instances), \
              more than the 256 kiln allows per model"
         );
-        assert!(check_sessions("m", usize::MAX, 2).is_err());
+        assert_eq!(
+            check_sessions("m", usize::MAX, 2).unwrap_err(),
+            format!(
+                "model 'm' would start {max} ONNX Runtime sessions ({max} versions × 2 \
+                 instances), more than the 256 kiln allows per model",
+                max = usize::MAX
+            )
+        );
     }
 
     #[test]

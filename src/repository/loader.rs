@@ -845,7 +845,14 @@ mod tests {
     fn model_files_stay_inside_the_model_directory() {
         let dir = std::env::temp_dir();
         assert!(model_path(&dir, 1, "model.onnx").is_ok());
-        assert!(model_path(&dir, 1, "../../etc/passwd").is_err());
-        assert!(model_path(&dir, 1, "/etc/passwd").is_err());
+        for bad in ["../../etc/passwd", "/etc/passwd"] {
+            assert_eq!(
+                model_path(&dir, 1, bad).unwrap_err(),
+                format!(
+                    "default_model_filename '{bad}' must be a relative path inside the version \
+                     directory"
+                )
+            );
+        }
     }
 }

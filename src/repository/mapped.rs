@@ -98,7 +98,10 @@ mod tests {
         assert!(!store.contains("ensemble") && !store.contains("other"));
         assert_eq!(store.fetch("model.tar.gz").unwrap(), root.join("ensemble"));
         assert_eq!(store.fetch("step").unwrap(), root.join("step"));
-        assert!(store.fetch("ensemble").is_err());
+        assert_eq!(
+            store.fetch("ensemble").unwrap_err(),
+            format!("model 'ensemble' not found in {}", root.display())
+        );
         assert_eq!(
             store.fingerprint("model.tar.gz").unwrap(),
             LocalStore::new(root.clone())

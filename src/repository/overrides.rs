@@ -277,7 +277,13 @@ mod tests {
                 bytes::Bytes::from_static(b"onnx"),
             ),
         ];
-        assert!(OverrideDir::write("m", &clash).is_err());
+        assert_eq!(
+            OverrideDir::write("m", &clash).unwrap_err(),
+            Error::InvalidArgument(
+                "Invalid file parameter 'file:1/model.onnx', directory has been created as a file"
+                    .into()
+            )
+        );
         let twice = vec![
             ("1/model.onnx".to_string(), bytes::Bytes::from_static(b"a")),
             (
@@ -319,8 +325,19 @@ mod tests {
         assert_eq!(config.max_batch_size, 4);
         assert_eq!(config.input[0].dims, vec![2, -1]);
         assert_eq!(config.instance_group[0].count, 1);
-        assert!(config_from_json(r#"{"nonsense": 1}"#).is_err());
-        assert!(config_from_json("{").is_err());
-        assert!(config_from_json("{} trailing").is_err());
+        for (bad, why) in [
+            (
+                r#"{"nonsense": 1}"#,
+                "unrecognized field name 'nonsense' at line 1 column 11",
+            ),
+            ("{", "EOF while parsing an object at line 1 column 1"),
+            ("{} trailing", "trailing characters at line 1 column 4"),
+        ] {
+            assert_eq!(
+                config_from_json(bad).unwrap_err(),
+                ConfigError::Parse(why.into()),
+                "{bad}"
+            );
+        }
     }
 }

@@ -458,7 +458,11 @@ mod tests {
         // KIND_AUTO naming GPUs asks for them just as firmly.
         let mut auto = parse_config("instance_group [ { gpus: [ 0 ] } ]").unwrap();
         auto.name = "m".into();
-        assert!(place(&mut auto, &no_gpu, false).is_err());
+        assert_eq!(
+            place(&mut auto, &no_gpu, false).unwrap_err(),
+            "KIND_GPU requested by instance group 'm_0' of model 'm', but libcuda.so.1 not found \
+             (no NVIDIA driver)"
+        );
     }
 
     #[test]

@@ -299,10 +299,28 @@ mod tests {
 
     #[test]
     fn names_that_could_leave_the_repository_are_refused() {
-        for bad in [
-            "", "  ", "\t\n", "..", "../x", "a/b", "a\\b", ".", "a\0b", "/",
+        for (bad, why) in [
+            ("", "model name must not be empty"),
+            (
+                "  ",
+                "model name must not contain only whitespace characters",
+            ),
+            (
+                "\t\n",
+                "model name must not contain only whitespace characters",
+            ),
         ] {
-            assert!(validate_name(bad).is_err(), "{bad:?}");
+            assert_eq!(validate_name(bad).unwrap_err(), why, "{bad:?}");
+        }
+        for bad in ["..", "../x", "a/b", "a\\b", ".", "a\0b", "/"] {
+            assert_eq!(
+                validate_name(bad).unwrap_err(),
+                format!(
+                    "invalid model name '{bad}', model name must not contain path traversal \
+                     characters"
+                ),
+                "{bad:?}"
+            );
         }
         // Names that cannot leave the repository are Triton's to accept.
         for good in [
@@ -333,8 +351,18 @@ mod tests {
         for remote in ["gs://bucket/models", "as://account/container/models"] {
             assert_eq!(open(Path::new(remote)).unwrap().location(), remote);
         }
-        assert!(open(Path::new("s3:///models")).is_err());
-        assert!(open(Path::new("as://account")).is_err());
+        assert_eq!(
+            open(Path::new("s3:///models")).err(),
+            Some("repository URL 's3:///models' names no bucket".into())
+        );
+        assert_eq!(
+            open(Path::new("as://account")).err(),
+            Some(
+                "repository URL 'as://account' must name an account and a container \
+                 (as://<account>/<container>/<path>)"
+                    .into()
+            )
+        );
     }
 
     #[test]
@@ -344,10 +372,16 @@ mod tests {
         assert!(contained(&dir, "labels.txt").is_ok());
         assert!(contained(&dir, "1/model.onnx").is_ok());
         for bad in ["", "/etc/passwd", "../x", "1/../../x"] {
-            assert!(contained(&dir, bad).is_err(), "{bad}");
+            assert_eq!(
+                contained(&dir, bad).unwrap_err(),
+                format!("path '{bad}' must be relative and stay within the model directory")
+            );
         }
         std::os::unix::fs::symlink("/etc", dir.join("escape")).unwrap();
-        assert!(contained(&dir, "escape/hostname").is_err());
+        assert_eq!(
+            contained(&dir, "escape/hostname").unwrap_err(),
+            "path 'escape/hostname' resolves to /etc/hostname outside the model directory"
+        );
         let _ = std::fs::remove_dir_all(&dir);
     }
 

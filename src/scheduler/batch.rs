@@ -263,7 +263,10 @@ mod tests {
             .unwrap_err()
             .contains("first dimension 2"));
         let scalar = f32s("y", &[], &[1.0]);
-        assert!(split(vec![scalar], &[1, 1]).is_err());
+        assert_eq!(
+            split(vec![scalar], &[1, 1]).unwrap_err(),
+            "output 'y' has first dimension -1, but the batch holds 2 rows"
+        );
         let truncated = Tensor::new("s", DataType::Bytes, vec![2], frame_bytes([b"a"]));
         assert!(split(vec![truncated], &[1, 1])
             .unwrap_err()

@@ -305,6 +305,21 @@ mod tests {
         ))
     }
 
+    /// Until `count` instances wait in the pool. A waiter is seen there only once it has released
+    /// the lock in `acquire`, that is after it found it may not run and went to sleep: its arrival
+    /// number is then fixed, whatever the threads' timing.
+    /// The deadline only bounds a failure (one that should wait ran instead).
+    fn wait_for_waiters(limiter: &RateLimiter, count: usize) {
+        let deadline = std::time::Instant::now() + Duration::from_secs(10);
+        while limiter.lock().waiting.len() < count {
+            assert!(
+                std::time::Instant::now() < deadline,
+                "fewer than {count} instances wait: one that should have waited ran"
+            );
+            std::thread::yield_now();
+        }
+    }
+
     #[test]
     fn copies_default_to_the_largest_need_and_flags_override_them() {
         // Triton's example: A [R1: 4, R2: 4], B [R2: 5, R3: 10, R4: 5], C [R1: 1, R3: 7, R4: 2].
@@ -347,7 +362,10 @@ mod tests {
     #[test]
     fn malformed_flags_are_refused() {
         for bad in ["R", ":1", "R:x", "R:1:-1", "R:1:0:0", "R:-2"] {
-            assert!(ResourceFlags::parse(&[bad.into()]).is_err(), "{bad}");
+            assert_eq!(
+                ResourceFlags::parse(&[bad.into()]).unwrap_err(),
+                format!("--rate-limit-resource {bad}: expected <name>:<count>[:<device>]")
+            );
         }
     }
 
@@ -368,10 +386,8 @@ mod tests {
                 sender.send(()).unwrap();
             })
         };
-        assert!(
-            received.recv_timeout(Duration::from_millis(100)).is_err(),
-            "B ran beside A"
-        );
+        wait_for_waiters(&limiter, 1);
+        assert!(received.try_recv().is_err(), "B ran beside A");
         drop(held);
         received
             .recv_timeout(Duration::from_secs(10))
@@ -405,9 +421,9 @@ mod tests {
             })
         };
         let slow_waiter = spawn(&slow, "slow");
-        std::thread::sleep(Duration::from_millis(50));
+        wait_for_waiters(&limiter, 1);
         let fast_waiter = spawn(&fast, "fast");
-        std::thread::sleep(Duration::from_millis(50));
+        wait_for_waiters(&limiter, 2);
         // fast: 2 executions × 1 = 2; slow: 1 × 2 = 2; equal weights go by arrival: slow first.
         drop(held);
         slow_waiter.join().unwrap();

@@ -52,7 +52,12 @@ fn levels_read_and_print_as_triton_names_them() {
         err.message(),
         "Expect only one trace level 'OFF' is specified"
     );
-    assert!(Level::parse(&["BOGUS"]).is_err());
+    assert_eq!(
+        Level::parse(&["BOGUS"]).unwrap_err(),
+        Error::InvalidArgument(
+            "unknown trace level 'BOGUS': expected OFF, TIMESTAMPS or TENSORS".into()
+        )
+    );
 }
 
 #[test]
@@ -123,14 +128,26 @@ fn flags_read_like_tritonservers() {
             mode: crate::trace::TraceMode::Triton,
         }
     );
-    for bad in [
-        &["level=TIMESTAMPS"][..],
-        &["rate=x"],
-        &["mode=zipkin"],
-        &["color=blue"],
-        &["rate"],
+    for (bad, why) in [
+        (
+            "level=TIMESTAMPS",
+            "--trace-config: tracing needs a file (triton,file=<path>)",
+        ),
+        (
+            "rate=x",
+            "--trace-config rate=x: Unable to parse 'rate', got: x",
+        ),
+        (
+            "mode=zipkin",
+            "--trace-config mode=zipkin: the trace modes are 'triton' and 'opentelemetry'",
+        ),
+        (
+            "color=blue",
+            "--trace-config color=blue: unknown setting 'color'",
+        ),
+        ("rate", "--trace-config rate: expected <setting>=<value>"),
     ] {
-        assert!(flags(bad).is_err(), "{bad:?}");
+        assert_eq!(flags(&[bad]).unwrap_err(), why, "{bad:?}");
     }
 }
 

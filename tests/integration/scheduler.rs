@@ -2,7 +2,8 @@
 //! correctly, queues fill, deadlines expire without running, streams answer in order, and
 //! statistics and metrics report what happened.
 
-use crate::common::{fp32_bytes, fp32_values, Server};
+use crate::common::lifecycle::eventually;
+use crate::common::{fp32_bytes, fp32_values, repo_path, Server, TempRepo};
 use bytes::Bytes;
 use kiln::proto::inference::{
     grpc_inference_service_client::GrpcInferenceServiceClient, infer_parameter::ParameterChoice,
@@ -76,43 +77,70 @@ async fn concurrent_requests_form_a_preferred_batch_and_split_back() {
     assert!(stats.last_inference > 0);
 }
 
+/// `slow_batcher` (Y = X + 1) whose requests all wait: a batch goes at 8 rows (its preferred
+/// size) or after 2 s, and at most 4 requests queue.
+fn queue_of_four() -> TempRepo {
+    let repo = TempRepo::new("queue-of-four");
+    let source = repo_path("tests/fixtures/model_repository/slow_batcher");
+    let config = std::fs::read_to_string(source.join("config.pbtxt")).unwrap();
+    let config = config.replace("preferred_batch_size: [ 4 ]", "preferred_batch_size: [ 8 ]");
+    assert!(config.contains("preferred_batch_size: [ 8 ]") && config.contains("max_queue_size: 4"));
+    repo.write("slow_batcher/config.pbtxt", config);
+    repo.write(
+        "slow_batcher/1/model.onnx",
+        std::fs::read(source.join("1/model.onnx")).unwrap(),
+    );
+    repo
+}
+
 #[tokio::test]
 async fn full_queue_rejects_and_waiting_requests_still_complete() {
-    let server = Server::start();
+    let repo = queue_of_four();
+    let server = repo.serve(&[], true);
     let client = server.client().await;
-    // Requests of 3 rows never make the preferred size (4) and two fill 6 of 8 rows, so four of
-    // them wait for the 2 s delay: the queue (max 4) is full.
+    // Four single-row requests never make the preferred size (8), and none would pass it, so
+    // all four wait for the 2 s delay (Triton's batcher): the queue (max 4) is full.
     let waiting: Vec<_> = (0..4)
         .map(|i| {
             let mut client = client.clone();
-            tokio::spawn(async move { client.model_infer(slow(i as f32 * 3.0, 3)).await })
+            tokio::spawn(async move { client.model_infer(slow(i as f32 * 3.0, 1)).await })
         })
         .collect();
     let mut client = client.clone();
     // Wait until the server reports all four queued, then one more must be refused.
     let queued = "nv_inference_pending_request_count{model=\"slow_batcher\",version=\"1\"} 4";
-    for _ in 0..500 {
-        if server.metrics_text().lines().any(|l| l == queued) {
-            break;
-        }
-        tokio::time::sleep(Duration::from_millis(10)).await;
-    }
-    let rejected = client.model_infer(slow(100.0, 3)).await.err();
+    eventually("four requests queued", || {
+        let queued = server.metrics_text().lines().any(|l| l == queued);
+        async move { queued }
+    })
+    .await;
+    let rejected = client.model_infer(slow(100.0, 1)).await.err();
     let rejected = rejected.expect("the fifth request is refused");
     assert_eq!(rejected.code(), Code::Unavailable);
-    assert!(
-        rejected.message().ends_with("Exceeds maximum queue size"),
-        "{}",
-        rejected.message()
+    assert_eq!(
+        rejected.message(),
+        "[request id: r100] Exceeds maximum queue size"
     );
     for (i, task) in waiting.into_iter().enumerate() {
         let response = task.await.unwrap().unwrap().into_inner();
         let first = i as f32 * 3.0;
         assert_eq!(
             fp32_values(&response.raw_output_contents[0]),
-            vec![first + 1.0, first + 2.0, first + 3.0]
+            vec![first + 1.0]
         );
     }
+    let batches: Vec<(u64, u64)> = stats(&mut client, "slow_batcher")
+        .await
+        .batch_stats
+        .iter()
+        .map(|b| {
+            (
+                b.batch_size,
+                b.compute_infer.as_ref().map_or(0, |d| d.count),
+            )
+        })
+        .collect();
+    assert_eq!(batches, [(4, 1)], "the four that waited ran as one batch");
     // Triton 2.51 counts a request its full queue refused nowhere (measured: its statistics and
     // nv_inference_request_failure stay at 0).
     let fail = stats(&mut client, "slow_batcher")
@@ -138,12 +166,19 @@ async fn expired_requests_never_run() {
         matches!(status.code(), Code::DeadlineExceeded | Code::Cancelled),
         "{status:?}"
     );
-    tokio::time::sleep(Duration::from_millis(50)).await;
-    let stats = stats(&mut client, "slow_batcher").await;
-    assert_eq!(stats.execution_count, 0, "nothing ran");
-    assert_eq!(stats.inference_stats.unwrap().fail.unwrap().count, 1);
+    // The failure is counted once the server has given the request up (polled, not slept for).
+    eventually("the expired request to count as failed", || {
+        let mut client = client.clone();
+        async move {
+            let stats = stats(&mut client, "slow_batcher").await;
+            stats.inference_stats.unwrap().fail.map_or(0, |f| f.count) == 1
+        }
+    })
+    .await;
+    assert_eq!(stats(&mut client, "slow_batcher").await.execution_count, 0);
     // The request's own timeout (µs) cannot give a queue policy without one a timeout (Triton's
     // rule: it only shortens the policy's): the request waits out its batch delay and runs.
+    // It runs alone: had the expired request stayed queued, it would have run beside it.
     let mut request = slow(1.0, 1);
     request.parameters.insert(
         "timeout".into(),
@@ -153,6 +188,23 @@ async fn expired_requests_never_run() {
     );
     let response = client.model_infer(request).await.unwrap().into_inner();
     assert_eq!(fp32_values(&response.raw_output_contents[0]), vec![2.0]);
+    let stats = stats(&mut client, "slow_batcher").await;
+    assert_eq!((stats.execution_count, stats.inference_count), (1, 1));
+    let batches: Vec<(u64, u64)> = stats
+        .batch_stats
+        .iter()
+        .map(|b| {
+            (
+                b.batch_size,
+                b.compute_infer.as_ref().map_or(0, |d| d.count),
+            )
+        })
+        .collect();
+    assert_eq!(
+        batches,
+        [(1, 1)],
+        "one batch of one row: the expired request never ran"
+    );
 }
 
 #[tokio::test]

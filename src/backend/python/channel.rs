@@ -158,19 +158,41 @@ mod tests {
         let fp32 = json!({"name": "y", "datatype": "FP32", "shape": [2]});
         let tensor = tensor(&fp32, Bytes::from(vec![0u8; 8])).unwrap();
         assert_eq!((tensor.datatype, tensor.shape), (DataType::Fp32, vec![2]));
-        assert!(super::tensor(&fp32, Bytes::from(vec![0u8; 7])).is_err());
+        assert_eq!(
+            super::tensor(&fp32, Bytes::from(vec![0u8; 7])).unwrap_err(),
+            "tensor 'y' of shape [2] holds 7 bytes, not 8"
+        );
         let text = json!({"name": "s", "datatype": "BYTES", "shape": [1, 2]});
         let framed = crate::core::tensor::frame_bytes(["a", "bc"]);
         assert!(super::tensor(&text, framed.clone()).is_ok());
-        assert!(super::tensor(&text, framed.slice(..framed.len() - 1)).is_err());
-        for bad in [
-            json!({"datatype": "FP32", "shape": [1]}),
-            json!({"name": "y", "datatype": "COMPLEX", "shape": [1]}),
-            json!({"name": "y", "datatype": "FP32"}),
-            json!({"name": "y", "datatype": "FP32", "shape": [-1]}),
-            json!({"name": "y", "datatype": "FP32", "shape": [1i64 << 40, 1i64 << 40]}),
+        assert_eq!(
+            super::tensor(&text, framed.slice(..framed.len() - 1)).unwrap_err(),
+            "tensor 's': element 1 declares 2 bytes but only 1 remain"
+        );
+        for (bad, why) in [
+            (
+                json!({"datatype": "FP32", "shape": [1]}),
+                "a tensor without a name",
+            ),
+            (
+                json!({"name": "y", "datatype": "COMPLEX", "shape": [1]}),
+                "tensor 'y' has no datatype kiln knows",
+            ),
+            (
+                json!({"name": "y", "datatype": "FP32"}),
+                "tensor 'y' has no shape",
+            ),
+            (
+                json!({"name": "y", "datatype": "FP32", "shape": [-1]}),
+                "tensor 'y': shape dimension -1 is negative",
+            ),
+            (
+                json!({"name": "y", "datatype": "FP32", "shape": [1i64 << 40, 1i64 << 40]}),
+                "tensor 'y': causes total element count to exceed maximum size of \
+                 9223372036854775807",
+            ),
         ] {
-            assert!(super::tensor(&bad, Bytes::new()).is_err(), "{bad}");
+            assert_eq!(super::tensor(&bad, Bytes::new()).unwrap_err(), why, "{bad}");
         }
     }
 }

@@ -184,9 +184,23 @@ fn identity_takes_directory_name_and_fills_platform() {
 #[test]
 fn identity_rejects_mismatched_name_and_foreign_platform() {
     let mut config = parse_config("name: \"other\"").unwrap();
-    assert!(normalize_identity(&mut config, "m", false).is_err());
+    assert_eq!(
+        normalize_identity(&mut config, "m", false).unwrap_err(),
+        ConfigError::Invalid(
+            "model name 'other' in config.pbtxt does not match the model directory name 'm'".into()
+        )
+    );
     let mut config = parse_config("platform: \"tensorflow_savedmodel\"").unwrap();
-    assert!(normalize_identity(&mut config, "m", false).is_err());
+    assert_eq!(
+        normalize_identity(&mut config, "m", false).unwrap_err(),
+        ConfigError::Invalid(
+            "unsupported platform 'tensorflow_savedmodel' / backend '' for model 'm': \
+             kiln serves ONNX models (platform \"onnxruntime_onnx\" or backend \
+             \"onnxruntime\"), Python models (backend \"python\", or a Python-based backend's \
+             <backend-directory>/<backend>/model.py) and ensembles (platform \"ensemble\")"
+                .into()
+        )
+    );
     let mut config = parse_config("platform: \"onnxruntime_onnx\"").unwrap();
     normalize_identity(&mut config, "m", false).unwrap();
     assert_eq!(config.backend, ONNX_BACKEND);
@@ -202,7 +216,16 @@ fn identity_rejects_mismatched_name_and_foreign_platform() {
         ("ensemble", "", "")
     );
     let mut config = parse_config("platform: \"ensemble\" backend: \"onnxruntime\"").unwrap();
-    assert!(normalize_identity(&mut config, "m", false).is_err());
+    assert_eq!(
+        normalize_identity(&mut config, "m", false).unwrap_err(),
+        ConfigError::Invalid(
+            "unsupported platform 'ensemble' / backend 'onnxruntime' for model 'm': \
+             kiln serves ONNX models (platform \"onnxruntime_onnx\" or backend \
+             \"onnxruntime\"), Python models (backend \"python\", or a Python-based backend's \
+             <backend-directory>/<backend>/model.py) and ensembles (platform \"ensemble\")"
+                .into()
+        )
+    );
 }
 
 #[test]
@@ -339,12 +362,22 @@ fn max_batch_size_is_bounded() {
 #[test]
 fn validate_io_requires_inputs_outputs_and_types() {
     let config = parse_config("name: \"m\"").unwrap();
-    assert!(validate_io(&config).is_err());
+    assert_eq!(
+        validate_io(&config).unwrap_err(),
+        ConfigError::Invalid(
+            "model 'm' must declare at least one input and one output (or leave them out and let \
+             auto-complete read them from the model)"
+                .into()
+        )
+    );
     let config = parse_config(
         "name: \"m\" input [{name: \"a\" dims: [1]}] output [{name: \"b\" data_type: TYPE_FP32 dims: [1]}]",
     )
     .unwrap();
-    assert!(validate_io(&config).is_err());
+    assert_eq!(
+        validate_io(&config).unwrap_err(),
+        ConfigError::Invalid("input 'a' of model 'm' has no valid data_type".into())
+    );
 }
 
 #[test]

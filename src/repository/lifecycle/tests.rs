@@ -334,5 +334,8 @@ fn repositories_register_once_and_keep_names_unique() {
         ))
     );
     // A failed load does not reach a store that was unregistered.
-    assert!(repository.load("b", BTreeMap::new()).is_err());
+    assert_eq!(
+        repository.load("b", BTreeMap::new()).unwrap_err(),
+        Error::Internal("failed to load 'b', failed to poll from model repository".into())
+    );
 }

@@ -358,19 +358,26 @@ mod tests {
             parse_url("as://acct/container"),
             Some(Ok(url(Cloud::Azure, "acct", "container", "")))
         );
-        for bad in [
-            "s3://",
-            "s3:///models",
-            "s3://b/../x",
-            "s3://b/a//c",
-            "gs://",
-            "gs://b/a/../c",
-            "as://acct",
-            "as://acct/",
-            "as:///container/x",
-            "as://acct/c/../x",
+        let no_bucket = "names no bucket";
+        let plain = ": the prefix must be a plain path (no '..', no empty segment)";
+        let account = "must name an account and a container (as://<account>/<container>/<path>)";
+        for (bad, why) in [
+            ("s3://", no_bucket),
+            ("s3:///models", no_bucket),
+            ("s3://b/../x", plain),
+            ("s3://b/a//c", plain),
+            ("gs://", no_bucket),
+            ("gs://b/a/../c", plain),
+            ("as://acct", account),
+            ("as://acct/", "names no container"),
+            ("as:///container/x", account),
+            ("as://acct/c/../x", plain),
         ] {
-            assert!(parse_url(bad).unwrap().is_err(), "{bad}");
+            let space = if why.starts_with(':') { "" } else { " " };
+            assert_eq!(
+                parse_url(bad).unwrap().unwrap_err(),
+                format!("repository URL '{bad}'{space}{why}")
+            );
         }
         assert!(parse_url("as://acct")
             .unwrap()
@@ -401,7 +408,10 @@ mod tests {
             parse_url("s3://bucket.example.com/models"),
             Some(Ok(url(Cloud::S3, "", "bucket.example.com", "models")))
         );
-        assert!(parse_url("s3://127.0.0.1:9000/").unwrap().is_err());
+        assert_eq!(
+            parse_url("s3://127.0.0.1:9000/").unwrap(),
+            Err("repository URL 's3://127.0.0.1:9000/' names no bucket".into())
+        );
         assert!(parse_url("s3://host:port/bucket")
             .unwrap()
             .unwrap()

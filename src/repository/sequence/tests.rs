@@ -138,7 +138,13 @@ fn flags_come_from_tritons_parameters() {
             .message()
             .contains("non-zero or non-empty correlation ID"));
     }
-    assert!(flags(&[]).is_err());
+    assert_eq!(
+        flags(&[]).unwrap_err(),
+        Error::InvalidArgument(
+            "inference request to model 'm' must specify a non-zero or non-empty correlation ID"
+                .into()
+        )
+    );
     let longest = "i".repeat(MAX_CORRELATION_ID_BYTES);
     assert!(flags(&[("sequence_id", ParamValue::String(longest))]).is_ok());
     let long = "i".repeat(MAX_CORRELATION_ID_BYTES + 1);
@@ -422,7 +428,17 @@ async fn turns_come_in_the_order_places_were_taken_whoever_asks_first() {
     assert_eq!(*order.lock().unwrap(), ["second", "fourth"]);
     // A request of an unknown sequence gets no place.
     let lost = numbered(10, false, false);
-    assert!(sequences.place(lost, 1, "m").is_err());
+    let Err(refused) = sequences.place(lost, 1, "m") else {
+        panic!("a request of an unknown sequence was placed");
+    };
+    assert_eq!(
+        refused,
+        Error::InvalidArgument(
+            "inference request for sequence 10 to model 'm' must specify the START flag on the \
+             first request of the sequence"
+                .into()
+        )
+    );
 }
 
 #[test]
@@ -456,7 +472,13 @@ fn an_iterative_sequences_request_without_an_id_is_a_sequence_of_its_own() {
             .unwrap()
             .unwrap(),
     );
-    assert!(plain.flags(&request(&[]), "m").is_err());
+    assert_eq!(
+        plain.flags(&request(&[]), "m").unwrap_err(),
+        Error::InvalidArgument(
+            "inference request to model 'm' must specify a non-zero or non-empty correlation ID"
+                .into()
+        )
+    );
 }
 
 #[tokio::test]

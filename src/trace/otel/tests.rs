@@ -53,7 +53,10 @@ fn opentelemetry_flags_need_no_file_and_allow_rate_zero() {
     let report = config.settings.report();
     assert_eq!(report.last().unwrap().1, ["opentelemetry"]);
     // Triton mode still needs its file and a rate.
-    assert!(flags(&["level=TIMESTAMPS"]).is_err());
+    assert_eq!(
+        flags(&["level=TIMESTAMPS"]).unwrap_err(),
+        "--trace-config: tracing needs a file (triton,file=<path>)"
+    );
     assert!(flags(&["mode=triton"]).unwrap().otel.is_none());
     for (bad, needle) in [
         ("mode=jaeger", "the trace modes are"),

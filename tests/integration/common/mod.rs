@@ -12,7 +12,7 @@ use kiln::proto::inference::{ModelConfig, ModelConfigRequest, ModelInferRequest}
 use std::io::{BufRead, BufReader};
 use std::path::PathBuf;
 use std::process::{Child, Command, Stdio};
-use std::sync::mpsc;
+use std::sync::{mpsc, Arc, Mutex};
 use std::time::Duration;
 use tonic::transport::Channel;
 
@@ -24,6 +24,8 @@ pub struct Server {
     pub http_address: String,
     /// Prometheus metrics address.
     pub metrics: String,
+    /// Every line the server has logged so far (stderr).
+    log: Arc<Mutex<Vec<String>>>,
 }
 
 /// A test server installed by `.ci/setup.sh <part>`: `$<env>` when set, else `local` (a path
@@ -126,9 +128,15 @@ impl Server {
         let stderr = child.stderr.take().expect("stderr is piped");
         // The log announces each listener: "Started <Service> at <address>".
         let (found, addresses) = mpsc::channel();
+        let log = Arc::new(Mutex::new(Vec::new()));
+        let lines = Arc::clone(&log);
         std::thread::spawn(move || {
             for line in BufReader::new(stderr).lines().map_while(Result::ok) {
                 eprintln!("[kiln] {line}");
+                lines
+                    .lock()
+                    .unwrap_or_else(|e| e.into_inner())
+                    .push(line.clone());
                 if line.contains("start-up model loading finished") {
                     let _ = found.send(("models".to_string(), String::new()));
                 }
@@ -161,7 +169,14 @@ impl Server {
             address: address.expect("set above"),
             http_address: http_address.expect("set above"),
             metrics: metrics.expect("set above"),
+            log,
         }
+    }
+
+    /// How many lines the server has logged so far that contain `text`.
+    pub fn logged(&self, text: &str) -> usize {
+        let log = self.log.lock().unwrap_or_else(|e| e.into_inner());
+        log.iter().filter(|line| line.contains(text)).count()
     }
 
     pub async fn client(&self) -> GrpcInferenceServiceClient<Channel> {
