@@ -85,9 +85,6 @@ def test_bad_version_string(stub, version):
     assert_rpc_error(err, INV, f"'{version}'")
 
 
-@pytest.mark.xfail(strict=True, reason="kiln answers std::stol's failure text for a negative version "
-                   "(src/engine/lookup.rs parse_version); Triton's GetModelVersionFromString parses '-1' "
-                   "and refuses it with its own text")
 def test_negative_version(stub):
     # Triton (server src/common.cc, GetModelVersionFromString): std::stol("-1") succeeds, then
     # `*version < 0` gives this text, with its space before the comma.

@@ -81,6 +81,13 @@ impl Engine {
 
 /// Parses a version string as Triton does: an integer greater than zero.
 pub(super) fn parse_version(version: &str) -> Result<i64, Error> {
+    // Triton (server src/common.cc, GetModelVersionFromString): a number std::stol reads but
+    // below 0 has a text of its own, with its space before the comma.
+    if version.parse::<i64>().is_ok_and(|v| v < 0) {
+        return Err(invalid_arg!(
+            "invalid model version specified '{version}' , version should be an integral value > 0"
+        ));
+    }
     version.parse::<i64>().ok().filter(|&v| v > 0).ok_or_else(|| {
         invalid_arg!(
             "failed to get model version from specified version string '{version}' (details: stol), \
@@ -101,5 +108,9 @@ mod tests {
             assert!(matches!(err, Error::InvalidArgument(_)), "{bad}");
             assert!(err.message().contains(&format!("'{bad}'")));
         }
+        assert_eq!(
+            parse_version("-1").unwrap_err().message(),
+            "invalid model version specified '-1' , version should be an integral value > 0"
+        );
     }
 }
