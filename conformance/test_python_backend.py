@@ -264,21 +264,32 @@ output [ { name: "DOUBLED" data_type: TYPE_FP32 dims: [ 1, 16 ] }, { name: "BACK
          { name: "ERRORS" data_type: TYPE_STRING dims: [ 2 ] } ]
 '''
 
-# Tells each request how many requests its execute call held; a request of -1 holds the only
-# instance for a while, so that the requests after it wait together.
+# Tells each request how many requests its execute call held. A call with a request of -1 is a
+# gate: it says it holds the only instance (the file `holding` in its model directory) and waits
+# until the test releases it (the file `release`), so that the requests after it wait together,
+# whatever the machine's load: no sleep decides an order.
 PY_BATCH = '''
+import os
 import time
 import numpy as np
 import triton_python_backend_utils as pb_utils
 
 
 class TritonPythonModel:
+    def initialize(self, args):
+        self.dir = args["model_repository"]
+
     def execute(self, requests):
         values = [pb_utils.get_input_tensor_by_name(r, "X").as_numpy() for r in requests]
         if any((v == -1).any() for v in values):
-            time.sleep(0.5)
-        if any((v == -2).any() for v in values):
-            time.sleep(2)
+            holding, release = (os.path.join(self.dir, n) for n in ("holding", "release"))
+            open(holding, "w").close()
+            deadline = time.monotonic() + 60
+            while not os.path.exists(release) and time.monotonic() < deadline:
+                time.sleep(0.005)
+            for path in (holding, release):
+                if os.path.exists(path):
+                    os.remove(path)
         return [pb_utils.InferenceResponse(output_tensors=[
             pb_utils.Tensor("CALL_SIZE", np.full(v.shape, len(requests), dtype=np.int32))]) for v in values]
 '''
@@ -301,8 +312,7 @@ backend: "python"
 max_batch_size: 4
 input [ { name: "X" data_type: TYPE_INT32 dims: [ 1 ] } ]
 output [ { name: "CALL_SIZE" data_type: TYPE_INT32 dims: [ 1 ] } ]
-dynamic_batching { max_queue_delay_microseconds: 800000 }
-parameters { key: "adaptive_batching_delay" value { string_value: "false" } }
+dynamic_batching { max_queue_delay_microseconds: 20000000 }
 instance_group [ { count: 1 kind: KIND_CPU } ]
 '''
 
@@ -1019,6 +1029,32 @@ ensemble_scheduling { step [
 '''
 
 
+def gate_held(server, model: str) -> None:
+    """Until `model`'s gate request (-1, see PY_BATCH) holds its only instance."""
+    holding = server.repos[0] / model / "holding"
+    deadline = time.monotonic() + RPC_TIMEOUT
+    while not holding.exists():
+        assert time.monotonic() < deadline, f"{model} never took the gate request"
+        time.sleep(0.01)
+
+
+def release_gate(server, model: str) -> None:
+    (server.repos[0] / model / "release").touch()
+
+
+def wait_pending(server, model: str, count: int) -> None:
+    """Until `model` has `count` requests queued (its pending-request gauge)."""
+    pattern = rf'^nv_inference_pending_request_count\{{model="{model}",version="1"\}} (\S+)$'
+    deadline = time.monotonic() + RPC_TIMEOUT
+    while True:
+        text = requests.get(f"http://{server.metrics_url}/metrics", timeout=RPC_TIMEOUT).text
+        found = re.search(pattern, text, flags=re.M)
+        if found and float(found.group(1)) == count:
+            return
+        assert time.monotonic() < deadline, f"{model} never had {count} requests queued"
+        time.sleep(0.01)
+
+
 def write_model(repo, name, config, code):
     (repo / name / "1").mkdir(parents=True)
     (repo / name / "config.pbtxt").write_text(textwrap.dedent(config))
@@ -1161,11 +1197,14 @@ def test_requests_waiting_together_go_to_one_execute_call(python_server):
     before = client.get_inference_statistics("py_batch").model_stats[0].execution_count
     with ThreadPoolExecutor(8) as pool:
         holding = pool.submit(send, -1)
-        time.sleep(0.2)  # the only instance is busy with the first request
-        # Three of one row and one of two fill the 4 rows of one call; the next goes alone.
+        gate_held(server, "py_batch")
+        # Three of one row queue behind it, then one of two rows: the three fill 3 of the 4 rows
+        # of one call, and the two rows would pass 4, so the last goes alone.
         waiting = [pool.submit(send, 1) for _ in range(3)]
-        time.sleep(0.05)
+        wait_pending(server, "py_batch", 3)
         late = pool.submit(send, 2, rows=2)
+        wait_pending(server, "py_batch", 4)
+        release_gate(server, "py_batch")
         assert holding.result() == [1]
         sizes = [w.result() for w in waiting] + [late.result()]
     assert sizes == [[3], [3], [3], [1, 1]], sizes
@@ -1186,10 +1225,12 @@ def test_a_request_whose_client_left_while_it_waited_does_not_run(python_server)
     before = client.get_inference_statistics("py_batch").model_stats[0].execution_count
     with ThreadPoolExecutor(2) as pool:
         holding = pool.submit(send, -1)
-        time.sleep(0.2)  # the only instance is busy
+        gate_held(server, "py_batch")
         with pytest.raises(InferenceServerException) as e:
             send(5, timeout=0.1)
-        assert "Deadline" in str(e.value) or "DEADLINE" in str(e.value), e.value
+        assert e.value.status() == "StatusCode.DEADLINE_EXCEEDED", e.value
+        wait_pending(server, "py_batch", 0)
+        release_gate(server, "py_batch")
         assert holding.result() == [1]
     # Had the abandoned request stayed queued, it would share this call.
     assert send(7) == [1]
@@ -1197,7 +1238,8 @@ def test_a_request_whose_client_left_while_it_waited_does_not_run(python_server)
 
 
 def test_a_python_models_requests_wait_the_batching_delay_for_company(python_server):
-    # An idle instance, and requests 50 ms apart: they wait (up to 800 ms) and share one call.
+    # An idle instance, and requests one after another: each waits (up to 20 s) for company,
+    # and the three share one call.
     server, _ = python_server
     client = grpcclient.InferenceServerClient(server.grpc_url)
 
@@ -1206,14 +1248,16 @@ def test_a_python_models_requests_wait_the_batching_delay_for_company(python_ser
         x.set_data_from_numpy(np.full((1, 1), value, dtype=np.int32))
         return client.infer("py_delay", [x]).as_numpy("CALL_SIZE").reshape(-1).tolist()
 
-    with ThreadPoolExecutor(3) as pool:
+    with ThreadPoolExecutor(4) as pool:
         calls = []
         for value in range(3):
             calls.append(pool.submit(send, value))
-            time.sleep(0.05)
-        assert [call.result() for call in calls] == [[3], [3], [3]]
+            wait_pending(server, "py_delay", value + 1)
+        # A fourth fills max_batch_size (4): the call goes without waiting out the delay.
+        calls.append(pool.submit(send, 3))
+        assert [call.result() for call in calls] == [[4], [4], [4], [4]]
     stats = client.get_inference_statistics("py_delay").model_stats[0]
-    assert stats.execution_count == 1 and stats.inference_count == 3
+    assert stats.execution_count == 1 and stats.inference_count == 4
 
 
 def test_a_python_models_queue_policy_refuses_and_times_out_as_tritons(python_server):
@@ -1238,8 +1282,8 @@ def test_a_python_models_queue_policy_refuses_and_times_out_as_tritons(python_se
         return error.value.message()
 
     with ThreadPoolExecutor(2) as pool:
-        holding = pool.submit(send, -2)  # the only instance sleeps 2 s on it
-        time.sleep(0.3)
+        holding = pool.submit(send, -1)  # holds the only instance until released
+        gate_held(server, "py_policy")
         # A request's own timeout longer than the policy's 1 s does not keep it queued longer
         # (Triton's rule: it may only shorten the policy's)...
         queued = pool.submit(send, 1, timeout=5_000_000)
@@ -1254,17 +1298,19 @@ def test_a_python_models_queue_policy_refuses_and_times_out_as_tritons(python_se
         assert "Exceeds maximum queue size" in full.value.message()
         assert "Request timeout expired" in refused(queued)
         assert not holding.done(), "refused when the policy's timeout passed, not when it would have run"
+        release_gate(server, "py_policy")
         assert holding.result() == [1]
     assert pending() == 0
     # A shorter own timeout applies: a request refused after its 50 ms, while the request before
-    # it runs for 0.5 s (under the policy's 1 s it would have run after that one).
+    # it holds the instance (under the policy's 1 s it would have waited longer).
     with ThreadPoolExecutor(2) as pool:
         holding = pool.submit(send, -1)
-        time.sleep(0.2)
+        gate_held(server, "py_policy")
         with pytest.raises(InferenceServerException) as late:
             send(3, timeout=50_000)
         assert late.value.status() == "StatusCode.UNAVAILABLE"
         assert "Request timeout expired" in late.value.message()
+        release_gate(server, "py_policy")
         assert holding.result() == [1]
     stats = client.get_inference_statistics("py_policy").model_stats[0]
     assert stats.execution_count == 2  # no refused request ran
