@@ -13,6 +13,7 @@ from __future__ import annotations
 import http.client
 import json
 import os
+import re
 import signal
 import socket
 import struct
@@ -31,6 +32,8 @@ CONFORMANCE_DIR = Path(__file__).resolve().parent
 REPO_ROOT = CONFORMANCE_DIR.parent
 BUNDLED_REPO = REPO_ROOT / "model_repository"
 FIXTURE_REPO = REPO_ROOT / "tests" / "fixtures" / "model_repository"
+README = REPO_ROOT / "README.md"
+DOCS = REPO_ROOT / "docs"  # README.md's reference pages: clients.md, models.md, operations.md, ...
 
 # Per-call deadline (seconds) for every RPC the suite makes; no pytest-timeout
 # plugin is used, so each client call carries its own deadline instead.
@@ -56,6 +59,17 @@ def kiln_bin() -> Path:
 # a port of its own (an OpenAI or SageMaker listener) before its server takes its three must not
 # get one of them.
 _HANDED_OUT: set[int] = set()
+
+
+def doc_section(page: Path, title: str) -> str:
+    """The section of a Markdown page under the heading `title` (## or ###), up to the next heading
+    (## or deeper: a code block's `# ` comment lines do not end it). A section that moved or was
+    renamed fails here, by name, not silently."""
+    text = page.read_text()
+    found = re.search(rf"^#{{2,3}} {re.escape(title)}\n", text, flags=re.M)
+    assert found, f"no section {title!r} in {page.relative_to(REPO_ROOT)}"
+    end = re.search(r"\n##+ ", text[found.end():])
+    return text[found.start(): found.end() + end.start()] if end else text[found.start():]
 
 
 def find_free_port() -> int:

@@ -28,6 +28,7 @@ from conftest import (
     KilnServer,
     RPC_TIMEOUT,
     STARTUP_TIMEOUT,
+    doc_section,
     http_request,
     kiln_bin,
     start_server,
@@ -284,9 +285,8 @@ NO_EFFECT = {
 
 
 def readme_command_line() -> tuple[str, str]:
-    """README's Command line section, and its paragraph on the flags without effect."""
-    text = (Path(__file__).parent.parent / "README.md").read_text()
-    section = text.split("\n## Command line\n", 1)[1].split("\n### ", 1)[0]
+    """docs/operations.md's Command line section, and its paragraph on the flags without effect."""
+    section = doc_section(Path(__file__).parent.parent / "docs" / "operations.md", "Command line")
     return section, section.split("Flags of `tritonserver` about parts", 1)[1]
 
 
@@ -300,9 +300,9 @@ def test_the_flag_list_is_tritons_and_every_flag_is_documented():
     assert {"response-cache-byte-size", "grpc-max-message-bytes", "log-info", "log-warning",
             "log-error"} <= set(TRITON_FLAGS)
     section, no_effect = readme_command_line()
-    assert [f for f in TRITON_FLAGS if not mentions(section, f)] == [], "not in the README's Command line"
+    assert [f for f in TRITON_FLAGS if not mentions(section, f)] == [], "not in docs/operations.md's Command line"
     assert set(NO_EFFECT) <= set(TRITON_FLAGS)
-    assert [f for f in NO_EFFECT if not mentions(no_effect, f)] == [], "not among the README's flags without effect"
+    assert [f for f in NO_EFFECT if not mentions(no_effect, f)] == [], "not among docs/operations.md's flags without effect"
 
 
 def test_kiln_knows_every_tritonserver_flag():

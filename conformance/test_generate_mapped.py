@@ -27,7 +27,7 @@ import requests
 import tritonclient.grpc as grpcclient
 import tritonclient.http as httpclient
 
-from conftest import BUNDLED_REPO, REPO_ROOT, RPC_TIMEOUT, find_free_port, start_server, stop_server
+from conftest import BUNDLED_REPO, REPO_ROOT, RPC_TIMEOUT, doc_section, find_free_port, start_server, stop_server
 
 PY_GEN = '''
 import json
@@ -460,9 +460,8 @@ def test_optional_inputs_of_a_python_model_may_be_left_out(server):
 
 
 def test_the_readme_example_answers_what_it_shows(server):
-    text = (REPO_ROOT / "README.md").read_text()
-    start = text.index("### The generate extension on any model\n")
-    (block,) = re.findall(r"```\n(curl .*?)```", text[start:text.index("\n### ", start + 4)], flags=re.S)
+    section = doc_section(REPO_ROOT / "docs" / "clients.md", "The generate extension on any model")
+    (block,) = re.findall(r"```\n(curl .*?)```", section, flags=re.S)
     command, shown = block.strip().split("\n# ")
     command = command.replace("localhost:8000", server.http_url)
     answer = subprocess.run(["bash", "-c", command], capture_output=True, text=True, timeout=RPC_TIMEOUT, check=True)

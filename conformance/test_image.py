@@ -139,7 +139,7 @@ def test_the_image_is_configured_as_built(image):
 
 def test_the_cpu_image_is_at_most_150_mb(image):
     if "ORT_DYLIB_PATH=/usr/local/lib/libonnxruntime.so" not in image["Config"]["Env"]:
-        pytest.skip(f"{IMAGE} is the GPU variant (its size is stated in the README, not bounded)")
+        pytest.skip(f"{IMAGE} is the GPU variant (its size is stated in docs/operations.md, not bounded)")
     assert image["Size"] <= CPU_IMAGE_LIMIT, f"{image['Size']} bytes"
 
 

@@ -29,7 +29,7 @@ import tritonclient.grpc as grpcclient
 import tritonclient.http as httpclient
 from tritonclient.utils import InferenceServerException
 
-from conftest import BUNDLED_REPO, REPO_ROOT, RPC_TIMEOUT, start_server, stop_server
+from conftest import BUNDLED_REPO, REPO_ROOT, RPC_TIMEOUT, doc_section, start_server, stop_server
 
 PY_ADD_SUB = '''
 import json
@@ -1006,10 +1006,9 @@ output [ { name: "OUTPUT0" data_type: TYPE_FP32 dims: [ -1 ] } ]
 
 
 def readme_model():
-    """The model README.md shows under "Python models"."""
-    text = (REPO_ROOT / "README.md").read_text()
-    start = text.index("### Python models")
-    (code,) = re.findall(r"```python\n(.*?)```", text[start:text.index("\n### ", start + 4)], flags=re.S)
+    """The model docs/models.md shows under "Python models"."""
+    section = doc_section(REPO_ROOT / "docs" / "models.md", "Python models (Triton's Python backend)")
+    (code,) = re.findall(r"```python\n(.*?)```", section, flags=re.S)
     return code
 
 

@@ -1,6 +1,6 @@
-"""The README's REST examples, run as written: every ```bash block of "### REST with curl"
-(curl is /usr/bin/curl) and the ```python block of "### tritonclient (HTTP)", against a kiln
-serving only the bundled repository, with `localhost:8000` pointed at it.
+"""The REST examples, run as written: every ```bash block of README.md's "### REST with curl"
+(curl is /usr/bin/curl) and the ```python block of docs/clients.md's "## tritonclient (HTTP)",
+against a kiln serving only the bundled repository, with `localhost:8000` pointed at it.
 """
 
 from __future__ import annotations
@@ -13,21 +13,19 @@ import sys
 
 import pytest
 
-from conftest import REPO_ROOT, RPC_TIMEOUT
+from conftest import DOCS, README, RPC_TIMEOUT, doc_section
 
-README = REPO_ROOT / "README.md"
+CLIENTS = DOCS / "clients.md"
 CURL = shutil.which("curl") or "/usr/bin/curl"
 
 
-def section(title: str) -> str:
-    text = README.read_text()
-    start = text.index(f"### {title}\n")
-    end = re.search(r"\n##+ ", text[start + 4:])
-    return text[start: start + 4 + end.start()] if end else text[start:]
+def section(title: str, page=README) -> str:
+    return doc_section(page, title)
 
 
-def blocks(title: str, language: str) -> list[str]:
-    return re.findall(rf"```{language}\n(.*?)```", section(title), flags=re.S)
+def blocks(title: str, language: str, page=README) -> list[str]:
+    """The ``` blocks of `language` in section `title` of `page` (README.md or a docs/ page)."""
+    return re.findall(rf"```{language}\n(.*?)```", section(title, page), flags=re.S)
 
 
 def run_bash(script: str, url: str) -> str:
@@ -97,7 +95,7 @@ def test_readme_curl_example(bundled_server, index):
 
 
 def test_readme_tritonclient_http_example(bundled_server):
-    (code,) = blocks("tritonclient (HTTP)", "python")
+    (code,) = blocks("tritonclient (HTTP)", "python", CLIENTS)
     code = code.replace("localhost:8000", bundled_server.http_url)
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=RPC_TIMEOUT)
     assert proc.returncode == 0, proc.stderr

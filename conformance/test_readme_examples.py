@@ -1,7 +1,9 @@
-"""The README's examples that print values, run as written and compared with what the README says
-they print (the `# ...` comments under them): streamed generation with curl, the generate
-extension on string_echo, the OpenAI client (completion and embeddings), MLServer's codecs,
-grpcurl's ModelInfer, tritonclient (gRPC) and the repository API with curl. Each points at a kiln serving the bundled repository instead of localhost.
+"""The examples of README.md and docs/ that print values, run as written and compared with what
+the page says they print (the `# ...` comments under them): from README.md, MLServer's codecs and
+tritonclient (gRPC); from docs/clients.md, streamed generation with curl, the generate extension
+on string_echo, the OpenAI client (completion and embeddings) and grpcurl's ModelInfer; from
+docs/models.md, the repository API with curl. Each points at a kiln serving the bundled
+repository instead of localhost.
 test_readme_curl.py does the same for "REST with curl" and tritonclient (HTTP).
 """
 
@@ -18,9 +20,11 @@ import textwrap
 import numpy as np
 import pytest
 
-from conftest import BUNDLED_REPO, RPC_TIMEOUT, find_free_port, start_server, stop_server
+from conftest import BUNDLED_REPO, DOCS, RPC_TIMEOUT, find_free_port, start_server, stop_server
 from test_grpcurl import GRPCURL
-from test_readme_curl import CURL, blocks, run_bash
+from test_readme_curl import CLIENTS, CURL, blocks, run_bash
+
+MODELS = DOCS / "models.md"
 
 
 def shown(block: str) -> list[str]:
@@ -44,9 +48,9 @@ def commands(block: str) -> list[str]:
     return found
 
 
-def untagged(title: str, containing: str) -> str:
-    """The one ``` block (no language named) of section `title` that contains `containing`."""
-    (block,) = [b for b in blocks(title, "") if containing in b]
+def untagged(title: str, containing: str, page=CLIENTS) -> str:
+    """The one ``` block (no language named) of section `title` of `page` that contains `containing`."""
+    (block,) = [b for b in blocks(title, "", page) if containing in b]
     return textwrap.dedent(block)  # a block inside a list item is indented
 
 
@@ -170,7 +174,7 @@ def explicit_server():
 
 
 def test_managing_models_curl_examples(explicit_server):
-    block = untagged("Managing models", "/v2/repository/index")
+    block = untagged("Managing models", "/v2/repository/index", MODELS)
     index, load, unload = commands(block)
     said = shown(block)[0]
     # The index: the rows the README shows, then the rest it elides ("...").

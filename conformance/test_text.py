@@ -25,7 +25,7 @@ from onnx import TensorProto, helper
 from tokenizers import Tokenizer
 from tritonclient.utils import InferenceServerException
 
-from conftest import BUNDLED_REPO, CONFORMANCE_DIR, REPO_ROOT, RPC_TIMEOUT, start_server, stop_server
+from conftest import BUNDLED_REPO, CONFORMANCE_DIR, REPO_ROOT, RPC_TIMEOUT, doc_section, start_server, stop_server
 
 sys.path.insert(0, str(REPO_ROOT / "model_repository"))
 import build_minilm  # noqa: E402
@@ -235,10 +235,8 @@ def test_minilm_tokens_equal_the_python_tokenizers_package(echo_server, name):
 
 
 def _readme_blocks(language):
-    text = (REPO_ROOT / "README.md").read_text()
-    start = text.index("### Text models: sentence embeddings\n")
-    end = text.index("\n### ", start + 4)
-    return re.findall(rf"```{language}\n(.*?)```", text[start:end], flags=re.S)
+    section = doc_section(REPO_ROOT / "docs" / "models.md", "Text models: sentence embeddings")
+    return re.findall(rf"```{language}\n(.*?)```", section, flags=re.S)
 
 
 def _numbers(text):

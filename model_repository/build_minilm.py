@@ -12,7 +12,7 @@ which are not needed), checks its sha256, unpacks it and runs this script. Write
                           input_ids, attention_mask, token_type_ids INT64 [batch, seq] -> embedding FP32 [batch, 384]
     <out>/tokenizer.json  the package's tokenizer, copied unchanged
 
-`config.pbtxt` beside them is committed: it declares the text input kiln tokenizes (see the README's
+`config.pbtxt` beside them is committed: it declares the text input kiln tokenizes (see docs/models.md,
 "Text models"). The graph is written with numpy + onnx only (opset 17, IR version 8): the weights are read
 straight from the safetensors file, and nothing comes from torch or an exporter. --verify runs the graph
 with onnxruntime against `reference` below (a plain numpy forward pass in float64) on a few sentences.
