@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import gzip
 import json
+import os
 import socket
 import struct
 import threading
@@ -27,6 +28,9 @@ from conftest import BUNDLED_REPO, f32, http_request, infer_request, start_serve
 
 MIB = 1024 * 1024
 GROWTH_LIMIT = 512 * MIB
+# How many attackers at once (bench: KILN_HOSTILE_SCALE=10 runs the suite at ten times the
+# connections, bodies, floods and bombs, for bench/RESULTS.md).
+SCALE = int(os.environ.get("KILN_HOSTILE_SCALE", "1"))
 A = np.arange(16, dtype=np.float32)
 
 
@@ -143,6 +147,8 @@ def test_grpc_empty_entries_and_gzip_bombs_are_refused_before_they_are_built(hos
                             name >> 21]) + bytes(name)
 
     def attack():
+        for _ in range(SCALE - 1):  # the other attackers, at once
+            threading.Thread(target=raw_model_infer, args=(server.srv, entries), daemon=True).start()
         errors = [raw_model_infer(server.srv, entries), raw_model_infer(server.srv, bomb)]
         assert errors[0].code() == grpc.StatusCode.RESOURCE_EXHAUSTED, errors[0]
         assert "--grpc-max-message-entries" in errors[0].details()
@@ -172,7 +178,7 @@ def test_rest_json_of_tiny_values_is_refused_before_it_becomes_a_tree(hostile):
 
     def attack():
         paths = ["/v2/repository/index", "/v2/repository/index", "/v2/models/add_sub/generate",
-                 "/v2/logging"]
+                 "/v2/logging"] * SCALE
         threads = [threading.Thread(target=post, args=(p,)) for p in paths]
         for t in threads:
             t.start()
@@ -180,7 +186,7 @@ def test_rest_json_of_tiny_values_is_refused_before_it_becomes_a_tree(hostile):
             t.join()
 
     server.during(attack)
-    assert len(replies) == 4
+    assert len(replies) == 4 * SCALE
     for reply in replies:
         assert reply.status == 400, reply
         assert "values" in reply.json()["error"], reply
@@ -208,7 +214,7 @@ def read_until_closed(sock: socket.socket) -> bytes:
 def test_stalled_bodies_hold_no_request_slot_and_time_out(hostile):
     server = hostile(["--max-inflight-requests=16", "--http-body-timeout-secs=2"])
     stalled = []
-    for _ in range(40):
+    for _ in range(40 * SCALE):
         sock = connect(server.srv.http_url)
         sock.sendall(b"POST /v2/models/add_sub/infer HTTP/1.1\r\nHost: kiln\r\n"
                      b"Content-Length: 1000\r\n\r\n{")
@@ -226,12 +232,12 @@ def test_stalled_bodies_hold_no_request_slot_and_time_out(hostile):
 def test_half_sent_headers_and_idle_connections_are_closed_and_lock_nobody_out(hostile):
     server = hostile(["--http-header-timeout-secs=1", "--max-connections=24"])
     attackers = []
-    for i in range(40):
+    for i in range(40 * SCALE):
         sock = connect(server.srv.http_url)
         if i % 2 == 0:
             sock.sendall(b"POST /v2/models/add_sub/infer HTTP/1.1\r\nHost: kiln\r\nContent-Le")
         attackers.append(sock)
-    for i in range(10):  # on gRPC: nothing, or half the HTTP/2 preface
+    for i in range(10 * SCALE):  # on gRPC: nothing, or half the HTTP/2 preface
         sock = connect(server.srv.grpc_url)
         if i % 2 == 0:
             sock.sendall(PREFACE[:10])
@@ -340,18 +346,20 @@ def test_http2_stream_and_reset_limits_on_both_listeners(hostile):
     def rapid_reset():
         # Streams opened and cancelled at once, faster than the server accepts them.
         for url, path in paths.items():
-            h2 = H2(url)
-            h2.flood(5000, request_headers(path), lambda stream: frame(RST_STREAM, 0, stream, CANCEL))
-            assert h2.goaway() == ENHANCE_YOUR_CALM, f"rapid reset on {url}"
+            for _ in range(SCALE):
+                h2 = H2(url)
+                h2.flood(5000, request_headers(path), lambda stream: frame(RST_STREAM, 0, stream, CANCEL))
+                assert h2.goaway() == ENHANCE_YOUR_CALM, f"rapid reset on {url}"
 
     def made_you_reset():
         # `content-length: 0` and then data: a stream error, so the server resets each stream
         # itself (a zero WINDOW_UPDATE would end the whole connection at once instead).
         for url, path in paths.items():
-            h2 = H2(url)
-            headers = request_headers(path) + literal(b"content-length", b"0")
-            h2.flood(2000, headers, lambda stream: frame(DATA, 0, stream, b"x" * 10))
-            assert h2.goaway() == ENHANCE_YOUR_CALM, f"MadeYouReset on {url}"
+            for _ in range(SCALE):
+                h2 = H2(url)
+                headers = request_headers(path) + literal(b"content-length", b"0")
+                h2.flood(2000, headers, lambda stream: frame(DATA, 0, stream, b"x" * 10))
+                assert h2.goaway() == ENHANCE_YOUR_CALM, f"MadeYouReset on {url}"
 
     server.during(rapid_reset)
     server.during(made_you_reset)
@@ -380,7 +388,7 @@ def test_an_idle_connection_is_closed_after_its_request(hostile):
 # ---------------------------------------------------------------------------------------------
 def test_a_decoupled_stream_that_is_never_read_stops_being_read(hostile):
     server = hostile(models=("add_sub", "tiny_decoder"))
-    total, sent = 3000, [0]
+    total, sent = 3000 * SCALE, [0]
     padding = "x" * 4096  # fills the flow-control windows in fewer requests
 
     def requests():
