@@ -327,7 +327,7 @@ fn prepare_python(
             std::fs::read_to_string(path).is_ok_and(|code| code.contains("auto_complete_config"))
         };
         if let Some(path) = newest.filter(defines) {
-            crate::backend::python::auto_complete(&mut config, dir, &path, &options.python_env)?;
+            super::autocomplete::python(&mut config, dir, &path, &options.python_env)?;
         }
     }
     if config.input.is_empty() && config.output.is_empty() {

@@ -42,12 +42,13 @@ pub mod tuning;
 mod versions;
 pub mod warmup;
 
+pub use crate::core::LoadParameter;
 pub use index::IndexEntry;
 pub use io::{IoSpec, TensorSpec};
 pub use lifecycle::{ControlMode, ModelRepository, RepositoryOptions, Slot, Snapshot, Status};
 pub use limits::{MAX_BATCH_SIZE, MAX_MODEL_DIR_ENTRIES};
 pub use loader::LoadFailure;
-pub use overrides::{config_from_json, LoadParameter};
+pub use overrides::config_from_json;
 pub use remote::RemoteStore;
 pub use store::{LocalStore, ModelStore};
 

@@ -75,7 +75,7 @@ pub enum Management {
     /// Loads or reloads `model`, with the repository API's `config` / `file:` parameters.
     Load {
         model: String,
-        parameters: std::collections::BTreeMap<String, crate::repository::LoadParameter>,
+        parameters: std::collections::BTreeMap<String, crate::core::LoadParameter>,
     },
     Unload {
         model: String,
@@ -296,14 +296,14 @@ pub(super) fn manage(caller: &ModelCaller, message: &channel::Message) -> Value 
             if !config.is_empty() {
                 parameters.insert(
                     "config".to_string(),
-                    crate::repository::LoadParameter::String(config),
+                    crate::core::LoadParameter::String(config),
                 );
             }
             let names = header["files"].as_array().cloned().unwrap_or_default();
             if names.len() == message.blobs.len() {
                 for (name, data) in names.iter().zip(&message.blobs) {
                     let name = name.as_str().unwrap_or_default().to_string();
-                    parameters.insert(name, crate::repository::LoadParameter::Bytes(data.clone()));
+                    parameters.insert(name, crate::core::LoadParameter::Bytes(data.clone()));
                 }
                 Ok(Management::Load { model, parameters })
             } else {

@@ -200,7 +200,7 @@ impl PythonModel {
         stats: &Arc<ModelStats>,
         limits: Vec<Option<Limit>>,
     ) -> Result<PythonModel, String> {
-        let config_json = crate::repository::config::config_to_json(config).to_string();
+        let config_json = crate::proto::to_json(config, "inference.ModelConfig").to_string();
         let mut args = serde_json::Map::new();
         for (key, value) in [
             ("model_config", config_json),

@@ -1,5 +1,5 @@
 //! What a Python model is made of, from its config: the backend that names it, its interpreter
-//! and its instances ([`PythonSpec`]), and the config its `auto_complete_config` completes.
+//! and its instances ([`PythonSpec`]), and what its `auto_complete_config` makes of its config.
 
 use super::environment::{self, Interpreter};
 use super::messages::pipe_error;
@@ -139,49 +139,37 @@ impl PythonSpec {
     }
 }
 
-/// Completes `config` with the model's `auto_complete_config(auto_complete_model_config)`, as
-/// Triton does before loading, when `model_file`'s `TritonPythonModel` has one. Blocking.
+/// What the model's `auto_complete_config(auto_complete_model_config)` makes of `config`, as
+/// Triton asks before loading, when `model_file`'s `TritonPythonModel` has one: the completed
+/// config as JSON, or `None` when the model leaves it as it is. Blocking.
 ///
 /// # Errors
-/// What the model raised, a config it made that does not parse or renames the model, or why
-/// Python did not run.
+/// What the model raised, or why Python did not run.
 pub fn auto_complete(
-    config: &mut ModelConfig,
+    config: &ModelConfig,
     dir: &Path,
     model_file: &Path,
     variables: &StubEnvironment,
-) -> Result<(), String> {
+) -> Result<Option<Value>, String> {
     let interpreter = interpreter(config, dir, variables)?;
     let name = config.name.clone();
     let mut stub = Stub::spawn(&interpreter, model_file, &["--auto-complete"])?;
-    let current = crate::repository::config::config_to_json(config);
+    let current = crate::proto::to_json(config, "inference.ModelConfig");
     let answer = stub
         .send(json!({"op": "auto_complete", "config": current}), &[])
         .and_then(|()| stub.answer(&name, "auto-complete", &ModelCaller::default()));
     let status = stub.kill();
-    let message = answer.map_err(|e| {
+    let mut message = answer.map_err(|e| {
         format!(
             "the Python stub of model '{name}' ended before auto_complete_config answered \
              ({}{status}): its error is in the log above; the stub needs numpy in {interpreter}",
             pipe_error(&e),
         )
     })?;
-    match (message.header["op"].as_str(), &message.header["config"]) {
-        (Some("config"), Value::Null) => Ok(()),
-        (Some("config"), completed) => {
-            let completed = crate::repository::config_from_json(&completed.to_string())
-                .map_err(|e| {
-                    format!("auto_complete_config of model '{name}' made a config kiln cannot read: {e}")
-                })?;
-            if completed.name != name {
-                return Err(format!(
-                    "auto_complete_config of model '{name}' renamed it '{}'",
-                    completed.name
-                ));
-            }
-            *config = completed;
-            Ok(())
-        }
+    let completed = message.header["config"].take();
+    match (message.header["op"].as_str(), completed) {
+        (Some("config"), Value::Null) => Ok(None),
+        (Some("config"), completed) => Ok(Some(completed)),
         _ => Err(format!(
             "auto_complete_config of model '{name}' failed: {}",
             message.header["message"].as_str().unwrap_or("")
