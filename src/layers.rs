@@ -49,8 +49,6 @@ const KNOWN: &[(&str, &str)] = &[
     ("backend/python/slot.rs", "scheduler"),
     // A request carries its trace (`InferRequest::trace`) only for the engine to take it out.
     ("core/request.rs", "trace"),
-    // Warmup samples are checked as requests are (`engine::validate`).
-    ("repository/warmup.rs", "engine"),
 ];
 
 /// One use of a module by another, where it is.

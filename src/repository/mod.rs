@@ -39,7 +39,9 @@ pub mod sequence;
 pub mod store;
 pub mod text;
 pub mod tuning;
+pub mod validate;
 mod versions;
+pub mod visit_order;
 pub mod warmup;
 
 pub use crate::core::LoadParameter;
