@@ -87,18 +87,58 @@ pub enum Management {
     },
 }
 
-/// What runs a Python model's calls to other models.
+/// What a Python model's calls to the server run on: the server's models and its repository.
+/// The server implements it over its engine (the backend knows nothing above itself).
+pub trait ServerCalls: Send + Sync {
+    /// Runs one request on any model of the server (`exec()`).
+    fn infer(&self, request: InferRequest) -> Result<InferResponse, Error>;
+
+    /// Runs one request on a decoupled model of the server (`exec(decoupled=True)`): each
+    /// response as it sends it (an error ends the stream). A value sent on `cancel` cancels the
+    /// request: the stream ends there.
+    fn infer_decoupled(
+        &self,
+        request: InferRequest,
+        cancel: Cancel,
+    ) -> std::sync::mpsc::Receiver<Result<InferResponse, Error>>;
+
+    /// Loads, unloads or asks after a model of the server: whether it is ready (for `Ready`).
+    fn manage(&self, asked: Management) -> Result<bool, Error>;
+}
+
+/// [`ServerCalls`] made of three functions.
 pub(super) struct Calls {
     unary: Box<RunRequest>,
     decoupled: Box<RunDecoupled>,
     manage: Box<Manage>,
 }
 
+impl ServerCalls for Calls {
+    fn infer(&self, request: InferRequest) -> Result<InferResponse, Error> {
+        (self.unary)(request)
+    }
+
+    fn infer_decoupled(
+        &self,
+        request: InferRequest,
+        cancel: Cancel,
+    ) -> std::sync::mpsc::Receiver<Result<InferResponse, Error>> {
+        (self.decoupled)(request, cancel)
+    }
+
+    fn manage(&self, asked: Management) -> Result<bool, Error> {
+        (self.manage)(asked)
+    }
+}
+
 /// How a Python model's `InferenceRequest.exec()` (Triton's BLS: business logic scripting)
 /// reaches the server's models. The repository exists before the engine that serves it, so the
 /// server connects this once the engine does; every model loaded with the same options shares it.
 #[derive(Clone, Default)]
-pub struct ModelCaller(Arc<OnceLock<Calls>>, Arc<Mutex<TracedRequests>>);
+pub struct ModelCaller(
+    Arc<OnceLock<Box<dyn ServerCalls>>>,
+    Arc<Mutex<TracedRequests>>,
+);
 
 /// The traces of the requests sent to Python models, by trace id, while they live: a model's call
 /// that passes on `request.trace()` is traced as a child of its request's (as in Triton).
@@ -107,6 +147,11 @@ pub(super) type TracedRequests = std::collections::HashMap<u64, std::sync::Weak<
 impl ModelCaller {
     /// Sets what runs the calls, `exec()` and `exec(decoupled=True)`, and the model management
     /// requests (the first setting stays).
+    pub fn connect_to(&self, calls: impl ServerCalls + 'static) {
+        let _ = self.0.set(Box::new(calls));
+    }
+
+    /// [`ModelCaller::connect_to`] with the three functions.
     pub fn connect(
         &self,
         unary: impl Fn(InferRequest) -> Result<InferResponse, Error> + Send + Sync + 'static,
@@ -116,15 +161,15 @@ impl ModelCaller {
             + 'static,
         manage: impl Fn(Management) -> Result<bool, Error> + Send + Sync + 'static,
     ) {
-        let _ = self.0.set(Calls {
+        self.connect_to(Calls {
             unary: Box::new(unary),
             decoupled: Box::new(decoupled),
             manage: Box::new(manage),
         });
     }
 
-    fn calls(&self) -> Result<&Calls, Error> {
-        self.0.get().ok_or_else(|| {
+    fn calls(&self) -> Result<&dyn ServerCalls, Error> {
+        self.0.get().map(Box::as_ref).ok_or_else(|| {
             Error::Unavailable("this server cannot run other models for a Python model".into())
         })
     }
@@ -221,13 +266,13 @@ pub(super) fn call(
         }
     };
     if !decoupled {
-        let (header, data) = called((calls.unary)(request));
+        let (header, data) = called(calls.infer(request));
         answer(header, data);
         return;
     }
     // Kept until the call ends: a call nothing can cancel.
     let (_uncancellable, never) = tokio::sync::oneshot::channel();
-    for response in (calls.decoupled)(request, cancel.unwrap_or(never)) {
+    for response in calls.infer_decoupled(request, cancel.unwrap_or(never)) {
         let (header, data) = called(response);
         if !answer(header, data) {
             return;
@@ -324,7 +369,7 @@ pub(super) fn manage(caller: &ModelCaller, message: &channel::Message) -> Value 
             "unknown model management action {other:?}"
         ))),
     };
-    match asked.and_then(|asked| (caller.calls()?.manage)(asked)) {
+    match asked.and_then(|asked| caller.calls()?.manage(asked)) {
         Ok(ready) => json!({"op": "managed", "ready": ready}),
         Err(error) => {
             json!({"op": "managed", "error": error.message(), "code": error_code(&error)})

@@ -49,7 +49,7 @@ use crate::proto::inference::ModelConfig;
 use crate::scheduler::rate_limit::Limit;
 use crate::scheduler::{self, Outcome, ScheduleError, Scheduler};
 use crate::trace::Trace;
-pub use calls::{Cancel, Management, ModelCaller};
+pub use calls::{Cancel, Management, ModelCaller, ServerCalls};
 use serde_json::Value;
 pub use slot::Work;
 use slot::{Caller, Deliver, Slot};
