@@ -42,11 +42,6 @@ const ROOT_ITEMS: &[(&str, &str)] = &[("invalid_arg", "core")];
 /// The arrows against [`LAYERS`] that today's code has, as (file under `src/`, module used).
 /// Each is a debt: remove an entry when its last use goes (the test says when).
 const KNOWN: &[(&str, &str)] = &[
-    // The Python backend schedules its own instances (`PythonModel` holds its schedulers,
-    // made from the repository's batching config) and runs the repository's warmup samples.
-    ("backend/python/mod.rs", "repository"),
-    ("backend/python/mod.rs", "scheduler"),
-    ("backend/python/slot.rs", "scheduler"),
     // A request carries its trace (`InferRequest::trace`) only for the engine to take it out.
     ("core/request.rs", "trace"),
 ];

@@ -32,6 +32,7 @@ pub mod mapped;
 pub mod op_library;
 mod overrides;
 pub mod placement;
+pub mod python;
 mod ragged;
 pub mod remote;
 mod retire;
@@ -150,7 +151,7 @@ pub enum Executor {
     /// An ensemble runs its steps' models; nothing of its own to stop.
     Ensemble(Arc<ensemble::EnsemblePlan>),
     /// A Python model's instances, each a process running its `model.py`.
-    Python(Arc<crate::backend::python::PythonModel>),
+    Python(Arc<python::PythonModel>),
 }
 
 impl Executor {
