@@ -44,6 +44,8 @@ pub mod core;
 pub mod engine;
 pub mod generate;
 pub mod idle_poll;
+#[cfg(test)]
+mod layers;
 pub mod logging;
 pub mod metrics;
 pub mod proto;

@@ -7,6 +7,8 @@
 //! follows every change) turns true when it may. In poll mode the repository is re-scanned every
 //! `poll_interval` after that.
 
+mod python_calls;
+
 use crate::engine::{CacheConfig, Engine};
 use crate::proto::inference::grpc_inference_service_server::GrpcInferenceServiceServer;
 use crate::protocol::access::grpc::GrpcAccessLayer;
@@ -204,7 +206,7 @@ pub async fn run(
             .with_tracer(tracer(&config.trace)?)
             .with_response_cache(config.response_cache),
     );
-    connect_python_calls(&engine);
+    python_calls::connect(&engine);
 
     let (health, health_service) = tonic_health::server::health_reporter();
     for service in HEALTH_SERVICES {
@@ -622,98 +624,6 @@ fn open_repository(config: &Config) -> Result<ModelRepository, ServerError> {
         load_retries: config.load_retries,
     };
     ModelRepository::new(stores, options).map_err(|e| ServerError::Load(e.to_string()))
-}
-
-/// Lets Python models call the server's models (`InferenceRequest.exec()`, Triton's BLS;
-/// `exec(decoupled=True)` collects a decoupled model's responses). The engine is held weakly:
-/// the repository it owns holds this.
-fn connect_python_calls(engine: &Arc<Engine>) {
-    use crate::backend::python::Management;
-    let runtime = tokio::runtime::Handle::current();
-    let (weak, weak_decoupled, weak_manage) = (
-        Arc::downgrade(engine),
-        Arc::downgrade(engine),
-        Arc::downgrade(engine),
-    );
-    let (runtime_decoupled, runtime_manage) = (runtime.clone(), runtime.clone());
-    engine.repository().python_calls().connect(
-        move |request| {
-            on_engine(&runtime, &weak, |engine| async move {
-                engine.infer(request).await
-            })
-        },
-        move |request, cancel: crate::backend::python::Cancel| {
-            // Each response as the called model sends it; the stream ends with the call, or
-            // when the calling model cancels it (the request is dropped: the called model hears
-            // its client left).
-            let (sink, responses) = std::sync::mpsc::channel();
-            match weak_decoupled.upgrade() {
-                Some(engine) => {
-                    runtime_decoupled.spawn(async move {
-                        let each = |response| sink.send(response).is_ok();
-                        tokio::select! {
-                            ran = engine.infer_decoupled(request, each) => if let Err(error) = ran {
-                                let _ = sink.send(Err(error));
-                            },
-                            Ok(()) = cancel => {}
-                        }
-                    });
-                }
-                None => {
-                    let _ = sink.send(Err(crate::core::Error::Unavailable(
-                        "Server exiting".into(),
-                    )));
-                }
-            }
-            responses
-        },
-        move |asked| {
-            on_engine(&runtime_manage, &weak_manage, |engine| async move {
-                match asked {
-                    Management::Load { model, parameters } => {
-                        engine.load_model(&model, parameters).await.map(|()| true)
-                    }
-                    // Not waited for, as in Triton: a model may unload itself.
-                    Management::Unload { model, dependents } => {
-                        tokio::spawn(async move {
-                            if let Err(error) = engine.unload_model(&model, dependents).await {
-                                warn!("a Python model's unload of '{model}' failed: {error}");
-                            }
-                        });
-                        Ok(true)
-                    }
-                    Management::Ready { model, version } => {
-                        Ok(engine.model_ready(&model, &version))
-                    }
-                }
-            })
-        },
-    );
-}
-
-/// Runs `work` on the engine, on the runtime, while this (blocking) thread waits for it.
-fn on_engine<T, F>(
-    runtime: &tokio::runtime::Handle,
-    engine: &std::sync::Weak<Engine>,
-    work: impl FnOnce(Arc<Engine>) -> F,
-) -> Result<T, crate::core::Error>
-where
-    F: Future<Output = Result<T, crate::core::Error>> + Send + 'static,
-    T: Send + 'static,
-{
-    let engine = engine
-        .upgrade()
-        .ok_or_else(|| crate::core::Error::Unavailable("Server exiting".into()))?;
-    let (answer, answered) = std::sync::mpsc::channel();
-    let work = work(engine);
-    runtime.spawn(async move {
-        let _ = answer.send(work.await);
-    });
-    answered.recv().unwrap_or_else(|_| {
-        Err(crate::core::Error::Internal(
-            "a Python model's call to another model was dropped".into(),
-        ))
-    })
 }
 
 /// Runs the start-up load, then (poll mode) a poll every `interval`, each on a blocking thread.

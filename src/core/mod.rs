@@ -6,7 +6,9 @@ pub mod request;
 pub mod tensor;
 
 pub use error::Error;
-pub use request::{InferRequest, InferResponse, ParamValue, Parameters, RequestedOutput};
+pub use request::{
+    InferRequest, InferResponse, LoadParameter, ParamValue, Parameters, RequestedOutput,
+};
 pub use tensor::{DataType, Tensor};
 
 /// Triton's boolean spellings, in any case: `true`/`on`/`1` and `false`/`off`/`0` (command-line

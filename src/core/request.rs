@@ -99,3 +99,25 @@ pub struct InferResponse {
     /// Outputs in the order the model produced them, raw layout.
     pub outputs: Vec<Tensor>,
 }
+
+/// One load or unload parameter as either protocol sends it.
+#[derive(Debug, Clone, PartialEq)]
+pub enum LoadParameter {
+    Bool(bool),
+    Int64(i64),
+    String(String),
+    /// gRPC `bytes_param`; REST sends `file:` contents base64-encoded and the front end decodes it.
+    Bytes(bytes::Bytes),
+}
+
+impl LoadParameter {
+    /// Triton's name for the parameter type, used in its error messages.
+    pub fn type_name(&self) -> &'static str {
+        match self {
+            LoadParameter::Bool(_) => "BOOL",
+            LoadParameter::Int64(_) => "INT",
+            LoadParameter::String(_) => "STRING",
+            LoadParameter::Bytes(_) => "BYTES",
+        }
+    }
+}

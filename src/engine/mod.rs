@@ -16,10 +16,10 @@ pub mod shared_memory;
 mod status;
 mod stream;
 mod traces;
-pub mod validate;
-mod visit_order;
-
-use visit_order::visit_order;
+// Requests are checked against their model's inputs and outputs where warmup samples are too,
+// in the repository, which knows them; `engine::validate` stays their path.
+pub use crate::repository::validate;
+use crate::repository::visit_order::{self, visit_order};
 
 use crate::backend::BackendError;
 use crate::core::{Error, InferRequest, InferResponse};

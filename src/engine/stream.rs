@@ -224,7 +224,7 @@ enum Started {
 
 /// A checked request to a decoupled Python model.
 struct Queued {
-    python: Arc<python::PythonModel>,
+    python: Arc<crate::repository::python::PythonModel>,
     model: Arc<crate::repository::Model>,
     serving: Arc<crate::repository::ServingVersion>,
     request: InferRequest,

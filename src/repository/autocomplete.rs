@@ -5,11 +5,13 @@
 //! `dynamic_batching {}` when the config left it at 0.
 
 use super::config::datatype_to_config;
+use crate::backend::python::StubEnvironment;
 use crate::backend::TensorInfo;
 use crate::proto::inference::{
     model_config::SchedulingChoice, ModelConfig, ModelDynamicBatching, ModelInput, ModelOutput,
     ModelTensorReshape,
 };
+use std::path::Path;
 
 /// Triton's `default-max-batch-size` backend setting.
 pub const DEFAULT_MAX_BATCH_SIZE: i32 = 4;
@@ -96,6 +98,37 @@ pub fn autocomplete(
             });
         }
     }
+    Ok(())
+}
+
+/// Completes `config` with the Python model's `auto_complete_config(auto_complete_model_config)`
+/// (in `model_file`), as Triton does before loading. Blocking.
+///
+/// # Errors
+/// What the model raised, a config it made that does not parse or renames the model, or why
+/// Python did not run.
+pub fn python(
+    config: &mut ModelConfig,
+    dir: &Path,
+    model_file: &Path,
+    variables: &StubEnvironment,
+) -> Result<(), String> {
+    let name = config.name.clone();
+    let Some(completed) =
+        crate::backend::python::auto_complete(config, dir, model_file, variables)?
+    else {
+        return Ok(());
+    };
+    let completed = super::config_from_json(&completed.to_string()).map_err(|e| {
+        format!("auto_complete_config of model '{name}' made a config kiln cannot read: {e}")
+    })?;
+    if completed.name != name {
+        return Err(format!(
+            "auto_complete_config of model '{name}' renamed it '{}'",
+            completed.name
+        ));
+    }
+    *config = completed;
     Ok(())
 }
 

@@ -10,6 +10,7 @@ use super::ensemble::{self, EnsemblePlan};
 use super::limits::{
     check_sessions, read_text, MAX_CONFIG_BYTES, MAX_LABELS, MAX_LABEL_FILE_BYTES,
 };
+use super::python::PythonModel;
 use super::sequence::{SequenceSpec, Sequences};
 use super::store::{contained, plain_relative};
 use super::tuning::{self, Tuning};
@@ -18,7 +19,7 @@ use super::{
     autocomplete, generation, placement, text, versions, Executor, IoSpec, LoadOptions, Model,
     ServingVersion,
 };
-use crate::backend::python::{PythonModel, PythonSpec};
+use crate::backend::python::PythonSpec;
 use crate::backend::tokenize::{TextInput, TextModel, TextSpec};
 use crate::backend::{cuda, Backend, Device, OnnxRuntime, OnnxSession, SessionOptions, TensorInfo};
 use crate::metrics::ModelStats;
@@ -327,7 +328,7 @@ fn prepare_python(
             std::fs::read_to_string(path).is_ok_and(|code| code.contains("auto_complete_config"))
         };
         if let Some(path) = newest.filter(defines) {
-            crate::backend::python::auto_complete(&mut config, dir, &path, &options.python_env)?;
+            super::autocomplete::python(&mut config, dir, &path, &options.python_env)?;
         }
     }
     if config.input.is_empty() && config.output.is_empty() {

@@ -32,6 +32,7 @@ pub mod mapped;
 pub mod op_library;
 mod overrides;
 pub mod placement;
+pub mod python;
 mod ragged;
 pub mod remote;
 mod retire;
@@ -39,15 +40,18 @@ pub mod sequence;
 pub mod store;
 pub mod text;
 pub mod tuning;
+pub mod validate;
 mod versions;
+pub mod visit_order;
 pub mod warmup;
 
+pub use crate::core::LoadParameter;
 pub use index::IndexEntry;
 pub use io::{IoSpec, TensorSpec};
 pub use lifecycle::{ControlMode, ModelRepository, RepositoryOptions, Slot, Snapshot, Status};
 pub use limits::{MAX_BATCH_SIZE, MAX_MODEL_DIR_ENTRIES};
 pub use loader::LoadFailure;
-pub use overrides::{config_from_json, LoadParameter};
+pub use overrides::config_from_json;
 pub use remote::RemoteStore;
 pub use store::{LocalStore, ModelStore};
 
@@ -147,7 +151,7 @@ pub enum Executor {
     /// An ensemble runs its steps' models; nothing of its own to stop.
     Ensemble(Arc<ensemble::EnsemblePlan>),
     /// A Python model's instances, each a process running its `model.py`.
-    Python(Arc<crate::backend::python::PythonModel>),
+    Python(Arc<python::PythonModel>),
 }
 
 impl Executor {

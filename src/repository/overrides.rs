@@ -7,7 +7,7 @@
 use super::config::ConfigError;
 use super::limits::MAX_CONFIG_BYTES;
 use super::store::plain_relative;
-use crate::core::Error;
+use crate::core::{Error, LoadParameter};
 use crate::invalid_arg;
 use crate::proto::descriptor_pool;
 use crate::proto::inference::ModelConfig;
@@ -15,28 +15,6 @@ use prost_reflect::DynamicMessage;
 use std::collections::BTreeMap;
 use std::io::Write;
 use std::path::{Path, PathBuf};
-
-/// One load or unload parameter as either protocol sends it.
-#[derive(Debug, Clone, PartialEq)]
-pub enum LoadParameter {
-    Bool(bool),
-    Int64(i64),
-    String(String),
-    /// gRPC `bytes_param`; REST sends `file:` contents base64-encoded and the front end decodes it.
-    Bytes(bytes::Bytes),
-}
-
-impl LoadParameter {
-    /// Triton's name for the parameter type, used in its error messages.
-    fn type_name(&self) -> &'static str {
-        match self {
-            LoadParameter::Bool(_) => "BOOL",
-            LoadParameter::Int64(_) => "INT",
-            LoadParameter::String(_) => "STRING",
-            LoadParameter::Bytes(_) => "BYTES",
-        }
-    }
-}
 
 const FILE_PREFIX: &str = "file:";
 

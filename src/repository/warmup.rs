@@ -10,10 +10,10 @@
 
 use super::io::IoSpec;
 use super::store::contained;
+use super::validate;
 use crate::backend::Backend;
 use crate::core::tensor::{check_bytes_framing, element_count};
 use crate::core::{DataType, InferRequest, Tensor};
-use crate::engine::validate;
 use crate::metrics::{ComputeTimes, ModelStats, Timing};
 use crate::proto::inference::model_warmup::input::InputDataType;
 use crate::proto::inference::{ModelConfig, ModelWarmup};

@@ -5,10 +5,13 @@
 //! it waits, tells the calling thread when `execute` has returned, answers the model's calls to
 //! other models, and fails every open request if the stub dies.
 
+use super::calls::{spawn_call, ModelCaller, Streams};
 use super::cancel::Watch;
-use super::ModelCaller;
 use super::{
-    channel, log_line, metric, pipe_error, read_outputs, spawn_call, Outputs, Streamed, Streams,
+    channel,
+    logs::{log_line, metric},
+    messages::{execute_failed, pipe_error, read_outputs},
+    Outputs, Streamed,
 };
 use crate::core::Error;
 use std::collections::HashMap;
@@ -175,7 +178,7 @@ fn read(
             Some("error") => {
                 // `execute` raised: the call's requests still open end with its error.
                 let call = header["call"].as_u64().unwrap_or(0);
-                let error = super::execute_failed(&names.instance, &message);
+                let error = execute_failed(&names.instance, &message);
                 let mut state = shared.lock();
                 let failed: Vec<(u64, usize)> = state
                     .open

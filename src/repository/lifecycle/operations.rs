@@ -3,9 +3,10 @@
 
 use super::{ControlMode, ModelRepository, Slot, Status};
 use crate::core::Error;
+use crate::core::LoadParameter;
 use crate::proto::inference::ModelConfig;
 use crate::repository::loader::{self, LoadFailure};
-use crate::repository::overrides::{self, LoadParameter, OverrideDir};
+use crate::repository::overrides::{self, OverrideDir};
 use crate::repository::retire::trim_heap;
 use crate::repository::store::{validate_name, Fingerprint};
 use crate::repository::{Executor, Model};

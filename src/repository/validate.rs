@@ -1,13 +1,14 @@
 //! Checking an inference request against a model version's [`IoSpec`], with Triton's error texts,
 //! and mapping shapes between what clients send and what the ONNX graph takes. Pure functions.
 
+use super::visit_order::visit_order;
+use super::{IoSpec, TensorSpec};
 use crate::core::tensor::{
     check_bytes_framing, format_dims, shape_refusal, sized_element_count, BytesElements,
     FramingError,
 };
 use crate::core::{Error, InferRequest, Tensor};
 use crate::invalid_arg;
-use crate::repository::{IoSpec, TensorSpec};
 
 /// Triton's request prefix for errors found while normalising a request.
 pub fn request_prefix(id: &str) -> String {
@@ -26,7 +27,7 @@ fn quoted_list<'a>(names: impl Iterator<Item = &'a str>) -> String {
 /// The checks follow Triton's: requested outputs, the input count, then a pass over the inputs
 /// for their names and batch dimension, one for datatype and shape, one for their data. Where
 /// several inputs are wrong, the one reported is the one Triton's core meets first
-/// ([`super::visit_order`]).
+/// ([`visit_order`]).
 ///
 /// # Errors
 /// [`Error::InvalidArgument`] with Triton's message for the first problem found.
@@ -57,7 +58,7 @@ pub fn prepare_inputs(
             )
         };
         let names: Vec<&str> = request.inputs.iter().map(|i| i.name.as_str()).collect();
-        let got = super::visit_order(&names).into_iter().map(|i| names[i]);
+        let got = visit_order(&names).into_iter().map(|i| names[i]);
         invalid_arg!(
             "{prefix}{expected} but got {} inputs for model '{model}'. Got input(s) {}, but missing \
              required input(s) {}. Please provide all required input(s).",
@@ -170,7 +171,7 @@ fn in_triton_order<T>(
 ) -> Result<T, Error> {
     pass(&mut inputs.iter()).or_else(|first| {
         let names: Vec<&str> = inputs.iter().map(|input| input.name.as_str()).collect();
-        let order = super::visit_order(&names);
+        let order = visit_order(&names);
         pass(&mut order.into_iter().map(|index| &inputs[index])).and(Err(first))
     })
 }

@@ -1,0 +1,360 @@
+//! The crate's layers run one way (DESIGN.md: server → protocol → engine → repository →
+//! scheduler → backend → core): a test reads every `crate::<module>` path of the library
+//! outside its test code and fails on an arrow that runs sideways or up, naming its file and
+//! line. The arrows known today ([`KNOWN`]) are tolerated until they go; one that goes must
+//! leave the list too, so that the list only shrinks.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::path::{Path, PathBuf};
+
+/// Each top-level module of the library with its layer: a module may use only modules of lower
+/// layers (two modules of one layer use neither the other).
+const LAYERS: &[(&str, u8)] = &[
+    // The bottom, which every layer may use and which uses nothing above it: requests,
+    // tensors and errors (`core`, with its `invalid_arg!`), the generated KServe v2 and
+    // model-config types (`proto`), private temporary directories (`scratch`), the listeners'
+    // certificates (`tls`, for `server` and `cli`), and the host tuning only `main.rs` applies
+    // (`idle_poll`).
+    ("core", 0),
+    ("proto", 0),
+    ("scratch", 0),
+    ("tls", 0),
+    ("idle_poll", 0),
+    // Leaves every layer above reports to; they use only the bottom.
+    ("logging", 1),
+    ("metrics", 1),
+    ("trace", 1),
+    ("backend", 2),
+    // Both drive backends, neither the other: the queues and batches, the generation loop.
+    ("scheduler", 3),
+    ("generate", 3),
+    ("repository", 4),
+    ("engine", 5),
+    ("protocol", 6),
+    ("server", 7),
+    // The command line makes the server's options out of every layer's.
+    ("cli", 8),
+];
+
+/// Items at the crate's root and the module that defines them (`#[macro_export]` macros).
+const ROOT_ITEMS: &[(&str, &str)] = &[("invalid_arg", "core")];
+
+/// The arrows against [`LAYERS`] that today's code has, as (file under `src/`, module used).
+/// Each is a debt: remove an entry when its last use goes (the test says when).
+const KNOWN: &[(&str, &str)] = &[
+    // A request carries its trace (`InferRequest::trace`) only for the engine to take it out.
+    ("core/request.rs", "trace"),
+];
+
+/// One use of a module by another, where it is.
+#[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord)]
+struct Arrow {
+    file: String,
+    line: usize,
+    from: String,
+    to: String,
+}
+
+fn layer(module: &str) -> Option<u8> {
+    LAYERS
+        .iter()
+        .find(|(name, _)| *name == module)
+        .map(|(_, n)| *n)
+}
+
+/// `source` with its comments, string and character literals blanked (newlines kept), so that
+/// what is left is code whose braces and paths can be read as they are.
+fn code_only(source: &str) -> String {
+    let chars: Vec<char> = source.chars().collect();
+    let mut out = String::with_capacity(source.len());
+    let mut at = 0;
+    let blank = |out: &mut String, c: char| out.push(if c == '\n' { '\n' } else { ' ' });
+    while at < chars.len() {
+        let end = literal_end(&chars, at);
+        if end > at {
+            chars[at..end].iter().for_each(|&c| blank(&mut out, c));
+            at = end;
+        } else {
+            out.push(chars[at]);
+            at += 1;
+        }
+    }
+    out
+}
+
+/// Where the comment or literal starting at `at` ends (`at`: none starts there).
+fn literal_end(chars: &[char], at: usize) -> usize {
+    let next = |offset: usize| chars.get(at + offset).copied();
+    match (chars[at], next(1)) {
+        ('/', Some('/')) => (at..chars.len())
+            .find(|&i| chars[i] == '\n')
+            .unwrap_or(chars.len()),
+        ('/', Some('*')) => block_comment_end(chars, at),
+        ('"', _) => string_end(chars, at + 1, 0),
+        ('r', Some('"' | '#')) if at == 0 || !is_ident(chars[at - 1]) => {
+            let hashes = chars[at + 1..].iter().take_while(|&&c| c == '#').count();
+            match chars.get(at + 1 + hashes) {
+                Some('"') => string_end(chars, at + 2 + hashes, hashes),
+                _ => at,
+            }
+        }
+        ('b', Some('"' | '\'' | 'r')) if at == 0 || !is_ident(chars[at - 1]) => {
+            match literal_end(chars, at + 1) {
+                end if end > at + 1 => end,
+                _ => at,
+            }
+        }
+        // An escaped character: its closing quote comes after the escape's first character.
+        ('\'', Some('\\')) => (at + 3..chars.len())
+            .find(|&i| chars[i] == '\'')
+            .map_or(chars.len(), |i| i + 1),
+        // A character, not a lifetime: one character between quotes.
+        ('\'', Some(_)) if next(2) == Some('\'') => at + 3,
+        _ => at,
+    }
+}
+
+fn is_ident(c: char) -> bool {
+    c.is_alphanumeric() || c == '_'
+}
+
+/// The end of a (nested) block comment starting at `at`.
+fn block_comment_end(chars: &[char], at: usize) -> usize {
+    let (mut depth, mut i) = (0, at);
+    while i + 1 < chars.len() {
+        match (chars[i], chars[i + 1]) {
+            ('/', '*') => (depth, i) = (depth + 1, i + 2),
+            ('*', '/') => {
+                (depth, i) = (depth - 1, i + 2);
+                if depth == 0 {
+                    return i;
+                }
+            }
+            _ => i += 1,
+        }
+    }
+    chars.len()
+}
+
+/// The end of a string whose text starts at `from`, closed by `"` and `hashes` hashes (a raw
+/// string when `hashes` > 0 or when it began with `r`; escapes only matter in plain ones,
+/// where a raw string's `\` is never followed by its closing quote anyway).
+fn string_end(chars: &[char], from: usize, hashes: usize) -> usize {
+    let mut i = from;
+    while i < chars.len() {
+        match chars[i] {
+            '\\' if hashes == 0 => i += 2,
+            '"' if chars[i + 1..]
+                .iter()
+                .take(hashes)
+                .filter(|&&c| c == '#')
+                .count()
+                == hashes =>
+            {
+                return i + 1 + hashes;
+            }
+            _ => i += 1,
+        }
+    }
+    chars.len()
+}
+
+/// `code` (see [`code_only`]) with the items under `#[cfg(test)]` blanked; the files of the
+/// test modules it declares (`#[cfg(test)] mod name;`) go to `test_files`, relative to `dir`.
+fn without_tests(code: &str, dir: &Path, test_files: &mut BTreeSet<PathBuf>) -> String {
+    const ATTRIBUTE: &str = "#[cfg(test)]";
+    let mut out = code.to_string();
+    let mut from = 0;
+    while let Some(found) = out[from..].find(ATTRIBUTE) {
+        let start = from + found;
+        let item = start + ATTRIBUTE.len();
+        let end = item_end(&out, item);
+        let declared = out[item..end].split_whitespace().collect::<Vec<_>>();
+        if let [.., "mod", name] = declared.as_slice() {
+            let name = name.trim_end_matches(';');
+            test_files.insert(dir.join(format!("{name}.rs")));
+            test_files.insert(dir.join(name).join("mod.rs"));
+        }
+        let blanked: String = out[start..end]
+            .chars()
+            .map(|c| if c == '\n' { '\n' } else { ' ' })
+            .collect();
+        out.replace_range(start..end, &blanked);
+        from = end;
+    }
+    out
+}
+
+/// Where the item starting at `from` ends: at its `;` (before any brace: `use`, `mod name;`)
+/// or at the brace that closes its first one.
+fn item_end(code: &str, from: usize) -> usize {
+    let mut depth = 0usize;
+    for (offset, c) in code[from..].char_indices() {
+        match c {
+            ';' if depth == 0 => return from + offset + 1,
+            '{' => depth += 1,
+            '}' => {
+                depth = depth.saturating_sub(1);
+                if depth == 0 {
+                    return from + offset + 1;
+                }
+            }
+            _ => {}
+        }
+    }
+    code.len()
+}
+
+/// The top-level modules `code` uses through `crate::` paths, with their lines.
+fn crate_paths(code: &str) -> Vec<(usize, String)> {
+    let mut found = Vec::new();
+    for (index, line) in code.lines().enumerate() {
+        let mut rest = line;
+        while let Some(at) = rest.find("crate::") {
+            let before = rest[..at].chars().next_back();
+            let after = &rest[at + "crate::".len()..];
+            let name: String = after.chars().take_while(|&c| is_ident(c)).collect();
+            if !before.is_some_and(|c| is_ident(c) || c == '$') {
+                // `crate::{…}` has no one module: it shows as `{`, which no layer is.
+                let name = if name.is_empty() {
+                    after.chars().take(1).collect()
+                } else {
+                    name
+                };
+                found.push((index + 1, name));
+            }
+            rest = after;
+        }
+    }
+    found
+}
+
+/// Every `.rs` file under `dir`, sorted.
+fn rust_files(dir: &Path, files: &mut Vec<PathBuf>) {
+    let mut entries: Vec<PathBuf> = std::fs::read_dir(dir)
+        .unwrap_or_else(|e| panic!("cannot read {}: {e}", dir.display()))
+        .map(|entry| entry.expect("a directory entry").path())
+        .collect();
+    entries.sort();
+    for path in entries {
+        if path.is_dir() {
+            rust_files(&path, files);
+        } else if path.extension().is_some_and(|ext| ext == "rs") {
+            files.push(path);
+        }
+    }
+}
+
+/// Whether `file` (under `src/`) is test code by its name: a `tests.rs` or under a `tests/`.
+fn named_as_tests(file: &Path) -> bool {
+    file.file_name().is_some_and(|name| name == "tests.rs")
+        || file.components().any(|part| part.as_os_str() == "tests")
+}
+
+/// Every use of one top-level module of the library by another, outside test code. `main.rs`
+/// is the binary, outside the library (it reaches it as `kiln::`).
+fn arrows(src: &Path) -> Vec<Arrow> {
+    let mut files = Vec::new();
+    rust_files(src, &mut files);
+    let mut test_files = BTreeSet::new();
+    let mut arrows = Vec::new();
+    for path in files {
+        let file = path.strip_prefix(src).expect("under src/").to_path_buf();
+        if file == Path::new("main.rs") || named_as_tests(&file) || test_files.contains(&path) {
+            continue;
+        }
+        let source = std::fs::read_to_string(&path).expect("a readable source file");
+        let dir = path.parent().expect("a file's directory");
+        // `foo.rs` declares its modules in `foo/`, `mod.rs` and `lib.rs` in their own directory.
+        let dir = match path.file_stem().and_then(|s| s.to_str()) {
+            Some("mod" | "lib") => dir.to_path_buf(),
+            Some(stem) => dir.join(stem),
+            None => dir.to_path_buf(),
+        };
+        let code = without_tests(&code_only(&source), &dir, &mut test_files);
+        let from = file.components().next().expect("a path").as_os_str();
+        let from = from.to_string_lossy().trim_end_matches(".rs").to_string();
+        for (line, to) in crate_paths(&code) {
+            let to = ROOT_ITEMS
+                .iter()
+                .find(|(item, _)| *item == to)
+                .map_or(to, |(_, module)| module.to_string());
+            if to != from {
+                let file = file.to_string_lossy().into_owned();
+                arrows.push(Arrow {
+                    file,
+                    line,
+                    from: from.clone(),
+                    to,
+                });
+            }
+        }
+    }
+    arrows
+}
+
+/// Whether `arrow` runs down, as [`LAYERS`] allow.
+fn allowed(arrow: &Arrow) -> bool {
+    matches!((layer(&arrow.from), layer(&arrow.to)), (Some(from), Some(to)) if to < from)
+}
+
+#[test]
+fn layers_run_one_way() {
+    let src = Path::new(env!("CARGO_MANIFEST_DIR")).join("src");
+    let arrows = arrows(&src);
+    assert!(
+        arrows.len() > 100,
+        "the scan found only {} arrows: it reads nothing",
+        arrows.len()
+    );
+    let mut against: BTreeMap<(String, String), Vec<Arrow>> = BTreeMap::new();
+    for arrow in arrows.into_iter().filter(|arrow| !allowed(arrow)) {
+        let key = (arrow.file.clone(), arrow.to.clone());
+        against.entry(key).or_default().push(arrow);
+    }
+    let known: BTreeSet<(String, String)> = KNOWN
+        .iter()
+        .map(|(file, to)| (file.to_string(), to.to_string()))
+        .collect();
+    let new: Vec<String> = against
+        .iter()
+        .filter(|(key, _)| !known.contains(*key))
+        .flat_map(|(_, arrows)| arrows)
+        .map(|a| format!("src/{}:{}: {} uses {}", a.file, a.line, a.from, a.to))
+        .collect();
+    let gone: Vec<String> = known
+        .iter()
+        .filter(|key| !against.contains_key(*key))
+        .map(|(file, to)| format!("(\"{file}\", \"{to}\")"))
+        .collect();
+    assert!(
+        new.is_empty() && gone.is_empty(),
+        "layers run one way (see LAYERS in src/layers.rs)\nnew arrows against them:\n{}\n\
+         known arrows gone (take them out of KNOWN):\n{}",
+        new.join("\n"),
+        gone.join("\n"),
+    );
+}
+
+#[test]
+fn the_scan_reads_code_not_comments_strings_or_tests() {
+    let source = r##"
+use crate::core::Error; // crate::engine in a comment
+/* crate::server, /* nested */ crate::server */
+const S: &str = "crate::protocol \" crate::protocol";
+const R: &str = r#"crate::cli "quoted" crate::cli"#;
+const C: char = '"';
+fn f<'a>(x: &'a str) -> &'a str { $crate::trace; crate::metrics::ok(); x }
+#[cfg(test)]
+mod tests {
+    use crate::server;
+}
+#[cfg(test)]
+mod more;
+"##;
+    let mut test_files = BTreeSet::new();
+    let code = without_tests(&code_only(source), Path::new("m"), &mut test_files);
+    let found: Vec<String> = crate_paths(&code).into_iter().map(|(_, m)| m).collect();
+    assert_eq!(found, ["core", "metrics"]);
+    assert!(test_files.contains(Path::new("m/more.rs")));
+}
