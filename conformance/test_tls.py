@@ -115,8 +115,10 @@ def test_http_over_tls(tls_server, certs):
     infer_add_sub(client, httpclient)
     client.close()
     plain = httpclient.InferenceServerClient(tls_server.http_url, connection_timeout=5, network_timeout=5)
-    with pytest.raises(Exception):
+    with pytest.raises(Exception) as plaintext:
         plain.is_server_live()
+    # The server's answer to plaintext is a TLS alert, which is no HTTP response.
+    assert type(plaintext.value).__name__ == "HTTPParseError", repr(plaintext.value)
     plain.close()
 
 
@@ -133,7 +135,7 @@ def test_mutual_tls_requires_a_client_certificate(mtls_server, certs):
     infer_add_sub(client, httpclient)
     client.close()
     anonymous = http_client(mtls_server, certs, client_cert=False)
-    with pytest.raises(Exception):
+    with pytest.raises(ssl.SSLError, match="CERTIFICATE_REQUIRED"):
         anonymous.is_server_live()
     anonymous.close()
 
@@ -187,11 +189,11 @@ def test_the_cloud_listeners_use_the_rest_tls_settings(certs, mutual):
         for name, path in [("sagemaker", "/ping"), ("vertex", health), ("openai", "/v1/models")]:
             url = f"127.0.0.1:{ports[name]}"
             assert https_status(url, path, certs, client_cert=mutual) == 200, name
-            with pytest.raises(Exception):
+            with pytest.raises(http.client.BadStatusLine):  # a TLS alert, not HTTP
                 reply = http_request(url, "GET", path)
                 pytest.fail(f"{name} answered plaintext HTTP: {reply.status}")
             if mutual:
-                with pytest.raises(Exception):
+                with pytest.raises(ssl.SSLError, match="CERTIFICATE_REQUIRED"):
                     status = https_status(url, path, certs, client_cert=False)
                     pytest.fail(f"{name} answered without a client certificate: {status}")
     finally:
