@@ -131,8 +131,12 @@ async fn sigterm_drains_200_requests_in_flight_and_exits_0() {
         })
     };
 
-    // Let the requests arrive and the first few run, then signal.
-    tokio::time::sleep(Duration::from_millis(500)).await;
+    // Let the first few requests run (the statistics count them), then signal.
+    let deadline = Instant::now() + Duration::from_secs(60);
+    while completed(&client).await == 0 {
+        assert!(Instant::now() < deadline, "no request ran");
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
     let done_before = completed(&client).await;
     server.sigterm();
     let signalled = Instant::now();
