@@ -252,11 +252,14 @@ pub async fn run(
             when_stopped(&stopped)
         }
     };
+    // One budget for every REST listener's inflated bodies.
+    let inflate_budget = http::body::InflateBudget::new(config.limits.http_max_inflated_bytes);
     let http_config = || HttpConfig {
         max_input_bytes: config.http_max_input_bytes,
         body_timeout: config.limits.body_timeout,
         access: Arc::new(config.http_access.clone()),
         console: config.console,
+        inflate_budget: Arc::clone(&inflate_budget),
     };
     let http_serve = match listeners.http {
         Some(listener) => {

@@ -52,6 +52,12 @@ pub struct LimitFlags {
     /// `contents`), counted before the message is decoded.
     #[arg(long, env = "KILN_GRPC_MAX_MESSAGE_ENTRIES", default_value_t = limits::DEFAULT_GRPC_MAX_MESSAGE_ENTRIES, value_parser = at_least_one)]
     pub grpc_max_message_entries: usize,
+
+    /// Bytes that compressed REST request bodies may take once inflated, all of them together
+    /// (each is also held to --http-max-input-size); a body that would pass it is refused with
+    /// 429 and Retry-After. Uncompressed bodies are not counted.
+    #[arg(long, env = "KILN_HTTP_MAX_INFLATED_BYTES", default_value_t = limits::DEFAULT_HTTP_MAX_INFLATED_BYTES, value_parser = at_least_one)]
+    pub http_max_inflated_bytes: usize,
 }
 
 fn at_least_one(text: &str) -> Result<usize, String> {
@@ -91,6 +97,7 @@ impl LimitFlags {
             http2_max_local_error_reset_streams: self.http2_max_local_error_reset_streams,
             grpc_max_decompressed_bytes: self.grpc_max_decompressed_bytes,
             grpc_max_message_entries: self.grpc_max_message_entries,
+            http_max_inflated_bytes: self.http_max_inflated_bytes,
         }
     }
 }

@@ -36,6 +36,8 @@ pub struct TransportLimits {
     /// Nested messages (tensors, parameters, ...) and repeated strings one gRPC message may hold,
     /// counted in its wire bytes before it is decoded.
     pub grpc_max_message_entries: usize,
+    /// Bytes that REST bodies being inflated (or inflated and still held) may take all together.
+    pub http_max_inflated_bytes: usize,
 }
 
 /// hyper's default header read timeout.
@@ -57,6 +59,9 @@ pub const DEFAULT_GRPC_MAX_DECOMPRESSED_BYTES: usize = 256 * 1024 * 1024;
 /// A model with a thousand inputs and outputs and a few parameters each stays well under; each
 /// entry costs at most a few hundred bytes decoded, so the whole is a few MiB.
 pub const DEFAULT_GRPC_MAX_MESSAGE_ENTRIES: usize = 16_384;
+/// 256 MiB: four bodies at `--http-max-input-size` (64 MiB) at once; compressed REST requests
+/// are rare (tritonclient compresses only when asked), and uncompressed ones are not counted.
+pub const DEFAULT_HTTP_MAX_INFLATED_BYTES: usize = 256 * 1024 * 1024;
 impl Default for TransportLimits {
     fn default() -> Self {
         TransportLimits {
@@ -69,6 +74,7 @@ impl Default for TransportLimits {
             http2_max_local_error_reset_streams: DEFAULT_HTTP2_MAX_LOCAL_ERROR_RESET_STREAMS,
             grpc_max_decompressed_bytes: DEFAULT_GRPC_MAX_DECOMPRESSED_BYTES,
             grpc_max_message_entries: DEFAULT_GRPC_MAX_MESSAGE_ENTRIES,
+            http_max_inflated_bytes: DEFAULT_HTTP_MAX_INFLATED_BYTES,
         }
     }
 }

@@ -15,6 +15,7 @@ use axum::body::Body;
 use axum::http::{header, HeaderMap, HeaderValue, StatusCode};
 use bytes::{Bytes, BytesMut};
 use std::io::{Read, Write};
+use std::sync::Arc;
 use tokio_stream::StreamExt;
 
 /// A supported content coding.
@@ -129,11 +130,78 @@ pub async fn read(
     };
     match encoding {
         Encoding::Identity => Ok(raw),
-        compressed => tokio::task::spawn_blocking(move || inflate(compressed, &raw, limit))
-            .await
-            .map_err(|e| Error::Internal(e.to_string()))?,
+        compressed => {
+            let budget = Arc::clone(&config.inflate_budget);
+            tokio::task::spawn_blocking(move || inflate(compressed, &raw, limit, &budget))
+                .await
+                .map_err(|e| Error::Internal(e.to_string()))?
+        }
     }
 }
+
+/// The bytes all REST bodies being inflated, or inflated and still held, may take at once
+/// (`--http-max-inflated-bytes`). One gzip body of 60 KB inflates to 64 MiB: without a bound
+/// shared by every request, forty such bodies sent at once held 1.7 GB (bench/RESULTS.md). A
+/// body that would take more than what is left is refused (429, Retry-After) rather than
+/// waited for: bodies waiting on each other's share could wait for ever.
+#[derive(Debug)]
+pub struct InflateBudget {
+    max: usize,
+    used: std::sync::Mutex<usize>,
+}
+
+impl InflateBudget {
+    pub fn new(max: usize) -> Arc<InflateBudget> {
+        Arc::new(InflateBudget {
+            max,
+            used: std::sync::Mutex::new(0),
+        })
+    }
+
+    /// Takes `bytes` more for `taken`, or says no when the budget has not that much left.
+    fn take(self: &Arc<Self>, taken: &mut Taken, bytes: usize) -> Result<(), HttpError> {
+        let mut used = self.used.lock().unwrap_or_else(|e| e.into_inner());
+        if *used + bytes > self.max {
+            return Err(HttpError::from(Error::ResourceExhausted(format!(
+                "compressed request bodies being inflated would take more than the {} bytes \
+                 of --http-max-inflated-bytes; try again",
+                self.max
+            ))));
+        }
+        *used += bytes;
+        taken.bytes += bytes;
+        Ok(())
+    }
+}
+
+/// A share of the [`InflateBudget`], given back when dropped (with the inflated body it covers).
+#[derive(Debug)]
+struct Taken {
+    budget: Arc<InflateBudget>,
+    bytes: usize,
+}
+
+impl Drop for Taken {
+    fn drop(&mut self) {
+        let mut used = self.budget.used.lock().unwrap_or_else(|e| e.into_inner());
+        *used -= self.bytes;
+    }
+}
+
+/// An inflated body holding its share of the budget for as long as any of its bytes live.
+struct Inflated {
+    data: Vec<u8>,
+    _taken: Taken,
+}
+
+impl AsRef<[u8]> for Inflated {
+    fn as_ref(&self) -> &[u8] {
+        &self.data
+    }
+}
+
+/// How much of the budget an inflating body takes at a time.
+const INFLATE_STEP: usize = 1 << 20;
 
 /// The part of a declared `Content-Length` reserved before the body has arrived.
 const TRUSTED_CAPACITY: usize = 1 << 20;
@@ -148,24 +216,43 @@ async fn next_frame<S: tokio_stream::Stream + Unpin>(
         .map_err(|_| too_slow(timeout))
 }
 
-/// Decompresses `data`, stopping one byte past `limit` so a bomb never inflates further.
-fn inflate(encoding: Encoding, data: &[u8], limit: usize) -> Result<Bytes, HttpError> {
-    let cap = limit as u64 + 1;
-    let mut out = Vec::new();
-    let result = match encoding {
-        Encoding::Gzip => flate2::read::MultiGzDecoder::new(data)
-            .take(cap)
-            .read_to_end(&mut out),
-        Encoding::Deflate => flate2::read::ZlibDecoder::new(data)
-            .take(cap)
-            .read_to_end(&mut out),
+/// Decompresses `data`, stopping one byte past `limit` so a bomb never inflates further, and
+/// taking its output's size from `budget` a MiB at a time as it grows.
+fn inflate(
+    encoding: Encoding,
+    data: &[u8],
+    limit: usize,
+    budget: &Arc<InflateBudget>,
+) -> Result<Bytes, HttpError> {
+    let reader: Box<dyn Read + '_> = match encoding {
+        Encoding::Gzip => Box::new(flate2::read::MultiGzDecoder::new(data)),
+        Encoding::Deflate => Box::new(flate2::read::ZlibDecoder::new(data)),
         Encoding::Identity => return Ok(Bytes::copy_from_slice(data)),
     };
-    result.map_err(|e| invalid_arg!("failed to decompress the request body: {e}"))?;
-    if out.len() > limit {
-        return Err(too_large(limit));
+    let mut reader = reader.take(limit as u64 + 1);
+    let mut taken = Taken {
+        budget: Arc::clone(budget),
+        bytes: 0,
+    };
+    let mut out = Vec::new();
+    loop {
+        budget.take(&mut taken, INFLATE_STEP)?;
+        let before = out.len();
+        (&mut reader)
+            .take(INFLATE_STEP as u64)
+            .read_to_end(&mut out)
+            .map_err(|e| invalid_arg!("failed to decompress the request body: {e}"))?;
+        if out.len() > limit {
+            return Err(too_large(limit));
+        }
+        if out.len() - before < INFLATE_STEP {
+            break;
+        }
     }
-    Ok(Bytes::from(out))
+    Ok(Bytes::from_owner(Inflated {
+        data: out,
+        _taken: taken,
+    }))
 }
 
 /// The response encoding for an `Accept-Encoding` header: the highest-weighted of `gzip`,
@@ -236,6 +323,7 @@ mod tests {
             body_timeout,
             access: Default::default(),
             console: false,
+            inflate_budget: InflateBudget::new(usize::MAX),
         }
     }
 
@@ -381,12 +469,49 @@ mod tests {
         let data = b"some response body".repeat(10);
         let (encoding, gz) = compress(Encoding::Gzip, data.clone());
         assert_eq!(encoding, Encoding::Gzip);
-        assert_eq!(&inflate(Encoding::Gzip, &gz, 1000).unwrap()[..], &data[..]);
+        let budget = InflateBudget::new(usize::MAX);
+        let inflated = inflate(Encoding::Gzip, &gz, 1000, &budget).unwrap();
+        assert_eq!(&inflated[..], &data[..]);
         let (_, zlib) = compress(Encoding::Deflate, data.clone());
         assert_eq!(
-            &inflate(Encoding::Deflate, &zlib, 1000).unwrap()[..],
+            &inflate(Encoding::Deflate, &zlib, 1000, &budget).unwrap()[..],
             &data[..]
         );
         assert_eq!(compress(Encoding::Identity, data.clone()).1, data);
+    }
+
+    fn used(budget: &InflateBudget) -> usize {
+        *budget.used.lock().unwrap()
+    }
+
+    #[test]
+    fn inflated_bodies_share_one_budget_while_they_live() {
+        let mib = INFLATE_STEP;
+        let budget = InflateBudget::new(3 * mib);
+        let small = compress(Encoding::Gzip, vec![b'x'; 100]).1;
+        let large = compress(Encoding::Gzip, vec![0; 2 * mib + 1]).1;
+        // A small body takes one step; a body of two MiB and a byte takes three.
+        let first = inflate(Encoding::Gzip, &small, 64 * mib, &budget).unwrap();
+        assert_eq!(used(&budget), mib);
+        let refused = inflate(Encoding::Gzip, &large, 64 * mib, &budget).unwrap_err();
+        assert_eq!(refused.status(), StatusCode::TOO_MANY_REQUESTS);
+        assert!(
+            refused.message.contains("--http-max-inflated-bytes"),
+            "{}",
+            refused.message
+        );
+        // A refused body gives back what it took; a body gives its share back once dropped,
+        // clones included.
+        assert_eq!(used(&budget), mib);
+        let clone = first.clone();
+        drop(first);
+        assert_eq!(used(&budget), mib);
+        drop(clone);
+        assert_eq!(used(&budget), 0);
+        let large = inflate(Encoding::Gzip, &large, 64 * mib, &budget).unwrap();
+        assert_eq!(large.len(), 2 * mib + 1);
+        assert_eq!(used(&budget), 3 * mib);
+        drop(large);
+        assert_eq!(used(&budget), 0);
     }
 }

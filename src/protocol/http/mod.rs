@@ -10,7 +10,7 @@
 //! Validation and inference happen in the engine only, exactly as for gRPC; engine
 //! errors become HTTP statuses in one place, [`status`].
 
-mod body;
+pub mod body;
 mod console;
 pub mod generate;
 pub mod infer;
@@ -43,6 +43,8 @@ pub struct HttpConfig {
     pub access: std::sync::Arc<crate::protocol::access::AccessPolicy>,
     /// Serve the status page and the document's rendering under `/console` (`--console`).
     pub console: bool,
+    /// What compressed bodies may take once inflated, all together (`--http-max-inflated-bytes`).
+    pub inflate_budget: std::sync::Arc<body::InflateBudget>,
 }
 
 /// Triton's default `--http-max-input-size`: 64 MiB.
