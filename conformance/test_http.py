@@ -292,7 +292,8 @@ def test_classification_of_unsupported_type(hclient):
     with pytest.raises(InferenceServerException) as e:
         hclient.infer("string_echo", [make_input("input-1", a)], outputs=[out])
     assert e.value.status() == "400"
-    # Triton: server src/classification.cc, TopkClassifications (its default case).
+    # Triton: server src/classification.cc, the default case of its per-datatype switch (the text
+    # is also frozen by Triton's qa classification tests).
     assert e.value.message() == "class result not available for output due to unsupported type 'BYTES'"
 
 
