@@ -200,7 +200,7 @@ def test_a_shrunken_object_fails_the_request_not_the_server(triton, regions):
     with pytest.raises(InferenceServerException) as e:
         client.infer("add_sub", inputs)
     # kiln's text (its own guard against a region shrunk after registration); the searched Triton
-    # sources hold none: Triton keeps its mapping and does not look again.
+    # sources hold none.
     assert (
         f"shared memory region 'in_{tag}' is smaller than when it was registered "
         f"(key '/kiln_in_{tag}')"
