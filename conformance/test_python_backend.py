@@ -1580,8 +1580,9 @@ def test_a_model_loads_unloads_and_asks_after_other_models(python_server):
     # What the repository refuses reaches the model as an exception, and its client as the error.
     with pytest.raises(InferenceServerException) as refused:
         manage("load", "bad name/../x")
-    # kiln's text for the name (see test_triton_validation.py for Triton's current rule), wrapped as
-    # python_backend raises a BLS error (pb_utils.TritonModelException).
+    # The name's refusal "invalid model name '<n>'..." (kiln's text, the rule Triton's since server
+    # PR #8400: see test_triton_validation.py), wrapped as python_backend raises a model-control
+    # error in the model (pb_utils.TritonModelException).
     assert "TritonModelException: invalid model name 'bad name/../x'" in str(refused.value)
 
 
