@@ -170,6 +170,7 @@ def test_trace_setting_errors(traced):
     # src/grpc/grpc_server.cc (TraceSetting, "expect only 1 value for ..."); "Attempting to set invalid
     # trace setting :<reason>" server src/tracer.cc, TraceManager::UpdateTraceSetting; the parse error
     # common src/triton_json.h.
+    server, _ = traced
     cases = [
         ("/v2/trace/setting", {"trace_file": "/tmp/elsewhere.json"}, 501,
          "trace file location can not be updated through network protocol"),
