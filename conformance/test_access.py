@@ -102,6 +102,8 @@ def test_grpc_stream_is_refused_at_start(restricted):
     client.start_stream(partial(callback, answers), headers={"test": "1"})
     first = answers.get(timeout=30)
     assert isinstance(first, InferenceServerException), first
+    # Triton: server src/grpc/infer_handler.cc and grpc_server.cc, each handler's ExecutePrecondition
+    # failure ("This protocol is restricted, expecting header '<key>'", UNAVAILABLE).
     assert "This protocol is restricted" in first.message()
     client.stop_stream()
     client.start_stream(partial(callback, answers), headers=grpc_headers(INFER))
@@ -117,6 +119,8 @@ def test_http_apis_like_triton(restricted):
     client = httpclient.InferenceServerClient(restricted.http_url)
     # health is not restricted on HTTP
     assert client.is_server_live()
+    # Triton: server src/http_server.cc, RETURN_AND_RESPOND_IF_RESTRICTED (403); the searched copies
+    # did not show the text's line itself, which Triton's L0_http restricted-API test freezes.
     exc = refused(lambda: client.get_inference_statistics("add_sub"),
                   "This API is restricted, expecting header 'admin-key'")
     assert exc.status() == "403"

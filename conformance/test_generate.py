@@ -308,6 +308,14 @@ def test_generation_metrics_are_exported(server):
 
 
 def test_bad_settings_get_clear_errors(server, alive):
+    # kiln's texts for its generation models' settings and prompt ('max_tokens', 'temperature',
+    # 'top_p', 'seed', max_sequence_length, 'text_input' must be a string, at least one token): the
+    # settings are kiln's runner's, Triton has no such model. Triton's: "reserved for Triton usage"
+    # (server src/grpc/infer_handler.cc and src/http_server.cc, the 'triton_' parameter check),
+    # "failed to parse the request JSON" (common src/triton_json.h, TritonJson::Value::Parse),
+    # "missing required input(s)" (core src/infer_request.cc, InferenceRequest::Normalize), the
+    # unknown model (core src/model_lifecycle.cc, ModelLifeCycle::GetModel, prefixed by
+    # ModelRepositoryManager::GetModel).
     cases = [
         ({"max_tokens": 0}, "'max_tokens' must be an integer between 1"),
         ({"temperature": -1}, "'temperature' must be a number >= 0, got -1"),
@@ -349,6 +357,8 @@ def test_plain_inference_on_a_decoupled_model_is_refused_as_triton_does(server, 
     with pytest.raises(InferenceServerException) as refused:
         client.infer(MODEL, [text])
     assert refused.value.status() == str(grpc.StatusCode.UNIMPLEMENTED)
+    # Triton: server src/grpc/infer_handler.cc, ModelInferHandler, and src/http_server.cc,
+    # HandleInfer (501) (read on main).
     assert refused.value.message() == "ModelInfer RPC doesn't support models with decoupled transaction policy"
     body = {"inputs": [{"name": "text_input", "shape": [1], "datatype": "BYTES", "data": ["The potter"]}]}
     reply = requests.post(f"http://{server.http_url}/v2/models/{MODEL}/infer", json=body, timeout=RPC_TIMEOUT)

@@ -322,6 +322,9 @@ def test_an_onnx_model_answers_generate_as_it_answers_infer(server):
     # 16 elements fill the fixed dimension and the batch is 1; 15 cannot.
     short = post(server, "add_sub", {"INPUT0": a[:15].tolist(), "INPUT1": b.tolist()})
     assert short.status_code == 400
+    # Triton 2.51's answer (this file's docstring: compared with it answer for answer); the
+    # searched Triton sources did not show its line (server src/http_server.cc, the generate
+    # request's conversion to tensors).
     assert short.json() == {"error": "The schema can not convert input 'INPUT0' to tensor with proper shape"}
 
 
@@ -353,6 +356,8 @@ def test_a_decoupled_python_model_streams_its_responses(server):
 
 
 def test_generate_needs_exactly_one_response(server):
+    # Triton: server src/http_server.cc, the generate handler's response check (frozen by Triton's
+    # qa/L0_http generate tests).
     answer = post(server, "py_gen", {"text_input": "what is triton server", "stream": True})
     assert answer.status_code == 400
     assert answer.json() == {
@@ -664,8 +669,10 @@ def test_an_ensemble_with_a_decoupled_step_streams_a_response_per_step_response(
     refused = requests.post(f"http://{server.http_url}/v2/models/llm_pipeline/infer", timeout=RPC_TIMEOUT, json={
         "inputs": [{"name": "text_input", "shape": [1], "datatype": "BYTES", "data": ["x"]}]})
     assert refused.status_code == 501
+    # Triton: server src/http_server.cc, HandleInfer.
     assert refused.json() == {"error": "HTTP end point doesn't support models with decoupled transaction policy"}
-    # The step's error mid-stream ends the ensemble's, named.
+    # The step's error mid-stream ends the ensemble's, named ("in ensemble '<e>', " is core's prefix,
+    # src/ensemble_scheduler/ensemble_scheduler.cc; "gave up" is the model's own error).
     failing = events(post(server, "llm_pipeline", {"text_input": "fail later", "stream": True}, stream=True))
     assert failing[-1] == {"error": "in ensemble 'llm_pipeline', gave up"}, failing
     # And the OpenAI API drives it as a TensorRT-LLM ensemble.

@@ -39,6 +39,11 @@ def infer_err(stub, req) -> grpc.RpcError:
 
 # --------------------------------------------------------------------------- model / version lookup
 
+# Triton: core src/model_lifecycle.cc, ModelLifeCycle::GetModel ("'<m>' is not found", "'<m>' version
+# <v> is not found", "'<m>' has no available versions", "... is not at ready state"), prefixed with
+# "Request for unknown model: " by ModelRepositoryManager::GetModel
+# (src/model_repository_manager/model_repository_manager.cc).
+
 @pytest.mark.parametrize("rpc,req", [
     ("ModelInfer", service_pb2.ModelInferRequest(model_name="no_such_model")),
     ("ModelMetadata", service_pb2.ModelMetadataRequest(name="no_such_model")),
@@ -77,6 +82,8 @@ def test_unknown_or_unserved_version(stub, model, version):
 
 @pytest.mark.parametrize("version", ["abc", "v1"])
 def test_bad_version_string(stub, version):
+    # Triton: server src/common.cc, GetModelVersionFromString (std::stol throws: "... '<v>' (details:
+    # stol), version should be an integral value > 0"); the assertion holds its two fixed fragments.
     req = add_sub_req(version=version)
     assert_rpc_error(infer_err(stub, req), INV,
                      f"failed to get model version from specified version string '{version}'",
@@ -114,6 +121,13 @@ def test_name_mismatch_model_not_served(stub):
 
 
 # --------------------------------------------------------------------------- tensor validation
+# Triton, unless a test says otherwise: core src/infer_request.cc, InferenceRequest::Normalize (input
+# count and "Got input(s) ..., but missing required input(s)", batch sizes, batch-size limit,
+# data-type, unexpected shape with its NOTE on max_batch_size); core src/model.h/.cc,
+# Model::GetInput / Model::GetOutput ("unexpected inference input/output '<n>' for model '<m>'");
+# the gRPC front end's own: server src/grpc/infer_handler.cc, InferGRPCToInput ("unable to find data
+# for input tensor", "contents field must not be specified when using raw_input_contents") and
+# InferGRPCToInputHelper ("unexpected explicit tensor data ... of type ..., expected datatype").
 
 def test_wrong_datatype(client):
     a = grpcclient.InferInput("INPUT0", [1, 16], "FP64")
@@ -126,6 +140,8 @@ def test_wrong_datatype(client):
 
 
 def test_unknown_datatype_name(stub):
+    # Triton's text (TRITONSERVER_StringToDataType gives TYPE_INVALID, refused in Normalize's data-type
+    # check) is not frozen here: only the input's name is asserted.
     req = add_sub_req()
     req.inputs[0].datatype = "FLOAT32"
     err = infer_err(stub, req)
@@ -202,6 +218,10 @@ def test_unknown_requested_output(stub):
 
 @pytest.mark.parametrize("nbytes", [60, 68, 0])
 def test_raw_byte_size_mismatch(stub, nbytes):
+    # Triton: core src/infer_request.cc (its input byte-size check, run when the request is
+    # prepared); the whole text "input byte size mismatch for input '<n>' for model '<m>'. Expected
+    # <x>, got <y>" is frozen by Triton's own tests (core src/test/input_byte_size_test.cc, server
+    # qa/L0_input_validation); the searched copies of core did not show the line itself.
     req = add_sub_req(data0=b"\0" * nbytes)
     assert_rpc_error(infer_err(stub, req), INV, "input byte size mismatch for input 'INPUT0' for model 'add_sub'",
                      f"Expected 64, got {nbytes}")
@@ -252,7 +272,8 @@ def test_malformed_bytes_framing(stub, shape, raw):
 
 @pytest.mark.parametrize("shape,elements", [([1, 3], [b"a", b"b"]), ([1, 1], [b"a", b"b"])])
 def test_bytes_element_count_mismatch(stub, shape, elements):
-    # Triton: "expected 3 string elements for inference input 'X' for model 'M', got 2" /
+    # Triton: core src/infer_request.cc, InferenceRequest::ValidateBytesInputs:
+    #         "expected 3 string elements for inference input 'X' for model 'M', got 2" /
     #         "unexpected number of string elements 2 for inference input 'X' ..., expecting 1"
     req = infer_request("string_echo", [("input-1", "BYTES", shape, serialize_bytes(elements))])
     assert_rpc_error(infer_err(stub, req), INV, "string elements", "'input-1'")
@@ -275,7 +296,9 @@ NOTE = ("NOTE: Setting a non-zero max_batch_size in the model config requires a 
 # sizes, batch-size limit, unexpected shape; server PR #8182: element count and byte size overflow;
 # ValidateBytesInputs: string elements; test_triton_validation.py has their sources), except
 # "invalid shape ... is negative", which is kiln's own: Triton's answer to a negative dimension is
-# not recorded here.
+# not recorded here. Read on core's InferenceRequest::Normalize, Triton refuses a -1 where the
+# config has a variable dimension with "All input dimensions should be specified for input '<n>'
+# for model '<m>', got [-1]" (a known difference, docs/compatibility.md).
 HOSTILE = [
     ("add_sub", [("INPUT0", "FP32", [2**40, 2**40], ONES), ("INPUT1", "FP32", [1, 16], ONES)],
      "input 'INPUT0' batch size does not match other inputs for 'add_sub'"),
@@ -326,6 +349,8 @@ def test_bytes_typed_huge_shape(stub):
 # --------------------------------------------------------------------------- parameters
 
 def test_reserved_triton_parameter(stub):
+    # Triton: server src/grpc/infer_handler.cc, SetInferenceRequestMetadata (the allowed keys are
+    # TRITON_RESERVED_REQUEST_PARAMS joined with spaces).
     req = add_sub_req()
     req.parameters["triton_bogus"].string_param = "x"
     assert_rpc_error(infer_err(stub, req), INV, "parameter keys starting with 'triton_' are reserved for Triton "
@@ -334,6 +359,7 @@ def test_reserved_triton_parameter(stub):
 
 
 # Triton 2.51's gRPC front end checks the type of each parameter (bench/triton_parity.sh --json).
+# Triton: server src/grpc/infer_handler.cc, SetInferenceRequestMetadata, every text below (read on main).
 @pytest.mark.parametrize("key,field,value,message", [
     ("priority", "string_param", "high", "invalid value type for 'priority' parameter, expected int64_param or "
                                          "uint64_param."),

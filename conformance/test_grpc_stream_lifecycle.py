@@ -58,6 +58,8 @@ def test_stream_infer_responses_and_inline_error(server):
         np.testing.assert_array_equal(results[rid].as_numpy("OUTPUT1"), a - b)
         assert results[rid].get_response().model_version == "1"
     assert len(errors) == 1
+    # Triton: core src/model_lifecycle.cc, ModelLifeCycle::GetModel, prefixed by
+    # ModelRepositoryManager::GetModel (see test_grpc_errors.py).
     assert "Request for unknown model: 'no_such_model' is not found" in errors[0].message()
     # As Triton 2.51 writes them: a response flagged final, a refusal carrying the id alone.
     assert results["s0"].get_response().parameters["triton_final_response"].bool_param is True

@@ -410,6 +410,8 @@ def test_version_routing(client, model, version, expect_version):
 def test_version_not_served(client, model, version):
     with pytest.raises(InferenceServerException) as ei:
         infer(client, model, {"INPUT0": np.array([1.0], np.float32)}, version=version)
+    # Triton: core src/model_lifecycle.cc, ModelLifeCycle::GetModel, prefixed by
+    # ModelRepositoryManager::GetModel (see test_grpc_errors.py).
     assert_triton_error(ei.value, grpc.StatusCode.NOT_FOUND,
                         f"Request for unknown model: '{model}' version {version} is not found")
 

@@ -90,7 +90,9 @@ def test_model_metadata_and_config(hclient):
 
 def test_model_metadata_is_written_as_triton_writes_it(server):
     # Written as Triton 2.51's REST front end writes model metadata (keys in its order, no
-    # spaces): byte for byte the same on a Python model served by both.
+    # spaces): byte for byte the same on a Python model served by both. Triton builds it in core
+    # src/tritonserver.cc, TRITONSERVER_ServerModelMetadata, and server src/http_server.cc,
+    # HandleModelMetadata, writes it out.
     body = requests.get(f"http://{server.http_url}/v2/models/mlp_classifier/versions/1", timeout=30).text
     assert body == ('{"name":"mlp_classifier","versions":["1"],"platform":"onnxruntime_onnx",'
                     '"inputs":[{"name":"INPUT0","datatype":"FP32","shape":[-1,64]}],'
@@ -114,6 +116,9 @@ def test_repository_index(hclient):
     broken = next(m for m in index if m["name"] == "broken")
     assert broken["state"] == "UNAVAILABLE" and broken["reason"]
     ready = [m for m in index if m.get("state") == "READY"]
+    # kiln's row: Triton (core src/tritonserver.cc, TRITONSERVER_ServerModelIndex) leaves "reason"
+    # out when it is empty; kiln writes "reason": "" on READY rows, a known difference
+    # (docs/compatibility.md).
     assert {"name": "add_sub", "version": "1", "state": "READY", "reason": ""} in ready
 
 
@@ -121,6 +126,8 @@ def test_unknown_model_is_404(hclient):
     with pytest.raises(InferenceServerException) as e:
         hclient.get_model_metadata("nope")
     assert e.value.status() == "404"
+    # Triton: core src/model_lifecycle.cc, ModelLifeCycle::GetModel, prefixed by
+    # ModelRepositoryManager::GetModel (see test_grpc_errors.py).
     assert e.value.message() == "Request for unknown model: 'nope' is not found"
 
 
@@ -285,6 +292,8 @@ def test_classification_of_unsupported_type(hclient):
     with pytest.raises(InferenceServerException) as e:
         hclient.infer("string_echo", [make_input("input-1", a)], outputs=[out])
     assert e.value.status() == "400"
+    # Triton: server src/classification.cc, the default case of its per-datatype switch (the text
+    # is also frozen by Triton's qa classification tests).
     assert e.value.message() == "class result not available for output due to unsupported type 'BYTES'"
 
 
@@ -305,7 +314,8 @@ def test_validation_errors_have_triton_statuses(hclient):
     with pytest.raises(InferenceServerException) as e:
         hclient.infer("broken", [make_input("x", np.zeros(1, np.float32))], model_version="1")
     assert e.value.status() == "503"
-    # Statistics of a model without a ready version: Triton 2.51's words and status.
+    # Statistics of a model without a ready version: Triton 2.51's words and status (core
+    # src/tritonserver.cc, TRITONSERVER_ServerModelStatistics, both texts).
     with pytest.raises(InferenceServerException) as e:
         hclient.get_inference_statistics("nope")
     assert (e.value.status(), e.value.message()) == ("400", "requested model 'nope' is not available")

@@ -39,6 +39,10 @@ def add_sub_json(a=None, b=None):
 # --------------------------------------------------------------------------- health (KServe)
 
 def test_kserve_health_bodies(server, bundled_server):
+    # Statuses: Triton's (server src/http_server.cc, HTTPAPIServer::HandleServerHealth: 200, or 400
+    # when not ready, no body). The {"live": ...} / {"ready": ...} bodies are kiln's own, a known
+    # difference (docs/compatibility.md). Model readiness: HandleModelReady, an empty 200 or 400
+    # "Model version not ready" (read on Triton's main).
     live = get(server.http_url, "/v2/health/live")
     assert (live.status, live.json()) == (200, {"live": True})
     assert live.headers["content-type"] == "application/json"
@@ -55,6 +59,11 @@ def test_kserve_health_bodies(server, bundled_server):
 # --------------------------------------------------------------------------- routes
 
 def test_unknown_paths_and_methods(server):
+    # 405 {"error":"Method Not Allowed"}: Triton's, server src/http_server.cc, each Handle* method
+    # (RETURN_AND_RESPOND_WITH_ERR(req, EVHTP_RES_METHNALLOWED, "Method Not Allowed")). 404
+    # {"error":"Not Found"} is kiln's reading of Triton 2.51's answer (src/protocol/http/mod.rs);
+    # the searched copies of HTTPAPIServer::Handle end with a bare evhtp_send_reply(EVHTP_RES_BADREQ)
+    # instead, so this text is not confirmed on Triton's main.
     for path in ("/", "/v2/nothing", "/v2/models", "/v2/models/add_sub/versions/x", "/v2/models/add_sub/infer/x"):
         r = get(server.http_url, path)
         assert (r.status, r.json()) == (404, {"error": "Not Found"}), path
@@ -71,6 +80,10 @@ def test_stats_route_is_not_a_model_and_placeholders_are_501(server):
     assert r.status == 200 and [s["version"] for s in r.json()["model_stats"]] == ["1"]
     r = http_request(server.http_url, "POST", "/v2/cudasharedmemory/region/r/register")
     assert r.status == 501 and r.headers["content-type"] == "application/json", r
+    # Triton: core src/model_repository_manager/model_repository_manager.cc,
+    # ModelRepositoryManager::LoadUnloadModel ("explicit model load / unload is not allowed if
+    # polling is enabled", UNAVAILABLE); server src/http_server.cc, HandleRepositoryControl
+    # ("'repository_name' specification is not supported", UNSUPPORTED).
     load = post(server.http_url, "/v2/repository/models/add_sub/load")
     assert load.status == 503 and "explicit model load / unload is not allowed" in load.error()
     named = post(server.http_url, "/v2/repository/x/models/add_sub/unload", b"{}")
@@ -165,7 +178,10 @@ def test_raw_binary_request(server):
                                      "data": ["h\u00e9llo wörld"]}]}).encode()
     r = post(server.http_url, "/v2/models/all_minilm_l6_v2/infer", framed)
     np.testing.assert_allclose(embedding, np.array(json.loads(r.body)["outputs"][0]["data"], np.float32), atol=1e-6)
-    # Triton's rule for strings: shape [1] only (string_echo's is [-1]).
+    # Triton's rule for strings: shape [1] only (string_echo's is [-1]). Both texts: core
+    # src/infer_request.cc, InferenceRequest::Normalize (raw input; "For BYTE datatype raw input
+    # '<n>', the model must have input shape [1]" is frozen by Triton's qa/L0_http raw-input
+    # tests) and its input byte-size check (see test_grpc_errors.py).
     r = post(server.http_url, "/v2/models/string_echo/infer", text, {IHCL: "0"})
     assert (r.status, r.error()) == (400, "[request id: <id_unknown>] For BYTE datatype raw input 'input-1', "
                                           "the model must have input shape [1]")
@@ -206,6 +222,16 @@ def _input(shape, datatype="FP32", **source):
     return json.dumps({"inputs": [dict(name="INPUT0", shape=shape, datatype=datatype, **source)]}).encode()
 
 
+# Sources, server src/http_server.cc unless named: "failed to parse the request JSON buffer: <rapidjson
+# error> at <offset>" common src/triton_json.h, TritonJson::Value::Parse; "Raw request must only have
+# 1 input ..." core InferenceRequest::Normalize; "Unable to parse 'shape'" and "unexpected size for
+# input ..., expecting N additional bytes for model" HTTPAPIServer::EVBufferToInput; "Input must set
+# only one of the following fields" its input-content check; "causes total element count to exceed
+# maximum size" server PR #8182 (see test_triton_validation.py); "invalid datatype for input" and
+# "receiving FP16 data via JSON is not supported" ReadDataFromJson; "Shape does not match true shape
+# of 'data' field" ReadDataFromJsonHelper. kiln's own wording, for which the searched Triton sources
+# hold no text: "must be a JSON object", "more than 1000000 values" (kiln's limit), "expected a
+# number for FP32 input" and "signed integer in range" (the assertions hold only these fragments).
 BAD_JSON = [
     ("garbage", b"\x00\xff\xfe garbage", "failed to parse the request JSON buffer"),
     ("empty body", b"", "Raw request must only have 1 input (found 1) to be deduced but got 2 inputs"),
@@ -240,6 +266,7 @@ def test_bad_json_bodies(alive, what, body, expected):
 
 
 def test_wrong_datatype_is_validation(alive):
+    # Triton: core src/infer_request.cc, InferenceRequest::Normalize (read on main).
     req = add_sub_json()
     req["inputs"][0]["datatype"] = "FP64"
     r = post(alive.http_url, INFER, json.dumps(req).encode())
@@ -249,6 +276,7 @@ def test_wrong_datatype_is_validation(alive):
 
 
 def test_header_length_larger_than_body(alive):
+    # Triton: server src/http_server.cc, HTTPAPIServer::GetInferenceHeaderLength.
     body = json.dumps(add_sub_json()).encode()
     r = post(alive.http_url, INFER, body, {IHCL: str(len(body) + 1)})
     assert r.status == 400
@@ -261,7 +289,7 @@ def test_header_length_larger_than_body(alive):
 def test_huge_binary_data_size(alive):
     header = _input([1, 16], parameters={"binary_data_size": 2**64 - 1})
     r = post(alive.http_url, INFER, header + b"\0" * 64, {IHCL: str(len(header))})
-    # Triton's words name the bytes missing.
+    # Triton's words name the bytes missing (server src/http_server.cc, EVBufferToInput).
     assert r.status == 400 and f"expecting {2**64 - 1 - 64} additional bytes" in r.error(), r
     header = _input([1, 16], parameters={"binary_data_size": 2**40})
     r = post(alive.http_url, INFER, header + b"\0" * 64, {IHCL: str(len(header))})
@@ -270,6 +298,7 @@ def test_huge_binary_data_size(alive):
 
 
 def test_extra_binary_data(alive):
+    # Triton: server src/http_server.cc, EVBufferToInput ("unexpected additional input data").
     header = json.dumps({"inputs": [
         {"name": n, "shape": [1, 16], "datatype": "FP32", "parameters": {"binary_data_size": 64}}
         for n in ("INPUT0", "INPUT1")]}).encode()
@@ -278,6 +307,9 @@ def test_extra_binary_data(alive):
 
 
 def test_bad_encodings(alive):
+    # 501 "Unsupported compression type" with Accept-Encoding: kiln's reading of Triton's answer
+    # (src/protocol/http/body.rs); the text was not found in the searched Triton sources.
+    # "failed to decompress" is kiln's wording.
     r = post(alive.http_url, INFER, b"{}", {"Content-Encoding": "br"})
     assert (r.status, r.error()) == (501, "Unsupported compression type")
     assert r.headers["accept-encoding"] == "gzip, deflate"
@@ -287,6 +319,8 @@ def test_bad_encodings(alive):
 
 def test_body_over_the_default_limit(alive):
     """Triton's default --http-max-input-size is 64 MiB; a larger declared body is refused up front."""
+    # The 413 and its text ("request body exceeds the maximum input size of N bytes ...") are
+    # kiln's own; the searched Triton sources hold no such text.
     host, port = alive.http_url.rsplit(":", 1)
     import http.client
     conn = http.client.HTTPConnection(host, int(port), timeout=30)
@@ -301,6 +335,8 @@ def test_body_over_the_default_limit(alive):
 
 
 def test_unknown_model_and_version(alive):
+    # Triton: core src/model_lifecycle.cc, ModelLifeCycle::GetModel, prefixed by
+    # ModelRepositoryManager::GetModel (see test_grpc_errors.py).
     body = json.dumps(add_sub_json()).encode()
     r = post(alive.http_url, "/v2/models/nope/infer", body)
     assert (r.status, r.error()) == (404, "Request for unknown model: 'nope' is not found")

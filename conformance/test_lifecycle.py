@@ -149,6 +149,8 @@ def test_file_overrides_make_new_models(grpc_client, http_client):
     assert {"uploaded_grpc", "uploaded_http"} <= names
     with pytest.raises(InferenceServerException) as e:
         grpc_client.load_model("lonely", files=files, client_timeout=T)
+    # Triton: core src/model_repository_manager/model_repository_manager.cc, its handling of the
+    # "file:" load parameters (a file override without a "config" parameter).
     assert_triton_error(e.value, grpc.StatusCode.INVALID_ARGUMENT,
                         "Load parameter 'config' must be specified for model file override")
     with pytest.raises(InferenceServerException) as e:
@@ -232,6 +234,8 @@ def test_a_models_series_go_with_it_and_come_back_from_zero(explicit, grpc_clien
 def test_load_errors_follow_triton(grpc_client, http_client):
     with pytest.raises(InferenceServerException) as e:
         grpc_client.load_model("missing", client_timeout=T)
+    # Triton: core src/model_repository_manager/model_repository_manager.cc,
+    # ModelRepositoryManager::LoadUnloadModel (INTERNAL).
     assert_triton_error(e.value, grpc.StatusCode.INTERNAL,
                         "failed to load 'missing', failed to poll from model repository")
     with pytest.raises(InferenceServerException) as e:
@@ -292,6 +296,7 @@ def test_warmup_runs_before_the_model_serves(http_client, explicit):
     assert http_client.is_model_ready("warm")
     log = explicit.log_text()
     for sample in ("from_file", "random"):
+        # kiln's log line, not a Triton text.
         assert f"model 'warm': 2 instance(s) warmed up with sample '{sample}'" in log, log
     # As in Triton, the samples count in the statistics: each of the 2 instances ran "from_file"
     # (4 one-row requests in one execution) twice and "random" (1) twice.
@@ -302,6 +307,9 @@ def test_warmup_runs_before_the_model_serves(http_client, explicit):
     http_client.unload_model("warm")
 
 
+# "failed to warm up model ... with sample ...", "holds 8 bytes ..." and "must be relative and stay
+# within the model directory" are kiln's texts; the last two rows carry Triton's validation texts
+# (core src/infer_request.cc, InferenceRequest::Normalize) as kiln runs a sample as a request.
 @pytest.mark.parametrize("input1,files,message", [
     ({"data_type": "TYPE_FP32", "dims": [16], "input_data_file": "short.bin"}, {"file:warmup/short.bin": b"\0" * 8},
      "holds 8 bytes, one batch element takes 64"),

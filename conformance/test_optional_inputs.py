@@ -32,6 +32,8 @@ def test_an_optional_input_may_be_left_out(server, module):
     np.testing.assert_array_equal(given, [1.5, 2.5])
     with pytest.raises(InferenceServerException) as e:
         client.infer(MODEL, [tensor(module, "BIAS", [0.5, 0.5])])
+    # Triton: core src/infer_request.cc, InferenceRequest::Normalize (the optional-inputs branch of
+    # its input count; Triton's qa/L0_input_validation freezes the "input(s)" wording).
     assert ("expected number of inputs between 1 and 2 but got 1 inputs for model 'optional_bias'. "
             "Got input(s) ['BIAS'], but missing required input(s) ['X']") in str(e.value)
 

@@ -1180,6 +1180,8 @@ def test_a_python_model_calls_other_models(python_server):
     np.testing.assert_array_equal(result.as_numpy("DOUBLED"), 2 * x)
     np.testing.assert_array_equal(result.as_numpy("BACK"), x)
     missing, wrong = (e.decode() for e in result.as_numpy("ERRORS"))
+    # Triton: core src/model_lifecycle.cc, ModelLifeCycle::GetModel (prefixed by
+    # ModelRepositoryManager::GetModel) and core src/infer_request.cc, InferenceRequest::Normalize.
     assert missing == "Request for unknown model: 'no_such_model' is not found"
     assert "expected 2 inputs but got 1 inputs for model 'add_sub'" in wrong, wrong
 
@@ -1294,6 +1296,8 @@ def test_a_python_models_queue_policy_refuses_and_times_out_as_tritons(python_se
         with pytest.raises(InferenceServerException) as full:
             send(2)
         assert full.value.status() == "StatusCode.UNAVAILABLE"
+        # Triton: core src/scheduler_utils.cc, the queue's Enqueue ("Exceeds maximum queue size",
+        # UNAVAILABLE). "Request timeout expired" was not found in the searched Triton sources.
         assert "Exceeds maximum queue size" in full.value.message()
         assert "Request timeout expired" in refused(queued)
         assert not holding.done(), "refused when the policy's timeout passed, not when it would have run"
@@ -1576,6 +1580,9 @@ def test_a_model_loads_unloads_and_asks_after_other_models(python_server):
     # What the repository refuses reaches the model as an exception, and its client as the error.
     with pytest.raises(InferenceServerException) as refused:
         manage("load", "bad name/../x")
+    # The name's refusal "invalid model name '<n>'..." (kiln's text, the rule Triton's since server
+    # PR #8400: see test_triton_validation.py), wrapped as python_backend raises a model-control
+    # error in the model (pb_utils.TritonModelException).
     assert "TritonModelException: invalid model name 'bad name/../x'" in str(refused.value)
 
 
@@ -1630,6 +1637,7 @@ def test_a_stateful_model_gets_its_sequences_in_order_each_on_one_instance(pytho
     assert [relayed(5.0, 1), relayed(2.0, 0), relayed(1.0, 2)] == [5.0, 7.0, 8.0]
     entry = next(m for m in client.get_model_repository_index().models if m.name == "py_implicit_state")
     assert entry.state == "UNAVAILABLE"
+    # kiln's text: the searched Triton sources hold none.
     assert "sequence_batching state (implicit state) is not served for Python models" in entry.reason, entry.reason
 
 
@@ -1670,7 +1678,10 @@ def test_a_decoupled_stateful_model_streams_each_sequence_in_order_on_one_instan
                 assert order.index((f"{sequence}-{k + 1}", False)) < order.index((f"{sequence}-{k}", True)), order
         assert all(len(i) == 1 for i in instances.values()), instances
         assert instances[300] != instances[301], "the two sequences went to the two instances"
-        # A request of a sequence that never started is refused with Triton's message.
+        # A request of a sequence that never started is refused with Triton's message (core
+        # src/sequence_batch_scheduler/, SequenceBatchScheduler::Enqueue: "inference request for
+        # sequence <id> to model '<m>' must specify the START flag on the first request of the
+        # sequence").
         x = grpcclient.InferInput("X", [1, 1], "FP32")
         x.set_data_from_numpy(np.array([[1.0]], dtype=np.float32))
         client.async_stream_infer("py_stream_accumulate", [x], request_id="lost", sequence_id=999)
@@ -1722,7 +1733,8 @@ def test_requests_a_model_reschedules_run_again_batched_with_the_others(python_s
         results = list(pool.map(lambda n: client.infer("py_iterate_unary", n_input(n)), [3, 5]))
     assert [int(r.as_numpy("LEFT")[0][0]) for r in results] == [0, 0]
     # Without iterative_sequence, a rescheduled request fails with Triton's words (Triton 2.51
-    # only logs them, and its client waits for ever).
+    # only logs them, and its client waits for ever); Triton's qa/L0_request_rescheduling freezes
+    # the text, whose core line the searched sources did not show.
     with pytest.raises(InferenceServerException, match="Request is released with TRITONSERVER_REQUEST_RELEASE_RESCHEDULE"):
         client.infer("py_iterate_plain", n_input(2))
     assert int(client.infer("py_iterate_plain", n_input(1)).as_numpy("LEFT")[0][0]) == 0
@@ -1777,7 +1789,8 @@ def test_auto_complete_config_declares_what_the_config_leaves_out(python_server)
     np.testing.assert_array_equal(client.infer("py_auto", [x]).as_numpy("NEGATED"), -np.arange(6).reshape(3, 2))
     entry = next(m for m in client.get_model_repository_index().models if m.name == "py_auto_conflict")
     assert entry.state == "UNAVAILABLE"
-    # Triton 2.51's words (its index says "Internal: ValueError: unable to load model ...").
+    # Triton 2.51's words (its index says "Internal: ValueError: unable to load model ..."):
+    # python_backend src/resources/triton_python_backend_utils.py, ModelConfig's auto-complete.
     assert "ValueError: unable to load model 'py_auto_conflict', configuration expects datatype TYPE_FP32 for " \
            "input 'X', model provides TYPE_INT32" in entry.reason, entry.reason
 
@@ -1857,6 +1870,9 @@ def test_a_decoupled_model_streams_its_responses(python_server):
         x = grpcclient.InferInput("N", [1], "INT32")
         x.set_data_from_numpy(np.array([2], dtype=np.int32))
         grpcclient.InferenceServerClient(server.grpc_url).infer("py_count", [x])
+    # Triton: server src/grpc/infer_handler.cc, ModelInferHandler ("ModelInfer RPC doesn't support
+    # models with decoupled transaction policy", UNSUPPORTED) and src/http_server.cc, HandleInfer
+    # ("HTTP end point doesn't support ...", 501).
     assert "doesn't support models with decoupled transaction policy" in e.value.message()
     reply = requests.post(f"http://{server.http_url}/v2/models/py_count/infer", timeout=RPC_TIMEOUT,
                           json={"inputs": [{"name": "N", "datatype": "INT32", "shape": [1], "data": [2]}]})
@@ -1870,7 +1886,7 @@ def test_warmup_samples_run_before_the_model_serves(python_server):
     # Sample "ones" (batch 2 of the file's element), twice, on the one instance: as Triton 2.51
     # sends it, two requests of one element in each execute call.
     assert notes.read_text().splitlines() == ["2 [[1.5]]"] * 4
-    assert "model 'py_warm': 1 instance(s) warmed up with sample 'ones'" in server.log_text()
+    assert "model 'py_warm': 1 instance(s) warmed up with sample 'ones'" in server.log_text()  # kiln's log line
     client = grpcclient.InferenceServerClient(server.grpc_url)
     # The statistics count the samples, as Triton 2.51's do: 4 requests in 2 executions of 2.
     stats = client.get_inference_statistics("py_warm").model_stats[0]
@@ -1880,6 +1896,7 @@ def test_warmup_samples_run_before_the_model_serves(python_server):
     assert 'nv_inference_count{model="py_warm",version="1"} 4' in metrics
     entry = next(m for m in client.get_model_repository_index().models if m.name == "py_warm_fail")
     assert entry.state == "UNAVAILABLE"
+    # "failed to warm up model ... with sample ...: " is kiln's; the rest is python_backend's (below).
     assert ("failed to warm up model 'py_warm_fail' with sample 'ones': Failed to process the request(s) for "
             "model 'py_warm_fail_0', message: ValueError: negative warmup") in entry.reason, entry.reason
 
@@ -2053,7 +2070,10 @@ def test_errors_keep_their_code_and_a_dead_stub_comes_back(python_server):
     with pytest.raises(InferenceServerException) as e:
         faulty(client, 2)
     assert e.value.status() == "StatusCode.INTERNAL"
-    # Triton's text: the instance, the exception, then where the model raised it.
+    # Triton's text: the instance, the exception, then where the model raised it (python_backend
+    # src/pb_stub.cc, Stub::ProcessRequests; "Number of InferenceResponse objects do not match ..."
+    # is from the same stub; "Stub process '<instance>' is not healthy" from src/stub_launcher.cc,
+    # StubLauncher's health check; "exit status: 3" is kiln's addition).
     assert e.value.message().startswith(
         "Failed to process the request(s) for model 'py_faulty_0', message: ValueError: two is a bad number\n\nAt:\n")
     assert "/py_faulty/1/model.py(20): execute" in e.value.message()
@@ -2115,6 +2135,8 @@ def test_an_initialize_that_raises_fails_the_load_with_its_message(python_server
     client = grpcclient.InferenceServerClient(server.grpc_url)
     entry = next(m for m in client.get_model_repository_index().models if m.name == "py_broken")
     assert entry.state == "UNAVAILABLE"
+    # kiln's wording around the model's exception (the searched Triton sources hold no
+    # "initialize of model instance"); the exception and traceback are the model's.
     assert "initialize of model instance 'py_broken_0' failed: RuntimeError: the weights are missing" in entry.reason
     assert "/py_broken/1/model.py(4): initialize" in entry.reason
     with pytest.raises(InferenceServerException) as e:
@@ -2155,7 +2177,7 @@ def test_a_missing_interpreter_or_numpy_fails_the_load_with_the_reason(tmp_path)
         client = grpcclient.InferenceServerClient(server.grpc_url)
         entry = client.get_model_repository_index().models[0]
         assert entry.state == "UNAVAILABLE"
-        assert "cannot start Python ('/nonexistent/python3')" in entry.reason
+        assert "cannot start Python ('/nonexistent/python3')" in entry.reason  # kiln's text
     finally:
         stop_server(server)
 

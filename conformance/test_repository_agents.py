@@ -58,6 +58,10 @@ def test_a_model_whose_files_match_loads_and_answers(agents_server):
     np.testing.assert_array_equal(result.as_numpy("OUTPUT0"), a + a)
 
 
+# "Mismatched MD5 hash for file <f>, expect: ..., got: ..." is Triton's checksum repository agent's
+# (its own repository, triton-inference-server/checksum_repository_agent; server's
+# qa/L0_repoagent_checksum greps the start of it); "load failed for
+# model '<m>': ", the relative-path rule and the unavailable agent are kiln's texts.
 @pytest.mark.parametrize("module", [grpcclient, httpclient], ids=["grpc", "http"])
 @pytest.mark.parametrize("model, reason", [
     ("tampered", "Mismatched MD5 hash for file 1/model.onnx, expect: 00000000000000000000000000000000, got: "),

@@ -139,7 +139,8 @@ def test_statistics_shape_and_scope(fresh):
     assert [(s["name"], s["version"]) for s in one] == [("add_sub", "1")]
     with pytest.raises(InferenceServerException) as e:
         client.get_inference_statistics("no_such_model", client_timeout=T)
-    # Triton 2.51's answer (bench/triton_parity.sh --json).
+    # Triton 2.51's answer (bench/triton_parity.sh --json); the text: core src/tritonserver.cc,
+    # TRITONSERVER_ServerModelStatistics.
     assert (e.value.status(), e.value.message()) == ("StatusCode.INVALID_ARGUMENT",
                                                      "requested model 'no_such_model' is not available")
 

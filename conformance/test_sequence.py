@@ -89,6 +89,10 @@ def test_a_stream_carries_a_sequence(server):
     assert sums == [1.0, 3.0, 6.0]
 
 
+# "must specify a non-zero or non-empty correlation ID": Triton's, core src/sequence_batch_scheduler/
+# (SequenceBatchScheduler::Enqueue and the Sequencer of sequence_utils.h: "inference request to
+# model '<m>' must specify ..."). "has a string correlation ID ..." is kiln's
+# text (src/repository/sequence.rs); the searched Triton sources hold none for this case.
 @pytest.mark.parametrize("kwargs,message", [
     ({}, "must specify a non-zero or non-empty correlation ID"),
     ({"sequence_id": "text-id", "sequence_start": True}, "string correlation ID 'text-id'"),
@@ -108,5 +112,6 @@ def test_control_and_state_inputs_are_the_servers(server):
     start.set_data_from_numpy(np.ones((1, 1), np.int32))
     with pytest.raises(InferenceServerException) as e:
         client.infer(MODEL, value(grpcclient, 1.0) + [start], sequence_id=5, sequence_start=True)
+    # Triton: core src/infer_request.cc, InferenceRequest::Normalize (input count).
     assert "expected 1 inputs but got 2 inputs for model 'accumulate'" in e.value.message()
     assert "sequence" in client.get_server_metadata(as_json=True)["extensions"]

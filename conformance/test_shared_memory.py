@@ -107,6 +107,8 @@ def test_status_and_unregister(triton, regions):
         f"out_{tag}": (f"/kiln_out_{tag}", 0, 2 * BYTES),
     }
     client.unregister_system_shared_memory(f"in_{tag}")
+    # Triton: server src/shared_memory_manager.cc, SharedMemoryManager::GetStatus ("Unable to find
+    # system shared memory region") and GetMemoryInfo ("Unable to find shared memory region").
     with pytest.raises(InferenceServerException) as e:
         client.get_system_shared_memory_status(f"in_{tag}")
     assert f"Unable to find system shared memory region: 'in_{tag}'" in str(e.value)
@@ -120,6 +122,11 @@ def test_status_and_unregister(triton, regions):
 
 
 def test_bad_registrations_and_windows(triton, regions):
+    # Triton: server src/shared_memory_manager.cc: RegisterSystemSharedMemory ("already in manager"),
+    # OpenSharedMemoryRegion ("Unable to open shared memory region"), the region-size check after
+    # GetSharedMemoryRegionSize ("failed to register shared memory region '<n>': invalid args"),
+    # GetMemoryInfo ("Invalid offset + byte size for shared memory region"); the output-size text:
+    # server src/grpc/infer_handler.cc and src/http_server.cc, their response allocators.
     module, client = triton
     tag, _ = regions
     with pytest.raises(InferenceServerException) as e:
@@ -192,6 +199,8 @@ def test_a_shrunken_object_fails_the_request_not_the_server(triton, regions):
         os.close(fd)
     with pytest.raises(InferenceServerException) as e:
         client.infer("add_sub", inputs)
+    # kiln's text (its own guard against a region shrunk after registration); the searched Triton
+    # sources hold none.
     assert (
         f"shared memory region 'in_{tag}' is smaller than when it was registered "
         f"(key '/kiln_in_{tag}')"
@@ -225,12 +234,16 @@ def test_cuda_shared_memory_answers_as_triton_without_gpus(triton):
     client.unregister_cuda_shared_memory("anything")
     with pytest.raises(InferenceServerException) as e:
         client.get_cuda_shared_memory_status("r")
+    # Triton: server src/shared_memory_manager.cc, SharedMemoryManager::GetStatus.
     assert "Unable to find cuda shared memory region: 'r'" in str(e.value)
 
 
 def test_rest_refusals_in_tritons_words(server):
     """What Triton's REST front end refuses before it looks at a region: a register body without
     its key or size, and an output to shared memory asked for as binary data or classified."""
+    # Triton: server src/http_server.cc, HandleSystemSharedMemory ("Shared memory register request
+    # has no 'key' field", and the same for 'byte_size') and the output parsing of its infer
+    # request ("Output can't set both 'shared_memory_region' and '...'", read on main).
     import requests
 
     url = f"http://{server.http_url}"

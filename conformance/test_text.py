@@ -160,11 +160,13 @@ def test_text_that_is_not_utf8_is_refused(http_url, client):
     x.set_data_from_numpy(np.array([[b"fine"], [b"\xff\xfe bad"]], dtype=np.object_), binary_data=True)
     with pytest.raises(InferenceServerException) as err:
         httpclient.InferenceServerClient(http_url).infer(MODEL, [x])
+    # kiln's text (its tokenizer needs UTF-8; Triton has no text models of this kind).
     assert "element 1 of inference input 'text' for model 'all_minilm_l6_v2' is not valid UTF-8" in str(err.value)
     y = grpcclient.InferInput("text", [1, 1], "FP32")
     y.set_data_from_numpy(np.ones((1, 1), np.float32))
     with pytest.raises(InferenceServerException) as err:
         client.infer(MODEL, [y], client_timeout=RPC_TIMEOUT)
+    # Triton: core src/infer_request.cc, InferenceRequest::Normalize.
     assert "data-type is 'FP32', but model 'all_minilm_l6_v2' expects 'BYTES'" in str(err.value)
 
 

@@ -165,6 +165,11 @@ def test_trace_settings_and_files(traced):
 
 
 def test_trace_setting_errors(traced):
+    # Triton: server src/http_server.cc, HandleTrace (trace_file UNSUPPORTED, the level / rate / count
+    # parsing, "Request for unknown model : <m>" with its space, read on main) and its gRPC twin in
+    # src/grpc/grpc_server.cc (TraceSetting, "expect only 1 value for ..."); "Attempting to set invalid
+    # trace setting :<reason>" server src/tracer.cc, TraceManager::UpdateTraceSetting; the parse error
+    # common src/triton_json.h.
     server, _ = traced
     cases = [
         ("/v2/trace/setting", {"trace_file": "/tmp/elsewhere.json"}, 501,

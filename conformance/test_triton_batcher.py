@@ -173,7 +173,9 @@ def test_a_full_queue_refuses_while_a_request_waits(server):
         with pytest.raises(InferenceServerException) as refused:
             grpcclient.InferenceServerClient(server.grpc_url).infer(
                 "queue_of_one", one_row(6.0), client_timeout=T)
-        # Triton prefixes an inference error with the request's id (none given here).
+        # Triton prefixes an inference error with the request's id (none given here): core
+        # src/infer_request.cc, InferenceRequest::LogRequest; the text: core src/scheduler_utils.cc,
+        # the queue's Enqueue ("Exceeds maximum queue size", UNAVAILABLE).
         assert (refused.value.status(), refused.value.message()) == (
             "StatusCode.UNAVAILABLE", "[request id: <id_unknown>] Exceeds maximum queue size")
         x = httpclient.InferInput("X", [1, 1], "FP32")
