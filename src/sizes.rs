@@ -14,11 +14,7 @@ const MAX_FN_LINES: usize = 120;
 const MAX_PARAMS: usize = 7;
 
 /// Production files over [`MAX_FILE_LINES`] today (under `src/`). Each is a debt.
-const KNOWN_FILES: &[&str] = &[
-    "engine/mod.rs",
-    "repository/loader.rs",
-    "scheduler/mod.rs",
-];
+const KNOWN_FILES: &[&str] = &["repository/loader.rs", "scheduler/mod.rs"];
 
 /// Functions over [`MAX_FN_LINES`] lines or [`MAX_PARAMS`] parameters today, as (file under
 /// `src/`, function name). Each is a debt.
@@ -26,7 +22,6 @@ const KNOWN_FNS: &[(&str, &str)] = &[
     ("cli/compat.rs", "check"),
     ("cli/mod.rs", "launch"),
     ("engine/generate/params.rs", "parse"),
-    ("engine/mod.rs", "run_staged"),
     ("engine/stream.rs", "run"),
     ("repository/io.rs", "with_defaults"),
     ("repository/loader.rs", "prepare"),
