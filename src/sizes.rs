@@ -14,7 +14,7 @@ const MAX_FN_LINES: usize = 120;
 const MAX_PARAMS: usize = 7;
 
 /// Production files over [`MAX_FILE_LINES`] today (under `src/`). Each is a debt.
-const KNOWN_FILES: &[&str] = &["scheduler/mod.rs"];
+const KNOWN_FILES: &[&str] = &[];
 
 /// Functions over [`MAX_FN_LINES`] lines or [`MAX_PARAMS`] parameters today, as (file under
 /// `src/`, function name). Each is a debt.
