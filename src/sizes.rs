@@ -23,7 +23,6 @@ const KNOWN_FNS: &[(&str, &str)] = &[
     ("engine/stream.rs", "run"),
     ("repository/io.rs", "with_defaults"),
     ("repository/placement.rs", "place"),
-    ("repository/sequence.rs", "from_config"),
 ];
 
 /// A function's size where it is: `lines` from its `fn` to its closing brace.
