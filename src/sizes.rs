@@ -21,7 +21,6 @@ const KNOWN_FILES: &[&str] = &[];
 const KNOWN_FNS: &[(&str, &str)] = &[
     ("engine/generate/params.rs", "parse"),
     ("engine/stream.rs", "run"),
-    ("repository/io.rs", "with_defaults"),
     ("repository/placement.rs", "place"),
 ];
 
