@@ -251,13 +251,15 @@ fn named_as_tests(file: &Path) -> bool {
         || file.components().any(|part| part.as_os_str() == "tests")
 }
 
-/// Every use of one top-level module of the library by another, outside test code. `main.rs`
-/// is the binary, outside the library (it reaches it as `kiln::`).
-fn arrows(src: &Path) -> Vec<Arrow> {
+/// The library's production sources under `src`, as (file relative to `src`, its code with
+/// comments, literals and `#[cfg(test)]` items blanked), sorted: test files (`tests.rs`,
+/// `tests/`, and the files of `#[cfg(test)] mod name;`) and `main.rs`, the binary outside the
+/// library (it reaches it as `kiln::`), are left out.
+pub(crate) fn production_sources(src: &Path) -> Vec<(PathBuf, String)> {
     let mut files = Vec::new();
     rust_files(src, &mut files);
     let mut test_files = BTreeSet::new();
-    let mut arrows = Vec::new();
+    let mut sources = Vec::new();
     for path in files {
         let file = path.strip_prefix(src).expect("under src/").to_path_buf();
         if file == Path::new("main.rs") || named_as_tests(&file) || test_files.contains(&path) {
@@ -271,7 +273,18 @@ fn arrows(src: &Path) -> Vec<Arrow> {
             Some(stem) => dir.join(stem),
             None => dir.to_path_buf(),
         };
-        let code = without_tests(&code_only(&source), &dir, &mut test_files);
+        sources.push((
+            file,
+            without_tests(&code_only(&source), &dir, &mut test_files),
+        ));
+    }
+    sources
+}
+
+/// Every use of one top-level module of the library by another, outside test code.
+fn arrows(src: &Path) -> Vec<Arrow> {
+    let mut arrows = Vec::new();
+    for (file, code) in production_sources(src) {
         let from = file.components().next().expect("a path").as_os_str();
         let from = from.to_string_lossy().trim_end_matches(".rs").to_string();
         for (line, to) in crate_paths(&code) {

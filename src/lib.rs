@@ -54,5 +54,7 @@ pub mod repository;
 pub mod scheduler;
 pub mod scratch;
 pub mod server;
+#[cfg(test)]
+mod sizes;
 pub mod tls;
 pub mod trace;

@@ -185,28 +185,21 @@ pub struct Listeners {
 /// run at all (a model that fails to load is not an error: it is reported not ready).
 pub async fn run(
     config: Config,
-    listeners: Listeners,
+    mut listeners: Listeners,
     shutdown: impl Future<Output = ()>,
 ) -> Result<(), ServerError> {
     // The metrics config, then the recorder, must exist before models register their series.
     crate::metrics::config::configure(config.metrics.config.clone());
     let metrics = listeners
         .metrics
+        .take()
         .map(|listener| {
             crate::metrics::prometheus()
                 .map(|handle| (listener, handle))
                 .ok_or_else(|| ServerError::Metrics("another metrics recorder is installed".into()))
         })
         .transpose()?;
-    let repository = Arc::new(open_repository(&config)?);
-    let engine = Arc::new(
-        Engine::new(Arc::clone(&repository), config.strict_readiness)
-            .with_server_id(config.server_id.clone())
-            .with_max_in_flight(config.max_inflight_requests)
-            .with_tracer(tracer(&config.trace)?)
-            .with_response_cache(config.response_cache),
-    );
-    python_calls::connect(&engine);
+    let (repository, engine) = start_engine(&config)?;
 
     let (health, health_service) = tonic_health::server::health_reporter();
     for service in HEALTH_SERVICES {
@@ -223,12 +216,7 @@ pub async fn run(
     let metrics_handle = metrics.as_ref().map(|(_, handle)| handle.clone());
     if let Some((listener, handle)) = metrics {
         serve_metrics(listener, handle, transport.clone())?;
-        if config.metrics.gpu {
-            crate::metrics::gpu::start(config.metrics.interval);
-        }
-        if config.metrics.cpu {
-            crate::metrics::cpu::start(config.metrics.interval);
-        }
+        start_samplers(&config);
     }
     let (stop, stopped) = tokio::sync::watch::channel(false);
     for (protocol, policy) in [("gRPC", &config.grpc_access), ("HTTP", &config.http_access)] {
@@ -237,7 +225,7 @@ pub async fn run(
         }
     }
     let responses = ResponsesInFlight::default();
-    let grpc_serve = match listeners.grpc {
+    let grpc_serve = match listeners.grpc.take() {
         Some(listener) => {
             let services = GrpcServices {
                 inference: inference_service(&engine, &config),
@@ -252,62 +240,17 @@ pub async fn run(
             when_stopped(&stopped)
         }
     };
-    // One budget for every REST listener's inflated bodies.
-    let inflate_budget = http::body::InflateBudget::new(config.limits.http_max_inflated_bytes);
-    let http_config = || HttpConfig {
-        max_input_bytes: config.http_max_input_bytes,
-        body_timeout: config.limits.body_timeout,
-        access: Arc::new(config.http_access.clone()),
-        console: config.console,
-        inflate_budget: Arc::clone(&inflate_budget),
+    let listening = Listening {
+        config: &config,
+        engine: &engine,
+        responses: &responses,
+        transport: &transport,
+        stopped: &stopped,
+        // One budget for every REST listener's inflated bodies.
+        inflate_budget: http::body::InflateBudget::new(config.limits.http_max_inflated_bytes),
     };
-    let http_serve = match listeners.http {
-        Some(listener) => {
-            let router = http::router(Arc::clone(&engine), http_config()).layer(responses.clone());
-            serve_rest(
-                listener,
-                router,
-                config.http_tls.as_ref(),
-                &stopped,
-                transport.clone(),
-                "",
-            )?
-        }
-        None => {
-            info!("HTTP is off (--allow-http=false)");
-            when_stopped(&stopped)
-        }
-    };
-    // The cloud services: HTTP listeners of their own, over the same engine, with REST's TLS.
-    let cloud = |listener: Option<TcpListener>, router: Option<axum::Router>, what: &str| {
-        let (Some(listener), Some(router)) = (listener, router) else {
-            return Ok(when_stopped(&stopped));
-        };
-        let router = router.layer(responses.clone());
-        let tls = config.http_tls.as_ref();
-        serve_rest(listener, router, tls, &stopped, transport.clone(), what)
-    };
-    let sagemaker_serve = cloud(
-        listeners.sagemaker,
-        config.sagemaker.clone().map(|sagemaker| {
-            http::sagemaker::router(Arc::clone(&engine), http_config(), sagemaker)
-        }),
-        "Sagemaker",
-    )?;
-    let vertex_serve = cloud(
-        listeners.vertex,
-        config.vertex.clone().map(|vertex| {
-            let rest = http::router(Arc::clone(&engine), http_config());
-            let engine = Arc::clone(&engine);
-            http::vertex::router(engine, http_config(), rest, metrics_handle, vertex)
-        }),
-        "Vertex AI",
-    )?;
-    let openai_serve = cloud(
-        listeners.openai,
-        Some(http::openai::router(Arc::clone(&engine), http_config())),
-        "OpenAI-compatible",
-    )?;
+    let [http_serve, sagemaker_serve, vertex_serve, openai_serve] =
+        listening.serve_http(listeners, metrics_handle)?;
     let (startup_failed, mut failed) = tokio::sync::oneshot::channel();
     let lifecycle = tokio::spawn(manage_models(
         repository,
@@ -355,6 +298,127 @@ pub async fn run(
     // Traces still held by their settings (all of them, without a log frequency).
     engine.tracer().flush();
     outcome.and(result)
+}
+
+/// Opens the model repository and the engine over it, which Python models call back into.
+///
+/// # Errors
+/// A repository that cannot be opened or a trace setting that cannot be followed.
+fn start_engine(config: &Config) -> Result<(Arc<ModelRepository>, Arc<Engine>), ServerError> {
+    let repository = Arc::new(open_repository(config)?);
+    let engine = Arc::new(
+        Engine::new(Arc::clone(&repository), config.strict_readiness)
+            .with_server_id(config.server_id.clone())
+            .with_max_in_flight(config.max_inflight_requests)
+            .with_tracer(tracer(&config.trace)?)
+            .with_response_cache(config.response_cache),
+    );
+    python_calls::connect(&engine);
+    Ok((repository, engine))
+}
+
+/// Starts the GPU and CPU samplers the metrics config asks for.
+fn start_samplers(config: &Config) {
+    if config.metrics.gpu {
+        crate::metrics::gpu::start(config.metrics.interval);
+    }
+    if config.metrics.cpu {
+        crate::metrics::cpu::start(config.metrics.interval);
+    }
+}
+
+/// What the HTTP listeners' serving shares: the engine, the connection slots and timeouts, the
+/// responses in flight that shutdown drains, and the signal that closes them.
+struct Listening<'a> {
+    config: &'a Config,
+    engine: &'a Arc<Engine>,
+    responses: &'a ResponsesInFlight,
+    transport: &'a Transport,
+    stopped: &'a tokio::sync::watch::Receiver<bool>,
+    /// What compressed REST bodies may take once inflated, shared by every REST listener.
+    inflate_budget: Arc<http::body::InflateBudget>,
+}
+
+impl Listening<'_> {
+    fn http_config(&self) -> HttpConfig {
+        HttpConfig {
+            max_input_bytes: self.config.http_max_input_bytes,
+            body_timeout: self.config.limits.body_timeout,
+            access: Arc::new(self.config.http_access.clone()),
+            console: self.config.console,
+            inflate_budget: Arc::clone(&self.inflate_budget),
+        }
+    }
+
+    /// Serves REST and the cloud services (SageMaker, Vertex AI, OpenAI-compatible) on their
+    /// `listeners`, each a future that resolves when stopped (at once when it is off); Vertex
+    /// AI's `metrics` redirect renders `metrics`' text.
+    ///
+    /// # Errors
+    /// A listener whose address or TLS cannot be set up.
+    fn serve_http(
+        &self,
+        listeners: Listeners,
+        metrics: Option<metrics_exporter_prometheus::PrometheusHandle>,
+    ) -> Result<[Serving; 4], ServerError> {
+        let (config, engine) = (self.config, self.engine);
+        let http_serve = match listeners.http {
+            Some(listener) => {
+                let router = http::router(Arc::clone(engine), self.http_config())
+                    .layer(self.responses.clone());
+                let (tls, transport) = (config.http_tls.as_ref(), self.transport.clone());
+                serve_rest(listener, router, tls, self.stopped, transport, "")?
+            }
+            None => {
+                info!("HTTP is off (--allow-http=false)");
+                when_stopped(self.stopped)
+            }
+        };
+        let sagemaker_serve = self.serve_cloud(
+            listeners.sagemaker,
+            config.sagemaker.clone().map(|sagemaker| {
+                http::sagemaker::router(Arc::clone(engine), self.http_config(), sagemaker)
+            }),
+            "Sagemaker",
+        )?;
+        let vertex_serve = self.serve_cloud(
+            listeners.vertex,
+            config.vertex.clone().map(|vertex| {
+                let rest = http::router(Arc::clone(engine), self.http_config());
+                let engine = Arc::clone(engine);
+                http::vertex::router(engine, self.http_config(), rest, metrics, vertex)
+            }),
+            "Vertex AI",
+        )?;
+        let openai_serve = self.serve_cloud(
+            listeners.openai,
+            Some(http::openai::router(Arc::clone(engine), self.http_config())),
+            "OpenAI-compatible",
+        )?;
+        Ok([http_serve, sagemaker_serve, vertex_serve, openai_serve])
+    }
+
+    /// A cloud service: an HTTP listener of its own, over the same engine, with REST's TLS.
+    fn serve_cloud(
+        &self,
+        listener: Option<TcpListener>,
+        router: Option<axum::Router>,
+        what: &str,
+    ) -> Result<Serving, ServerError> {
+        let (Some(listener), Some(router)) = (listener, router) else {
+            return Ok(when_stopped(self.stopped));
+        };
+        let router = router.layer(self.responses.clone());
+        let tls = self.config.http_tls.as_ref();
+        serve_rest(
+            listener,
+            router,
+            tls,
+            self.stopped,
+            self.transport.clone(),
+            what,
+        )
+    }
 }
 
 /// One listener's serving future.

@@ -239,131 +239,145 @@ impl TritonOnlyFlags {
             self.model_namespacing == Some(true),
             "model names must be unique across repositories",
         )?;
-        let mut notes = Vec::new();
-        let mut note = |flag: &str, given: bool, why: &str| {
-            if given {
-                notes.push(format!("--{flag} has no effect: {why}"));
-            }
-        };
+        let notes = self
+            .network_notes()
+            .into_iter()
+            .chain(self.resource_notes())
+            .filter(|&(_, given, _)| given)
+            .map(|(flag, _, why)| format!("--{flag} has no effect: {why}"))
+            .collect();
+        Ok(notes)
+    }
+
+    /// The listeners', pools' and keepalive flags that have no effect: (flag, given, why), in the
+    /// order their notes are printed.
+    fn network_notes(&self) -> [(&'static str, bool, &'static str); 13] {
         let threads = "every listener shares the async runtime's worker threads, one per core";
-        note(
-            "http-thread-count",
-            self.http_thread_count.is_some(),
-            threads,
-        );
-        note(
-            "grpc-infer-thread-count",
-            self.grpc_infer_thread_count.is_some(),
-            threads,
-        );
-        note(
-            "sagemaker-thread-count",
-            self.sagemaker_thread_count.is_some(),
-            threads,
-        );
-        note(
-            "vertex-ai-thread-count",
-            self.vertex_ai_thread_count.is_some(),
-            threads,
-        );
-        note(
-            "sagemaker-safe-port-range",
-            self.sagemaker_safe_port_range.is_some(),
-            "the other listeners bind the ports their own flags give",
-        );
         let forward = "ONNX models read no request parameters, so headers are not forwarded";
-        note(
-            "http-header-forward-pattern",
-            self.http_header_forward_pattern.is_some(),
-            forward,
-        );
-        note(
-            "grpc-header-forward-pattern",
-            self.grpc_header_forward_pattern.is_some(),
-            forward,
-        );
-        note(
-            "grpc-infer-allocation-pool-size",
-            self.grpc_infer_allocation_pool_size.is_some(),
-            "kiln keeps no pool of request objects",
-        );
-        note(
-            "grpc-max-response-pool-size",
-            self.grpc_max_response_pool_size.is_some(),
-            "kiln keeps no pool of response objects",
-        );
         let pings = "kiln answers every keepalive ping and counts no ping strikes (as Triton with \
                      --grpc-http2-max-ping-strikes=0)";
-        note(
-            "grpc-keepalive-permit-without-calls",
-            self.grpc_keepalive_permit_without_calls.is_some(),
-            pings,
-        );
-        note(
-            "grpc-http2-max-pings-without-data",
-            self.grpc_http2_max_pings_without_data.is_some(),
-            pings,
-        );
-        note(
-            "grpc-http2-min-recv-ping-interval-without-data",
-            self.grpc_http2_min_recv_ping_interval_without_data
-                .is_some(),
-            pings,
-        );
-        note(
-            "grpc-http2-max-ping-strikes",
-            self.grpc_http2_max_ping_strikes.is_some(),
-            pings,
-        );
+        [
+            (
+                "http-thread-count",
+                self.http_thread_count.is_some(),
+                threads,
+            ),
+            (
+                "grpc-infer-thread-count",
+                self.grpc_infer_thread_count.is_some(),
+                threads,
+            ),
+            (
+                "sagemaker-thread-count",
+                self.sagemaker_thread_count.is_some(),
+                threads,
+            ),
+            (
+                "vertex-ai-thread-count",
+                self.vertex_ai_thread_count.is_some(),
+                threads,
+            ),
+            (
+                "sagemaker-safe-port-range",
+                self.sagemaker_safe_port_range.is_some(),
+                "the other listeners bind the ports their own flags give",
+            ),
+            (
+                "http-header-forward-pattern",
+                self.http_header_forward_pattern.is_some(),
+                forward,
+            ),
+            (
+                "grpc-header-forward-pattern",
+                self.grpc_header_forward_pattern.is_some(),
+                forward,
+            ),
+            (
+                "grpc-infer-allocation-pool-size",
+                self.grpc_infer_allocation_pool_size.is_some(),
+                "kiln keeps no pool of request objects",
+            ),
+            (
+                "grpc-max-response-pool-size",
+                self.grpc_max_response_pool_size.is_some(),
+                "kiln keeps no pool of response objects",
+            ),
+            (
+                "grpc-keepalive-permit-without-calls",
+                self.grpc_keepalive_permit_without_calls.is_some(),
+                pings,
+            ),
+            (
+                "grpc-http2-max-pings-without-data",
+                self.grpc_http2_max_pings_without_data.is_some(),
+                pings,
+            ),
+            (
+                "grpc-http2-min-recv-ping-interval-without-data",
+                self.grpc_http2_min_recv_ping_interval_without_data
+                    .is_some(),
+                pings,
+            ),
+            (
+                "grpc-http2-max-ping-strikes",
+                self.grpc_http2_max_ping_strikes.is_some(),
+                pings,
+            ),
+        ]
+    }
+
+    /// The repository, memory and device flags that have no effect, as [`Self::network_notes`].
+    fn resource_notes(&self) -> [(&'static str, bool, &'static str); 10] {
         let built_in = "kiln's local cache is built in";
-        note(
-            "repoagent-directory",
-            self.repoagent_directory.is_some(),
-            "kiln has no repository agents",
-        );
-        note("cache-directory", self.cache_directory.is_some(), built_in);
         let allocation = "ONNX Runtime allocates kiln's host and device buffers itself";
-        note(
-            "pinned-memory-pool-byte-size",
-            self.pinned_memory_pool_byte_size.is_some(),
-            allocation,
-        );
-        note(
-            "cuda-memory-pool-byte-size",
-            !self.cuda_memory_pool_byte_size.is_empty(),
-            allocation,
-        );
-        note(
-            "cuda-virtual-address-size",
-            !self.cuda_virtual_address_size.is_empty(),
-            "implicit state is kept in host memory",
-        );
-        note(
-            "min-supported-compute-capability",
-            self.min_supported_compute_capability.is_some(),
-            "every GPU that CUDA shows is used",
-        );
-        note(
-            "buffer-manager-thread-count",
-            self.buffer_manager_thread_count.is_some(),
-            "tensors are copied on the thread that handles the request",
-        );
-        note(
-            "host-policy",
-            !self.host_policy.is_empty(),
-            "instances are not pinned to NUMA nodes or cores",
-        );
-        note(
-            "model-load-gpu-limit",
-            !self.model_load_gpu_limit.is_empty(),
-            "GPU memory is not checked before a load",
-        );
-        note(
-            "enable-peer-access",
-            self.enable_peer_access.is_some(),
-            "ONNX Runtime's CUDA provider manages peer access",
-        );
-        Ok(notes)
+        [
+            (
+                "repoagent-directory",
+                self.repoagent_directory.is_some(),
+                "kiln has no repository agents",
+            ),
+            ("cache-directory", self.cache_directory.is_some(), built_in),
+            (
+                "pinned-memory-pool-byte-size",
+                self.pinned_memory_pool_byte_size.is_some(),
+                allocation,
+            ),
+            (
+                "cuda-memory-pool-byte-size",
+                !self.cuda_memory_pool_byte_size.is_empty(),
+                allocation,
+            ),
+            (
+                "cuda-virtual-address-size",
+                !self.cuda_virtual_address_size.is_empty(),
+                "implicit state is kept in host memory",
+            ),
+            (
+                "min-supported-compute-capability",
+                self.min_supported_compute_capability.is_some(),
+                "every GPU that CUDA shows is used",
+            ),
+            (
+                "buffer-manager-thread-count",
+                self.buffer_manager_thread_count.is_some(),
+                "tensors are copied on the thread that handles the request",
+            ),
+            (
+                "host-policy",
+                !self.host_policy.is_empty(),
+                "instances are not pinned to NUMA nodes or cores",
+            ),
+            (
+                "model-load-gpu-limit",
+                !self.model_load_gpu_limit.is_empty(),
+                "GPU memory is not checked before a load",
+            ),
+            (
+                "enable-peer-access",
+                self.enable_peer_access.is_some(),
+                "ONNX Runtime's CUDA provider manages peer access",
+            ),
+        ]
     }
 }
 

@@ -544,32 +544,8 @@ impl Args {
         }
     }
 
-    /// Checks the flags together and turns them into the server's configuration.
-    ///
-    /// # Errors
-    /// A message naming the flag that cannot be honoured.
-    pub fn launch(self) -> Result<Launch, String> {
-        let mut notes = self.triton.check()?;
-        let cloud = self.cloud_services()?;
-        if !self.allow_grpc
-            && !self.allow_http
-            && cloud.sagemaker.is_none()
-            && cloud.vertex.is_none()
-            && self.openai_port.is_none()
-        {
-            return Err(
-                "--allow-grpc=false and --allow-http=false leave no inference endpoint".into(),
-            );
-        }
-        if !(self.metrics_interval_ms.is_finite() && self.metrics_interval_ms >= 1.0) {
-            return Err(format!(
-                "--metrics-interval-ms must be at least 1, got {}",
-                self.metrics_interval_ms
-            ));
-        }
-        if let Some(name) = &self.model_config_name {
-            compat::check_config_name(name)?;
-        }
+    /// The gRPC and REST access policies, with the inference bearer token.
+    fn access_policies(&self) -> Result<(AccessPolicy, AccessPolicy), String> {
         let token = self.inference_bearer_token.clone().map(Secret::new);
         let access = |specs: &[String], flag: &str, prefix: &str| {
             AccessPolicy::parse(specs, flag, prefix).map(|p| p.with_bearer_token(token.clone()))
@@ -580,6 +556,11 @@ impl Args {
             GRPC_HEADER_PREFIX,
         )?;
         let http_access = access(&self.http_restricted_api, "http-restricted-api", "")?;
+        Ok((grpc_access, http_access))
+    }
+
+    /// The gRPC and REST listeners' TLS files, where TLS is on.
+    fn tls_files(&self) -> Result<(Option<TlsFiles>, Option<TlsFiles>), String> {
         let tls = |flag: &str,
                    on: bool,
                    cert: &Option<PathBuf>,
@@ -609,19 +590,23 @@ impl Args {
             &self.http_root_cert,
             self.http_use_ssl_mutual,
         )?;
-        let mut trace_flags = self.old_trace.as_trace_config();
-        trace_flags.extend(self.trace_config.iter().cloned());
-        let trace = crate::trace::settings::from_flags(&trace_flags)?;
+        Ok((grpc_tls, http_tls))
+    }
+
+    /// The response cache `--cache-config` and `--response-cache-byte-size` ask for.
+    fn response_cache(&self) -> Result<Option<CacheConfig>, String> {
         let mut cache_flags = self.cache_config.clone();
         if let Some(bytes) = self.response_cache_byte_size {
             cache_flags.push(format!("local,size={bytes}"));
         }
-        let response_cache = CacheConfig::from_flags(&cache_flags)?;
-        let backend = BackendSettings::from_flags(&self.backend_config)?;
-        let metrics_config = MetricsConfig::from_flags(&self.metrics_config)?;
-        notes.extend(backend.notes.iter().cloned());
+        CacheConfig::from_flags(&cache_flags)
+    }
+
+    /// The rate limiter's resources under `--rate-limit=execution_count`; none when it is off
+    /// (a note says when `--rate-limit-resource` is given to no effect).
+    fn rate_limit(&self, notes: &mut Vec<String>) -> Result<Option<ResourceFlags>, String> {
         let resources = ResourceFlags::parse(&self.rate_limit_resource)?;
-        let rate_limit = match self.rate_limit {
+        Ok(match self.rate_limit {
             RateLimitMode::ExecutionCount => Some(resources),
             RateLimitMode::Off => {
                 if !self.rate_limit_resource.is_empty() {
@@ -632,7 +617,45 @@ impl Args {
                 }
                 None
             }
-        };
+        })
+    }
+
+    /// Checks the flags together and turns them into the server's configuration.
+    ///
+    /// # Errors
+    /// A message naming the flag that cannot be honoured.
+    pub fn launch(self) -> Result<Launch, String> {
+        let mut notes = self.triton.check()?;
+        let cloud = self.cloud_services()?;
+        if !self.allow_grpc
+            && !self.allow_http
+            && cloud.sagemaker.is_none()
+            && cloud.vertex.is_none()
+            && self.openai_port.is_none()
+        {
+            return Err(
+                "--allow-grpc=false and --allow-http=false leave no inference endpoint".into(),
+            );
+        }
+        if !(self.metrics_interval_ms.is_finite() && self.metrics_interval_ms >= 1.0) {
+            return Err(format!(
+                "--metrics-interval-ms must be at least 1, got {}",
+                self.metrics_interval_ms
+            ));
+        }
+        if let Some(name) = &self.model_config_name {
+            compat::check_config_name(name)?;
+        }
+        let (grpc_access, http_access) = self.access_policies()?;
+        let (grpc_tls, http_tls) = self.tls_files()?;
+        let mut trace_flags = self.old_trace.as_trace_config();
+        trace_flags.extend(self.trace_config.iter().cloned());
+        let trace = crate::trace::settings::from_flags(&trace_flags)?;
+        let response_cache = self.response_cache()?;
+        let backend = BackendSettings::from_flags(&self.backend_config)?;
+        let metrics_config = MetricsConfig::from_flags(&self.metrics_config)?;
+        notes.extend(backend.notes.iter().cloned());
+        let rate_limit = self.rate_limit(&mut notes)?;
         let millis = Duration::from_millis;
         let log = self.log_settings();
         let config = Config {

@@ -5,15 +5,15 @@
 use super::{response, tensors, validate, Admission, Engine};
 use crate::backend::python;
 use crate::core::{Error, InferRequest, InferResponse, Tensor};
-use crate::metrics::FailureReason;
+use crate::metrics::{FailureReason, ModelStats, Timing};
 use crate::repository::sequence::{Place, SequenceFlags, Sequences};
-use crate::repository::Executor;
+use crate::repository::{Executor, Model, ServingVersion};
 use crate::scheduler::Outcome;
 use crate::trace::{Activity, RecordOnDrop, TensorActivity};
 use std::future::Future;
-use std::sync::Arc;
-use std::time::Instant;
-use tokio::sync::mpsc;
+use std::sync::{Arc, OnceLock};
+use std::time::{Duration, Instant};
+use tokio::sync::{mpsc, oneshot};
 
 /// One response of a decoupled model's request: a response (`None`: only the word that the one
 /// before was the last), or the request's error; `last` on the final one.
@@ -328,20 +328,9 @@ impl Queued {
                 if let (Some(traced), Ok(Some(outputs))) = (&trace, &streamed.outputs) {
                     super::traces::record_outputs(&traced.trace, &request, &outputs.tensors);
                 }
-                let shaped = streamed.outputs.and_then(|outputs| {
-                    outputs
-                        .map(|outputs| {
-                            let mut answer = response::response(
-                                &model,
-                                &serving,
-                                request.clone(),
-                                outputs.tensors,
-                            )?;
-                            answer.parameters.extend(outputs.parameters);
-                            Ok(answer)
-                        })
-                        .transpose()
-                });
+                let shaped = streamed
+                    .outputs
+                    .and_then(|outputs| shape(&model, &serving, &request, outputs));
                 let total = arrived.elapsed();
                 let succeeded = shaped.is_ok();
                 let gone = sender
@@ -354,19 +343,8 @@ impl Queued {
                     // The request is answered; its statistics may wait for `execute` to return
                     // (the last response can come from it), the server's count of work need not.
                     drop(admission);
-                    if succeeded {
-                        let timing = timing.await.ok().flatten().unwrap_or_default();
-                        serving.stats.record_success(rows, total, timing);
-                    } else {
-                        // A refusal as the request was queued counts nowhere.
-                        let reason = refusal
-                            .get()
-                            .copied()
-                            .unwrap_or(Some(FailureReason::Backend));
-                        if let Some(reason) = reason {
-                            serving.stats.record_failure(total, reason);
-                        }
-                    }
+                    let answered = (rows, total, succeeded);
+                    record_answered(&serving.stats, answered, timing, &refusal).await;
                     return;
                 }
                 if gone {
@@ -378,6 +356,45 @@ impl Queued {
             }
         });
         receiver
+    }
+}
+
+/// A Python model's response (`None` for a final flag without one) shaped as the request asked.
+fn shape(
+    model: &Model,
+    serving: &ServingVersion,
+    request: &InferRequest,
+    outputs: Option<python::Outputs>,
+) -> Result<Option<InferResponse>, Error> {
+    outputs
+        .map(|outputs| {
+            let mut answer = response::response(model, serving, request.clone(), outputs.tensors)?;
+            answer.parameters.extend(outputs.parameters);
+            Ok(answer)
+        })
+        .transpose()
+}
+
+/// Records a request of `rows` whose last response was sent after `total`: a success once
+/// `execute` has returned its timing, or a failure for the reason the scheduler refused it (a
+/// refusal as it was queued counts nowhere), else the model's.
+async fn record_answered(
+    stats: &ModelStats,
+    (rows, total, succeeded): (usize, Duration, bool),
+    timing: oneshot::Receiver<Option<Timing>>,
+    refusal: &OnceLock<Option<FailureReason>>,
+) {
+    if succeeded {
+        let timing = timing.await.ok().flatten().unwrap_or_default();
+        stats.record_success(rows, total, timing);
+    } else {
+        let reason = refusal
+            .get()
+            .copied()
+            .unwrap_or(Some(FailureReason::Backend));
+        if let Some(reason) = reason {
+            stats.record_failure(total, reason);
+        }
     }
 }
 

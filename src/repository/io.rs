@@ -46,6 +46,87 @@ pub struct IoSpec {
     pub outputs: Vec<TensorSpec>,
 }
 
+/// A tensor as the config declares it: an input or output (`kind`), with its reshape.
+struct Declared<'a> {
+    kind: &'a str,
+    name: &'a str,
+    data_type: i32,
+    dims: &'a [i64],
+    reshape: Option<&'a Vec<i64>>,
+}
+
+/// The spec of a `declared` tensor of `model`, checked against the graph's tensors of its kind:
+/// present, of the same type, with dimensions that fit (a ragged input or scattered output of
+/// `layout` is one dimension in the graph).
+fn tensor_spec(
+    model: &str,
+    batched: bool,
+    layout: &BatchLayout,
+    declared: Declared<'_>,
+    graph: &[TensorInfo],
+) -> Result<TensorSpec, String> {
+    let Declared {
+        kind,
+        name,
+        data_type,
+        dims,
+        reshape,
+    } = declared;
+    let Some(info) = graph.iter().find(|t| t.name == name) else {
+        let known: Vec<&str> = graph.iter().map(|t| t.name.as_str()).collect();
+        return Err(format!(
+            "unable to load model '{model}': configuration {kind} '{name}' is not a model {kind}; \
+             the model has {kind}s [{}]",
+            known.join(", ")
+        ));
+    };
+    let datatype = datatype_from_config(data_type)
+        .ok_or_else(|| format!("{kind} '{name}' of model '{model}' has no valid data_type"))?;
+    if info.datatype != Some(datatype) {
+        return Err(format!(
+            "unable to load model '{model}': configuration expects datatype {} for {kind} '{name}', \
+             model provides {}",
+            datatype,
+            info.datatype.map_or("an unsupported type", DataType::as_wire)
+        ));
+    }
+    let model_dims = match reshape {
+        Some(shape) => Some(shape.clone()),
+        // Triton's ONNX Runtime backend takes any all-ones dims for a scalar (rank-0)
+        // tensor of a model without batching; requests and responses keep the config's.
+        None if info.shape.is_empty()
+            && !dims.is_empty()
+            && dims.iter().all(|&d| d == 1)
+            && !batched =>
+        {
+            Some(Vec::new())
+        }
+        None => None,
+    };
+    // Ragged inputs and scattered outputs are one dimension in the graph.
+    let flat =
+        layout.ragged.iter().any(|r| r == name) || layout.scatter.iter().any(|s| s.output == name);
+    if flat {
+        super::ragged::check_flat(model, kind, name, &info.shape)?;
+    } else {
+        compare_dims(
+            model,
+            name,
+            &info.shape,
+            model_dims.as_deref().unwrap_or(dims),
+            batched,
+        )?;
+    }
+    Ok(TensorSpec {
+        name: name.to_string(),
+        datatype,
+        dims: dims.to_vec(),
+        model_dims,
+        text: false,
+        optional: false,
+    })
+}
+
 impl IoSpec {
     /// The contract clients see when there is no graph behind it (generation models,
     /// ensembles, Python models): the config's tensors as declared, `optional` inputs included.
@@ -128,84 +209,22 @@ impl IoSpec {
             }
         }
         let batched = config.max_batch_size > 0;
-        // Ragged inputs and scattered outputs are one dimension in the graph.
-        let flat = |name: &str| {
-            layout.ragged.iter().any(|r| r == name)
-                || layout.scatter.iter().any(|s| s.output == name)
-        };
-        let spec = |kind: &str,
-                    name: &str,
-                    data_type: i32,
-                    dims: &[i64],
-                    reshape: Option<&Vec<i64>>,
-                    graph: &[TensorInfo]| {
-            let Some(info) = graph.iter().find(|t| t.name == name) else {
-                let known: Vec<&str> = graph.iter().map(|t| t.name.as_str()).collect();
-                return Err(format!(
-                    "unable to load model '{model}': configuration {kind} '{name}' is not a model {kind}; \
-                     the model has {kind}s [{}]",
-                    known.join(", ")
-                ));
-            };
-            let datatype = datatype_from_config(data_type).ok_or_else(|| {
-                format!("{kind} '{name}' of model '{model}' has no valid data_type")
-            })?;
-            if info.datatype != Some(datatype) {
-                return Err(format!(
-                    "unable to load model '{model}': configuration expects datatype {} for {kind} '{name}', \
-                     model provides {}",
-                    datatype,
-                    info.datatype.map_or("an unsupported type", DataType::as_wire)
-                ));
-            }
-            let model_dims = match reshape {
-                Some(shape) => Some(shape.clone()),
-                // Triton's ONNX Runtime backend takes any all-ones dims for a scalar (rank-0)
-                // tensor of a model without batching; requests and responses keep the config's.
-                None if info.shape.is_empty()
-                    && !dims.is_empty()
-                    && dims.iter().all(|&d| d == 1)
-                    && !batched =>
-                {
-                    Some(Vec::new())
-                }
-                None => None,
-            };
-            if flat(name) {
-                super::ragged::check_flat(model, kind, name, &info.shape)?;
-            } else {
-                compare_dims(
-                    model,
-                    name,
-                    &info.shape,
-                    model_dims.as_deref().unwrap_or(dims),
-                    batched,
-                )?;
-            }
-            Ok(TensorSpec {
-                name: name.to_string(),
-                datatype,
-                dims: dims.to_vec(),
-                model_dims,
-                text: false,
-                optional: false,
-            })
-        };
         let inputs = config
             .input
             .iter()
             .map(|i| {
-                spec(
-                    "input",
-                    &i.name,
-                    i.data_type,
-                    &i.dims,
-                    i.reshape.as_ref().map(|r| &r.shape),
-                    &with_defaults,
-                )
-                .map(|spec| TensorSpec {
-                    optional: i.optional,
-                    ..spec
+                let declared = Declared {
+                    kind: "input",
+                    name: &i.name,
+                    data_type: i.data_type,
+                    dims: &i.dims,
+                    reshape: i.reshape.as_ref().map(|r| &r.shape),
+                };
+                tensor_spec(model, batched, layout, declared, &with_defaults).map(|spec| {
+                    TensorSpec {
+                        optional: i.optional,
+                        ..spec
+                    }
                 })
             })
             .collect::<Result<Vec<_>, _>>()?;
@@ -224,14 +243,14 @@ impl IoSpec {
             .output
             .iter()
             .map(|o| {
-                spec(
-                    "output",
-                    &o.name,
-                    o.data_type,
-                    &o.dims,
-                    o.reshape.as_ref().map(|r| &r.shape),
-                    graph_outputs,
-                )
+                let declared = Declared {
+                    kind: "output",
+                    name: &o.name,
+                    data_type: o.data_type,
+                    dims: &o.dims,
+                    reshape: o.reshape.as_ref().map(|r| &r.shape),
+                };
+                tensor_spec(model, batched, layout, declared, graph_outputs)
             })
             .collect::<Result<Vec<_>, _>>()?;
         Ok(IoSpec {

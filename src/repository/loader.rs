@@ -10,26 +10,25 @@ use super::ensemble::{self, EnsemblePlan};
 use super::limits::{
     check_sessions, read_text, MAX_CONFIG_BYTES, MAX_LABELS, MAX_LABEL_FILE_BYTES,
 };
-use super::python::PythonModel;
-use super::sequence::{SequenceSpec, Sequences};
+use super::sequence::SequenceSpec;
 use super::store::{contained, plain_relative};
 use super::tuning::{self, Tuning};
-use super::warmup;
 use super::{
-    autocomplete, generation, placement, text, versions, Executor, IoSpec, LoadOptions, Model,
-    ServingVersion,
+    autocomplete, generation, placement, text, versions, LoadOptions, Model, ServingVersion,
 };
 use crate::backend::python::PythonSpec;
-use crate::backend::tokenize::{TextInput, TextModel, TextSpec};
-use crate::backend::{cuda, Backend, Device, OnnxRuntime, OnnxSession, SessionOptions, TensorInfo};
-use crate::metrics::ModelStats;
+use crate::backend::tokenize::TextSpec;
+use crate::backend::{cuda, Device, OnnxRuntime, OnnxSession, SessionOptions};
 use crate::proto::inference::ModelConfig;
-use crate::scheduler::layout::BatchLayout;
-use crate::scheduler::rate_limit::{InstanceLimit, Limit, RateLimiter};
-use crate::scheduler::{Scheduler, Session};
+use crate::scheduler::rate_limit::{InstanceLimit, RateLimiter};
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
+
+mod sessionless;
+mod start;
+
+use sessionless::{prepare_ensemble, prepare_python};
 
 /// Why a load failed: the model as a whole (config, policy, auto-complete), or some versions.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -155,19 +154,7 @@ pub fn prepare(
             "generation model '{name}' cannot use sequence_batching: it keeps its own state"
         ));
     }
-    let wants_cache = config::wants_response_cache(&config);
-    let cache_responses =
-        wants_cache && options.response_cache && !generating && sequence.is_none();
-    if wants_cache && !cache_responses {
-        let why = if generating {
-            "generation (decoupled) models are not cached"
-        } else if sequence.is_some() {
-            "stateful (sequence batching) models are not cached"
-        } else {
-            "the server was started without --cache-config"
-        };
-        tracing::warn!("model '{name}': response_cache is enabled but {why}: every request runs");
-    }
+    let cache_responses = caches_responses(name, &config, options, generating, sequence.is_some());
     if generating && placed.devices.iter().any(|d| d.gpu().is_some()) {
         return Err(format!(
             "generation model '{name}' runs on CPU: give it a KIND_CPU instance group"
@@ -192,35 +179,14 @@ pub fn prepare(
         // The graph's inputs are tokens and caches; clients see Triton's LLM tensors.
         generation::complete_config(&mut config)?;
     } else if options.auto_complete && !complete {
-        // Triton completes the config from the newest selected version's graph.
-        let runtime = OnnxRuntime::get().map_err(|e| e.to_string())?;
-        let newest = selected
-            .iter()
-            .rev()
-            .filter_map(|&v| model_path(dir, v, &config.default_model_filename).ok())
-            .find(|path| path.is_file())
-            .ok_or_else(|| format!("no model file found for model '{name}'"))?;
         let cpu = SessionOptions {
             intra_op_threads,
             device: Device::Cpu,
             tuning: tuning.session(intra_op_threads, None),
             pool_name: None,
         };
-        let probe = OnnxSession::load(&runtime, &newest, &cpu).map_err(|e| e.to_string())?;
-        // A text model shows clients its text input in place of the token inputs.
-        let inputs = match &text {
-            Some(spec) => spec
-                .bind(probe.inputs())
-                .map_err(|e| e.to_string())?
-                .client_inputs(probe.inputs()),
-            None => probe.inputs().to_vec(),
-        };
-        autocomplete::autocomplete(
-            &mut config,
-            &inputs,
-            probe.outputs(),
-            options.default_max_batch_size,
-        )?;
+        let newest = (dir, selected.as_slice());
+        complete_from_graph(name, newest, &mut config, text.as_ref(), &cpu, options)?;
     }
     config::fill_scheduler_defaults(&mut config);
     config::validate_io(&config).map_err(|e| e.to_string())?;
@@ -252,143 +218,66 @@ pub fn prepare(
     })
 }
 
-/// An ensemble needs no session: its plan, checked, and its declared tensors.
-fn prepare_ensemble(
+/// Whether a version of a model (not an ensemble or a Python model) caches its responses: when
+/// its config asks and the server has a cache, unless it generates or is stateful (a warning
+/// says why a config's ask is not followed).
+fn caches_responses(
     name: &str,
-    dir: &Path,
-    config: ModelConfig,
-    versions: Vec<i64>,
-) -> Result<Prepared, String> {
-    let plan = ensemble::plan(&config)?;
-    config::validate_io(&config).map_err(|e| e.to_string())?;
-    if config::wants_response_cache(&config) {
-        tracing::warn!(
-            "ensemble '{name}': response_cache is enabled but ensembles are not cached (their \
-             composing models may be)"
-        );
-    }
-    Ok(Prepared {
-        ensemble: Some(Arc::new(plan)),
-        ..Prepared::without_sessions(name, dir, config, versions)?
-    })
-}
-
-impl Prepared {
-    /// A model that runs no ONNX Runtime session of its own (an ensemble, a Python model).
-    fn without_sessions(
-        name: &str,
-        dir: &Path,
-        config: ModelConfig,
-        versions: Vec<i64>,
-    ) -> Result<Prepared, String> {
-        Ok(Prepared {
-            name: name.to_string(),
-            dir: dir.to_path_buf(),
-            labels: read_labels(dir, &config)?,
-            tuning: tuning::tuning(&config)?,
-            config,
-            versions,
-            devices: Vec::new(),
-            limits: Vec::new(),
-            rate_limiter: None,
-            intra_op_threads: 1,
-            fallback: None,
-            text: None,
-            cache_responses: false,
-            ensemble: None,
-            sequence: None,
-            python: None,
-            adaptive_batching: false,
-        })
-    }
-}
-
-/// A Python model runs its own code in processes of its own (see [`crate::backend::python`]):
-/// each version's `model.py`, or `code`, the one `model.py` of its Python-based backend. Its
-/// tensors come from its config, completed by its `auto_complete_config` when it has one.
-fn prepare_python(
-    name: &str,
-    dir: &Path,
-    mut config: ModelConfig,
-    versions: Vec<i64>,
+    config: &ModelConfig,
     options: &LoadOptions,
-    code: Option<PathBuf>,
-) -> Result<Prepared, String> {
-    if options.auto_complete {
-        // Triton completes the config with the newest selected version's model.py.
-        let newest = code.clone().or_else(|| {
-            versions
-                .iter()
-                .rev()
-                .filter_map(|&v| model_path(dir, v, &config.default_model_filename).ok())
-                .find(|path| path.is_file())
-        });
-        // Only a model that defines the function needs a Python process to run it.
-        let defines = |path: &PathBuf| {
-            std::fs::read_to_string(path).is_ok_and(|code| code.contains("auto_complete_config"))
-        };
-        if let Some(path) = newest.filter(defines) {
-            super::autocomplete::python(&mut config, dir, &path, &options.python_env)?;
-        }
-    }
-    if config.input.is_empty() && config.output.is_empty() {
-        return Err(format!(
-            "Python model '{name}' declares no inputs or outputs (in config.pbtxt or with \
-             auto_complete_config)"
-        ));
-    }
-    let mut python = PythonSpec {
-        code,
-        ..PythonSpec::from_config(&mut config, dir, &options.python_calls, &options.python_env)?
-    };
-    config::fill_scheduler_defaults(&mut config);
-    config::validate_io(&config).map_err(|e| e.to_string())?;
-    config::max_inflight_requests(&config).map_err(|e| e.to_string())?;
-    python.adaptive_batching = config::adaptive_batching_delay(&config, options.adaptive_batching)
-        .map_err(|e| e.to_string())?;
-    // As Triton: a decoupled model's responses are not cached.
-    let decoupled = config
-        .model_transaction_policy
-        .as_ref()
-        .is_some_and(|p| p.decoupled);
-    let sequence = SequenceSpec::from_config(&config, dir)?;
-    if let Some(spec) = &sequence {
-        if spec.has_states() {
-            return Err(format!(
-                "Python model '{name}': sequence_batching state (implicit state) is not served for \
-                 Python models: the model keeps a sequence's state itself, by correlation_id()"
-            ));
-        }
-    }
-    let wants_cache = config::wants_response_cache(&config);
-    let cache_responses = wants_cache && options.response_cache && !decoupled && sequence.is_none();
+    generating: bool,
+    stateful: bool,
+) -> bool {
+    let wants_cache = config::wants_response_cache(config);
+    let cache_responses = wants_cache && options.response_cache && !generating && !stateful;
     if wants_cache && !cache_responses {
-        let why = if decoupled {
-            "decoupled models are not cached"
-        } else if sequence.is_some() {
+        let why = if generating {
+            "generation (decoupled) models are not cached"
+        } else if stateful {
             "stateful (sequence batching) models are not cached"
         } else {
             "the server was started without --cache-config"
         };
-        tracing::warn!("Python model '{name}': response_cache is enabled but {why}");
+        tracing::warn!("model '{name}': response_cache is enabled but {why}: every request runs");
     }
-    // Without --rate-limit, rate_limiter settings are left alone, as Triton leaves them.
-    let limits = match options.rate_limiter {
-        Some(_) => python
-            .instances
-            .iter()
-            .map(|instance| placement::group_limit(&config, instance.group, instance.device))
-            .collect::<Result<_, _>>()?,
-        None => Vec::new(),
+    cache_responses
+}
+
+/// Completes `config` as Triton does, from the graph of the newest selected version (`(dir,
+/// selected)`) loaded on the CPU with `cpu`.
+///
+/// # Errors
+/// No model file, a graph that does not load, or one the config cannot be completed from.
+fn complete_from_graph(
+    name: &str,
+    (dir, selected): (&Path, &[i64]),
+    config: &mut ModelConfig,
+    text: Option<&TextSpec>,
+    cpu: &SessionOptions,
+    options: &LoadOptions,
+) -> Result<(), String> {
+    let runtime = OnnxRuntime::get().map_err(|e| e.to_string())?;
+    let newest = selected
+        .iter()
+        .rev()
+        .filter_map(|&v| model_path(dir, v, &config.default_model_filename).ok())
+        .find(|path| path.is_file())
+        .ok_or_else(|| format!("no model file found for model '{name}'"))?;
+    let probe = OnnxSession::load(&runtime, &newest, cpu).map_err(|e| e.to_string())?;
+    // A text model shows clients its text input in place of the token inputs.
+    let inputs = match text {
+        Some(spec) => spec
+            .bind(probe.inputs())
+            .map_err(|e| e.to_string())?
+            .client_inputs(probe.inputs()),
+        None => probe.inputs().to_vec(),
     };
-    Ok(Prepared {
-        python: Some(python),
-        cache_responses,
-        sequence,
-        limits,
-        rate_limiter: options.rate_limiter.clone(),
-        ..Prepared::without_sessions(name, dir, config, versions)?
-    })
+    autocomplete::autocomplete(
+        config,
+        &inputs,
+        probe.outputs(),
+        options.default_max_batch_size,
+    )
 }
 
 /// Starts every selected version (or takes it over from `reuse`).
@@ -396,113 +285,22 @@ fn prepare_python(
 /// # Errors
 /// [`LoadFailure::Versions`] when any version fails; nothing built here keeps running then.
 pub fn build(prepared: Prepared, reuse: Reuse<'_>) -> Result<Model, LoadFailure> {
-    let Prepared {
-        name,
-        dir,
-        config,
-        versions,
-        labels,
-        devices,
-        limits,
-        rate_limiter,
-        intra_op_threads,
-        tuning,
-        fallback,
-        text,
-        cache_responses,
-        ensemble,
-        sequence,
-        python,
-        adaptive_batching,
-    } = prepared;
     let runtime = OnnxRuntime::get().map_err(|e| LoadFailure::Model(e.to_string()))?;
     let reusable = |version: i64| -> Option<Arc<ServingVersion>> {
         let (old, unchanged) = reuse?;
-        if *old.config != config || !unchanged(version) {
+        if *old.config != prepared.config || !unchanged(version) {
             return None;
         }
         old.versions.get(&version).cloned()
     };
     let mut built = BTreeMap::new();
     let mut failures = BTreeMap::new();
-    for &version in &versions {
+    for &version in &prepared.versions {
         if let Some(serving) = reusable(version) {
             built.insert(version, serving);
             continue;
         }
-        if let Some(plan) = &ensemble {
-            match IoSpec::from_config(&config) {
-                Ok(io) => {
-                    let chat = llm_chat_template(&name, &dir, &io);
-                    let serving = ServingVersion {
-                        version,
-                        io,
-                        executor: Executor::Ensemble(Arc::clone(plan)),
-                        stats: Arc::new(ModelStats::new(&name, version)),
-                        cache: false,
-                        sequences: None,
-                        tokenizer: None,
-                        chat,
-                    };
-                    built.insert(version, Arc::new(serving));
-                }
-                Err(reason) => {
-                    failures.insert(version, reason);
-                }
-            }
-            continue;
-        }
-        let file = match python.as_ref().and_then(|spec| spec.code.clone()) {
-            Some(code) => Ok(code),
-            None => model_path(&dir, version, &config.default_model_filename),
-        };
-        let started = file.and_then(|path| {
-            if let Some(spec) = &python {
-                let limited = (rate_limiter.as_ref(), limits.as_slice());
-                let files = (dir.as_path(), path.as_path());
-                return start_python(
-                    &name,
-                    version,
-                    files,
-                    &config,
-                    spec,
-                    limited,
-                    cache_responses,
-                )
-                .map(|serving| ServingVersion {
-                    sequences: sequence.as_ref().map(|sequence| {
-                        let slots = spec.instances.len();
-                        Arc::new(Sequences::with_slots(sequence.clone(), slots))
-                    }),
-                    ..serving
-                });
-            }
-            if generation::is_generation(&config) {
-                let options = SessionOptions {
-                    intra_op_threads,
-                    device: Device::Cpu,
-                    tuning: tuning.session(intra_op_threads, None),
-                    pool_name: Some(format!("ort-{name}-{version}")),
-                };
-                return generation::start_version(
-                    &name, version, &dir, &path, &config, &runtime, &options,
-                );
-            }
-            let instances = Instances {
-                devices: &devices,
-                limits: &limits,
-                rate_limiter: rate_limiter.as_ref(),
-                intra_op_threads,
-                tuning: &tuning,
-                runtime: &runtime,
-                text: text.as_ref(),
-                cache_responses,
-                sequence: sequence.as_ref(),
-                adaptive_batching,
-            };
-            start_version(&name, version, &dir, &path, &config, &instances)
-        });
-        match started {
+        match prepared.start(version, &runtime) {
             Ok(serving) => {
                 built.insert(version, Arc::new(serving));
             }
@@ -521,6 +319,13 @@ pub fn build(prepared: Prepared, reuse: Reuse<'_>) -> Result<Model, LoadFailure>
         }
         return Err(LoadFailure::Versions(failures));
     }
+    let Prepared {
+        name,
+        config,
+        labels,
+        fallback,
+        ..
+    } = prepared;
     Ok(Model {
         name,
         config: Arc::new(config),
@@ -597,229 +402,6 @@ fn model_path(dir: &Path, version: i64, file: &str) -> Result<PathBuf, String> {
     } else {
         path
     })
-}
-
-/// How the instances of each version are made.
-struct Instances<'a> {
-    /// Where each instance runs.
-    devices: &'a [Device],
-    /// What each instance needs from `rate_limiter`.
-    limits: &'a [Option<InstanceLimit>],
-    rate_limiter: Option<&'a Arc<RateLimiter>>,
-    intra_op_threads: usize,
-    tuning: &'a Tuning,
-    runtime: &'a OnnxRuntime,
-    /// A text model's tokenizer, wrapped around each session.
-    text: Option<&'a TextSpec>,
-    /// Whether the version's responses go to the response cache.
-    cache_responses: bool,
-    /// A stateful model's sequence batching.
-    sequence: Option<&'a SequenceSpec>,
-    /// Whether the dynamic batcher takes kiln's shortcuts.
-    adaptive_batching: bool,
-}
-
-/// Starts one version: its instances' sessions, their warmup, then its scheduler. `dir` is the
-/// model's directory, `path` the version's model file.
-fn start_version(
-    name: &str,
-    version: i64,
-    dir: &Path,
-    path: &Path,
-    config: &ModelConfig,
-    instances: &Instances<'_>,
-) -> Result<ServingVersion, String> {
-    if !path.is_file() {
-        return Err(format!("model file {} not found", path.display()));
-    }
-    let Instances {
-        devices,
-        limits,
-        rate_limiter,
-        intra_op_threads,
-        tuning,
-        runtime,
-        text,
-        cache_responses,
-        sequence,
-        adaptive_batching,
-    } = *instances;
-    let started = std::time::Instant::now();
-    // An instance that asks for more than the rate limiter has fails before any session loads.
-    let limits = (0..devices.len())
-        .map(|index| Limit::for_instance(rate_limiter, limits.get(index).and_then(Option::as_ref)))
-        .collect::<Result<Vec<_>, _>>()?;
-    // Checked against the graph with the first session, then the scheduler's and warmup's.
-    let layout = Arc::new(super::ragged::layout(config)?);
-    let mut backends: Vec<Box<dyn Backend>> = Vec::with_capacity(devices.len());
-    let mut io = None;
-    let mut text_input = None;
-    for (index, device) in devices.iter().enumerate() {
-        let options = SessionOptions {
-            intra_op_threads,
-            device: device.clone(),
-            tuning: tuning.session(intra_op_threads, device.gpu().map(|gpu| gpu.id)),
-            // The instance's own thread is `{name}-{version}-{index}` (the scheduler's).
-            pool_name: Some(format!("ort-{name}-{version}-{index}")),
-        };
-        let session = OnnxSession::load(runtime, path, &options).map_err(|e| e.to_string())?;
-        if io.is_none() {
-            let (spec, bound) = io_spec(config, &layout, &session, text, sequence)?;
-            io = Some(spec);
-            text_input = bound;
-        }
-        let backend = session.into_backend().map_err(|e| e.to_string())?;
-        let backend: Box<dyn Backend> = match &text_input {
-            Some(text) => Box::new(TextModel::new(Arc::clone(text), backend)),
-            None => backend,
-        };
-        backends.push(backend);
-    }
-    let io = io.ok_or_else(|| format!("model '{name}' has no instances"))?;
-    let mut gpus: Vec<(i32, String)> = Vec::new();
-    for device in devices {
-        if let Device::Cuda { gpu, options } = device {
-            if !gpus.iter().any(|(id, _)| *id == gpu.id) {
-                tracing::info!(
-                    "model '{name}' version {version}: instances on GPU {} ({}), CUDA options: {options}",
-                    gpu.id,
-                    gpu.uuid
-                );
-                gpus.push((gpu.id, gpu.uuid.clone()));
-            }
-        }
-    }
-    let stats = Arc::new(ModelStats::with_gpus(name, version, &gpus, cache_responses));
-    let gpu = |index: usize| devices[index].gpu().map(|gpu| gpu.id);
-    warmup::run(dir, config, &io, &layout, &mut backends, &stats, gpu)?;
-    let sessions = backends
-        .into_iter()
-        .zip(limits)
-        .map(|(backend, limit)| Session::new(backend, Arc::clone(&layout), limit))
-        .collect();
-    let mut batching = config::batching_config(config, adaptive_batching);
-    batching.layout = layout;
-    let scheduler = Scheduler::launch(
-        &format!("{name}-{version}"),
-        batching,
-        sessions,
-        Arc::clone(&stats),
-    )
-    .map_err(|e| format!("failed to start instances: {e}"))?;
-    stats.record_load(started.elapsed());
-    Ok(ServingVersion {
-        version,
-        io,
-        executor: Executor::Batched(scheduler),
-        stats,
-        cache: cache_responses,
-        sequences: sequence.map(|spec| Arc::new(Sequences::new(spec.clone()))),
-        tokenizer: text_input.map(|text| Arc::clone(text.tokenizer())),
-        chat: None,
-    })
-}
-
-/// Starts one version of a Python model: a process per instance, each through `initialize`;
-/// `cached`: its responses go to the response cache.
-fn start_python(
-    name: &str,
-    version: i64,
-    (dir, path): (&Path, &Path),
-    config: &ModelConfig,
-    spec: &PythonSpec,
-    (rate_limiter, limits): (Option<&Arc<RateLimiter>>, &[Option<InstanceLimit>]),
-    cached: bool,
-) -> Result<ServingVersion, String> {
-    if !path.is_file() {
-        return Err(format!("model file {} not found", path.display()));
-    }
-    let started = std::time::Instant::now();
-    let io = IoSpec::from_config(config)?;
-    // A version whose responses are cached has the cache's series too.
-    let stats = Arc::new(ModelStats::with_gpus(name, version, &[], cached));
-    let samples = super::warmup::samples(dir, config, &io)?;
-    let limits = limits
-        .iter()
-        .map(|limit| Limit::for_instance(rate_limiter, limit.as_ref()))
-        .collect::<Result<_, _>>()?;
-    let model = PythonModel::start(config, version, (dir, path), spec, &samples, &stats, limits)?;
-    stats.record_load(started.elapsed());
-    Ok(ServingVersion {
-        version,
-        chat: llm_chat_template(name, dir, &io),
-        io,
-        executor: Executor::Python(Arc::new(model)),
-        stats,
-        cache: cached,
-        sequences: None,
-        tokenizer: None,
-    })
-}
-
-/// The chat template in `dir` of a model whose contract is Triton's LLM tensors (BYTES
-/// `text_input` in, BYTES `text_output` out); none for other models.
-fn llm_chat_template(
-    name: &str,
-    dir: &Path,
-    io: &IoSpec,
-) -> Option<Result<Arc<crate::generate::chat::ChatTemplate>, String>> {
-    if !io.is_llm() {
-        return None;
-    }
-    Some(crate::generate::chat::ChatTemplate::load_for(name, dir)?.map(Arc::new))
-}
-
-/// The version's contract, checked against its graph; a text model's text input is bound to the
-/// graph's token inputs, and its spec replaces them.
-fn io_spec(
-    config: &ModelConfig,
-    layout: &BatchLayout,
-    session: &OnnxSession,
-    text: Option<&TextSpec>,
-    sequence: Option<&SequenceSpec>,
-) -> Result<(IoSpec, Option<Arc<TextInput>>), String> {
-    // The inputs a stateful model's sequence batcher fills are not the clients'.
-    let client_inputs: Vec<TensorInfo> = match sequence {
-        Some(spec) => {
-            spec.check_graph(&config.name, session.inputs(), session.outputs())?;
-            session
-                .inputs()
-                .iter()
-                .filter(|t| !spec.fills(&t.name))
-                .cloned()
-                .collect()
-        }
-        None => session.inputs().to_vec(),
-    };
-    // A text model shows clients its text input in place of the token inputs.
-    let bound = text
-        .map(|text| {
-            let bound = text.bind(session.inputs()).map_err(|e| e.to_string())?;
-            text::check_config(config, &bound)?;
-            Ok::<_, String>(bound)
-        })
-        .transpose()?;
-    let inputs = match &bound {
-        Some(bound) => bound.client_inputs(&client_inputs),
-        None => client_inputs,
-    };
-    let mut spec = IoSpec::with_defaults(
-        config,
-        layout,
-        &inputs,
-        session.defaults(),
-        session.outputs(),
-    )?;
-    if let Some(bound) = &bound {
-        for input in spec
-            .inputs
-            .iter_mut()
-            .filter(|i| i.name == bound.text_input())
-        {
-            input.text = true;
-        }
-    }
-    Ok((spec, bound.map(Arc::new)))
 }
 
 #[cfg(test)]

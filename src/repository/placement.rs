@@ -70,30 +70,7 @@ pub fn place(
         if group.name.is_empty() {
             group.name = format!("{model}_{index}");
         }
-        // Settings that would change which instances serve, or where, are refused rather than
-        // ignored; a host policy only pins threads, and is left alone with a warning.
-        if group.passive {
-            return Err(format!(
-                "instance group '{}' of model '{model}' is passive: kiln schedules every \
-                 instance it loads (remove `passive`)",
-                group.name
-            ));
-        }
-        if !group.secondary_devices.is_empty() {
-            return Err(format!(
-                "instance group '{}' of model '{model}' lists secondary_devices, which kiln's \
-                 ONNX Runtime instances do not use",
-                group.name
-            ));
-        }
-        if !group.host_policy.is_empty() {
-            tracing::warn!(
-                "instance group '{}' of model '{model}': host_policy '{}' is ignored (instances \
-                 are not pinned to NUMA nodes or cores)",
-                group.name,
-                group.host_policy
-            );
-        }
+        check_group(group, &model)?;
         let kind = Kind::try_from(group.kind).unwrap_or(Kind::Auto);
         let wants_gpu = match kind {
             Kind::Gpu => true,
@@ -187,6 +164,34 @@ pub fn place(
         groups,
         fallback,
     })
+}
+
+/// Refuses a group's settings that would change which instances serve, or where, rather than
+/// ignoring them; a host policy only pins threads, and is left alone with a warning.
+fn check_group(group: &ModelInstanceGroup, model: &str) -> Result<(), String> {
+    if group.passive {
+        return Err(format!(
+            "instance group '{}' of model '{model}' is passive: kiln schedules every \
+             instance it loads (remove `passive`)",
+            group.name
+        ));
+    }
+    if !group.secondary_devices.is_empty() {
+        return Err(format!(
+            "instance group '{}' of model '{model}' lists secondary_devices, which kiln's \
+             ONNX Runtime instances do not use",
+            group.name
+        ));
+    }
+    if !group.host_policy.is_empty() {
+        tracing::warn!(
+            "instance group '{}' of model '{model}': host_policy '{}' is ignored (instances \
+             are not pinned to NUMA nodes or cores)",
+            group.name,
+            group.host_policy
+        );
+    }
+    Ok(())
 }
 
 /// Each instance's `rate_limiter` needs (see [`group_limit`]).

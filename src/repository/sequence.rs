@@ -6,18 +6,15 @@
 //! than `max_sequence_idle_microseconds` (default 1 s) is dropped.
 
 use crate::backend::TensorInfo;
-use crate::core::tensor::element_count;
 use crate::core::{DataType, Error, InferRequest, ParamValue, Tensor};
 use crate::invalid_arg;
 use crate::proto::inference::model_config::SchedulingChoice;
-use crate::proto::inference::model_sequence_batching::{
-    control::Kind, initial_state::StateData, Control, StrategyChoice,
-};
+use crate::proto::inference::model_sequence_batching::{control::Kind, Control, StrategyChoice};
 use crate::proto::inference::ModelConfig;
 use crate::repository::config::datatype_from_config;
-use crate::repository::store::contained;
 use bytes::Bytes;
 use slots::Seats;
+use states::{state_spec, State};
 use std::collections::HashMap;
 use std::path::Path;
 use std::sync::{Arc, Mutex};
@@ -25,9 +22,6 @@ use std::time::{Duration, Instant};
 
 /// Triton's default idle time of a sequence.
 pub const DEFAULT_IDLE: Duration = Duration::from_secs(1);
-
-/// Largest state one sequence keeps (one batch row).
-const MAX_STATE_BYTES: usize = 64 << 20;
 
 /// Live sequences a version holds at most; a new one beyond is refused.
 const MAX_SEQUENCES: usize = 65_536;
@@ -56,17 +50,6 @@ enum Flag {
     Start,
     End,
     Ready,
-}
-
-/// One implicit state: `output` of a request becomes `input` of the next.
-#[derive(Debug, Clone, PartialEq)]
-struct State {
-    input: String,
-    output: String,
-    datatype: DataType,
-    dims: Vec<i64>,
-    /// One row of the state at a sequence's start: zeros, or an `initial_state` file's data.
-    initial: Bytes,
 }
 
 /// A model's sequence batching, as its config declares it.
@@ -121,78 +104,11 @@ impl SequenceSpec {
             ControlKind::Flag(Flag::Ready, _) => 2,
             ControlKind::CorrId => 3,
         });
-        let mut states = Vec::new();
-        for state in &batching.state {
-            let datatype = datatype_from_config(state.data_type).ok_or_else(|| {
-                format!(
-                    "sequence batching of model '{model}': state '{}' has no valid data_type",
-                    state.input_name
-                )
-            })?;
-            if state.dims.iter().any(|&d| d < 1) || datatype == DataType::Bytes {
-                return Err(format!(
-                    "sequence batching of model '{model}': state '{}' must have a fixed shape and a \
-                     fixed-size type",
-                    state.input_name
-                ));
-            }
-            let bytes = element_count(&state.dims)
-                .ok()
-                .and_then(|count| count.checked_mul(datatype.element_size().unwrap_or(1)))
-                .filter(|&bytes| bytes <= MAX_STATE_BYTES)
-                .ok_or_else(|| {
-                    format!(
-                        "sequence batching of model '{model}': state '{}' is larger than the \
-                         {MAX_STATE_BYTES} bytes a state may hold",
-                        state.input_name
-                    )
-                })?;
-            let initial = match state.initial_state.as_slice() {
-                [] => None,
-                [initial] => match &initial.state_data {
-                    Some(StateData::ZeroData(_)) | None => None,
-                    Some(StateData::DataFile(file)) => {
-                        let path =
-                            contained(&model_dir.join("initial_state"), file).map_err(|e| {
-                                format!(
-                                "sequence batching of model '{model}': state '{}': data_file {e}",
-                                state.input_name
-                            )
-                            })?;
-                        let data = std::fs::read(&path).map_err(|e| {
-                            format!(
-                                "sequence batching of model '{model}': cannot read {}: {e}",
-                                path.display()
-                            )
-                        })?;
-                        if data.len() != bytes {
-                            return Err(format!(
-                                "sequence batching of model '{model}': {} holds {} bytes, state \
-                                 '{}' takes {bytes}",
-                                path.display(),
-                                data.len(),
-                                state.input_name
-                            ));
-                        }
-                        Some(Bytes::from(data))
-                    }
-                },
-                _ => {
-                    return Err(format!(
-                        "sequence batching of model '{model}': state '{}' has more than one \
-                         initial_state",
-                        state.input_name
-                    ))
-                }
-            };
-            states.push(State {
-                input: state.input_name.clone(),
-                output: state.output_name.clone(),
-                datatype,
-                dims: state.dims.clone(),
-                initial: initial.unwrap_or_else(|| Bytes::from(vec![0u8; bytes])),
-            });
-        }
+        let states = batching
+            .state
+            .iter()
+            .map(|state| state_spec(model, model_dir, state))
+            .collect::<Result<Vec<_>, _>>()?;
         let idle = match batching.max_sequence_idle_microseconds {
             0 => DEFAULT_IDLE,
             us => Duration::from_micros(us),
@@ -789,5 +705,6 @@ fn corrid_data(id: &CorrId, datatype: DataType) -> Bytes {
 }
 
 mod slots;
+mod states;
 #[cfg(test)]
 mod tests;

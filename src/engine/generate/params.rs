@@ -42,22 +42,7 @@ enum Value {
 /// INVALID_ARGUMENT naming the first tensor or setting that is missing, unknown or out of range.
 pub fn parse(model: &str, io: &IoSpec, request: &InferRequest) -> Result<Parsed, Error> {
     let prefix = crate::engine::validate::request_prefix(&request.id);
-    let mut tensors = Vec::with_capacity(request.inputs.len());
-    for tensor in &request.inputs {
-        if io.input(&tensor.name).is_none() {
-            return Err(invalid_arg!(
-                "unexpected inference input '{}' for model '{model}'",
-                tensor.name
-            ));
-        }
-        if tensors.iter().any(|(name, _)| name == &tensor.name) {
-            return Err(invalid_arg!(
-                "{prefix}input '{}' is specified more than once for model '{model}'",
-                tensor.name
-            ));
-        }
-        tensors.push((tensor.name.clone(), tensor_value(tensor, model, &prefix)?));
-    }
+    let tensors = read_tensors(model, io, request, &prefix)?;
     if let Some(output) = request.outputs.iter().find(|o| o.name != TEXT_OUTPUT) {
         return Err(invalid_arg!(
             "unexpected inference output '{}' for model '{model}'",
@@ -74,24 +59,7 @@ pub fn parse(model: &str, io: &IoSpec, request: &InferRequest) -> Result<Parsed,
         None => Vec::new(),
     };
     let get = |key: &str| lookup(&tensors, request, key, &sampling_json);
-    let prompt = match tensors.iter().find(|(n, _)| n == "text_input") {
-        Some((_, Value::Strings(s))) if s.len() == 1 => s[0].clone(),
-        Some(_) => {
-            return Err(invalid_arg!(
-                "{prefix}input 'text_input' for model '{model}' must hold exactly one string; \
-                 send one request per prompt"
-            ))
-        }
-        None => {
-            return Err(invalid_arg!(
-                "{prefix}expected number of inputs between 1 and {} but got {} inputs for model '{model}'. \
-                 Got input(s) {:?}, but missing required input(s) ['text_input']. Please provide all required input(s).",
-                io.inputs.len(),
-                request.inputs.len(),
-                request.inputs.iter().map(|i| i.name.as_str()).collect::<Vec<_>>()
-            ))
-        }
-    };
+    let prompt = prompt(&tensors, model, io, request, &prefix)?;
     let bad = |key: &str, expected: &str, value: &Value| {
         invalid_arg!("{prefix}'{key}' must be {expected}, got {}", show(value))
     };
@@ -176,6 +144,56 @@ pub fn parse(model: &str, io: &IoSpec, request: &InferRequest) -> Result<Parsed,
         exclude_input: flag("exclude_input_in_output")?.unwrap_or(false),
         empty_final,
     })
+}
+
+/// The request's input tensors as settings, by name: each one the model declares, once.
+fn read_tensors(
+    model: &str,
+    io: &IoSpec,
+    request: &InferRequest,
+    prefix: &str,
+) -> Result<Vec<(String, Value)>, Error> {
+    let mut tensors = Vec::with_capacity(request.inputs.len());
+    for tensor in &request.inputs {
+        if io.input(&tensor.name).is_none() {
+            return Err(invalid_arg!(
+                "unexpected inference input '{}' for model '{model}'",
+                tensor.name
+            ));
+        }
+        if tensors.iter().any(|(name, _)| name == &tensor.name) {
+            return Err(invalid_arg!(
+                "{prefix}input '{}' is specified more than once for model '{model}'",
+                tensor.name
+            ));
+        }
+        tensors.push((tensor.name.clone(), tensor_value(tensor, model, prefix)?));
+    }
+    Ok(tensors)
+}
+
+/// The prompt: the one string of `text_input`, which a request must send.
+fn prompt(
+    tensors: &[(String, Value)],
+    model: &str,
+    io: &IoSpec,
+    request: &InferRequest,
+    prefix: &str,
+) -> Result<String, Error> {
+    match tensors.iter().find(|(n, _)| n == "text_input") {
+        Some((_, Value::Strings(s))) if s.len() == 1 => Ok(s[0].clone()),
+        Some(_) => Err(invalid_arg!(
+            "{prefix}input 'text_input' for model '{model}' must hold exactly one string; \
+             send one request per prompt"
+        )),
+        None => Err(invalid_arg!(
+            "{prefix}expected number of inputs between 1 and {} but got {} inputs for model '{model}'. \
+             Got input(s) {:?}, but missing required input(s) ['text_input']. Please provide all required input(s).",
+            io.inputs.len(),
+            request.inputs.len(),
+            request.inputs.iter().map(|i| i.name.as_str()).collect::<Vec<_>>()
+        )),
+    }
 }
 
 /// The setting `key`: an input tensor, else a request parameter, else `sampling_parameters`.

@@ -1,0 +1,191 @@
+//! What an instance thread does: waits for the next batch and a free session, runs the batch,
+//! puts back what the model rescheduled and answers the rest. A lone request run inline on its
+//! caller's thread goes through the same [`execute`].
+
+use super::state::Next;
+use super::{Instance, Job, Outcome, Reply, ScheduleError, Shared};
+use crate::backend::BackendError;
+use crate::metrics::ComputeTimes;
+use std::panic::{catch_unwind, AssertUnwindSafe};
+use std::time::Instant;
+
+pub(super) fn instance_loop<I: Instance>(shared: &Shared<I>) {
+    while let Some((jobs, mut backend)) = next_batch(shared) {
+        // Waiting for the rate limiter counts as queue time, as in Triton.
+        let permit = backend.admit();
+        let (answers, again) = execute(&mut backend, jobs, shared);
+        drop(permit);
+        requeue(shared, again);
+        shared.give_back(backend);
+        send_answers::<I>(answers);
+    }
+}
+
+/// Waits for the next batch and a free session to run it; `None` once the scheduler stops.
+fn next_batch<I: Instance>(shared: &Shared<I>) -> Option<(Vec<Job<I>>, I)> {
+    let mut queue = shared.lock();
+    loop {
+        if queue.stopped {
+            return None;
+        }
+        let now = Instant::now();
+        for (job, rejection) in queue.state.expire(now) {
+            let _ = job.reply.send(Err(rejection.into()));
+        }
+        shared.report_pending(&mut queue);
+        if queue.free.is_empty() {
+            // Every session is out (some with inline callers): wait for one to come back.
+            queue = match queue.state.next_expiry() {
+                Some(at) => {
+                    let wait = at.saturating_duration_since(now);
+                    shared
+                        .work
+                        .wait_timeout(queue, wait)
+                        .map_or_else(|e| e.into_inner().0, |(q, _)| q)
+                }
+                None => shared.work.wait(queue).unwrap_or_else(|e| e.into_inner()),
+            };
+            continue;
+        }
+        // Taking a session leaves another free for whoever comes next.
+        let spare_instance = queue.free.len() >= 2;
+        shared.observe_in_flight(&mut queue, now);
+        match queue.state.next_batch(now, spare_instance) {
+            Next::Batch(mut jobs) => {
+                jobs.retain(|job| !job.reply.is_closed());
+                if jobs.is_empty() {
+                    continue;
+                }
+                shared.report_pending(&mut queue);
+                if !queue.state.is_empty() {
+                    shared.work.notify_one(); // more work for another idle instance
+                }
+                let backend = queue
+                    .free
+                    .pop()
+                    .expect("a free session was checked for above");
+                return Some((jobs, backend));
+            }
+            Next::WaitUntil(at) => {
+                let wait = at.saturating_duration_since(now);
+                queue = shared
+                    .work
+                    .wait_timeout(queue, wait)
+                    .map_or_else(|e| e.into_inner().0, |(q, _)| q);
+            }
+            Next::Idle => {
+                queue = shared.work.wait(queue).unwrap_or_else(|e| e.into_inner());
+            }
+        }
+    }
+}
+
+/// Each request's reply channel with what to send on it.
+type Answers<I> = Vec<(
+    Reply<I>,
+    Result<Outcome<<I as Instance>::Output>, ScheduleError>,
+)>;
+
+fn send_answers<I: Instance>(answers: Answers<I>) {
+    for (reply, result) in answers {
+        let _ = reply.send(result);
+    }
+}
+
+/// Puts the requests a model rescheduled back in the queue (before their instance takes its next
+/// batch, so that they may join it); answered `Stopped` when the scheduler has stopped.
+pub(super) fn requeue<I: Instance>(shared: &Shared<I>, jobs: Vec<Job<I>>) {
+    if jobs.is_empty() {
+        return;
+    }
+    let mut queue = shared.lock();
+    let now = Instant::now();
+    for mut job in jobs {
+        if queue.stopped {
+            let _ = job.reply.send(Err(ScheduleError::Stopped));
+            continue;
+        }
+        job.enqueued = now;
+        let (rows, signature) = (job.rows, shared.layout.signature(I::tensors(&job.input)));
+        queue.state.requeue(job, rows, signature, now);
+    }
+    shared.report_pending(&mut queue);
+    drop(queue);
+    shared.work.notify_one();
+}
+
+/// Runs one batch; the answers are sent by the caller once the instance is back in the pool, so
+/// that a client's next request finds it free. Requests the model rescheduled come back apart,
+/// unanswered, to be queued again.
+pub(super) fn execute<I: Instance>(
+    instance: &mut I,
+    mut jobs: Vec<Job<I>>,
+    shared: &Shared<I>,
+) -> (Answers<I>, Vec<Job<I>>) {
+    let start = Instant::now();
+    let rows: Vec<usize> = jobs.iter().map(|job| job.rows).collect();
+    let (result, times) = {
+        let mut batch: Vec<&mut I::Input> = jobs.iter_mut().map(|job| &mut job.input).collect();
+        catch_unwind(AssertUnwindSafe(|| instance.run(&mut batch, &rows))).unwrap_or_else(|_| {
+            let panicked = BackendError::Run("model instance panicked".into());
+            (Err(panicked), ComputeTimes::default())
+        })
+    };
+    // One request's bad input (say, a text too long for a model that does not truncate) must
+    // not fail the requests it was batched with: run each of them alone.
+    if jobs.len() > 1 && matches!(result, Err(BackendError::Input(_))) {
+        let (mut answers, mut again) = (Vec::new(), Vec::new());
+        for job in jobs {
+            let (answered, rescheduled) = execute(instance, vec![job], shared);
+            answers.extend(answered);
+            again.extend(rescheduled);
+        }
+        return (answers, again);
+    }
+    shared.recent_infer.record(times.infer);
+    let gpu = instance.gpu();
+    shared.stats.record_execution(rows.iter().sum(), times, gpu);
+    let result = result.and_then(|outputs| {
+        if outputs.len() == jobs.len() {
+            Ok(outputs)
+        } else {
+            Err(BackendError::Run(format!(
+                "the instance answered {} of {} requests",
+                outputs.len(),
+                jobs.len()
+            )))
+        }
+    });
+    match result {
+        Ok(outputs) => {
+            let mut again = Vec::new();
+            let answers = jobs
+                .into_iter()
+                .zip(outputs)
+                .filter_map(|(job, outputs)| {
+                    if I::rescheduled(&outputs) {
+                        again.push(job);
+                        return None;
+                    }
+                    let outcome = Outcome {
+                        outputs,
+                        started: start,
+                        queue: start.saturating_duration_since(job.enqueued),
+                        compute: times,
+                        gpu,
+                    };
+                    Some((job.reply, Ok(outcome)))
+                })
+                .collect();
+            (answers, again)
+        }
+        Err(error) => {
+            let error = ScheduleError::from(error);
+            let answers = jobs
+                .into_iter()
+                .map(|job| (job.reply, Err(error.clone())))
+                .collect();
+            (answers, Vec::new())
+        }
+    }
+}
