@@ -227,19 +227,7 @@ async fn run_batched(
     let looked = lookup.as_ref().map(|(.., started)| started.elapsed());
     let rows = job.rows;
     // A sequence's requests run one at a time, with the states its last one left.
-    let turn = match take_turn(
-        call.serving,
-        call.sequence,
-        rows,
-        call.model,
-        &mut job.inputs,
-    )
-    .await
-    {
-        Ok(turn) => turn,
-        // Its sequence refused it: counted nowhere, as in Triton.
-        Err(e) => return Err((e, Counted::Nowhere)),
-    };
+    let turn = take_turn(call, rows, &mut job.inputs).await?;
     let mut ran = scheduler.submit(job).await.map_err(|e| {
         let (error, reason) = schedule_error(e, call.prefix, call.model);
         (error, Counted::from(reason))
@@ -282,19 +270,7 @@ async fn run_python(
     let (request, rows) = (call.request, job.rows);
     // A sequence's requests run one at a time, in order, on one instance, with the control
     // inputs the config asks for; its state is the model's to keep.
-    let turn = match take_turn(
-        call.serving,
-        call.sequence,
-        rows,
-        call.model,
-        &mut job.inputs,
-    )
-    .await
-    {
-        Ok(turn) => turn,
-        // Its sequence refused it: counted nowhere, as in Triton.
-        Err(e) => return Err((e, Counted::Nowhere)),
-    };
+    let turn = take_turn(call, rows, &mut job.inputs).await?;
     let sequence = call
         .sequence
         .zip(turn.as_ref())
@@ -517,24 +493,26 @@ pub(super) fn schedule_error(
 /// its control inputs and states joining `inputs`; `None` for other versions.
 ///
 /// # Errors
-/// The sequence's refusal (see [`crate::repository::sequence::Sequences::begin`]).
+/// The sequence's refusal (see [`crate::repository::sequence::Sequences::begin`]), counted
+/// nowhere, as in Triton.
 async fn take_turn<'s>(
-    serving: &'s crate::repository::ServingVersion,
-    flags: Option<&SequenceFlags>,
+    call: &Call<'s>,
     rows: usize,
-    model: &str,
     inputs: &mut Vec<crate::core::Tensor>,
 ) -> Result<
     Option<(
         &'s Arc<crate::repository::sequence::Sequences>,
         crate::repository::sequence::Turn,
     )>,
-    Error,
+    (Error, Counted),
 > {
-    let (Some(sequences), Some(flags)) = (&serving.sequences, flags) else {
+    let (Some(sequences), Some(flags)) = (&call.serving.sequences, call.sequence) else {
         return Ok(None);
     };
-    let turn = sequences.begin(flags.clone(), rows, model).await?;
+    let turn = sequences
+        .begin(flags.clone(), rows, call.model)
+        .await
+        .map_err(|e| (e, Counted::Nowhere))?;
     inputs.extend(sequences.inputs(&turn));
     Ok(Some((sequences, turn)))
 }
