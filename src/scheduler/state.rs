@@ -415,7 +415,9 @@ impl<T> State<T> {
         let queue = self.levels.get(level).unwrap_or(&self.delayed);
         let scan = Scan::of(queue, &self.config);
         let delay = self.config.max_queue_delay;
-        let delay_exceeded = delay.is_zero() || now >= scan.oldest + delay;
+        // Triton's `delay_is_exceeded` is false without a delay: a preferred prefix still goes
+        // alone then, and the rest right after it.
+        let delay_exceeded = !delay.is_zero() && now >= scan.oldest + delay;
         let max_preferred = self
             .config
             .preferred_batch_sizes
@@ -426,7 +428,11 @@ impl<T> State<T> {
             // Triton: a preferred size (or the most that stays within the largest one) goes at
             // once, unless the delay has passed, when everything pending goes.
             Some(prefix) if !delay_exceeded => prefix,
-            _ if scan.ends_early || scan.rows >= max_preferred || delay_exceeded => {
+            _ if scan.ends_early
+                || scan.rows >= max_preferred
+                || delay_exceeded
+                || delay.is_zero() =>
+            {
                 if self.config.adaptive_delay && delay_exceeded {
                     self.waiting_pays = scan.count > 1;
                 }

@@ -369,6 +369,20 @@ fn a_batch_that_cannot_grow_to_a_preferred_size_goes_at_once() {
 }
 
 #[test]
+fn without_a_delay_a_preferred_prefix_still_goes_first() {
+    // Triton: with max_queue_delay 0 the delay is never "exceeded", so a queue that makes a
+    // preferred size sends that prefix, and what is left goes next, at once.
+    let now = Instant::now();
+    let mut state = State::new(dynamic(8, &[4], 0));
+    for i in 0..6 {
+        state.push(sub(i, 1), now).unwrap();
+    }
+    assert_eq!(batch(state.next_batch(now, false)), vec![0, 1, 2, 3]);
+    assert_eq!(batch(state.next_batch(now, false)), vec![4, 5]);
+    assert_eq!(state.next_batch(now, false), Next::Idle);
+}
+
+#[test]
 fn once_the_delay_passes_everything_pending_goes_past_the_preferred_sizes() {
     let start = Instant::now();
     let mut state = State::new(dynamic(8, &[4], 1000));
