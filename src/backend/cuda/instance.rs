@@ -213,17 +213,15 @@ mod tests {
         }
     }
 
-    /// Batches of different sizes through one binding, on a CPU session (the binding logic is
-    /// the provider's alike): outputs bound once were kept at the first run's shape, so a batch
-    /// of 4 after a batch of 1 failed with "Tensor size mismatch" on the GPU.
-    #[test]
-    fn batches_of_any_size_run_through_one_binding() {
+    /// A GPU instance's binding over a CPU session of a bundled model (the binding logic is the
+    /// provider's alike); `None`, said, without the ONNX Runtime library.
+    fn cpu_instance(model: &str) -> Option<CudaInstance> {
         let Ok(runtime) = crate::backend::OnnxRuntime::get() else {
             eprintln!("skipped: no ONNX Runtime library (.ci/setup.sh runtime)");
-            return;
+            return None;
         };
         let path = std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
-            .join("model_repository/add_sub/1/model.onnx");
+            .join(format!("model_repository/{model}/1/model.onnx"));
         let options = onnx::SessionOptions {
             intra_op_threads: 1,
             device: crate::backend::cuda::Device::Cpu,
@@ -231,7 +229,17 @@ mod tests {
             pool_name: None,
         };
         let session = OnnxSession::load(&runtime, &path, &options).unwrap();
-        let mut instance = CudaInstance::new(session, 0).unwrap();
+        Some(CudaInstance::new(session, 0).unwrap())
+    }
+
+    /// Batches of different sizes through one binding, on a CPU session (the binding logic is
+    /// the provider's alike): outputs bound once were kept at the first run's shape, so a batch
+    /// of 4 after a batch of 1 failed with "Tensor size mismatch" on the GPU.
+    #[test]
+    fn batches_of_any_size_run_through_one_binding() {
+        let Some(mut instance) = cpu_instance("add_sub") else {
+            return;
+        };
         for rows in [1usize, 4, 2, 4] {
             let values = |scale: f32| -> Vec<u8> {
                 (0..rows * 16)
@@ -263,20 +271,9 @@ mod tests {
     /// (NULs, non-UTF-8), on a CPU session through the same binding a GPU instance uses.
     #[test]
     fn string_inputs_keep_every_byte_through_the_binding() {
-        let Ok(runtime) = crate::backend::OnnxRuntime::get() else {
-            eprintln!("skipped: no ONNX Runtime library (.ci/setup.sh runtime)");
+        let Some(mut instance) = cpu_instance("string_echo") else {
             return;
         };
-        let path = std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
-            .join("model_repository/string_echo/1/model.onnx");
-        let options = onnx::SessionOptions {
-            intra_op_threads: 1,
-            device: crate::backend::cuda::Device::Cpu,
-            tuning: Default::default(),
-            pool_name: None,
-        };
-        let session = OnnxSession::load(&runtime, &path, &options).unwrap();
-        let mut instance = CudaInstance::new(session, 0).unwrap();
         let elements: [&[u8]; 4] = [b"\x00\xffraw", b"", b"a\x00b", &[0xc3, 0x28, 0]];
         let data = crate::core::tensor::frame_bytes(elements);
         let input = Tensor::new("input-1", DataType::Bytes, vec![1, 4], data.clone());
