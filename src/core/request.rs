@@ -1,7 +1,6 @@
 //! Inference requests and responses as the engine sees them, independent of the wire format.
 
 use super::tensor::Tensor;
-use std::time::Instant;
 
 /// A request or tensor parameter value. Triton's protocol carries five kinds; all are accepted.
 #[derive(Debug, Clone, PartialEq)]
@@ -83,10 +82,6 @@ pub struct InferRequest {
     pub inputs: Vec<Tensor>,
     /// Empty means "every output of the model".
     pub outputs: Vec<RequestedOutput>,
-    /// When the client stops waiting (gRPC `grpc-timeout`); queued requests past it never run.
-    pub deadline: Option<Instant>,
-    /// The request's trace, when the trace settings sampled it.
-    pub trace: Option<std::sync::Arc<crate::trace::Trace>>,
 }
 
 /// The answer to one [`InferRequest`].

@@ -4,7 +4,8 @@
 //! `max_batch_size` texts each, all at once, so that the scheduler batches them as it batches
 //! any client's; the vectors come back in the texts' order with the tokens they cost.
 
-use super::{Admission, Engine};
+use super::context::{Context, Scope};
+use super::Engine;
 use crate::core::tensor::frame_bytes;
 use crate::core::{DataType, Error, InferRequest, RequestedOutput, Tensor};
 use crate::invalid_arg;
@@ -215,7 +216,7 @@ impl Engine {
     /// `dimensions`; the inference errors of any of the requests the texts become.
     pub async fn embed(
         &self,
-        _admission: &Admission,
+        context: &Context,
         name: &str,
         texts: Vec<String>,
         dimensions: Option<usize>,
@@ -279,9 +280,15 @@ impl Engine {
                 tokenizer.count(&input, &texts)
             })
         };
-        let responses =
-            futures_util::future::try_join_all(requests.map(|request| self.run(request, 0)))
-                .await?;
+        let responses = futures_util::future::try_join_all(requests.map(|request| {
+            // Each part traced as a request of its own, as before tracing reached it.
+            let scope = Scope {
+                trace: None,
+                ..context.scope.clone()
+            };
+            self.run(request, scope)
+        }))
+        .await?;
         let prompt_tokens = counting
             .await
             .map_err(|e| Error::Internal(format!("token count task failed: {e}")))?

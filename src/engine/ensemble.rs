@@ -2,15 +2,14 @@
 //! time, each as a request to its model (looked up now, so reloads are followed), and each
 //! step's outputs renamed into the ensemble tensors that later steps and the answer read.
 
+use super::context::Scope;
 use super::Engine;
 use crate::core::{Error, InferRequest, InferResponse, RequestedOutput, Tensor};
 use crate::repository::ensemble::{EnsemblePlan, Step};
 use crate::repository::{Executor, IoSpec, ServingVersion};
-use crate::trace::Trace;
 use std::collections::HashMap;
 use std::future::Future;
 use std::pin::Pin;
-use std::sync::Arc;
 
 /// How deep ensembles may nest (an ensemble whose step is an ensemble...), which also stops
 /// ensembles that run each other.
@@ -32,10 +31,10 @@ impl Engine {
         plan: &EnsemblePlan,
         io: &IoSpec,
         inputs: Vec<Tensor>,
-        (request, trace): (&InferRequest, Option<&Arc<Trace>>),
-        depth: usize,
+        request: &InferRequest,
+        scope: &Scope,
     ) -> Result<Vec<Tensor>, Error> {
-        if depth >= MAX_DEPTH {
+        if scope.depth >= MAX_DEPTH {
             return Err(Error::InvalidArgument(format!(
                 "ensemble '{name}' nests ensembles more than {MAX_DEPTH} deep"
             )));
@@ -43,7 +42,7 @@ impl Engine {
         let mut tensors: HashMap<String, Tensor> =
             inputs.into_iter().map(|t| (t.name.clone(), t)).collect();
         for wave in &plan.waves {
-            self.run_wave(name, wave, &mut tensors, (request, trace), depth)
+            self.run_wave(name, wave, &mut tensors, request, scope)
                 .await?;
         }
         ensemble_outputs(name, io, tensors)
@@ -55,13 +54,12 @@ impl Engine {
         name: &str,
         wave: &[Step],
         tensors: &mut HashMap<String, Tensor>,
-        (request, trace): (&InferRequest, Option<&Arc<Trace>>),
-        depth: usize,
+        request: &InferRequest,
+        scope: &Scope,
     ) -> Result<(), Error> {
         let runs = wave.iter().map(|step| {
-            let mut step_request = step_request(step, tensors, request);
-            step_request.trace = trace.map(Trace::child);
-            let answer = self.run_request(step_request, depth + 1);
+            let step_request = step_request(step, tensors, request);
+            let answer = self.run_request(step_request, scope.step());
             async move { answer.await.map_err(|e| step_error(name, e)) }
         });
         let answers = futures_util::future::try_join_all(runs).await?;
@@ -72,8 +70,8 @@ impl Engine {
     }
 
     /// [`Engine::run`] behind a pointer, so that an ensemble's steps can be requests themselves.
-    fn run_request(&self, request: InferRequest, depth: usize) -> Answer<'_> {
-        Box::pin(self.run(request, depth))
+    fn run_request(&self, request: InferRequest, scope: Scope) -> Answer<'_> {
+        Box::pin(self.run(request, scope))
     }
 
     /// Whether a version serves: for an ensemble, also every model it runs (each as its step
@@ -184,7 +182,6 @@ pub(super) fn step_request(
                 ..Default::default()
             })
             .collect(),
-        deadline: request.deadline,
         // A stateful composing model follows the ensemble request's sequence.
         parameters: request
             .parameters

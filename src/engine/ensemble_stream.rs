@@ -8,7 +8,9 @@
 //! Clients stream them (gRPC `ModelStreamInfer`, REST `generate_stream`); a client that goes
 //! away cancels the decoupled steps' requests.
 
+use super::context::{Origin, Scope};
 use super::ensemble::{ensemble_outputs, step_error, step_request, take_outputs, MAX_DEPTH};
+use super::record::{Counted, Ran, Recorder};
 use super::{response, Admission, Engine, StreamedResponse};
 use crate::core::{Error, InferRequest, Tensor};
 use crate::metrics::FailureReason;
@@ -32,11 +34,24 @@ pub(super) struct Streaming {
     pub arrived: Instant,
     /// Its trace, which records REQUEST_END once the last response is out.
     pub trace: Option<Arc<RecordOnDrop>>,
+    /// Its origin and deadline, which its steps share.
+    pub origin: Origin,
+    pub deadline: Option<Instant>,
 }
 
 impl Streaming {
     fn trace(&self) -> Option<&Arc<Trace>> {
         self.trace.as_ref().map(|traced| &traced.trace)
+    }
+
+    /// What its steps share with it.
+    fn scope(&self) -> Scope {
+        Scope {
+            origin: self.origin,
+            deadline: self.deadline,
+            trace: self.trace().cloned(),
+            depth: 0,
+        }
     }
 }
 
@@ -85,16 +100,16 @@ impl Engine {
         }
         tokio::spawn(async move {
             let _admission = admission;
+            let record = Recorder::new(&streaming.serving.stats, streaming.arrived);
             let outcome = engine.run_streaming(&streaming, &sender).await;
-            let (stats, total) = (&streaming.serving.stats, streaming.arrived.elapsed());
             match outcome {
-                Ok(false) => stats.record_failure(total, FailureReason::Canceled),
-                Ok(true) => super::Ran::Composed {
+                // Its client went away: the recorder's drop counts it CANCELED.
+                Ok(false) => drop(record),
+                Ok(true) => record.answered(&Ran::Composed {
                     rows: streaming.rows,
-                }
-                .record_success(stats, total),
+                }),
                 Err(error) => {
-                    stats.record_failure(total, FailureReason::Other);
+                    record.failed(Counted::Failure(FailureReason::Other));
                     let _ = sender.send(StreamedResponse {
                         response: Err(error),
                         last: true,
@@ -144,7 +159,7 @@ impl Engine {
                 ..
             } = streaming;
             let name = model.name.as_str();
-            let caller = (request, streaming.trace());
+            let scope = streaming.scope();
             let mut wave_at = from;
             let decoupled_at = loop {
                 let Some(wave) = plan.waves.get(wave_at) else {
@@ -163,7 +178,8 @@ impl Engine {
                 if let Some(step) = self.decoupled_in(wave, 0) {
                     break step;
                 }
-                self.run_wave(name, wave, &mut tensors, caller, 1).await?;
+                self.run_wave(name, wave, &mut tensors, request, &scope)
+                    .await?;
                 wave_at += 1;
             };
             let wave = &plan.waves[wave_at];
@@ -174,12 +190,11 @@ impl Engine {
                 .filter(|(index, _)| *index != decoupled_at)
                 .map(|(_, step)| step.clone())
                 .collect();
-            self.run_wave(name, &siblings, &mut tensors, caller, 1)
+            self.run_wave(name, &siblings, &mut tensors, request, &scope)
                 .await?;
-            let mut step = step_request(decoupled, &tensors, request);
-            step.trace = streaming.trace().map(Trace::child);
+            let step = step_request(decoupled, &tensors, request);
             let mut responses = self
-                .decoupled_stream(step)
+                .decoupled_stream(step, scope.step())
                 .await
                 .map_err(|e| step_error(name, e))?;
             loop {

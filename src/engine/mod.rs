@@ -5,12 +5,15 @@
 mod admission;
 mod cache;
 mod classification;
+mod context;
 mod embed;
 mod ensemble;
 mod ensemble_stream;
+mod execution;
 pub mod generate;
 mod lookup;
 pub mod raw_input;
+mod record;
 mod response;
 mod run;
 pub mod shared_memory;
@@ -30,11 +33,10 @@ use crate::trace::{TraceSettings, Tracer};
 pub use admission::Admission;
 pub use cache::CacheConfig;
 use cache::ResponseCache;
+pub use context::{Context, Origin};
 pub use embed::{Embeddings, MAX_TEXTS};
-pub use run::Stage;
-use run::{
-    arrival, check_parameters, python_listing, python_sequence, queued, schedule_error, Ran,
-};
+use run::{check_parameters, python_listing, python_sequence, queued, schedule_error};
+pub use run::{Failed, Stage};
 use shared_memory::tensors;
 use shared_memory::SharedMemory;
 pub use status::VersionLatencies;
@@ -377,39 +379,30 @@ impl Engine {
             .map_err(|e| Error::Internal(format!("model unload task failed: {e}")))?
     }
 
-    /// Admits and runs one inference request.
+    /// Runs one inference request that answers once: the one way such a request reaches its
+    /// model, from either front end, a Python model's calls, the OpenAI and embeddings front ends
+    /// (an ensemble's steps run the same path with their request's [`Scope`](context::Scope)).
+    /// The model is looked up once, here; a decoupled model is refused here, in the words of
+    /// the context's origin; statistics and traces are recorded in [`run`]'s recorder.
     ///
     /// # Errors
-    /// Admission errors as [`Engine::admit`]; lookup errors as [`Engine::model_metadata`];
+    /// Lookup errors as [`Engine::model_metadata`]; UNSUPPORTED for a decoupled model;
     /// INVALID_ARGUMENT for a request that does not fit the model; RESOURCE_EXHAUSTED when the
-    /// model version is at its `max_inflight_requests`; INTERNAL when the model fails while running.
-    pub async fn infer(&self, request: InferRequest) -> Result<InferResponse, Error> {
-        self.infer_staged(request).await.map_err(|(error, _)| error)
-    }
-
-    /// Runs one inference request admitted earlier with [`Engine::admit`].
-    ///
-    /// # Errors
-    /// As [`Engine::infer`], admission aside.
-    pub async fn infer_admitted(
-        &self,
-        _admission: &Admission,
-        request: InferRequest,
-    ) -> Result<InferResponse, Error> {
-        self.run(request, 0).await
-    }
-
-    /// Runs one request of a gRPC stream: on failure, also whether its model had it (and
-    /// failed it) or it was refused before, which Triton's stream answers tell apart.
-    ///
-    /// # Errors
-    /// As [`Engine::infer`], with [`Stage`].
-    pub async fn infer_staged(
+    /// model version is at its `max_inflight_requests`; INTERNAL when the model fails while
+    /// running; each with the [`Stage`] it stopped at (Triton's stream answers tell them apart).
+    pub async fn infer(
         &self,
         request: InferRequest,
-    ) -> Result<InferResponse, (Error, Stage)> {
-        let _admission = self.admit().map_err(|e| (e, Stage::Refused))?;
-        self.run_staged(request, 0).await
+        context: Context,
+    ) -> Result<InferResponse, Failed> {
+        // Held until the answer: the request counts as in flight until then.
+        let Context {
+            admission: _admission,
+            scope,
+        } = context;
+        self.run_staged(request, scope)
+            .await
+            .map_err(|(error, stage)| Failed { error, stage })
     }
 
     /// Builds the request for Triton's raw binary HTTP request (`Inference-Header-Content-Length:

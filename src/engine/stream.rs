@@ -2,18 +2,19 @@
 //! them (Triton's decoupled transaction policy), shaped for the client like any response.
 //! Generation models, the other decoupled kind, have their own path ([`super::generate`]).
 
+use super::context::{Context, Scope};
+use super::record::{Counted, Recorder};
 use super::{response, tensors, validate, Admission, Engine};
 use crate::backend::python;
 use crate::core::{Error, InferRequest, InferResponse, Tensor};
-use crate::metrics::{FailureReason, ModelStats, Timing};
 use crate::repository::sequence::{Place, SequenceFlags, Sequences};
 use crate::repository::{Executor, Model, ServingVersion};
 use crate::scheduler::Outcome;
 use crate::trace::{Activity, RecordOnDrop, TensorActivity};
 use std::future::Future;
-use std::sync::{Arc, OnceLock};
-use std::time::{Duration, Instant};
-use tokio::sync::{mpsc, oneshot};
+use std::sync::Arc;
+use std::time::Instant;
+use tokio::sync::mpsc;
 
 /// One response of a decoupled model's request: a response (`None`: only the word that the one
 /// before was the last), or the request's error; `last` on the final one.
@@ -38,9 +39,10 @@ impl Engine {
     pub async fn infer_decoupled(
         self: &Arc<Self>,
         request: InferRequest,
+        context: Context,
         mut each: impl FnMut(Result<InferResponse, Error>) -> bool + Send,
     ) -> Result<(), Error> {
-        let mut stream = self.decoupled_stream(request).await?;
+        let mut stream = self.decoupled_stream_in(request, context).await?;
         while let Some(streamed) = stream.recv().await {
             // The final flag alone is a response without outputs, as Triton's BLS iterator
             // yields it.
@@ -64,11 +66,23 @@ impl Engine {
     pub(super) async fn decoupled_stream(
         self: &Arc<Self>,
         request: InferRequest,
+        scope: Scope,
+    ) -> Result<mpsc::UnboundedReceiver<StreamedResponse>, Error> {
+        // A step of a request admitted already, counted in flight as a request of its own.
+        let context = Context::within(self.admit()?, scope);
+        self.decoupled_stream_in(request, context).await
+    }
+
+    /// [`Engine::decoupled_stream`] in `context`.
+    async fn decoupled_stream_in(
+        self: &Arc<Self>,
+        request: InferRequest,
+        context: Context,
     ) -> Result<mpsc::UnboundedReceiver<StreamedResponse>, Error> {
         if !self.generates_text(&request.model_name, &request.model_version) {
-            return self.infer_stream(self.admit()?, request).await;
+            return self.infer_stream(request, context).await;
         }
-        let mut generation = self.generate(self.admit()?, request).await?;
+        let mut generation = self.generate(request, context).await?;
         let (sender, receiver) = mpsc::unbounded_channel();
         tokio::spawn(async move {
             if !generation.request.stream {
@@ -118,11 +132,11 @@ impl Engine {
     /// stream so; INVALID_ARGUMENT for a request that does not fit the model or its sequence.
     pub fn infer_stream(
         self: &Arc<Self>,
-        admission: Admission,
         request: InferRequest,
+        context: Context,
     ) -> impl Future<Output = Result<mpsc::UnboundedReceiver<StreamedResponse>, Error>> + Send + 'static
     {
-        let started = self.start_stream(admission, request);
+        let started = self.start_stream(request, context);
         async move {
             match started? {
                 Started::Streaming(receiver) => Ok(receiver),
@@ -134,11 +148,12 @@ impl Engine {
     /// What [`Engine::infer_stream`] does at once.
     fn start_stream(
         self: &Arc<Self>,
-        admission: Admission,
         mut request: InferRequest,
+        context: Context,
     ) -> Result<Started, Error> {
         let arrived = Instant::now();
-        let trace = request.trace.take();
+        let Context { admission, scope } = context;
+        let trace = scope.trace;
         let (model, serving) = self.resolve(&request.model_name, &request.model_version)?;
         // The request's trace, which records REQUEST_END when the last holder lets go: at once
         // for a request refused here.
@@ -165,7 +180,7 @@ impl Engine {
             let place = sequences.place(flags.clone(), rows, &model.name)?;
             Ok(Some((Arc::clone(sequences), flags, place)))
         };
-        let arrival = super::arrival(&serving.executor, &request);
+        let arrival = super::execution::of(&serving.executor).arrival(&request);
         // A request refused here, before the model's scheduler has it, counts nowhere (as in
         // Triton).
         let (inputs, rows, sequence) = super::check_parameters(&request)
@@ -193,6 +208,7 @@ impl Engine {
                 prefix,
                 arrived,
                 admission,
+                deadline: scope.deadline,
                 trace,
             }))),
             Err(plan) => {
@@ -205,6 +221,8 @@ impl Engine {
                     rows,
                     arrived,
                     trace,
+                    origin: scope.origin,
+                    deadline: scope.deadline,
                 };
                 Ok(Started::Streaming(
                     self.stream_ensemble(streaming, admission),
@@ -237,6 +255,7 @@ struct Queued {
     prefix: String,
     arrived: Instant,
     admission: Admission,
+    deadline: Option<Instant>,
     trace: Option<Arc<RecordOnDrop>>,
 }
 
@@ -256,6 +275,7 @@ impl Queued {
             prefix,
             arrived,
             admission,
+            deadline,
             trace,
         } = *self;
         // A sequence's requests run one at a time, in order, on one instance: the next once
@@ -272,6 +292,7 @@ impl Queued {
         };
         let job = super::queued(
             &request,
+            deadline,
             rows,
             python::Request {
                 id: request.id.clone(),
@@ -311,18 +332,21 @@ impl Queued {
         let (sender, receiver) = mpsc::unbounded_channel();
         tokio::spawn(async move {
             let admission = admission;
+            // Its statistics: a cancellation when dropped before the last response.
+            let record = Recorder::new(&serving.stats, arrived);
             loop {
                 // A client that goes away is noticed at once, not at the next response: the
                 // model's `is_cancelled()` turns true when `responses` is dropped.
                 let streamed = tokio::select! {
                     streamed = responses.recv() => match streamed {
                         Some(streamed) => streamed,
-                        None => return,
+                        None => {
+                            // Ended without its last response: counted nowhere, as before.
+                            record.failed(Counted::Nowhere);
+                            return;
+                        }
                     },
-                    () = sender.closed() => {
-                        serving.stats.record_failure(arrived.elapsed(), FailureReason::Canceled);
-                        return;
-                    }
+                    () = sender.closed() => return,
                 };
                 let last = streamed.last;
                 if let (Some(traced), Ok(Some(outputs))) = (&trace, &streamed.outputs) {
@@ -344,13 +368,10 @@ impl Queued {
                     // (the last response can come from it), the server's count of work need not.
                     drop(admission);
                     let answered = (rows, total, succeeded);
-                    record_answered(&serving.stats, answered, timing, &refusal).await;
+                    record.streamed(answered, timing, &refusal).await;
                     return;
                 }
                 if gone {
-                    serving
-                        .stats
-                        .record_failure(arrived.elapsed(), FailureReason::Canceled);
                     return;
                 }
             }
@@ -373,29 +394,6 @@ fn shape(
             Ok(answer)
         })
         .transpose()
-}
-
-/// Records a request of `rows` whose last response was sent after `total`: a success once
-/// `execute` has returned its timing, or a failure for the reason the scheduler refused it (a
-/// refusal as it was queued counts nowhere), else the model's.
-async fn record_answered(
-    stats: &ModelStats,
-    (rows, total, succeeded): (usize, Duration, bool),
-    timing: oneshot::Receiver<Option<Timing>>,
-    refusal: &OnceLock<Option<FailureReason>>,
-) {
-    if succeeded {
-        let timing = timing.await.ok().flatten().unwrap_or_default();
-        stats.record_success(rows, total, timing);
-    } else {
-        let reason = refusal
-            .get()
-            .copied()
-            .unwrap_or(Some(FailureReason::Backend));
-        if let Some(reason) = reason {
-            stats.record_failure(total, reason);
-        }
-    }
 }
 
 /// The refusal of a model that does not stream its responses.

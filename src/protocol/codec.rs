@@ -152,8 +152,6 @@ pub fn request_from_wire(request: ModelInferRequest) -> Result<InferRequest, Err
         parameters: params_from_wire(request.parameters),
         inputs,
         outputs,
-        deadline: None,
-        trace: None,
     })
 }
 

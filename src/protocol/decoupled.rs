@@ -13,7 +13,7 @@ use super::codec::{request_from_wire, response_to_wire};
 use crate::core::tensor::frame_bytes;
 use crate::core::{Error, ParamValue};
 use crate::engine::generate::Generation;
-use crate::engine::{Engine, StreamedResponse};
+use crate::engine::{Engine, Origin, StreamedResponse};
 use crate::proto::inference::{
     infer_parameter::ParameterChoice, model_infer_response::InferOutputTensor, InferParameter,
     ModelInferRequest, ModelInferResponse, ModelStreamInferResponse,
@@ -73,18 +73,17 @@ pub fn answer(
         ..Default::default()
     };
     let trace = super::grpc::sample(&engine, &wire.model_name, traceparent, waited);
-    let admitted = engine.admit().and_then(|admission| {
-        let mut request = request_from_wire(wire)?;
-        request.trace = trace.clone();
-        Ok((admission, request))
+    let admitted = engine.context(Origin::Grpc).and_then(|context| {
+        let request = request_from_wire(wire)?;
+        Ok((context.with_trace(trace.clone()), request))
     });
     let start = match admitted {
-        Ok((admission, request)) if engine.streams(&request.model_name, &request.model_version) => {
+        Ok((context, request)) if engine.streams(&request.model_name, &request.model_version) => {
             let empty_final = request.parameters.get("triton_enable_empty_final_response")
                 == Some(&ParamValue::Bool(true));
-            Start::Stream(engine.infer_stream(admission, request), empty_final)
+            Start::Stream(engine.infer_stream(request, context), empty_final)
         }
-        Ok((admission, request)) => Start::Generate(admission, request),
+        Ok((context, request)) => Start::Generate(context, request),
         Err(error) => Start::Failed(error),
     };
     async move {
@@ -102,7 +101,7 @@ pub fn answer(
                 }
                 return;
             }
-            Start::Generate(admission, request) => engine.generate(admission, request).await,
+            Start::Generate(context, request) => engine.generate(request, context).await,
             Start::Failed(error) => Err(error),
         };
         let generation = match started {
@@ -125,7 +124,7 @@ enum Start<S> {
     /// `triton_enable_empty_final_response`.
     Stream(S, bool),
     /// A generation model's request.
-    Generate(crate::engine::Admission, crate::core::InferRequest),
+    Generate(crate::engine::Context, crate::core::InferRequest),
     /// Refused before it started.
     Failed(Error),
 }

@@ -5,7 +5,7 @@ use super::codec::{request_from_wire, response_to_wire};
 use super::decoupled;
 use super::in_flight::Arrived;
 use crate::core::Error;
-use crate::engine::{shared_memory, Engine, LoadParameter, Stage};
+use crate::engine::{shared_memory, Engine, Failed, LoadParameter, Origin, Stage};
 use crate::logging::{self, LogFormat, LogUpdate};
 use crate::trace::{Activity, RecordOnDrop, Trace, TraceUpdate};
 
@@ -170,12 +170,15 @@ async fn stream_answer(
     let trace = sample(&engine, &wire.model_name, traceparent.as_deref(), waited);
     let id = wire.id.clone();
     let model_name = wire.model_name.clone();
-    let result = match request_from_wire(wire) {
-        Ok(mut request) => {
-            request.deadline = deadline;
-            request.trace = trace.clone();
-            engine.infer_staged(request).await
-        }
+    let admitted = engine.context(Origin::Grpc).and_then(|context| {
+        let context = context.with_deadline(deadline).with_trace(trace.clone());
+        Ok((context, request_from_wire(wire)?))
+    });
+    let result = match admitted {
+        Ok((context, request)) => engine
+            .infer(request, context)
+            .await
+            .map_err(|failed| (failed.error, failed.stage)),
         Err(e) => Err((e, Stage::Refused)),
     };
     // The model's answer, a response or an error, is sent and traced alike.
@@ -292,24 +295,21 @@ impl GrpcInferenceService for InferenceService {
             .flatten();
         let arrived = arrived(&request);
         let wire = request.into_inner();
-        if self
-            .engine
-            .is_decoupled(&wire.model_name, &wire.model_version)
-        {
-            return Err(Status::unimplemented(
-                "ModelInfer RPC doesn't support models with decoupled transaction policy",
-            ));
-        }
         let trace = sample(
             &self.engine,
             &wire.model_name,
             traceparent.as_deref(),
             arrived,
         );
-        let mut request = request_from_wire(wire).map_err(status)?;
-        request.deadline = deadline;
-        request.trace = trace.clone();
-        let response = self.engine.infer(request).await;
+        // Admitted as it has arrived, before any work on it (REST admits at the same point).
+        let context = self.engine.context(Origin::Grpc).map_err(status)?;
+        let context = context.with_deadline(deadline).with_trace(trace.clone());
+        let request = request_from_wire(wire).map_err(status)?;
+        let response = self
+            .engine
+            .infer(request, context)
+            .await
+            .map_err(Failed::into_error);
         // The model's answer, a response or an error, is sent and traced alike.
         if let Some(trace) = &trace {
             trace.record(Activity::InferResponseComplete, Instant::now());

@@ -4,7 +4,8 @@
 
 use crate::backend::python::{Cancel, Management, ServerCalls};
 use crate::core::{Error, InferRequest, InferResponse};
-use crate::engine::Engine;
+use crate::engine::{Engine, Failed, Origin};
+use crate::trace::Trace;
 use std::future::Future;
 use std::sync::{Arc, Weak};
 use tracing::warn;
@@ -25,9 +26,17 @@ pub(super) fn connect(engine: &Arc<Engine>) {
 }
 
 impl ServerCalls for EngineCalls {
-    fn infer(&self, request: InferRequest) -> Result<InferResponse, Error> {
+    fn infer(
+        &self,
+        request: InferRequest,
+        trace: Option<Arc<Trace>>,
+    ) -> Result<InferResponse, Error> {
         on_engine(&self.runtime, &self.engine, |engine| async move {
-            engine.infer(request).await
+            let context = engine.context(Origin::Model)?.with_trace(trace);
+            engine
+                .infer(request, context)
+                .await
+                .map_err(Failed::into_error)
         })
     }
 
@@ -37,6 +46,7 @@ impl ServerCalls for EngineCalls {
     fn infer_decoupled(
         &self,
         request: InferRequest,
+        trace: Option<Arc<Trace>>,
         cancel: Cancel,
     ) -> std::sync::mpsc::Receiver<Result<InferResponse, Error>> {
         let (sink, responses) = std::sync::mpsc::channel();
@@ -44,8 +54,17 @@ impl ServerCalls for EngineCalls {
             Some(engine) => {
                 self.runtime.spawn(async move {
                     let each = |response| sink.send(response).is_ok();
+                    let ran = engine.context(Origin::Model).map(|context| {
+                        engine.infer_decoupled(request, context.with_trace(trace), each)
+                    });
+                    let ran = async move {
+                        match ran {
+                            Ok(ran) => ran.await,
+                            Err(error) => Err(error),
+                        }
+                    };
                     tokio::select! {
-                        ran = engine.infer_decoupled(request, each) => if let Err(error) = ran {
+                        ran = ran => if let Err(error) = ran {
                             let _ = sink.send(Err(error));
                         },
                         Ok(()) = cancel => {}

@@ -90,8 +90,13 @@ pub enum Management {
 /// What a Python model's calls to the server run on: the server's models and its repository.
 /// The server implements it over its engine (the backend knows nothing above itself).
 pub trait ServerCalls: Send + Sync {
-    /// Runs one request on any model of the server (`exec()`).
-    fn infer(&self, request: InferRequest) -> Result<InferResponse, Error>;
+    /// Runs one request on any model of the server (`exec()`), traced as `trace` (a child of
+    /// the calling request's trace) when it is.
+    fn infer(
+        &self,
+        request: InferRequest,
+        trace: Option<Arc<Trace>>,
+    ) -> Result<InferResponse, Error>;
 
     /// Runs one request on a decoupled model of the server (`exec(decoupled=True)`): each
     /// response as it sends it (an error ends the stream). A value sent on `cancel` cancels the
@@ -99,6 +104,7 @@ pub trait ServerCalls: Send + Sync {
     fn infer_decoupled(
         &self,
         request: InferRequest,
+        trace: Option<Arc<Trace>>,
         cancel: Cancel,
     ) -> std::sync::mpsc::Receiver<Result<InferResponse, Error>>;
 
@@ -114,13 +120,14 @@ pub(super) struct Calls {
 }
 
 impl ServerCalls for Calls {
-    fn infer(&self, request: InferRequest) -> Result<InferResponse, Error> {
+    fn infer(&self, request: InferRequest, _: Option<Arc<Trace>>) -> Result<InferResponse, Error> {
         (self.unary)(request)
     }
 
     fn infer_decoupled(
         &self,
         request: InferRequest,
+        _: Option<Arc<Trace>>,
         cancel: Cancel,
     ) -> std::sync::mpsc::Receiver<Result<InferResponse, Error>> {
         (self.decoupled)(request, cancel)
@@ -247,14 +254,10 @@ pub(super) fn call(
         (header, data)
     };
     let trace = message.header["request"]["trace"].as_u64().unwrap_or(0);
+    let trace = (trace != 0).then(|| caller.child_trace(trace)).flatten();
     let request = call_request(message)
         .map_err(Error::InvalidArgument)
-        .and_then(|mut request| {
-            if trace != 0 {
-                request.trace = caller.child_trace(trace);
-            }
-            Ok((caller.calls()?, request))
-        });
+        .and_then(|request| Ok((caller.calls()?, request)));
     let (calls, request) = match request {
         Ok(ready) => ready,
         Err(error) => {
@@ -266,13 +269,13 @@ pub(super) fn call(
         }
     };
     if !decoupled {
-        let (header, data) = called(calls.infer(request));
+        let (header, data) = called(calls.infer(request, trace));
         answer(header, data);
         return;
     }
     // Kept until the call ends: a call nothing can cancel.
     let (_uncancellable, never) = tokio::sync::oneshot::channel();
-    for response in calls.infer_decoupled(request, cancel.unwrap_or(never)) {
+    for response in calls.infer_decoupled(request, trace, cancel.unwrap_or(never)) {
         let (header, data) = called(response);
         if !answer(header, data) {
             return;

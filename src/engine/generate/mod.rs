@@ -6,7 +6,7 @@
 
 pub mod params;
 
-use super::{check_parameters, Admission, Engine};
+use super::{check_parameters, Admission, Context, Engine};
 use crate::core::Error;
 use crate::core::InferRequest;
 pub use crate::generate::chat::Message;
@@ -141,12 +141,7 @@ impl Engine {
     /// `model_transaction_policy { decoupled: true }`. Unknown models are not.
     pub fn is_decoupled(&self, name: &str, version: &str) -> bool {
         self.resolve(name, version)
-            .is_ok_and(|(_, serving)| match &serving.executor {
-                Executor::Generate(_) => true,
-                Executor::Python(model) => model.decoupled(),
-                Executor::Ensemble(plan) => self.has_decoupled_step(plan, 0),
-                Executor::Batched(_) => false,
-            })
+            .is_ok_and(|(_, serving)| super::execution::of(&serving.executor).decoupled(self, 0))
     }
 
     /// Whether the model (version) is a generation model, which generates text from a prompt.
@@ -220,11 +215,12 @@ impl Engine {
     /// at the model's `max_inflight_requests`.
     pub async fn generate(
         &self,
-        admission: Admission,
-        mut request: InferRequest,
+        request: InferRequest,
+        context: Context,
     ) -> Result<Generation, Error> {
         let arrived = Instant::now();
-        let trace = request.trace.take();
+        let Context { admission, scope } = context;
+        let trace = scope.trace;
         let (model, serving) = self.resolve(&request.model_name, &request.model_version)?;
         if !matches!(serving.executor, Executor::Generate(_)) {
             return Err(Error::Unsupported(format!(

@@ -22,7 +22,7 @@ use super::routes::{AppState, ModelPath};
 use super::HttpError;
 use crate::core::Error;
 use crate::engine::generate::Generation;
-use crate::engine::StreamedResponse;
+use crate::engine::{Failed, Origin, StreamedResponse};
 use crate::trace::{sent_one_by_one, Activity, RecordOnDrop, Trace};
 use axum::body::{Body, Bytes};
 use axum::extract::State;
@@ -148,19 +148,18 @@ async fn start(
     if let Some(trace) = &trace {
         trace.record(Activity::HttpRecvEnd, Instant::now());
     }
-    let admission = state.engine.admit()?;
+    let context = state.engine.context(Origin::Http)?;
+    let context = context.with_trace(trace.clone());
     let engine = &state.engine;
     if engine.generates_text(&model.name, &model.version) {
-        let mut request = text::decode(&model.name, &model.version, &body)?;
-        request.trace = trace.clone();
-        let generation = engine.generate(admission, request).await?;
+        let request = text::decode(&model.name, &model.version, &body)?;
+        let generation = engine.generate(request, context).await?;
         return Ok((Started::Text(generation), trace));
     }
     let metadata = engine.model_metadata(&model.name, &model.version)?;
-    let mut request = mapped::request(&metadata, &model.version, &body)?;
-    request.trace = trace.clone();
+    let request = mapped::request(&metadata, &model.version, &body)?;
     let started = if engine.streams(&model.name, &model.version) {
-        let receiver = engine.infer_stream(admission, request).await?;
+        let receiver = engine.infer_stream(request, context).await?;
         let mut rest = Responses {
             receiver,
             trace: trace.clone(),
@@ -168,7 +167,10 @@ async fn start(
         let first = rest.next().await;
         Started::Stream { first, rest }
     } else {
-        let response = engine.infer_admitted(&admission, request).await?;
+        let response = engine
+            .infer(request, context)
+            .await
+            .map_err(Failed::into_error)?;
         Started::One(mapped::response(&response)?)
     };
     Ok((started, trace))

@@ -13,6 +13,7 @@ use super::body;
 use super::routes::{AppState, ModelPath};
 use super::HttpError;
 use crate::core::Error;
+use crate::engine::{Failed, Origin};
 use crate::invalid_arg;
 use crate::trace::{Activity, RecordOnDrop, Trace};
 use axum::body::Body;
@@ -51,11 +52,6 @@ async fn infer(
     if let Some(trace) = &trace {
         trace.record(Activity::HttpRecvStart, Instant::now());
     }
-    if state.engine.is_decoupled(&model.name, &model.version) {
-        return Err(HttpError::from(Error::Unsupported(
-            "HTTP end point doesn't support models with decoupled transaction policy".into(),
-        )));
-    }
     let encoding = body::response_encoding(headers.get(header::ACCEPT_ENCODING));
     let body = body::read(body, headers, &state.config).await?;
     if let Some(trace) = &trace {
@@ -63,11 +59,11 @@ async fn infer(
     }
     // Admitted once the body has arrived: a client that sends its body slowly, or never, holds
     // no in-flight slot (the body read is bounded in size and time instead).
-    let admission = state.engine.admit()?;
+    let context = state.engine.context(Origin::Http)?;
     let header_length = header_length(headers, body.len())?;
     // No JSON at all (a header length of 0, or an empty body without one): the body is the
     // data of the model's only input, as Triton reads it.
-    let (mut request, formats) = if header_length.unwrap_or(body.len()) == 0 {
+    let (request, formats) = if header_length.unwrap_or(body.len()) == 0 {
         let request = state
             .engine
             .raw_input_request(&model.name, &model.version, body)?;
@@ -75,8 +71,12 @@ async fn infer(
     } else {
         request::decode(&model.name, &model.version, body, header_length)?
     };
-    request.trace = trace.clone();
-    let response = state.engine.infer_admitted(&admission, request).await;
+    let context = context.with_trace(trace.clone());
+    let response = state
+        .engine
+        .infer(request, context)
+        .await
+        .map_err(Failed::into_error);
     // The model's answer, a response or an error, is sent and traced alike.
     if let Some(trace) = &trace {
         trace.record(Activity::InferResponseComplete, Instant::now());

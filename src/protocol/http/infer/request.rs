@@ -105,8 +105,6 @@ pub fn decode(
         parameters,
         inputs: tensors,
         outputs,
-        deadline: None,
-        trace: None,
     };
     Ok((request, formats))
 }

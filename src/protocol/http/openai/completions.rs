@@ -8,6 +8,7 @@ use super::{completion_id, now_secs, read_model, read_object, AppState, OpenAiEr
 use crate::core::tensor::frame_bytes;
 use crate::core::{DataType, Error, InferRequest, ParamValue, Tensor};
 use crate::engine::generate::{Chunk, Finish, Finished, Generation, Message};
+use crate::engine::Origin;
 use axum::body::{Body, Bytes};
 use axum::extract::State;
 use axum::http::{header, HeaderMap, StatusCode};
@@ -438,7 +439,7 @@ async fn start(
 ) -> Result<(Completion, Texts), OpenAiError> {
     // Admitted once the body has arrived: a stalled body holds no in-flight slot.
     let body = body::read(body, headers, &state.config).await?;
-    let admission = state.engine.admit()?;
+    let context = state.engine.context(Origin::Http)?;
     let mut completion = read_request(kind, &body)?;
     let llm = state.engine.takes_llm_tensors(&completion.model, "");
     if !llm && !state.engine.generates_text(&completion.model, "") {
@@ -467,11 +468,11 @@ async fn start(
             parameters: &completion.parameters,
             stop: &completion.stop,
         };
-        let texts = llm::start(&state.engine, admission, &ask).await?;
+        let texts = llm::start(&state.engine, context, &ask).await?;
         return Ok((completion, Texts::Llm(texts)));
     }
     let request = generation_request(&completion);
-    let generation = state.engine.generate(admission, request).await?;
+    let generation = state.engine.generate(request, context).await?;
     Ok((completion, Texts::Generation(generation)))
 }
 

@@ -13,7 +13,7 @@ use super::super::generate::mapped;
 use crate::core::tensor::BytesElements;
 use crate::core::{DataType, Error, InferResponse, ParamValue, Tensor};
 use crate::engine::generate::{Chunk, Finish, Finished};
-use crate::engine::{Admission, Engine, StreamedResponse};
+use crate::engine::{Context, Engine, Failed, StreamedResponse};
 use serde_json::{json, Map, Value};
 use std::sync::Arc;
 use tokio::sync::mpsc;
@@ -45,14 +45,14 @@ enum Responses {
     Stream(mpsc::UnboundedReceiver<StreamedResponse>),
 }
 
-/// Sends `ask` to its model, admitted earlier with [`Engine::admit`].
+/// Sends `ask` to its model, in the `context` it was admitted with.
 ///
 /// # Errors
 /// Lookup errors; INVALID_ARGUMENT when a setting does not fit the model's input; the error of
 /// a model that answers once (a decoupled model's come from [`Texts::next`]).
 pub(super) async fn start(
     engine: &Arc<Engine>,
-    admission: Admission,
+    context: Context,
     ask: &Ask<'_>,
 ) -> Result<Texts, Error> {
     let metadata = engine.model_metadata(ask.model, "")?;
@@ -102,9 +102,14 @@ pub(super) async fn start(
     let mut request = mapped::request(&metadata, "", &encoded)?;
     request.id = ask.id.to_string();
     let responses = if engine.streams(ask.model, "") {
-        Responses::Stream(engine.infer_stream(admission, request).await?)
+        Responses::Stream(engine.infer_stream(request, context).await?)
     } else {
-        Responses::One(Some(engine.infer_admitted(&admission, request).await?))
+        Responses::One(Some(
+            engine
+                .infer(request, context)
+                .await
+                .map_err(Failed::into_error)?,
+        ))
     };
     Ok(Texts {
         responses,
