@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import shutil
+import sys
 
 import numpy as np
 import tritonclient.http as httpclient
@@ -163,6 +164,80 @@ def test_multi_model_endpoints_load_invoke_and_unload(tmp_path):
         assert json.loads(http_request(url, "GET", "/models").body) == {"models": []}
         # Loaded again after its unload: its repository was unregistered with it.
         assert mme_load(url, "4a8f", single, "resnet.tar.gz").status == 200
+        server.assert_alive()
+    finally:
+        stop_server(server)
+
+
+# A Python model that fails as asked: X = 1 raises MemoryError, X = 2 answers a TritonError that
+# says CUDA ran out of memory, X = 3 raises another exception.
+PY_FAILING = '''
+import numpy as np
+import triton_python_backend_utils as pb_utils
+
+
+class TritonPythonModel:
+    def execute(self, requests):
+        responses = []
+        for request in requests:
+            value = int(pb_utils.get_input_tensor_by_name(request, "X").as_numpy()[0])
+            if value == 1:
+                raise MemoryError("the arena is exhausted")
+            if value == 2:
+                responses.append(pb_utils.InferenceResponse(error=pb_utils.TritonError(
+                    "CUDA out of memory. Tried to allocate 2.00 GiB")))
+                continue
+            if value == 3:
+                raise ValueError("three is a bad number")
+            responses.append(pb_utils.InferenceResponse(output_tensors=[
+                pb_utils.Tensor("Y", np.array([value], dtype=np.int32))]))
+        return responses
+'''
+
+PY_FAILING_CONFIG = '''
+name: "py_failing"
+backend: "python"
+input [ { name: "X" data_type: TYPE_INT32 dims: [ 1 ] } ]
+output [ { name: "Y" data_type: TYPE_INT32 dims: [ 1 ] } ]
+'''
+
+
+def test_multi_model_invocations_that_run_out_of_memory_are_507(tmp_path):
+    """As Triton's SageMaker service: an invocation whose error says memory ran out is 507
+    (SageMaker unloads other models and tries again), any other failure 400, each with the
+    error's own JSON body."""
+    model = tmp_path / "opt" / "ml" / "models" / "7e57" / "model"
+    (model / "1").mkdir(parents=True)
+    (model / "config.pbtxt").write_text(PY_FAILING_CONFIG)
+    (model / "1" / "model.py").write_text(PY_FAILING)
+    repo = tmp_path / "repo"
+    repo.mkdir()
+    port = find_free_port()
+    # The stub runs under this interpreter (it has numpy).
+    server = start_server([repo], name="sagemaker-mme-oom", env={"KILN_PYTHON": sys.executable}, extra_args=[
+        "--allow-sagemaker=true", "--sagemaker-port", str(port), "--model-control-mode=explicit"])
+    url = f"127.0.0.1:{port}"
+
+    def invoke(value):
+        request = {"inputs": [{"name": "X", "shape": [1], "datatype": "INT32", "data": [value]}]}
+        reply = http_request(url, "POST", "/models/7e57/invoke", json.dumps(request).encode(),
+                             {"Content-Type": "application/json", TARGET: "failing.tar.gz"})
+        return reply.status, json.loads(reply.body)
+
+    try:
+        loaded = mme_load(url, "7e57", model, "failing.tar.gz")
+        assert loaded.status == 200, loaded.body
+        status, body = invoke(5)
+        assert status == 200 and body["outputs"][0]["data"] == [5], body
+        status, body = invoke(1)
+        assert status == 507 and "MemoryError: the arena is exhausted" in body["error"], body
+        assert invoke(2) == (507, {"error": "CUDA out of memory. Tried to allocate 2.00 GiB"})
+        status, body = invoke(3)
+        assert status == 400 and "ValueError: three is a bad number" in body["error"], body
+        # A request the model never sees is 400 too.
+        refused = http_request(url, "POST", "/models/7e57/invoke", b'{"inputs": []}',
+                               {"Content-Type": "application/json", TARGET: "failing.tar.gz"})
+        assert refused.status == 400, refused.body
         server.assert_alive()
     finally:
         stop_server(server)

@@ -108,6 +108,12 @@ impl From<Error> for HttpError {
     }
 }
 
+/// An error answer's message, kept in the response's extensions beside its JSON body, so that a
+/// route that passes another route's answer on (SageMaker's invoke, which makes an out-of-memory
+/// failure 507) reads why it failed from the error, not by parsing the body it was written to.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct AnsweredError(pub String);
+
 impl IntoResponse for HttpError {
     fn into_response(self) -> Response {
         let body = serde_json::json!({ "error": self.message }).to_string();
@@ -118,6 +124,9 @@ impl IntoResponse for HttpError {
         )
             .into_response();
         response.headers_mut().extend(self.headers);
+        response
+            .extensions_mut()
+            .insert(AnsweredError(self.message));
         response
     }
 }
@@ -152,6 +161,10 @@ mod tests {
         assert_eq!(response.status(), StatusCode::BAD_REQUEST);
         assert_eq!(response.headers()[header::CONTENT_TYPE], "application/json");
         assert_eq!(response.headers()[header::ACCEPT_ENCODING], "gzip, deflate");
+        assert_eq!(
+            response.extensions().get::<AnsweredError>(),
+            Some(&AnsweredError("bad \"thing\"".into()))
+        );
         let body = axum::body::to_bytes(response.into_body(), 1024)
             .await
             .unwrap();

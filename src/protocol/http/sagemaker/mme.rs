@@ -11,7 +11,8 @@
 //!   memory; 400 otherwise, with `{"error": ...}`. A failed load unregisters the directory.
 //! - `GET /models`: `{"models": [{"modelName": "<hash>", "modelUrl": "<repository>"}, ...]}` for
 //!   the loaded models that are ready; `GET /models/<hash>`: one of them, or 404.
-//! - `POST /models/<hash>/invoke`: `/invocations` on that model (404 if it is not loaded).
+//! - `POST /models/<hash>/invoke`: `/invocations` on that model (404 if it is not loaded; 507
+//!   when its error says memory ran out).
 //! - `DELETE /models/<hash>`: unloads the model (and an ensemble's composing models) and
 //!   unregisters its repository; 404 if it is not loaded.
 //!
@@ -20,7 +21,7 @@
 use super::{binary_header, sagemaker_response, SageMakerState, BINARY_MIME};
 use crate::core::Error;
 use crate::protocol::http::routes::{AppState, ModelPath};
-use crate::protocol::http::{infer, HttpError};
+use crate::protocol::http::{infer, AnsweredError, HttpError};
 use crate::repository::config::parse_config;
 use crate::repository::ensemble::is_ensemble;
 use crate::repository::mapped::MappedStore;
@@ -42,7 +43,9 @@ const TARGET_MODEL: &str = "x-amzn-sagemaker-target-model";
 const MAX_LOAD_BODY: usize = 64 << 10;
 
 /// Error texts that make a failed load or invocation a 507 (SageMaker then unloads other
-/// models and tries again), Triton's list.
+/// models and tries again), Triton's list. The one place kiln branches on an error's text, as
+/// Triton does (SageMakerMMECheckOOMError): the texts come from ONNX Runtime, CUDA and Python
+/// models, none of which gives an out-of-memory kind to match on instead.
 const OUT_OF_MEMORY: &[&str] = &[
     "CUDA out of memory",
     "CUDA_OUT_OF_MEMORY",
@@ -365,13 +368,10 @@ pub(super) async fn invoke(
     let mut response = sagemaker_response(response);
     if response.status() == StatusCode::BAD_REQUEST {
         // Out-of-memory failures are 507 here too, so that SageMaker makes room.
-        let (parts, body) = response.into_parts();
-        let bytes = axum::body::to_bytes(body, usize::MAX)
-            .await
-            .unwrap_or_default();
-        let status = failure_status(&String::from_utf8_lossy(&bytes));
-        response = Response::from_parts(parts, Body::from(bytes));
-        *response.status_mut() = status;
+        let answered = response.extensions().get::<AnsweredError>();
+        if let Some(status) = answered.map(|AnsweredError(message)| failure_status(message)) {
+            *response.status_mut() = status;
+        }
     }
     response
 }
