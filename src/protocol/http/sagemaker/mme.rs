@@ -58,6 +58,13 @@ const OUT_OF_MEMORY: &[&str] = &[
     "Failed to allocate memory",
     "failed to allocate memory",
     "No space left on device",
+    // TensorFlow's, cuDNN's and cuBLAS's words for it, also in Triton's list.
+    "Dst tensor is not initialized",
+    "Src tensor is not initialized",
+    "CNMEM_STATUS_OUT_OF_MEMORY",
+    "CUDNN_STATUS_NOT_INITIALIZED",
+    "CUBLAS_STATUS_ALLOC_FAILED",
+    "CUBLAS_STATUS_NOT_INITIALIZED",
 ];
 
 /// A model loaded through `POST /models`.
@@ -480,5 +487,8 @@ mod tests {
             failure_status("model 'm' not found"),
             StatusCode::BAD_REQUEST
         );
+        for text in ["CUBLAS_STATUS_ALLOC_FAILED", "Dst tensor is not initialized."] {
+            assert_eq!(failure_status(text), StatusCode::INSUFFICIENT_STORAGE, "{text}");
+        }
     }
 }
