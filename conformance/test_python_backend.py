@@ -1353,7 +1353,10 @@ def trace_of(server, model, request_id, timeout=10.0):
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         for path in server.repos[0].parent.glob("trace.json.*"):
-            records = json.loads(path.read_text())
+            try:
+                records = json.loads(path.read_text())
+            except json.JSONDecodeError:
+                continue  # still being written: read it again on the next pass
             if any(r.get("model_name") == model and r.get("request_id") == request_id for r in records):
                 return records
         time.sleep(0.05)

@@ -34,9 +34,8 @@
 //! [`proto`]). No arrow runs back up.
 //!
 //! `layers`' unit test reads every `crate::` path outside test code and fails on an arrow
-//! that runs up or sideways. One known exception is tolerated there, a debt to pay rather than
-//! a precedent: `core::request` holds a `trace::Trace` in every request (the list may only
-//! shrink: the test fails when a listed arrow goes without leaving the list).
+//! that runs up or sideways; it tolerates no exception (its list of known debts is empty and
+//! may only stay so).
 
 pub mod backend;
 pub mod cli;
