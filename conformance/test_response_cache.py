@@ -173,3 +173,42 @@ def test_a_python_models_answers_are_cached_too(cached):
     # A response with parameters of its own is not cached (the cache keeps tensors only).
     assert ask(3.0, parameters={"tag": "t"}).get_response()["parameters"] == {"tag": "t"}
     assert ask(3.0).as_numpy("RUNS").tolist() == [[4]]
+
+
+PY_SLOW = '''
+import time
+import triton_python_backend_utils as pb_utils
+
+
+class TritonPythonModel:
+    def execute(self, requests):
+        time.sleep(0.3)
+        return [pb_utils.InferenceResponse(output_tensors=[
+            pb_utils.Tensor("Y", pb_utils.get_input_tensor_by_name(r, "X").as_numpy())]) for r in requests]
+'''
+
+
+def test_a_miss_costs_its_lookup_and_insertion_not_the_run(tmp_path):
+    """Triton's cache_miss time is the lookup and the insertion of a miss: the model's run between
+    them is compute time, not the cache's. A model that takes 300 ms shows it: the miss costs a
+    small part of the compute time (a miss that counted the run would cost more than it)."""
+    repo = tmp_path / "repo"
+    (repo / "py_slow" / "1").mkdir(parents=True)
+    (repo / "py_slow" / "1" / "model.py").write_text(PY_SLOW)
+    (repo / "py_slow" / "config.pbtxt").write_text(
+        'name: "py_slow" backend: "python" max_batch_size: 0 response_cache { enable: true }\n'
+        'input [{ name: "X" data_type: TYPE_FP32 dims: [1] }]\n'
+        'output [{ name: "Y" data_type: TYPE_FP32 dims: [1] }]\n')
+    srv = start_server([repo], name="kiln-cache-slow", env={"KILN_PYTHON": sys.executable},
+                       extra_args=["--cache-config", "local,size=1048576"])
+    try:
+        http = httpclient.InferenceServerClient(srv.http_url, network_timeout=T)
+        x = httpclient.InferInput("X", [1], "FP32")
+        x.set_data_from_numpy(np.ones(1, np.float32))
+        for _ in range(2):
+            assert http.infer("py_slow", [x]).as_numpy("Y").tolist() == [1.0]
+        s = http.get_inference_statistics("py_slow")["model_stats"][0]["inference_stats"]
+        assert (s["cache_miss"]["count"], s["cache_hit"]["count"]) == (1, 1)
+        assert int(s["cache_miss"]["ns"]) * 2 < int(s["compute_infer"]["ns"]), s
+    finally:
+        stop_server(srv)

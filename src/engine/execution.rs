@@ -19,14 +19,14 @@ use crate::scheduler::{self, ScheduleError, Scheduler};
 use crate::trace::Activity;
 use futures_util::future::BoxFuture;
 use std::sync::Arc;
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 /// A checked request as the scheduler queues it.
 pub(super) type Job = scheduler::Request<Vec<Tensor>>;
 
-/// A response-cache miss: the cache, the request's key and when the lookup began; the outputs
-/// go in once made.
-pub(super) type Miss<'c> = (&'c ResponseCache, Key, Instant);
+/// A response-cache miss: the cache, the request's key and how long the lookup took; the
+/// outputs go in once made.
+pub(super) type Miss<'c> = (&'c ResponseCache, Key, Duration);
 
 /// A request's outputs and how they were made, or its error and how it counts.
 pub(super) type Answered<T = Produced> = Result<(T, Ran), (Error, Counted)>;
@@ -245,9 +245,9 @@ async fn run_python(
     })
 }
 
-/// Stores a cache miss's outputs, and the time the miss cost.
-fn fill(call: &Call<'_>, (cache, key, started): Miss<'_>, outputs: &[Tensor]) {
-    let looked = started.elapsed();
+/// Stores a cache miss's outputs, and the time the miss cost (the lookup and the insertion, as
+/// Triton counts it; not the run between).
+fn fill(call: &Call<'_>, (cache, key, looked): Miss<'_>, outputs: &[Tensor]) {
     let stored = Instant::now();
     cache.insert(key, Arc::from(outputs.to_vec()));
     call.serving

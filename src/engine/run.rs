@@ -145,7 +145,7 @@ impl Engine {
                     let produced = Produced::from(outputs.to_vec());
                     return Ok((produced, Ran::Cached { queue, lookup }));
                 }
-                None => miss = Some((cache, key, started)),
+                None => miss = Some((cache, key, started.elapsed())),
             }
         }
         execution.run(self, call, job, miss).await

@@ -487,8 +487,15 @@ mod tests {
             failure_status("model 'm' not found"),
             StatusCode::BAD_REQUEST
         );
-        for text in ["CUBLAS_STATUS_ALLOC_FAILED", "Dst tensor is not initialized."] {
-            assert_eq!(failure_status(text), StatusCode::INSUFFICIENT_STORAGE, "{text}");
+        for text in [
+            "CUBLAS_STATUS_ALLOC_FAILED",
+            "Dst tensor is not initialized.",
+        ] {
+            assert_eq!(
+                failure_status(text),
+                StatusCode::INSUFFICIENT_STORAGE,
+                "{text}"
+            );
         }
     }
 }
