@@ -54,14 +54,9 @@ impl ServerCalls for EngineCalls {
             Some(engine) => {
                 self.runtime.spawn(async move {
                     let each = |response| sink.send(response).is_ok();
-                    let ran = engine.context(Origin::Model).map(|context| {
-                        engine.infer_decoupled(request, context.with_trace(trace), each)
-                    });
-                    let ran = async move {
-                        match ran {
-                            Ok(ran) => ran.await,
-                            Err(error) => Err(error),
-                        }
+                    let ran = async {
+                        let context = engine.context(Origin::Model)?.with_trace(trace);
+                        engine.infer_decoupled(request, context, each).await
                     };
                     tokio::select! {
                         ran = ran => if let Err(error) = ran {
