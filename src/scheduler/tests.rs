@@ -112,9 +112,16 @@ fn adaptive(max: usize, delay: Duration) -> BatchingConfig {
 async fn concurrent_requests_wait_out_the_delay_then_are_batched_and_split_correctly() {
     let delay = Duration::from_millis(20);
     let fixture = scheduler(dynamic(16, delay), 1, None);
+    let start = fixture.clock.now();
     let submits: Vec<_> = (0..6u8)
         .map(|i| queued(&fixture.scheduler, request(i * 10, 1 + usize::from(i % 2))))
         .collect();
+    let due = within("the instance waits", fixture.clock.next_timer()).await;
+    assert_eq!(
+        due,
+        start + delay,
+        "it waits for the oldest request's delay"
+    );
     fixture.clock.advance(delay);
     let outcomes = within("the batch went once its delay passed", join_all(submits)).await;
     for (i, outcome) in (0..6u8).zip(outcomes) {
@@ -135,12 +142,15 @@ async fn closed_loop_clients_stop_waiting_for_company_once_their_number_is_known
     let delay = Duration::from_secs(4);
     let settle = delay / state::SETTLE_FRACTION;
     let fixture = scheduler(adaptive(8, delay), 1, None);
+    let start = fixture.clock.now();
     // Two closed-loop clients: each sends its next request once answered, both at one rhythm.
     for round in 0..4u8 {
         let first = queued(&fixture.scheduler, request(round, 1));
         let second = queued(&fixture.scheduler, request(10 + round, 1));
         if round == 0 {
             // The first round cannot know how many clients there are: it waits to settle.
+            let due = within("the instance waits", fixture.clock.next_timer()).await;
+            assert_eq!(due, start + settle);
             fixture.clock.advance(settle);
         }
         // Later rounds must go with the clock standing still: both requests are in.
