@@ -24,6 +24,7 @@
 //! delays and rate limiter, as Triton's schedulers serve every backend.
 
 pub mod batch;
+pub mod clock;
 pub mod layout;
 pub mod rate_limit;
 pub mod state;
@@ -32,6 +33,7 @@ mod worker;
 use crate::backend::{Backend, BackendError};
 use crate::core::Tensor;
 use crate::metrics::{ComputeTimes, ModelStats, Timing};
+use clock::Clock;
 use state::{Rejection, State, Submission};
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::Arc;
@@ -131,6 +133,8 @@ pub struct Session {
     layout: Arc<layout::BatchLayout>,
     /// Its place in the rate limiter, if it is limited.
     limit: Option<rate_limit::Limit>,
+    /// Times its runs (the system's clock but in unit tests).
+    clock: Clock,
 }
 
 impl Session {
@@ -143,6 +147,7 @@ impl Session {
             backend,
             layout,
             limit,
+            clock: Clock::System,
         }
     }
 }
@@ -160,13 +165,13 @@ impl Instance for Session {
         batch: &mut [&mut Vec<Tensor>],
         rows: &[usize],
     ) -> (Result<Vec<Vec<Tensor>>, BackendError>, ComputeTimes) {
-        let start = Instant::now();
+        let start = self.clock.now();
         let inputs: Vec<&[Tensor]> = batch.iter().map(|inputs| inputs.as_slice()).collect();
         let merged = self.layout.assemble(&inputs);
-        let ran = Instant::now();
+        let ran = self.clock.now();
         let result = self.backend.run(&merged);
         drop(merged);
-        let inferred = Instant::now();
+        let inferred = self.clock.now();
         let split = result.and_then(|outputs| {
             self.layout
                 .split(outputs, rows, &inputs)
@@ -175,7 +180,7 @@ impl Instance for Session {
         let times = ComputeTimes {
             input: ran - start,
             infer: inferred - ran,
-            output: inferred.elapsed(),
+            output: self.clock.now().saturating_duration_since(inferred),
         };
         (split, times)
     }
@@ -279,6 +284,8 @@ struct Shared<I: Instance> {
     in_flight: AtomicUsize,
     /// How batches are laid out (ragged inputs, batch inputs, scatter outputs).
     layout: Arc<layout::BatchLayout>,
+    /// What queue times, batching delays, deadlines and grace periods are timed by.
+    clock: Clock,
 }
 
 struct Queue<I: Instance> {
@@ -363,12 +370,30 @@ impl Scheduler {
         backends: Vec<Box<dyn Backend>>,
         stats: Arc<ModelStats>,
     ) -> std::io::Result<Scheduler> {
+        Scheduler::start_clocked(label, config, backends, stats, Clock::System)
+    }
+
+    /// [`Scheduler::start`] with the scheduler and its sessions on `clock`.
+    ///
+    /// # Errors
+    /// The OS error when a thread cannot be spawned.
+    #[cfg(test)]
+    pub fn start_clocked(
+        label: &str,
+        config: BatchingConfig,
+        backends: Vec<Box<dyn Backend>>,
+        stats: Arc<ModelStats>,
+        clock: Clock,
+    ) -> std::io::Result<Scheduler> {
         let layout = &config.layout;
         let sessions = backends
             .into_iter()
-            .map(|backend| Session::new(backend, Arc::clone(layout), None))
+            .map(|backend| Session {
+                clock: clock.clone(),
+                ..Session::new(backend, Arc::clone(layout), None)
+            })
             .collect();
-        Scheduler::launch(label, config, sessions, stats)
+        Scheduler::launch_clocked(label, config, sessions, stats, clock)
     }
 
     /// Stops the instances and waits until each has finished its batch, dropped its session and
@@ -389,6 +414,17 @@ impl<I: Instance> Scheduler<I> {
         instances: Vec<I>,
         stats: Arc<ModelStats>,
     ) -> std::io::Result<Scheduler<I>> {
+        Scheduler::launch_clocked(label, config, instances, stats, Clock::System)
+    }
+
+    /// [`Scheduler::launch`] on `clock` (the system's but in unit tests).
+    fn launch_clocked(
+        label: &str,
+        config: BatchingConfig,
+        instances: Vec<I>,
+        stats: Arc<ModelStats>,
+        clock: Clock,
+    ) -> std::io::Result<Scheduler<I>> {
         let batching = config.merges();
         let may_inline = instances.iter().all(Instance::may_run_inline);
         let max_in_flight = config.max_in_flight;
@@ -406,7 +442,10 @@ impl<I: Instance> Scheduler<I> {
             recent_infer: RecentInfer(AtomicU64::new(u64::MAX)),
             in_flight: AtomicUsize::new(0),
             layout,
+            clock,
         });
+        #[cfg(test)]
+        Shared::follow_clock(&shared);
         let mut threads = Vec::with_capacity(count);
         for index in 0..count {
             let serves = Arc::clone(&shared);
@@ -447,7 +486,8 @@ impl<I: Instance> Scheduler<I> {
     /// Python model stuck in `execute` for a client long gone must not hold up the unloads
     /// after it).
     pub fn halt_within(&self, grace: Option<Duration>) {
-        let deadline = grace.map(|grace| Instant::now() + grace);
+        let clock = &self.shared.clock;
+        let deadline = grace.map(|grace| clock.now() + grace);
         {
             let mut queue = self.shared.lock();
             queue.stopped = true;
@@ -458,12 +498,8 @@ impl<I: Instance> Scheduler<I> {
         }
         self.shared.work.notify_all();
         let mut queue = self.shared.lock();
-        while queue.free.len() < self.instances && deadline.is_none_or(|d| Instant::now() < d) {
-            queue = self
-                .shared
-                .work
-                .wait_timeout(queue, Duration::from_millis(5))
-                .map_or_else(|e| e.into_inner().0, |(q, _)| q);
+        while queue.free.len() < self.instances && deadline.is_none_or(|d| clock.now() < d) {
+            queue = clock.wait_timeout(&self.shared.work, queue, Duration::from_millis(5));
         }
         let all_back = queue.free.len() == self.instances;
         let retired = std::mem::take(&mut queue.free);
@@ -510,7 +546,7 @@ impl<I: Instance> Scheduler<I> {
                     && recent.below(INLINE_MAX_INFER)))
         {
             if let Some(instance) = self.shared.take_idle_session() {
-                let now = Instant::now();
+                let now = self.shared.clock.now();
                 if request.deadline.is_some_and(|deadline| deadline <= now) {
                     self.shared.give_back(instance);
                     return Err(ScheduleError::Deadline);
@@ -548,7 +584,7 @@ impl<I: Instance> Scheduler<I> {
                 input: request.inputs,
                 rows: request.rows,
                 ticket,
-                enqueued: Instant::now(),
+                enqueued: self.shared.clock.now(),
                 reply,
             },
         };
@@ -557,7 +593,7 @@ impl<I: Instance> Scheduler<I> {
             if queue.stopped {
                 return Err(ScheduleError::Stopped);
             }
-            let now = Instant::now();
+            let now = self.shared.clock.now();
             self.shared.observe_in_flight(&mut queue, now);
             let pushed = queue.state.push(submission, now);
             self.shared.report_pending(&mut queue);
@@ -569,9 +605,9 @@ impl<I: Instance> Scheduler<I> {
                 shared: &self.shared,
                 ticket: Some(ticket),
             };
-            let waited = tokio::time::timeout_at(at.into(), &mut answer).await;
+            let waited = self.shared.clock.timeout_at(at, &mut answer).await;
             guard.ticket = None;
-            if let Ok(outcome) = waited {
+            if let Some(outcome) = waited {
                 return outcome.map_err(|_| ScheduleError::Stopped)?;
             }
             // Still queued: it leaves the queue unanswered. Already running: wait for it.
@@ -656,6 +692,21 @@ impl<I: Instance> Shared<I> {
         if len != queue.reported {
             self.stats.add_pending(len as f64 - queue.reported as f64);
             queue.reported = len;
+        }
+    }
+
+    /// Wakes the instance threads' timed waits whenever a test's manual clock moves.
+    #[cfg(test)]
+    fn follow_clock(shared: &Arc<Shared<I>>) {
+        if let Clock::Manual { clock } = &shared.clock {
+            let shared = Arc::downgrade(shared);
+            clock.on_advance(Box::new(move || {
+                if let Some(shared) = shared.upgrade() {
+                    // Under the lock: a thread that read the time is waiting now, or reads anew.
+                    drop(shared.lock());
+                    shared.work.notify_all();
+                }
+            }));
         }
     }
 

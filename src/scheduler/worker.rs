@@ -7,7 +7,6 @@ use super::{Instance, Job, Outcome, Reply, ScheduleError, Shared};
 use crate::backend::BackendError;
 use crate::metrics::ComputeTimes;
 use std::panic::{catch_unwind, AssertUnwindSafe};
-use std::time::Instant;
 
 pub(super) fn instance_loop<I: Instance>(shared: &Shared<I>) {
     while let Some((jobs, mut backend)) = next_batch(shared) {
@@ -28,7 +27,7 @@ fn next_batch<I: Instance>(shared: &Shared<I>) -> Option<(Vec<Job<I>>, I)> {
         if queue.stopped {
             return None;
         }
-        let now = Instant::now();
+        let now = shared.clock.now();
         for (job, rejection) in queue.state.expire(now) {
             let _ = job.reply.send(Err(rejection.into()));
         }
@@ -38,10 +37,7 @@ fn next_batch<I: Instance>(shared: &Shared<I>) -> Option<(Vec<Job<I>>, I)> {
             queue = match queue.state.next_expiry() {
                 Some(at) => {
                     let wait = at.saturating_duration_since(now);
-                    shared
-                        .work
-                        .wait_timeout(queue, wait)
-                        .map_or_else(|e| e.into_inner().0, |(q, _)| q)
+                    shared.clock.wait_timeout(&shared.work, queue, wait)
                 }
                 None => shared.work.wait(queue).unwrap_or_else(|e| e.into_inner()),
             };
@@ -68,10 +64,7 @@ fn next_batch<I: Instance>(shared: &Shared<I>) -> Option<(Vec<Job<I>>, I)> {
             }
             Next::WaitUntil(at) => {
                 let wait = at.saturating_duration_since(now);
-                queue = shared
-                    .work
-                    .wait_timeout(queue, wait)
-                    .map_or_else(|e| e.into_inner().0, |(q, _)| q);
+                queue = shared.clock.wait_timeout(&shared.work, queue, wait);
             }
             Next::Idle => {
                 queue = shared.work.wait(queue).unwrap_or_else(|e| e.into_inner());
@@ -99,7 +92,7 @@ pub(super) fn requeue<I: Instance>(shared: &Shared<I>, jobs: Vec<Job<I>>) {
         return;
     }
     let mut queue = shared.lock();
-    let now = Instant::now();
+    let now = shared.clock.now();
     for mut job in jobs {
         if queue.stopped {
             let _ = job.reply.send(Err(ScheduleError::Stopped));
@@ -122,7 +115,7 @@ pub(super) fn execute<I: Instance>(
     mut jobs: Vec<Job<I>>,
     shared: &Shared<I>,
 ) -> (Answers<I>, Vec<Job<I>>) {
-    let start = Instant::now();
+    let start = shared.clock.now();
     let rows: Vec<usize> = jobs.iter().map(|job| job.rows).collect();
     let (result, times) = {
         let mut batch: Vec<&mut I::Input> = jobs.iter_mut().map(|job| &mut job.input).collect();
