@@ -579,14 +579,14 @@ def rest_probes():
          {"Inference-Header-Content-Length": "0"}),
         ("raw to a model of two inputs", "POST", f"{add}/infer", b"\0" * 64, {"Inference-Header-Content-Length": "0"}),
         # The front end's own answers, whatever the backend (conformance/test_http_wire.py freezes them).
-        *front_end_probes(add, infer, tensor, both, identity, j),
+        *front_end_probes(add, infer, tensor, both, identity, with_fp16, j),
         # Last: Triton 2.51 aborts on it (kiln refuses it, 400).
         ("huge shape", "POST", f"{add}/infer",
          infer([tensor(shape=(9223372036854775807, 16)), tensor("INPUT1")]), j),
     ]
 
 
-def front_end_probes(add, infer, tensor, both, identity, j):
+def front_end_probes(add, infer, tensor, both, identity, with_fp16, j):
     """REST requests the HTTP front end answers before any backend has them: routes and methods,
     encodings, the binary extension's sizes, shapes and JSON data it cannot read (the texts
     conformance/test_http_wire.py and test_grpc_errors.py freeze, on a Python model)."""
@@ -632,9 +632,10 @@ def front_end_probes(add, infer, tensor, both, identity, j):
         ("shape past int64", "POST", f"{add}/infer", infer([tensor(shape=(2**64 - 1,)), tensor("INPUT1")]), j),
         ("nested data", "POST", f"{add}/infer",
          infer([tensor(data=[list(range(16))]), tensor("INPUT1", data=[list(range(16))])]), j),
-        ("INT8 out of range", "POST", "/v2/models/py_identity/infer", infer(swap("INT8", [300])), j),
+        # The other inputs good (FP16 binary), so that the answer is about this one.
+        ("INT8 out of range", "POST", "/v2/models/py_identity/infer", *with_fp16(swap("INT8", [300]))),
+        ("BOOL as a number", "POST", "/v2/models/py_identity/infer", *with_fp16(swap("BOOL", [1]))),
         ("FP16 as JSON", "POST", "/v2/models/py_identity/infer", infer(swap("FP16", [1.0])), j),
-        ("BOOL as a number", "POST", "/v2/models/py_identity/infer", infer(swap("BOOL", [1])), j),
     ]
 
 
@@ -657,6 +658,17 @@ KNOWN = {
     "add_sub JSON": "FP32 data: kiln writes the shortest digits that read back as the same FP32 (0.33333343), "
                     "Triton the value widened to double (0.33333343267440798); the same FP32 values",
     "identity extremes": "FP32 digits, as 'add_sub JSON'",
+    "BOOL as a number": WORDED,
+    "INT8 out of range": "Triton 2.51 wraps the number into the type (300 runs as 44); kiln refuses it, 400 naming "
+                         "the input and the value",
+    "shape past int64": "Triton 2.51 dies (the process is gone); kiln refuses it, 400 'Unable to parse 'shape''",
+    "body a JSON array": WORDED,
+    "not gzip": "Triton 2.51 answers a body it cannot inflate as an empty one (a raw request); kiln: 400 "
+                "'failed to decompress the request body'",
+    "header length not a number": "Triton 2.51 reads it as 0 (atoi: a raw request); kiln refuses it, 400 naming "
+                                  "the header",
+    "cuda shm register": "Triton here is a GPU build (no GPU): 400, the body's first missing field; kiln answers "
+                         "as a build without GPU support, 501",
 }
 
 
@@ -812,6 +824,11 @@ COUNT_KNOWN = {
     "py_add_sub": "kiln refuses two requests Triton runs: 'infer out past its offset' (shared memory) and "
                   "'more raw entries' (gRPC)",
     "py_accumulate": "kiln refuses 'string id' (sequences), which Triton runs",
+    "py_identity": "kiln refuses 'INT8 out of range' (REST answers), which Triton runs",
+    "py_echo": "two BYTES requests whose strings do not match their shape ('bytes fewer than the shape', 'bytes "
+               "typed count mismatch', gRPC): Triton 2.51 finds it in the backend and counts a BACKEND failure; "
+               "kiln refuses them before the scheduler, as Triton core's later ValidateBytesInputs does (counted "
+               "nowhere). The answers are the same",
 }
 
 
@@ -1280,8 +1297,8 @@ REPOSITORY_KNOWN = {
 }
 
 
-# REST probes after which Triton 2.51 is gone.
-FATAL = {"huge shape"}
+# REST probes after which Triton 2.51 is gone (the first one run ends it: the other is not answered).
+FATAL = {"huge shape", "shape past int64"}
 
 
 # Sequence differences kept on purpose.
@@ -1663,11 +1680,24 @@ def grpc_probes():
     ]
 
 
+# BYTES data whose framing is broken, over gRPC: Triton 2.51's gRPC front end refuses it in its own
+# words ("incomplete string data ...", "incomplete string length indicator ..."); kiln answers with
+# Triton core's later check, InferenceRequest::ValidateBytesInputs ("element byte size indicator
+# exceeds the end of the buffer", its input_byte_size_test), which later front ends leave it to.
+BYTES_FRAMING = ("Triton 2.51's gRPC front end words it ('incomplete string data/length indicator'); kiln: "
+                 "Triton core's later 'element byte size indicator exceeds the end of the buffer'")
 # gRPC differences kept on purpose (bench/RESULTS.md, "Nineteenth session").
 GRPC_KNOWN = {
     "unknown datatype": "kiln refuses an unknown datatype as it decodes the request, naming it; Triton "
                         "reads it as INVALID and refuses it later as a datatype mismatch",
     "more raw entries": "kiln refuses raw_input_contents that match no input; Triton ignores them",
+    "cuda shm register": KNOWN["cuda shm register"] + " (gRPC: INVALID_ARGUMENT 'invalid args' / UNIMPLEMENTED)",
+    "bytes length past the end": BYTES_FRAMING,
+    "bytes length absurd": BYTES_FRAMING,
+    "bytes length truncated": BYTES_FRAMING,
+    "bytes more than the shape": BYTES_FRAMING,
+    "garbage body": "gRPC's own answer, INTERNAL in both: Triton (gRPC C++) 'Unable to parse request', kiln "
+                    "tonic's decoder's words",
     "huge shape": KNOWN["huge shape"],
 }
 
