@@ -454,7 +454,10 @@ do_triton() {
     missing=$(triton_libraries "$tmp/backends/python/triton_python_backend_stub" "$site/nvidia_pytriton.libs:$libdir")
   fi
   [ -z "$missing" ] || die "Triton's Python backend stub cannot load: $missing not found (a shared libpython$short is needed)"
-  LD_LIBRARY_PATH=$site/nvidia_pytriton.libs run_logged "$LOGS/setup-triton-check.log" "$ts/bin/tritonserver" --help
+  # The server must start far enough to read its options (--help prints them and exits 1).
+  LD_LIBRARY_PATH=$site/nvidia_pytriton.libs "$ts/bin/tritonserver" --help >"$LOGS/setup-triton-check.log" 2>&1 || true
+  grep -q '^Usage: tritonserver' "$LOGS/setup-triton-check.log" \
+    || { tail -20 "$LOGS/setup-triton-check.log" >&2; die "$ts/bin/tritonserver --help failed (log $LOGS/setup-triton-check.log)"; }
   mv "$tmp/backends" "$TRITON_DIR/backends"
   echo "$stamp" > "$TRITON_DIR/.stamp"
   rm -rf "$tmp"; trap - EXIT
