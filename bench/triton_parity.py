@@ -69,6 +69,13 @@ FAILS_ON_TRITON = {
         "Triton 2.51 keeps the series of a Metric object the model deleted on /metrics (the test says the series "
         "goes 'as in Triton')",
 }
+# Tests that pass on Triton 2.51 in some runs and fail in others (either is accepted), each with
+# what is known of why.
+FLAKY_ON_TRITON = {
+    "test_requests_waiting_together_go_to_one_execute_call":
+        "passes alone (4 runs of 4); in the whole run Triton sometimes counts another execution of py_batch "
+        "while the test reads its statistics (its batches, the test's other check, are right): not explained yet",
+}
 # Tests during which Triton 2.51 may die (its bugs; not every run), each with what kills it; the
 # tests after it run on a Triton started again. When Triton lives, the test must pass (or be listed
 # in FAILS_ON_TRITON too).
@@ -2008,7 +2015,7 @@ def verdict(names: list[str]) -> int:
             continue
         if outcome == "PASS" and name in FAILS_ON_TRITON:
             print(f"NOTE {name} passes on Triton now: take it out of FAILS_ON_TRITON")
-        elif outcome in ("FAIL", "HUNG") and name not in FAILS_ON_TRITON:
+        elif outcome in ("FAIL", "HUNG") and name not in FAILS_ON_TRITON | FLAKY_ON_TRITON:
             unexpected.append(f"{name} {'fails' if outcome == 'FAIL' else 'hangs'}")
         elif outcome == "DIED" and name not in DIES_ON_TRITON:
             unexpected.append(f"Triton died during {name}")

@@ -30,11 +30,18 @@ TS=$SP/pytriton/tritonserver
 for need in "$TS/bin/tritonserver" "$BACKENDS/python/triton_python_backend_stub" "$ROOT/.venv/bin/python"; do
   [ -e "$need" ] || { echo "missing $need (.ci/setup.sh triton python)" >&2; exit 1; }
 done
+# A Triton still stopping (up to 30 s) holds the port: wait for it a while.
+for _ in $(seq 60); do curl -s -o /dev/null localhost:9800/v2/health/live || break; sleep 1; done
 if curl -s -o /dev/null localhost:9800/v2/health/live; then
-  echo "port 9800 is taken (a Triton still stopping takes up to 30 s): try again when it is free" >&2; exit 1
+  echo "port 9800 is taken: try again when it is free" >&2; exit 1
 fi
 OUT=$(mktemp -d)
 REPO=$("$ROOT/.venv/bin/python" "$ROOT/bench/triton_parity.py" make "$OUT/fixture")
+# Each server loads every model but py_warm_fail at start, then py_warm_fail (its warmup fails)
+# through the repository API: Triton 2.51 often dies (a segmentation fault) when that failed
+# instance goes while other models are loading; loaded alone it does not.
+LATE=py_warm_fail
+LOADS=$(ls "$REPO" | grep -vx "$LATE" | sed 's/^/--load-model=/' | tr '\n' ' ')
 PYLIB=$("$VENV/bin/python" -c 'import sysconfig;print(sysconfig.get_config_var("LIBDIR"))')
 export LD_LIBRARY_PATH=$SP/nvidia_pytriton.libs:$PYLIB${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}
 export PEER_SITE_PACKAGES=$SP PYTHONDONTWRITEBYTECODE=1
@@ -57,11 +64,19 @@ trace_config() {
 }
 MODE=${1:-}
 PID= KPID=
-trap 'kill -- -"$PID" 2>/dev/null || true; [ -z "$KPID" ] || kill -- -"$KPID" 2>/dev/null || true' EXIT
-# start_triton: Triton on the fixture, until the last model it loads answers ready. Triton 2.51
-# sometimes dies while it loads this repository (a segmentation fault as a failed warmup's instance
-# goes, about one start in three, more on a busy machine): up to PARITY_TRIES (5) tries; fails when
-# every one died.
+# stop GROUP...: each process group ended, waiting (at most 60 s) until it is gone, so that the next
+# run finds the ports free.
+stop() {
+  local group
+  for group in "$@"; do [ -z "$group" ] || kill -- -"$group" 2>/dev/null || true; done
+  for group in "$@"; do
+    for _ in $(seq 120); do [ -n "$group" ] && kill -0 -- -"$group" 2>/dev/null || break; sleep 0.5; done
+  done
+}
+trap 'stop "$PID" "$KPID"' EXIT
+# start_triton: Triton on the fixture, until the last model it loads answers ready, then $LATE.
+# Triton 2.51 may still die while it loads this repository: up to PARITY_TRIES (5) tries; fails
+# when every one died.
 start_triton() {
   local attempt
   for attempt in $(seq "${PARITY_TRIES:-5}"); do
@@ -69,7 +84,7 @@ start_triton() {
     (cd "$OUT/triton-run" && exec setsid "$TS/bin/tritonserver" --model-repository="$REPO" --backend-directory="$BACKENDS" \
       --http-port=9800 --grpc-port=9801 --metrics-port=9802 --allow-gpu-metrics=false --log-verbose=0 \
       --cache-directory="$TS/caches" --cache-config=local,size=1048576 $METRICS_CONFIG \
-      --model-control-mode=explicit --load-model='*' --exit-on-error=false --strict-readiness=false \
+      --model-control-mode=explicit $LOADS --exit-on-error=false --strict-readiness=false \
       $(trace_config 9850) >>"$OUT/triton.log" 2>&1) &
     PID=$!
     for _ in $(seq 240); do
@@ -78,7 +93,11 @@ start_triton() {
       sleep 0.5
     done
     sleep 3  # the other models finish loading
-    kill -0 "$PID" 2>/dev/null && return 0
+    if kill -0 "$PID" 2>/dev/null; then
+      curl -s -o /dev/null -X POST "localhost:9800/v2/repository/models/$LATE/load"
+      sleep 1
+      kill -0 "$PID" 2>/dev/null && return 0
+    fi
     echo "Triton died while loading (try $attempt): $(tail -1 "$OUT/triton.log")" >&2
   done
   echo "Triton died while loading on every try: see $OUT/triton.log" >&2
@@ -94,10 +113,11 @@ if [ $status = 0 ] && { [ "$MODE" = --json ] || [ "$MODE" = --otel ]; }; then
     KILN_PYTHON=$ROOT/.venv/bin/python bash -c 'cd "$1" && shift && exec setsid "$@"' _ "$OUT/kiln-run" \
     "$KILN" --model-repository="$REPO" --http-port=9810 \
     --grpc-port=9811 --metrics-port=9812 --python-env-passthrough=PEER_SITE_PACKAGES --model-control-mode=explicit \
-    --load-model='*' --strict-readiness=false --cache-config=local,size=1048576 $METRICS_CONFIG $(trace_config 9851) \
+    $LOADS --strict-readiness=false --cache-config=local,size=1048576 $METRICS_CONFIG $(trace_config 9851) \
     >"$OUT/kiln.log" 2>&1 &
   KPID=$!
   for _ in $(seq 120); do curl -sf localhost:9810/v2/health/ready >/dev/null && break; sleep 0.5; done
+  curl -s -o /dev/null -X POST "localhost:9810/v2/repository/models/$LATE/load"
   if [ "$MODE" = --otel ]; then
     "$ROOT/.venv/bin/python" "$ROOT/bench/triton_parity.py" otel 127.0.0.1:9800 127.0.0.1:9810 9850,9851 || status=$?
   else
@@ -114,7 +134,7 @@ elif [ $status = 0 ]; then
     "$ROOT/.venv/bin/python" "$ROOT/bench/triton_parity.py" run "$REPO" 9800,9801,9802 "$@" || rc=$?
     [ $rc = 3 ] && [ $restarts -lt 2 ] || break
     restarts=$((restarts + 1))
-    kill -- -"$PID" 2>/dev/null || true
+    stop "$PID"
     start_triton || { rc=1; break; }
   done
   [ $rc = 0 ] || [ $rc = 3 ] || status=$rc
