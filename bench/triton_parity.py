@@ -1152,10 +1152,10 @@ class Collector:
         return spans
 
 
-def otel_spans(spans: list) -> tuple:
-    """Spans as compared: each as its name, kind, events (in order), attributes (the trace ids
-    as the model the id is of, 0 kept) and the name of its parent span ("-" for a root, "caller"
-    for one whose parent came with the request); sorted."""
+def otel_spans(spans: list, ordered: bool = True) -> tuple:
+    """Spans as compared: each as its name, kind, events (in order, or sorted when not `ordered`),
+    attributes (the trace ids as the model the id is of, 0 kept) and the name of its parent span
+    ("-" for a root, "caller" for one whose parent came with the request); sorted."""
     from google.protobuf.json_format import MessageToDict
 
     by_id = {span.span_id: span for _, span in spans}
@@ -1175,7 +1175,8 @@ def otel_spans(spans: list) -> tuple:
         parent = by_id[span.parent_span_id].name if span.parent_span_id in by_id else (
             "caller" if span.parent_span_id else "-")
         shown.append(json.dumps({"name": span.name, "kind": span.kind, "parent": parent,
-                                 "events": [e.name for e in span.events], "attributes": attributes}))
+                                 "events": [e.name for e in span.events] if ordered else sorted(e.name for e in span.events),
+                                 "attributes": attributes}))
     return tuple(sorted(shown))
 
 
@@ -1197,7 +1198,7 @@ def compare_otel(triton_http: str, kiln_http: str, ports: str) -> None:
             call(http)
             spans = collector.take()
             scopes[index].update(f"{scope.name} {scope.version}".strip() for scope, _ in spans)
-            answers.append(otel_spans(spans))
+            answers.append(otel_spans(spans, ordered=name not in OTEL_UNORDERED))
         tally.compare(name, "", answers[0], answers[1])
     resources = [sorted(f"{a.key}={a.value.string_value}" for r in c.resources[:1] for a in r.attributes)
                  for c in collectors]
@@ -1206,6 +1207,12 @@ def compare_otel(triton_http: str, kiln_http: str, ports: str) -> None:
     for collector in collectors:
         collector.server.shutdown()
 
+
+# Probes whose span events are compared as a set: their order races on either server. A
+# generate_stream's last event (the final flag alone, INFER_RESPONSE_COMPLETE with nothing to send)
+# and the send of the response before it happen on two tasks, in either order (the same builds
+# agreed in earlier runs and not in a CI rehearsal's).
+OTEL_UNORDERED = {"decoupled generate_stream"}
 
 # OpenTelemetry differences kept on purpose.
 OTEL_KNOWN = {
