@@ -381,9 +381,9 @@ impl Engine {
 
     /// Runs one inference request that answers once: the one way such a request reaches its
     /// model, from either front end, a Python model's calls, the OpenAI and embeddings front ends
-    /// (an ensemble's steps run the same path with their request's [`Scope`](context::Scope)).
+    /// (an ensemble's steps run the same path with their request's scope).
     /// The model is looked up once, here; a decoupled model is refused here, in the words of
-    /// the context's origin; statistics and traces are recorded in [`run`]'s recorder.
+    /// the context's origin; statistics and traces are recorded in one recorder (`engine/record.rs`).
     ///
     /// # Errors
     /// Lookup errors as [`Engine::model_metadata`]; UNSUPPORTED for a decoupled model;
