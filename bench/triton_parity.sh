@@ -63,13 +63,16 @@ trace_config() {
 }
 MODE=${1:-}
 PID= KPID=
-# stop GROUP...: each process group ended, waiting (at most 60 s) until it is gone, so that the next
-# run finds the ports free.
+# stop GROUP...: each process group ended, waiting until it is gone, so that the next run finds
+# the ports free. SIGTERM first (30 s), then SIGKILL: the Python backend stubs of a Triton that
+# died stay in its group and do not end on SIGTERM, and would outlive the run.
 stop() {
-  local group
-  for group in "$@"; do [ -z "$group" ] || kill -- -"$group" 2>/dev/null || true; done
-  for group in "$@"; do
-    for _ in $(seq 120); do [ -n "$group" ] && kill -0 -- -"$group" 2>/dev/null || break; sleep 0.5; done
+  local group signal
+  for signal in TERM KILL; do
+    for group in "$@"; do [ -z "$group" ] || kill -"$signal" -- -"$group" 2>/dev/null || true; done
+    for group in "$@"; do
+      for _ in $(seq 60); do [ -n "$group" ] && kill -0 -- -"$group" 2>/dev/null || break; sleep 0.5; done
+    done
   done
 }
 trap 'stop "$PID" "$KPID"' EXIT
@@ -93,6 +96,7 @@ start_triton() {
     sleep 3  # the other models finish loading
     kill -0 "$PID" 2>/dev/null && return 0
     echo "Triton died while loading (try $attempt): $(tail -1 "$OUT/triton.log")" >&2
+    stop "$PID"  # its stubs
   done
   echo "Triton died while loading on every try: see $OUT/triton.log" >&2
   return 1
