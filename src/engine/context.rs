@@ -76,10 +76,6 @@ impl Context {
         self.scope.trace = trace;
         self
     }
-
-    pub fn trace(&self) -> Option<&Arc<Trace>> {
-        self.scope.trace.as_ref()
-    }
 }
 
 impl Scope {

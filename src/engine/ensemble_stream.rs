@@ -76,14 +76,14 @@ impl Engine {
 
     /// Whether the model streams its responses through [`Engine::infer_stream`], `depth`
     /// ensembles down; in an ensemble (`depth` above 0), a generation model's pieces stream too.
+    /// Every other decoupled version streams so (see [`super::execution::Execution::decoupled`]);
+    /// a generation model asked for directly goes through [`Engine::generate`] instead.
     pub(super) fn streams_within(&self, name: &str, version: &str, depth: usize) -> bool {
-        self.resolve(name, version)
-            .is_ok_and(|(_, serving)| match &serving.executor {
-                Executor::Python(python) => python.decoupled(),
-                Executor::Ensemble(plan) => self.has_decoupled_step(plan, depth),
-                Executor::Generate(_) => depth > 0,
-                Executor::Batched(_) => false,
-            })
+        self.resolve(name, version).is_ok_and(|(_, serving)| {
+            let generates = matches!(serving.executor, Executor::Generate(_));
+            super::execution::of(&serving.executor).decoupled(self, depth)
+                && (depth > 0 || !generates)
+        })
     }
 
     /// Starts `streaming`, admitted earlier: its responses as the decoupled step sends them. The
