@@ -19,6 +19,12 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     config.enable_type_names();
     tonic_prost_build::configure()
         .bytes(".inference")
+        // Written by hand so that `bytes_contents` decodes into one framed buffer
+        // (src/proto/contents.rs).
+        .extern_path(
+            ".inference.InferTensorContents",
+            "crate::proto::contents::InferTensorContents",
+        )
         .build_client(true)
         .build_server(true)
         .generate_default_stubs(true)

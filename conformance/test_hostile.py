@@ -139,7 +139,8 @@ def raw_model_infer(srv, payload: bytes, compression=grpc.Compression.Gzip) -> g
 
 def test_grpc_empty_entries_and_gzip_bombs_are_refused_before_they_are_built(hostile):
     server = hostile(["--grpc-max-decompressed-bytes=67108864"])
-    # 8 million empty `inputs` entries: 16 MB, ~40 KB gzipped; prost would build 2.5 GB.
+    # 8 million empty `inputs` entries: 16 MB, ~40 KB gzipped; prost would build 2.5 GB (5 GB
+    # with its Vec growing), refused by the decode budget before any is built.
     entries = b"\x2a\x00" * 8_000_000
     # A 100 MB model name: zeros, ~100 KB gzipped; past the 64 MiB decompressed cap.
     name = 100_000_000
@@ -151,12 +152,41 @@ def test_grpc_empty_entries_and_gzip_bombs_are_refused_before_they_are_built(hos
             threading.Thread(target=raw_model_infer, args=(server.srv, entries), daemon=True).start()
         errors = [raw_model_infer(server.srv, entries), raw_model_infer(server.srv, bomb)]
         assert errors[0].code() == grpc.StatusCode.RESOURCE_EXHAUSTED, errors[0]
-        assert "--grpc-max-message-entries" in errors[0].details()
+        assert "--grpc-max-decode-bytes" in errors[0].details()
         assert errors[1].code() == grpc.StatusCode.RESOURCE_EXHAUSTED, errors[1]
         assert "--grpc-max-decompressed-bytes" in errors[1].details()
-        # Uncompressed, the same entries are counted too.
+        # Uncompressed, the same entries are charged too.
         plain = raw_model_infer(server.srv, entries, compression=grpc.Compression.NoCompression)
         assert plain.code() == grpc.StatusCode.RESOURCE_EXHAUSTED, plain
+
+    server.during(attack)
+    server.survived()
+
+
+def varint(n: int) -> bytes:
+    out = b""
+    while n >= 0x80:
+        out += bytes([0x80 | (n & 0x7F)])
+        n >>= 7
+    return out + bytes([n])
+
+
+def test_grpc_millions_of_empty_strings_cost_their_framed_bytes(hostile):
+    """BYTES strings are not charged to the decode budget (Triton answers ten million of them):
+    31 million empty `bytes_contents` elements (62 MB inflated, under the 64 MiB cap, 60 KB of
+    gzip) decode into one 124 MB framed buffer, not 31 million structs (2 GB), and the request
+    is then refused for its shape."""
+    server = hostile(["--grpc-max-decompressed-bytes=67108864"])
+    strings = b"\x42\x00" * 31_000_000
+    contents = b"\x2a" + varint(len(strings)) + strings
+    tensor = b"\x0a\x06INPUT0\x12\x05BYTES\x1a\x02\x01\x10" + contents
+    message = b"\x0a\x07add_sub" + b"\x2a" + varint(len(tensor)) + tensor
+
+    def attack():
+        for _ in range(SCALE):
+            error = raw_model_infer(server.srv, message)
+            assert error.code() == grpc.StatusCode.INVALID_ARGUMENT, error
+            assert "INPUT0" in error.details(), error.details()
 
     server.during(attack)
     server.survived()

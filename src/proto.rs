@@ -6,9 +6,12 @@
 use prost_reflect::{DescriptorPool, DynamicMessage, Kind, MessageDescriptor};
 use std::sync::OnceLock;
 
+pub mod contents;
+
 #[allow(clippy::all, clippy::pedantic, missing_docs)]
 pub mod inference {
     tonic::include_proto!("inference");
+    pub use super::contents::InferTensorContents;
 }
 
 /// `FileDescriptorSet` of both protos, as written by `build.rs`.

@@ -211,7 +211,7 @@ pub async fn run(
 
     // Every listener, metrics included, shares the connection slots and timeouts.
     let transport = Transport::new(config.limits.clone());
-    crate::protocol::grpc_codec::set_max_entries(config.limits.grpc_max_message_entries);
+    crate::protocol::grpc_codec::set_max_decode_bytes(config.limits.grpc_max_decode_bytes);
     // Vertex AI's `metrics` redirect renders the same text.
     let metrics_handle = metrics.as_ref().map(|(_, handle)| handle.clone());
     if let Some((listener, handle)) = metrics {

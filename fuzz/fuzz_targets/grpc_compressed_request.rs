@@ -1,21 +1,21 @@
 //! A compressed gRPC `ModelInferRequest`, through the server's decode path: inflated under the
 //! decompressed cap (`grpc_frames::inflate`), its entries counted before decoding
-//! (`grpc_codec::check_entries_of`), then prost, the wire → core conversion and validation.
-//! Checks that the count never undercounts what prost then builds.
+//! (`grpc_codec::check_decode_cost_of`), then prost, the wire → core conversion and validation.
+//! Checks that the estimate never undercounts the structs prost then builds.
 #![no_main]
 
 mod spec;
 
 use kiln::proto::inference::ModelInferRequest;
 use kiln::protocol::codec::request_from_wire;
-use kiln::protocol::grpc_codec::check_entries_of;
+use kiln::protocol::grpc_codec::check_decode_cost_of;
 use kiln::protocol::grpc_frames::{inflate, Encoding};
 use libfuzzer_sys::fuzz_target;
 use prost::Message;
 
 /// Small caps, so that the fuzzer reaches them.
 const MAX_DECOMPRESSED: usize = 1 << 20;
-const MAX_ENTRIES: usize = 64;
+const MAX_DECODE_BYTES: usize = 16 * 1024;
 
 fuzz_target!(|data: &[u8]| {
     let [encoding, selector, payload @ ..] = data else {
@@ -40,32 +40,41 @@ fuzz_target!(|data: &[u8]| {
         },
     };
     assert!(message.len() <= MAX_DECOMPRESSED);
-    if check_entries_of::<ModelInferRequest>(message, MAX_ENTRIES).is_err() {
+    if check_decode_cost_of::<ModelInferRequest>(message, MAX_DECODE_BYTES).is_err() {
         return;
     }
     let Ok(wire) = ModelInferRequest::decode(message) else {
         return;
     };
     assert!(
-        entries(&wire) <= MAX_ENTRIES,
-        "the count let through a message of {} entries",
-        entries(&wire)
+        structs(&wire) <= MAX_DECODE_BYTES,
+        "the estimate let through a message whose structs take {} bytes",
+        structs(&wire)
     );
     if let Ok(mut request) = request_from_wire(wire) {
         spec::validate(*selector, &mut request);
     }
 });
 
-/// The entries prost built: what the count bounds.
-fn entries(wire: &ModelInferRequest) -> usize {
+/// The bytes of the structs prost built for the repeated fields: what the estimate bounds
+/// (it charges each twice over, for the growth of its `Vec` or map).
+fn structs(wire: &ModelInferRequest) -> usize {
+    use kiln::proto::inference::model_infer_request::{InferInputTensor, InferRequestedOutputTensor};
+    use kiln::proto::inference::InferParameter;
+    use std::mem::size_of;
+    let parameter = size_of::<(String, InferParameter)>();
     let inputs: usize = wire
         .inputs
         .iter()
-        .map(|input| {
-            1 + input.parameters.len()
-                + input.contents.as_ref().map_or(0, |c| c.bytes_contents.len())
-        })
+        .map(|input| size_of::<InferInputTensor>() + input.parameters.len() * parameter)
         .sum();
-    let outputs: usize = wire.outputs.iter().map(|o| 1 + o.parameters.len()).sum();
-    inputs + outputs + wire.raw_input_contents.len() + wire.parameters.len()
+    let outputs: usize = wire
+        .outputs
+        .iter()
+        .map(|o| size_of::<InferRequestedOutputTensor>() + o.parameters.len() * parameter)
+        .sum();
+    inputs
+        + outputs
+        + wire.raw_input_contents.len() * size_of::<bytes::Bytes>()
+        + wire.parameters.len() * parameter
 }

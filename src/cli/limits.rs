@@ -47,11 +47,11 @@ pub struct LimitFlags {
     #[arg(long, env = "KILN_GRPC_MAX_DECOMPRESSED_BYTES", default_value_t = limits::DEFAULT_GRPC_MAX_DECOMPRESSED_BYTES)]
     pub grpc_max_decompressed_bytes: usize,
 
-    /// Entries one gRPC message may hold in all: elements of repeated fields of messages or
-    /// strings (tensors, parameters, requested outputs, raw inputs, BYTES elements of
-    /// `contents`), counted before the message is decoded.
-    #[arg(long, env = "KILN_GRPC_MAX_MESSAGE_ENTRIES", default_value_t = limits::DEFAULT_GRPC_MAX_MESSAGE_ENTRIES, value_parser = at_least_one)]
-    pub grpc_max_message_entries: usize,
+    /// Bytes of memory that decoding one gRPC message may take for the structs of its repeated
+    /// fields (tensors, parameters, requested outputs, raw inputs), estimated from its wire bytes
+    /// before it is decoded; tensor data, BYTES strings and packed numbers are not counted.
+    #[arg(long, env = "KILN_GRPC_MAX_DECODE_BYTES", default_value_t = limits::DEFAULT_GRPC_MAX_DECODE_BYTES, value_parser = at_least_one)]
+    pub grpc_max_decode_bytes: usize,
 
     /// Bytes that compressed REST request bodies may take once inflated, all of them together
     /// (each is also held to --http-max-input-size); a body that would pass it is refused with
@@ -96,7 +96,7 @@ impl LimitFlags {
             http2_max_pending_reset_streams: self.http2_max_pending_reset_streams,
             http2_max_local_error_reset_streams: self.http2_max_local_error_reset_streams,
             grpc_max_decompressed_bytes: self.grpc_max_decompressed_bytes,
-            grpc_max_message_entries: self.grpc_max_message_entries,
+            grpc_max_decode_bytes: self.grpc_max_decode_bytes,
             http_max_inflated_bytes: self.http_max_inflated_bytes,
         }
     }

@@ -243,7 +243,7 @@ fn the_transport_limits_have_defaults_and_flags() {
     assert!(defaults.max_connections >= 64);
     assert_eq!(defaults.http2_max_concurrent_streams, 256);
     assert_eq!(defaults.grpc_max_decompressed_bytes, 256 << 20);
-    assert_eq!(defaults.grpc_max_message_entries, 16_384);
+    assert_eq!(defaults.grpc_max_decode_bytes, 64 << 20);
     let set = launch(&[
         "--model-repository=/m",
         "--http-header-timeout-secs=0.5",
@@ -254,7 +254,7 @@ fn the_transport_limits_have_defaults_and_flags() {
         "--http2-max-pending-reset-streams=5",
         "--http2-max-local-error-reset-streams=6",
         "--grpc-max-decompressed-bytes=1000",
-        "--grpc-max-message-entries=10",
+        "--grpc-max-decode-bytes=10",
     ])
     .unwrap()
     .config
@@ -267,11 +267,11 @@ fn the_transport_limits_have_defaults_and_flags() {
     assert_eq!(set.http2_max_pending_reset_streams, 5);
     assert_eq!(set.http2_max_local_error_reset_streams, 6);
     assert_eq!(set.grpc_max_decompressed_bytes, 1000);
-    assert_eq!(set.grpc_max_message_entries, 10);
+    assert_eq!(set.grpc_max_decode_bytes, 10);
     for bad in [
         "--http-body-timeout-secs=0",
         "--http-header-timeout-secs=-1",
-        "--grpc-max-message-entries=0",
+        "--grpc-max-decode-bytes=0",
         "--http2-max-concurrent-streams=0",
     ] {
         let error = launch(&["--model-repository=/m", bad]).unwrap_err();

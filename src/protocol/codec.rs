@@ -2,7 +2,6 @@
 //! (`raw_input_contents`) or typed (`contents`) data, responses always raw (one entry per output,
 //! in order), and parameters of all five kinds.
 
-use crate::core::tensor::frame_bytes;
 use crate::core::{
     DataType, Error, InferRequest, InferResponse, ParamValue, Parameters, RequestedOutput, Tensor,
 };
@@ -274,7 +273,7 @@ fn typed_to_raw(
         DataType::Uint64 => pack(&c.uint64_contents, 8, |b, v| b.put_u64_le(v)),
         DataType::Fp32 => pack(&c.fp32_contents, 4, |b, v| b.put_f32_le(v)),
         DataType::Fp64 => pack(&c.fp64_contents, 8, |b, v| b.put_f64_le(v)),
-        DataType::Bytes => frame_bytes(&c.bytes_contents),
+        DataType::Bytes => c.bytes_contents.into_framed(),
         DataType::Fp16 | DataType::Bf16 => unreachable!("rejected above"),
     })
 }
@@ -313,7 +312,7 @@ pub fn response_to_wire(response: InferResponse) -> ModelInferResponse {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::core::tensor::BytesElements;
+    use crate::core::tensor::{frame_bytes, BytesElements};
 
     fn input(
         name: &str,
@@ -433,7 +432,7 @@ mod tests {
             ),
             (
                 "BYTES",
-                c(|c| c.bytes_contents = vec![Bytes::from_static(b"xy")]),
+                c(|c| c.bytes_contents = vec![Bytes::from_static(b"xy")].into()),
                 vec![2, 0, 0, 0, b'x', b'y'],
             ),
         ];

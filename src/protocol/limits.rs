@@ -33,9 +33,9 @@ pub struct TransportLimits {
     /// Largest gRPC message once decompressed (the wire size has its own cap,
     /// `--grpc-max-message-bytes`).
     pub grpc_max_decompressed_bytes: usize,
-    /// Nested messages (tensors, parameters, ...) and repeated strings one gRPC message may hold,
-    /// counted in its wire bytes before it is decoded.
-    pub grpc_max_message_entries: usize,
+    /// Memory that decoding one gRPC message may take for the structs of its repeated fields
+    /// (tensors, parameters, strings), estimated from its wire bytes before it is decoded.
+    pub grpc_max_decode_bytes: usize,
     /// Bytes that REST bodies being inflated (or inflated and still held) may take all together.
     pub http_max_inflated_bytes: usize,
 }
@@ -56,9 +56,10 @@ pub const DEFAULT_HTTP2_MAX_LOCAL_ERROR_RESET_STREAMS: usize = 1024;
 /// 256 MiB: compressed requests are rare and a gzip bomb inflates 1000 to 1; uncompressed
 /// messages keep the 2 GiB wire cap.
 pub const DEFAULT_GRPC_MAX_DECOMPRESSED_BYTES: usize = 256 * 1024 * 1024;
-/// A model with a thousand inputs and outputs and a few parameters each stays well under; each
-/// entry costs at most a few hundred bytes decoded, so the whole is a few MiB.
-pub const DEFAULT_GRPC_MAX_MESSAGE_ENTRIES: usize = 16_384;
+/// 64 MiB: about 100,000 input tensors or 400,000 parameters in one request (a tensor's struct
+/// is 320 bytes, charged twice for its `Vec`'s growth); BYTES strings, tensor data and packed
+/// numbers are not charged (`grpc_codec`), so Triton's ten million strings pass.
+pub const DEFAULT_GRPC_MAX_DECODE_BYTES: usize = 64 * 1024 * 1024;
 /// 256 MiB: four bodies at `--http-max-input-size` (64 MiB) at once; compressed REST requests
 /// are rare (tritonclient compresses only when asked), and uncompressed ones are not counted.
 pub const DEFAULT_HTTP_MAX_INFLATED_BYTES: usize = 256 * 1024 * 1024;
@@ -73,7 +74,7 @@ impl Default for TransportLimits {
             http2_max_pending_reset_streams: DEFAULT_HTTP2_MAX_PENDING_RESET_STREAMS,
             http2_max_local_error_reset_streams: DEFAULT_HTTP2_MAX_LOCAL_ERROR_RESET_STREAMS,
             grpc_max_decompressed_bytes: DEFAULT_GRPC_MAX_DECOMPRESSED_BYTES,
-            grpc_max_message_entries: DEFAULT_GRPC_MAX_MESSAGE_ENTRIES,
+            grpc_max_decode_bytes: DEFAULT_GRPC_MAX_DECODE_BYTES,
             http_max_inflated_bytes: DEFAULT_HTTP_MAX_INFLATED_BYTES,
         }
     }

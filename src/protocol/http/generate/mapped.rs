@@ -34,7 +34,7 @@ pub fn request(
     version: &str,
     body: &[u8],
 ) -> Result<InferRequest, Error> {
-    let document = super::super::json::bounded_value(body, super::super::json::MAX_VALUES)
+    let document = super::super::json::bounded_value(body, super::super::json::MAX_TREE_BYTES)
         .map_err(|e| invalid_arg!("failed to parse the request JSON buffer: {e}"))?;
     let Value::Object(fields) = document else {
         return Err(invalid_arg!("the generate request must be a JSON object"));

@@ -48,7 +48,7 @@ pub(super) fn event(generation: &Generation, text: &str) -> Value {
 /// # Errors
 /// INVALID_ARGUMENT for a body that is not such a JSON object.
 pub fn decode(model: &str, version: &str, body: &[u8]) -> Result<InferRequest, Error> {
-    let document = super::super::json::bounded_value(body, super::super::json::MAX_VALUES)
+    let document = super::super::json::bounded_value(body, super::super::json::MAX_TREE_BYTES)
         .map_err(|e| invalid_arg!("failed to parse the request JSON buffer: {e}"))?;
     let Value::Object(fields) = document else {
         return Err(invalid_arg!("the generate request must be a JSON object"));

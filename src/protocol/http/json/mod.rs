@@ -33,6 +33,16 @@ pub const MAX_DATA_DEPTH: usize = 100;
 /// dozen; the cap keeps a hostile body of tiny values from growing a tree many times its size.
 pub const MAX_VALUES: usize = 1_000_000;
 
+/// What one value of a `serde_json` tree costs: the `Value`, and as much again for the `Vec` or
+/// map that holds it while it grows.
+pub const TREE_VALUE_BYTES: usize = 2 * std::mem::size_of::<serde_json::Value>();
+
+/// The memory a generate, OpenAI or SageMaker inference body may take as a `serde_json` tree
+/// ([`bounded_value`]): 512 MiB, 3.7 million values of 144 bytes (a prompt of three million
+/// token ids, say), while a body of the 64 MiB that `--http-max-input-size` lets in could hold
+/// 33 million (4.7 GB as a tree).
+pub const MAX_TREE_BYTES: usize = 512 * 1024 * 1024;
+
 /// Most values a management body (repository, settings, logging, trace, shared memory) may hold
 /// when it is read into a `serde_json` tree ([`document`]): they hold a few dozen; a model file
 /// sent with a load is one string.
@@ -236,15 +246,19 @@ fn to_serde(value: &Value<'_>) -> serde_json::Value {
     }
 }
 
-/// A request body as a `serde_json` tree, once a count (which builds nothing) shows it holds at
-/// most `max_values` values: a serde_json value costs tens of bytes against the one or two of
-/// `0,`, so a body of tiny values would otherwise grow a tree many times its size.
+/// A request body as a `serde_json` tree, once a count (which builds nothing) shows that its
+/// tree takes at most `max_bytes` ([`TREE_VALUE_BYTES`] a value): a serde_json value costs tens
+/// of bytes against the one or two of `0,`, so a body of tiny values would otherwise grow a tree
+/// many times its size.
 ///
 /// # Errors
 /// The reason, for the caller's own wording: too many values, or serde_json's syntax error.
-pub fn bounded_value(src: &[u8], max_values: usize) -> Result<serde_json::Value, String> {
+pub fn bounded_value(src: &[u8], max_bytes: usize) -> Result<serde_json::Value, String> {
+    let max_values = max_bytes / TREE_VALUE_BYTES;
     if more_values_than(src, max_values) {
-        return Err(format!("JSON has more than {max_values} values"));
+        return Err(format!(
+            "JSON has more than {max_values} values ({max_bytes} bytes as a tree)"
+        ));
     }
     serde_json::from_slice(src).map_err(|e| e.to_string())
 }

@@ -559,6 +559,15 @@ fn bodies_of_many_tiny_values_are_refused_before_they_become_trees() {
         "failed to parse the request JSON buffer: JSON has more than 65536 values"
     );
     // The array and its 70,001 zeros.
-    assert!(super::bounded_value(&zeros, 70_002).is_ok());
-    assert!(super::bounded_value(&zeros, 70_001).is_err());
+    let value = super::TREE_VALUE_BYTES;
+    assert!(super::bounded_value(&zeros, 70_002 * value).is_ok());
+    assert!(super::bounded_value(&zeros, 70_002 * value - 1).is_err());
+    // The default tree budget holds a generate body of two million values (Triton answers it);
+    // 66 MB of `0,` (33 million values, 2 GiB as a tree) is refused before anything is built.
+    assert!(super::MAX_TREE_BYTES / value > 3_000_000);
+    let many = [b"[".as_slice(), &b"0,".repeat(2_000_000), b"0]"].concat();
+    assert!(super::bounded_value(&many, super::MAX_TREE_BYTES).is_ok());
+    let bomb = [b"[".as_slice(), &b"0,".repeat(33_000_000), b"0]"].concat();
+    let refused = super::bounded_value(&bomb, super::MAX_TREE_BYTES).unwrap_err();
+    assert!(refused.contains("values"), "{refused}");
 }

@@ -223,7 +223,7 @@ async fn model(State(state): State<Arc<AppState>>, Path(name): Path<String>) -> 
 
 /// A request body: a JSON object.
 fn read_object(body: &[u8]) -> Result<Map<String, Value>, OpenAiError> {
-    let document = super::json::bounded_value(body, super::json::MAX_VALUES).map_err(|e| {
+    let document = super::json::bounded_value(body, super::json::MAX_TREE_BYTES).map_err(|e| {
         OpenAiError::new(
             StatusCode::BAD_REQUEST,
             format!("the request body is not valid JSON: {e}"),
