@@ -18,7 +18,9 @@ import tritonclient.grpc as grpcclient
 import tritonclient.http as httpclient
 from tritonclient.grpc import service_pb2, service_pb2_grpc
 
-from conftest import deserialize_bytes, http_request, start_server, stop_server
+import http.client
+
+from conftest import HttpReply, deserialize_bytes, start_server, stop_server
 
 # Triton's figures: 10,485,760 elements * (4-byte length + 1-byte payload) = 50 MiB of serialized
 # BYTES data on both the request and response sides.
@@ -33,6 +35,19 @@ max_batch_size: 0
 input [ { name: "INPUT0" data_type: TYPE_STRING dims: [ -1 ] } ]
 output [ { name: "OUTPUT0" data_type: TYPE_STRING dims: [ -1 ] } ]
 """
+
+
+def post(url: str, path: str, body: bytes) -> HttpReply:
+    """A POST with two minutes to answer: tens of megabytes of JSON each way, on a debug build
+    and a busy machine, may take longer than the suite's 30 s per call."""
+    host, port = url.rsplit(":", 1)
+    conn = http.client.HTTPConnection(host, int(port), timeout=120)
+    try:
+        conn.request("POST", path, body=body, headers={"Content-Type": "application/json"})
+        r = conn.getresponse()
+        return HttpReply(r.status, {k.lower(): v for k, v in r.getheaders()}, r.read())
+    finally:
+        conn.close()
 
 
 @pytest.fixture(scope="module")
@@ -123,8 +138,7 @@ def test_ten_million_strings_as_rest_json(identity):
         + b'"outputs":[{"name":"OUTPUT0","parameters":{"binary_data":false}}]}'
     )
     assert len(body) < 64 * 1024 * 1024
-    reply = http_request(identity.http_url, "POST", "/v2/models/string_identity/infer", body,
-                         {"Content-Type": "application/json"})
+    reply = post(identity.http_url, "/v2/models/string_identity/infer", body)
     assert reply.status == 200, reply.body[:300]
     output = json.loads(reply.body)["outputs"][0]
     assert output["shape"] == [ELEMENTS]
@@ -137,8 +151,7 @@ def test_two_million_strings_through_generate(identity):
     than 1,000,000 JSON values. Its tree now has a memory budget (512 MiB: 3.7 million values)."""
     count = 2_000_000
     body = b'{"INPUT0":[' + b",".join([b'"A"'] * count) + b"]}"
-    reply = http_request(identity.http_url, "POST", "/v2/models/string_identity/generate", body,
-                         {"Content-Type": "application/json"})
+    reply = post(identity.http_url, "/v2/models/string_identity/generate", body)
     assert reply.status == 200, reply.body[:300]
     output = json.loads(reply.body)["OUTPUT0"]
     assert len(output) == count and set(output) == {"A"}
