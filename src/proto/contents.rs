@@ -280,7 +280,10 @@ mod tests {
         // The descriptor's decoder (the proto itself) reads the same fields from our bytes,
         // and its encoding decodes back to ours.
         let dynamic = DynamicMessage::decode(descriptor(), &wire[..]).unwrap();
-        let Value::List(strings) = dynamic.get_field_by_name("bytes_contents").unwrap().into_owned()
+        let Value::List(strings) = dynamic
+            .get_field_by_name("bytes_contents")
+            .unwrap()
+            .into_owned()
         else {
             panic!("bytes_contents is a list");
         };
@@ -303,7 +306,10 @@ mod tests {
             expected.extend_from_slice(element);
         }
         assert_eq!(&framed[..], &expected[..]);
-        assert_eq!(framed, crate::core::tensor::frame_bytes([&b"abc"[..], b"", &[0xff; 300]]));
+        assert_eq!(
+            framed,
+            crate::core::tensor::frame_bytes([&b"abc"[..], b"", &[0xff; 300]])
+        );
     }
 
     #[test]

@@ -393,8 +393,7 @@ mod tests {
 
     const TENSOR: usize = 2 * size_of::<InferInputTensor>();
     const OUTPUT: usize = 2 * size_of::<InferRequestedOutputTensor>();
-    const PARAMETER: usize =
-        2 * (STRING_BYTES + size_of::<InferParameter>() + MAP_ENTRY_OVERHEAD);
+    const PARAMETER: usize = 2 * (STRING_BYTES + size_of::<InferParameter>() + MAP_ENTRY_OVERHEAD);
 
     #[test]
     fn charges_tensors_parameters_and_strings_at_every_level() {

@@ -235,7 +235,8 @@ pub(super) async fn load(
     };
     let request = match crate::protocol::http::json::bounded_value(
         &bytes,
-        crate::protocol::http::json::MAX_DOCUMENT_VALUES * crate::protocol::http::json::TREE_VALUE_BYTES,
+        crate::protocol::http::json::MAX_DOCUMENT_VALUES
+            * crate::protocol::http::json::TREE_VALUE_BYTES,
     ) {
         Ok(value) => value,
         Err(e) => {
