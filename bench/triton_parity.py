@@ -657,7 +657,6 @@ KNOWN = {
     "inputs not a list": WORDED,
     "too few elements": MALFORMED + "; kiln adds the input's name",
     "too many elements": MALFORMED + "; kiln adds the input's name",
-    "negative dim": WORDED,
     "string data for FP32": WORDED,
     "bad priority": WORDED,
     "bad timeout": WORDED,
@@ -715,8 +714,8 @@ def lifecycle_probes():
 
 # Lifecycle differences kept on purpose (bench/RESULTS.md, "Nineteenth session").
 LIFECYCLE_KNOWN = {
-    "config not JSON": "400 naming the parse error; Triton: 500 'failed to load ..., failed to poll from "
-                       "model repository'",
+    "config not JSON": "Triton's 500 'failed to load ..., failed to poll from model repository', and kiln's "
+                       "reason after it (': Invalid config override: ...')",
     "config not a string": "400 'Config parameter 'config' must have string type for its value'; Triton: 500, "
                            "rapidjson's words",
     "file not base64": "400 naming the bad parameter; Triton decodes what it can and loads that",

@@ -11,6 +11,11 @@ use std::cmp::Ordering;
 /// The requested-output parameter that asks for classification.
 pub const CLASSIFICATION: &str = "classification";
 
+/// Most elements one batch item of a classified output may have: Triton's
+/// `kMaxClassificationElements` (server src/classification.cc, `TopkClassifications`), which
+/// bounds the index it sorts.
+pub const MAX_CLASSIFICATION_ELEMENTS: usize = 1_000_000;
+
 /// Reads the `classification` parameter: `Some(k)` for k > 0, `None` when absent or 0 (Triton
 /// treats 0 as "no classification").
 ///
@@ -36,9 +41,9 @@ pub fn requested_count(value: Option<&ParamValue>, output: &str) -> Result<Optio
 /// Shape: `[batch, k]` when the model batches (the first dim is the batch), else `[k]`.
 ///
 /// # Errors
-/// INVALID_ARGUMENT for datatypes Triton cannot classify (BOOL, FP16, BF16, BYTES) and for `k`
-/// larger than `n`, the element count of one batch item; INTERNAL for an output whose data does
-/// not match its shape.
+/// INVALID_ARGUMENT for datatypes Triton cannot classify (BOOL, FP16, BF16, BYTES), for `n`, the
+/// element count of one batch item, beyond [`MAX_CLASSIFICATION_ELEMENTS`], and for `k` larger
+/// than `n`; INTERNAL for an output whose data does not match its shape.
 pub fn classify(
     output: &Tensor,
     k: usize,
@@ -71,6 +76,11 @@ pub fn classify(
     let total = per_item.checked_mul(items).ok_or_else(mismatch)?;
     if total.checked_mul(size) != Some(output.data.len()) {
         return Err(mismatch());
+    }
+    if per_item > MAX_CLASSIFICATION_ELEMENTS {
+        // Triton's text (server src/classification.cc, TopkClassifications), checked there
+        // before the count; qa/L0_parameters test_classification_output_tensor_too_large.
+        return Err(invalid_arg!("classification output tensor too large"));
     }
     if k > per_item {
         // Triton's current release refuses what 2.51 clamped to `n` (server
@@ -281,6 +291,35 @@ mod tests {
                 format!("requested class count {k} exceeds the 3 elements of output 'OUT'")
             );
         }
+    }
+
+    #[test]
+    fn items_of_more_than_a_million_elements_are_refused() {
+        // Triton: server src/classification.cc, TopkClassifications (per batch item).
+        let n = MAX_CLASSIFICATION_ELEMENTS;
+        let at_limit = fp32(&[2, n as i64], &vec![1.0; 2 * n]);
+        assert_eq!(
+            classify(&at_limit, 1, true, None).unwrap().shape,
+            vec![2, 1]
+        );
+        let one_past = fp32(&[1, n as i64 + 1], &vec![1.0; n + 1]);
+        for (batched, k) in [(true, 5), (false, 5), (true, usize::MAX)] {
+            let err = classify(&one_past, k, batched, None).unwrap_err();
+            assert_eq!(
+                err,
+                Error::InvalidArgument("classification output tensor too large".into())
+            );
+        }
+        // Two items at the limit are two classifications; as one unbatched item, too large.
+        assert!(classify(&at_limit, 1, false, None).is_err());
+        // The datatype is checked first, as in Triton.
+        let bools = tensor(DataType::Bool, &[n as i64 + 1], &vec![0u8; n + 1], |v| {
+            vec![v]
+        });
+        assert!(classify(&bools, 1, false, None)
+            .unwrap_err()
+            .message()
+            .starts_with("class result not available"));
     }
 
     #[test]

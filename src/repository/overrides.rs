@@ -26,11 +26,24 @@ pub struct Overrides {
     pub files: Vec<(String, bytes::Bytes)>,
 }
 
-/// Checks and decodes load parameters.
+/// What Triton answers for a load whose model it could not poll (INTERNAL), with kiln's `reason`
+/// after it. Triton reads the override (config and files) while polling the model (core
+/// src/model_repository_manager/model_repository_manager.cc, `InitializeModelInfo` and the
+/// `LocalizeRepoAgent`); a failure there only goes to its log, and `LoadUnloadModel` answers this
+/// text, which Triton's own client examples (`simple_grpc_model_control.py`) and
+/// qa/L0_http `test_load_oversized_file_parameter` expect.
+pub fn poll_failure(name: &str, reason: &str) -> Error {
+    Error::Internal(format!(
+        "failed to load '{name}', failed to poll from model repository: {reason}"
+    ))
+}
+
+/// Checks and decodes the load parameters of model `name`.
 ///
 /// # Errors
-/// INVALID_ARGUMENT with Triton's text for a mistyped, unknown or unusable parameter.
-pub fn parse(parameters: BTreeMap<String, LoadParameter>) -> Result<Overrides, Error> {
+/// INVALID_ARGUMENT with Triton's text for a mistyped, unknown or unusable parameter; a config
+/// that does not parse is Triton's poll failure ([`poll_failure`]).
+pub fn parse(name: &str, parameters: BTreeMap<String, LoadParameter>) -> Result<Overrides, Error> {
     let mut overrides = Overrides::default();
     for (key, value) in parameters {
         if key == "config" {
@@ -40,12 +53,13 @@ pub fn parse(parameters: BTreeMap<String, LoadParameter>) -> Result<Overrides, E
                 ));
             };
             if json.len() as u64 > MAX_CONFIG_BYTES {
-                return Err(invalid_arg!(
-                    "Invalid config override: the config is larger than the {MAX_CONFIG_BYTES} bytes kiln reads"
+                return Err(poll_failure(
+                    name,
+                    &format!("Invalid config override: the config is larger than the {MAX_CONFIG_BYTES} bytes kiln reads"),
                 ));
             }
             let config = config_from_json(&json)
-                .map_err(|e| invalid_arg!("Invalid config override: {e}"))?;
+                .map_err(|e| poll_failure(name, &format!("Invalid config override: {e}")))?;
             overrides.config = Some(config);
         } else if let Some(path) = key.strip_prefix(FILE_PREFIX) {
             let LoadParameter::Bytes(contents) = value else {
@@ -178,17 +192,20 @@ mod tests {
     }
 
     fn error(list: &[(&str, LoadParameter)]) -> String {
-        parse(params(list)).unwrap_err().message().to_string()
+        parse("m", params(list)).unwrap_err().message().to_string()
     }
 
     #[test]
     fn parameters_are_checked_as_triton_checks_them() {
         use LoadParameter::*;
-        assert!(parse(BTreeMap::new()).unwrap().config.is_none());
-        let ok = parse(params(&[
-            ("config", String(r#"{"max_batch_size": 2}"#.into())),
-            ("file:1/model.onnx", Bytes(vec![1u8, 2].into())),
-        ]))
+        assert!(parse("m", BTreeMap::new()).unwrap().config.is_none());
+        let ok = parse(
+            "m",
+            params(&[
+                ("config", String(r#"{"max_batch_size": 2}"#.into())),
+                ("file:1/model.onnx", Bytes(vec![1u8, 2].into())),
+            ]),
+        )
         .unwrap();
         assert_eq!(ok.config.unwrap().max_batch_size, 2);
         assert_eq!(ok.files[0].0, "1/model.onnx");
@@ -197,11 +214,17 @@ mod tests {
             error(&[("config", Bytes(bytes::Bytes::new()))]),
             "Config parameter 'config' must have string type for its value"
         );
-        assert!(error(&[("config", String("{".into()))]).starts_with("Invalid config override: "));
+        // Triton's poll failure, kiln's reason after it.
+        let bad = parse("m", params(&[("config", String("{".into()))])).unwrap_err();
+        assert!(matches!(bad, Error::Internal(_)), "{bad:?}");
+        assert!(bad.message().starts_with(
+            "failed to load 'm', failed to poll from model repository: Invalid config override: "
+        ));
         let giant = format!("{{\"name\": \"{}\"}}", "x".repeat(1 << 20));
         assert_eq!(
             error(&[("config", String(giant))]),
-            "Invalid config override: the config is larger than the 1048576 bytes kiln reads"
+            "failed to load 'm', failed to poll from model repository: Invalid config override: \
+             the config is larger than the 1048576 bytes kiln reads"
         );
         assert_eq!(
             error(&[("file:1/model.onnx", String("x".into()))]),

@@ -85,17 +85,25 @@ pub fn open(location: &Path) -> Result<Box<dyn ModelStore>, String> {
 /// are kept (the index, load locks), so they are bounded before anything else looks at them.
 pub const MAX_MODEL_NAME_BYTES: usize = 255;
 
-/// Checks a model name as Triton's current release does: not empty or blank, and nothing that
-/// could leave the repository once joined to its path (server PR #8400): no path separator (`/`,
-/// and `\` as on Windows), not `.` or `..` as the whole name, no NUL. Every other name is valid,
-/// dots and spaces included (`...`, `a..b`, `my model`). Also no longer than
-/// [`MAX_MODEL_NAME_BYTES`].
+/// Triton's text for a name that is empty once trimmed (core
+/// src/model_repository_manager/model_repository_manager.cc, `ValidateModelName`).
+pub const EMPTY_NAME: &str = "Model name cannot be empty. Please enter a valid name to deploy.";
+
+/// Checks a model name as Triton's current release does (core
+/// src/model_repository_manager/model_repository_manager.cc, `ValidateModelName`, which trims the
+/// name of C's whitespace first): not empty once trimmed, and nothing that could leave the
+/// repository once joined to its path: no path separator (`/`, and `\` as on Windows), not `.` or
+/// `..` as the whole trimmed name (` ..` included), no NUL. Every other name is valid, dots and
+/// spaces included (`...`, `a..b`, `my model`). Also no longer than [`MAX_MODEL_NAME_BYTES`].
+/// (Triton refuses `..` and `/` only; `.`, `\` and NUL are kiln's, the length too.)
 ///
 /// # Errors
 /// Triton's message for the rule broken (kiln's for the length, which does not repeat the name).
 pub fn validate_name(name: &str) -> Result<(), String> {
-    if name.is_empty() {
-        return Err("model name must not be empty".into());
+    // boost::trim_copy in the "C" locale: isspace's six characters, not Unicode's.
+    let trimmed = name.trim_matches([' ', '\t', '\n', '\x0B', '\x0C', '\r']);
+    if trimmed.is_empty() {
+        return Err(EMPTY_NAME.into());
     }
     if name.len() > MAX_MODEL_NAME_BYTES {
         return Err(format!(
@@ -104,10 +112,7 @@ pub fn validate_name(name: &str) -> Result<(), String> {
             name.len()
         ));
     }
-    if name.trim().is_empty() {
-        return Err("model name must not contain only whitespace characters".into());
-    }
-    let escapes = matches!(name, "." | "..") || name.contains(['/', '\\', '\0']);
+    let escapes = matches!(trimmed, "." | "..") || name.contains(['/', '\\', '\0']);
     if escapes {
         return Err(format!(
             "invalid model name '{name}', model name must not contain path traversal characters"
@@ -299,20 +304,17 @@ mod tests {
 
     #[test]
     fn names_that_could_leave_the_repository_are_refused() {
-        for (bad, why) in [
-            ("", "model name must not be empty"),
-            (
-                "  ",
-                "model name must not contain only whitespace characters",
-            ),
-            (
-                "\t\n",
-                "model name must not contain only whitespace characters",
-            ),
-        ] {
-            assert_eq!(validate_name(bad).unwrap_err(), why, "{bad:?}");
+        // Empty once trimmed of C's whitespace (Triton's qa/L0_input_validation names these).
+        for bad in ["", " ", "   ", "\t", "\n", "\r", "\x0C", "\x0B", " \t \n "] {
+            assert_eq!(validate_name(bad).unwrap_err(), EMPTY_NAME, "{bad:?}");
         }
-        for bad in ["..", "../x", "a/b", "a\\b", ".", "a\0b", "/"] {
+        assert_eq!(
+            validate_name(&" ".repeat(MAX_MODEL_NAME_BYTES + 1)).unwrap_err(),
+            EMPTY_NAME
+        );
+        for bad in [
+            "..", "../x", "a/b", "a\\b", ".", "a\0b", "/", " ..", ".. ", "\t..\n", " . ", "model/",
+        ] {
             assert_eq!(
                 validate_name(bad).unwrap_err(),
                 format!(
@@ -324,7 +326,8 @@ mod tests {
         }
         // Names that cannot leave the repository are Triton's to accept.
         for good in [
-            "add_sub", "model-1", "a.b", "ünï", "...", "x..y", "..x", "my model", " a ",
+            "add_sub", "model-1", "a.b", "ünï", "...", "x..y", "..x", "my model", " a ", "\u{a0}",
+            " ...",
         ] {
             assert!(validate_name(good).is_ok(), "{good:?}");
         }

@@ -42,9 +42,13 @@ async fn config_and_file_overrides() {
     let refused = grpc_load(&mut client, "alpha", vec![("config", bad)])
         .await
         .unwrap_err();
-    assert_eq!(refused.code(), Code::InvalidArgument);
+    // Triton main: the override is read while polling the model (core InitializeModelInfo), so
+    // the answer is its poll failure, kiln's reason after it.
+    assert_eq!(refused.code(), Code::Internal);
     assert!(
-        refused.message().starts_with("Invalid config override: "),
+        refused.message().starts_with(
+            "failed to load 'alpha', failed to poll from model repository: Invalid config override: "
+        ),
         "{}",
         refused.message()
     );
@@ -175,7 +179,10 @@ async fn names_that_leave_the_repository_are_refused() {
             "a\\b",
             "invalid model name 'a\\b', model name must not contain path traversal characters",
         ),
-        ("", "model name must not be empty"),
+        (
+            "",
+            "Model name cannot be empty. Please enter a valid name to deploy.",
+        ),
     ] {
         let refused = grpc_load(&mut client, name, vec![]).await.unwrap_err();
         assert_eq!(

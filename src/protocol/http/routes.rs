@@ -256,14 +256,26 @@ async fn repository_index(
     request: Body,
 ) -> Result<Json<Value>, HttpError> {
     let request = body::read(request, &headers, &state.config).await?;
-    let bad = |message: String| HttpError::from(Error::InvalidArgument(message));
     let ready = if request.iter().all(u8::is_ascii_whitespace) {
         false
     } else {
-        match super::json::document(&request)?.get("ready") {
+        // Read as Triton reads it, whatever its depth or size (qa/L0_http
+        // test_repository_index_deeply_nested_json: 250,000 levels under "ready"), without
+        // building a tree past the reader's depth: only "ready" is looked at.
+        let document = super::json::parse(&request, None).map_err(|e| {
+            HttpError::from(Error::InvalidArgument(format!(
+                "failed to parse the request JSON buffer: {e}"
+            )))
+        })?;
+        match document.get("ready") {
             None => false,
-            Some(Value::Bool(ready)) => *ready,
-            Some(_) => return Err(bad("Unable to parse 'ready': expected a boolean".into())),
+            Some(super::json::Value::Bool(ready)) => *ready,
+            // Triton main's text and code (server src/http_server.cc, HandleRepositoryIndex).
+            Some(_) => {
+                return Err(HttpError::from(Error::InvalidArgument(
+                    "Invalid value for 'ready': expected a boolean".into(),
+                )))
+            }
         }
     };
     let entries = state

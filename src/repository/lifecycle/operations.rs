@@ -83,7 +83,8 @@ impl ModelRepository {
     ///
     /// # Errors
     /// Triton's answers: UNAVAILABLE outside explicit mode, INVALID_ARGUMENT for a bad name or
-    /// parameter or a failed load, INTERNAL for a model no store holds.
+    /// parameter or a failed load, INTERNAL for a model no store holds and for an override that
+    /// cannot be read or written (Triton's poll failure).
     pub fn load(
         &self,
         name: &str,
@@ -91,7 +92,7 @@ impl ModelRepository {
     ) -> Result<(), Error> {
         self.require_explicit()?;
         validate_name(name).map_err(Error::InvalidArgument)?;
-        let overrides = overrides::parse(parameters)?;
+        let overrides = overrides::parse(name, parameters)?;
         let loaded = self.load_with(name, overrides);
         trim_heap(); // as after load_each
         loaded
@@ -107,7 +108,10 @@ impl ModelRepository {
                 })
             })?;
         } else {
-            let dir = OverrideDir::write(name, &overrides.files)?;
+            // Triton writes the files while polling the model: a failure (a name longer than
+            // the file system allows, a file where a directory must go) is its poll failure.
+            let dir = OverrideDir::write(name, &overrides.files)
+                .map_err(|e| overrides::poll_failure(name, e.message()))?;
             self.with_model_lock(name, || {
                 let source = Source {
                     dir: dir.path().to_path_buf(),
@@ -161,14 +165,15 @@ impl ModelRepository {
 
     /// The unload API: the model stops serving at once; requests already running finish, then
     /// its sessions are freed (the index says UNLOADING until then). Unloading a model that is
-    /// not loaded succeeds, as in Triton. With `dependents` (Triton's `unload_dependents`), an
-    /// ensemble's models are unloaded too.
+    /// not loaded succeeds, as in Triton, whatever its name: Triton checks the names it loads
+    /// only (core src/model_repository_manager/model_repository_manager.cc, `LoadUnloadModel`;
+    /// qa/L0_input_validation `test_model_name_invalid_unload`), and unloading touches no file.
+    /// With `dependents` (Triton's `unload_dependents`), an ensemble's models are unloaded too.
     ///
     /// # Errors
-    /// UNAVAILABLE outside explicit mode; INVALID_ARGUMENT for a bad name.
+    /// UNAVAILABLE outside explicit mode.
     pub fn unload(&self, name: &str, dependents: bool) -> Result<(), Error> {
         self.require_explicit()?;
-        validate_name(name).map_err(Error::InvalidArgument)?;
         let mut models = vec![name.to_string()];
         if dependents {
             // Every model the ensemble runs, however deep, each once.

@@ -155,6 +155,24 @@ fn load_locks_of_names_made_up_by_clients_are_not_kept() {
 }
 
 #[test]
+fn unloading_a_name_no_model_can_have_succeeds_and_keeps_nothing() {
+    // Triton checks the names it loads only (core LoadUnloadModel); unloading a model it does not
+    // have succeeds (qa/L0_input_validation, test_model_name_invalid_unload).
+    let repository = repository(ControlMode::Explicit, vec!["a"]);
+    let long = "m".repeat(1 << 16);
+    for name in ["../etc", "..", "model/", " ..", "", " \t ", "a\\b", &long] {
+        assert_eq!(repository.unload(name, false), Ok(()), "{name:?}");
+        assert_eq!(repository.unload(name, true), Ok(()), "{name:?}");
+        assert!(repository.snapshot().get(name).is_none(), "{name:?}");
+    }
+    assert!(repository
+        .operations
+        .lock()
+        .unwrap_or_else(|p| p.into_inner())
+        .is_empty());
+}
+
+#[test]
 fn failed_loads_are_indexed_with_their_reason_and_not_expected() {
     let repository = repository(ControlMode::Explicit, vec!["a", "b"]);
     assert_eq!(

@@ -201,6 +201,11 @@ fn take_binary(model: &str, name: &str, size: u64, binary: &mut Bytes) -> Result
 }
 
 /// `shape`: an array of non-negative integers (Triton parses them as unsigned).
+///
+/// An element that is not an unsigned integer (`-5`, `1.5`, `"2"`) is Triton's INTERNAL, 500,
+/// in its words: server src/http_server.cc parses each with TritonJson's `IndexAsUInt`, whose
+/// errors are INTERNAL, under "Unable to parse 'shape'" (qa/L0_http `test_negative_dimensions`).
+/// A shape that is not an array, or a dimension past int64, stays kiln's INVALID_ARGUMENT.
 fn shape(value: Option<&Value<'_>>) -> Result<Vec<i64>, Error> {
     let bad =
         || invalid_arg!("Unable to parse 'shape': expected an array of non-negative integers");
@@ -208,10 +213,13 @@ fn shape(value: Option<&Value<'_>>) -> Result<Vec<i64>, Error> {
         .and_then(Value::as_array)
         .ok_or_else(bad)?
         .iter()
-        .map(|d| {
-            d.as_u64()
-                .and_then(|d| i64::try_from(d).ok())
-                .ok_or_else(bad)
+        .map(|d| match d.as_u64() {
+            Some(d) => i64::try_from(d).map_err(|_| bad()),
+            None => Err(Error::Internal(
+                "Unable to parse 'shape': attempt to access JSON non-unsigned-integer as \
+                 unsigned-integer"
+                    .into(),
+            )),
         })
         .collect()
 }

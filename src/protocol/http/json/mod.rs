@@ -193,12 +193,13 @@ pub fn parse<'a>(src: &'a [u8], lazy_key: Option<&str>) -> Result<Value<'a>, Par
     Ok(value)
 }
 
-/// A small request body (repository, settings, shared-memory APIs) as a `serde_json` tree.
+/// A small request body (load and unload, settings, shared-memory APIs) as a `serde_json` tree.
 ///
 /// serde_json stops at 128 levels and at `NaN` / `Infinity`, which Triton's rapidjson reads: such
 /// a document is read by [`parse`] instead, its values deeper than [`MAX_DEPTH`] and its
 /// non-finite numbers becoming `null` (no handler reads either), so a deeply nested body answers
-/// as in Triton (its repository index, for one, ignores members it does not know).
+/// as in Triton. (The repository index reads its body with [`parse`] alone: Triton answers one of
+/// any size there, `"ready"` the only member it looks at.)
 ///
 /// A body of more than [`MAX_DOCUMENT_VALUES`] values is refused before any tree is built.
 ///
