@@ -19,7 +19,7 @@ use crate::backend::python::{StubEnvironment, DEFAULT_BACKEND_DIRECTORY};
 use crate::engine::CacheConfig;
 use crate::logging::{LogFormat, LogSettings};
 use crate::metrics::MetricsConfig;
-use crate::protocol::access::{AccessPolicy, Secret, GRPC_HEADER_PREFIX};
+use crate::protocol::access::{AccessPolicy, BrowserPolicy, Secret, GRPC_HEADER_PREFIX};
 use crate::protocol::grpc_web::GrpcWebOptions;
 use crate::protocol::http::sagemaker::SageMakerConfig;
 use crate::protocol::http::vertex::VertexConfig;
@@ -550,12 +550,22 @@ impl Args {
         let access = |specs: &[String], flag: &str, prefix: &str| {
             AccessPolicy::parse(specs, flag, prefix).map(|p| p.with_bearer_token(token.clone()))
         };
+        let browser = &self.browser;
+        let grpc_browsers =
+            BrowserPolicy::new(&browser.grpc_web_cors_origins, "--grpc-web-cors-origin", &[])?;
+        let http_browsers = BrowserPolicy::new(
+            &browser.http_allowed_origins,
+            "--http-allowed-origin",
+            &browser.http_allowed_hosts,
+        )?;
         let grpc_access = access(
             &self.grpc_restricted_protocol,
             "grpc-restricted-protocol",
             GRPC_HEADER_PREFIX,
-        )?;
-        let http_access = access(&self.http_restricted_api, "http-restricted-api", "")?;
+        )?
+        .with_browsers(grpc_browsers);
+        let http_access = access(&self.http_restricted_api, "http-restricted-api", "")?
+            .with_browsers(http_browsers);
         Ok((grpc_access, http_access))
     }
 
