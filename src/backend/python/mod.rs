@@ -22,7 +22,8 @@
 //!
 //! The interpreter is the config's `EXECUTION_ENV_PATH` (an environment, packed or not), else
 //! `$KILN_PYTHON`, else `python3` on the `PATH` ([`environment`]); it needs numpy. A stub sees
-//! only some of kiln's environment variables, none of its secrets ([`StubEnvironment`]).
+//! only some of kiln's environment variables, none of its secrets ([`StubEnvironment`]), and
+//! starts without capabilities or new privileges, as another user if asked ([`StubPrivileges`]).
 //!
 //! By job: [`spec`] reads the config (interpreter, instances, `auto_complete_config`);
 //! [`instance`] starts a version's instances and runs a batch on one ([`PythonInstance`]), which
@@ -39,6 +40,7 @@ pub mod environment;
 mod instance;
 mod logs;
 mod messages;
+mod privileges;
 mod spec;
 mod stub;
 mod stub_env;
@@ -54,6 +56,7 @@ pub use spec::{
     DEFAULT_MODEL_FILENAME,
 };
 use std::sync::Arc;
+pub use privileges::StubPrivileges;
 pub use stub_env::StubEnvironment;
 // What the unit tests (`use super::*`, written when this was one file) reach in its parts.
 #[cfg(test)]
