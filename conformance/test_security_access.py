@@ -26,6 +26,8 @@ import tritonclient.http as httpclient
 from conftest import (BUNDLED_REPO, DOCS, RPC_TIMEOUT, add_sub_request_body, doc_section,
                       find_free_port, http_request, start_server, stop_server)
 
+pytestmark = pytest.mark.security
+
 EVIL = "http://evil.example"
 REBIND = "rebind.evil.example"
 APP = "https://app.example"

@@ -24,6 +24,8 @@ import tritonclient.http as httpclient
 
 from conftest import DOCS, start_server, stop_server
 
+pytestmark = pytest.mark.security
+
 SECRET = "kiln-security-test-secret-7f3a"
 
 PEEK = '''

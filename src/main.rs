@@ -107,7 +107,16 @@ fn raise_open_file_limit() {
 /// Python models included (their stubs have no capabilities).
 fn set_dumpable(dumpable: bool) {
     // SAFETY: a plain system call with constant arguments.
-    if unsafe { libc::prctl(libc::PR_SET_DUMPABLE, libc::c_ulong::from(dumpable), 0, 0, 0) } != 0 {
+    if unsafe {
+        libc::prctl(
+            libc::PR_SET_DUMPABLE,
+            libc::c_ulong::from(dumpable),
+            0,
+            0,
+            0,
+        )
+    } != 0
+    {
         eprintln!(
             "cannot set the process dumpable={dumpable}: {}",
             std::io::Error::last_os_error()

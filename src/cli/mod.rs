@@ -566,8 +566,11 @@ impl Args {
             AccessPolicy::parse(specs, flag, prefix).map(|p| p.with_bearer_token(token.clone()))
         };
         let browser = &self.browser;
-        let grpc_browsers =
-            BrowserPolicy::new(&browser.grpc_web_cors_origins, "--grpc-web-cors-origin", &[])?;
+        let grpc_browsers = BrowserPolicy::new(
+            &browser.grpc_web_cors_origins,
+            "--grpc-web-cors-origin",
+            &[],
+        )?;
         let http_browsers = BrowserPolicy::new(
             &browser.http_allowed_origins,
             "--http-allowed-origin",

@@ -50,13 +50,13 @@ use crate::trace::Trace;
 pub use calls::{Cancel, Management, ModelCaller, ServerCalls};
 pub use cancel::Gone;
 pub use instance::{start_instances, Common, Deliver, PythonInstance};
+pub use privileges::StubPrivileges;
 use serde_json::Value;
 pub use spec::{
     auto_complete, backend_code, Instance, PythonSpec, BACKEND, DEFAULT_BACKEND_DIRECTORY,
     DEFAULT_MODEL_FILENAME,
 };
 use std::sync::Arc;
-pub use privileges::StubPrivileges;
 pub use stub_env::StubEnvironment;
 // What the unit tests (`use super::*`, written when this was one file) reach in its parts.
 #[cfg(test)]

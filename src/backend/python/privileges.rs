@@ -83,7 +83,13 @@ impl StubPrivileges {
                 for capability in 0..64 {
                     libc::prctl(libc::PR_CAPBSET_DROP, capability, 0, 0, 0);
                 }
-                libc::prctl(libc::PR_CAP_AMBIENT, libc::PR_CAP_AMBIENT_CLEAR_ALL, 0, 0, 0);
+                libc::prctl(
+                    libc::PR_CAP_AMBIENT,
+                    libc::PR_CAP_AMBIENT_CLEAR_ALL,
+                    0,
+                    0,
+                    0,
+                );
             }
             if let Some((uid, gid)) = self.user {
                 if libc::setgroups(0, std::ptr::null()) != 0
@@ -188,7 +194,9 @@ mod tests {
     #[test]
     fn a_stub_starts_without_capabilities_or_new_privileges() {
         let mut command = Command::new("sh");
-        command.arg("-c").arg("grep -E '^(CapEff|CapPrm|CapBnd|NoNewPrivs)' /proc/self/status");
+        command
+            .arg("-c")
+            .arg("grep -E '^(CapEff|CapPrm|CapBnd|NoNewPrivs)' /proc/self/status");
         StubPrivileges::default().apply(&mut command);
         let output = command.output().unwrap();
         assert!(output.status.success(), "{output:?}");

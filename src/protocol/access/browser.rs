@@ -100,12 +100,18 @@ impl BrowserPolicy {
     pub fn describe(&self) -> Vec<String> {
         let mut lines = Vec::new();
         if self.any_origin {
-            lines.push(format!("pages of any origin may call ({} *)", self.origin_flag));
+            lines.push(format!(
+                "pages of any origin may call ({} *)",
+                self.origin_flag
+            ));
         } else if !self.origins.is_empty() {
             lines.push(format!("pages of {} may call", self.origins.join(", ")));
         }
         if !self.hosts.is_empty() {
-            lines.push(format!("answers Host {} (and IP addresses, localhost)", self.hosts.join(", ")));
+            lines.push(format!(
+                "answers Host {} (and IP addresses, localhost)",
+                self.hosts.join(", ")
+            ));
         }
         lines
     }
@@ -129,9 +135,9 @@ impl BrowserPolicy {
         if listed && !self.trusts_host(&host) {
             return Err(Denied::Host { host: shown(&host) });
         }
-        let origin = headers.get(header::ORIGIN).map(|v| {
-            String::from_utf8_lossy(v.as_bytes()).to_ascii_lowercase()
-        });
+        let origin = headers
+            .get(header::ORIGIN)
+            .map(|v| String::from_utf8_lossy(v.as_bytes()).to_ascii_lowercase());
         if self.any_origin || origin.as_ref().is_some_and(|o| self.origins.contains(o)) {
             return Ok(());
         }
@@ -176,11 +182,13 @@ impl BrowserPolicy {
         if name.ends_with(".localhost") {
             return true;
         }
-        self.hosts.iter().any(|allowed| match allowed.strip_prefix('*') {
-            Some("") => true,
-            Some(suffix) => name.ends_with(suffix) && name.len() > suffix.len(),
-            None => name == allowed,
-        })
+        self.hosts
+            .iter()
+            .any(|allowed| match allowed.strip_prefix('*') {
+                Some("") => true,
+                Some(suffix) => name.ends_with(suffix) && name.len() > suffix.len(),
+                None => name == allowed,
+            })
     }
 }
 
@@ -223,7 +231,11 @@ fn shown(value: &str) -> String {
 mod tests {
     use super::*;
 
-    fn request(policy: &BrowserPolicy, method: Method, pairs: &[(&str, &str)]) -> Result<(), Denied> {
+    fn request(
+        policy: &BrowserPolicy,
+        method: Method,
+        pairs: &[(&str, &str)],
+    ) -> Result<(), Denied> {
         let mut headers = HeaderMap::new();
         for (name, value) in pairs {
             headers.insert(
@@ -243,7 +255,11 @@ mod tests {
     fn clients_without_browser_headers_pass() {
         let open = BrowserPolicy::default();
         for host in ["127.0.0.1:8000", "triton.default.svc:8000", "anything", ""] {
-            assert_eq!(request(&open, Method::POST, &[("host", host)]), Ok(()), "{host}");
+            assert_eq!(
+                request(&open, Method::POST, &[("host", host)]),
+                Ok(()),
+                "{host}"
+            );
         }
         // Sec-Fetch-Site: none is a navigation the user made (typed, bookmarked).
         let typed = [("host", "kiln.internal:8000"), ("sec-fetch-site", "none")];
@@ -253,7 +269,10 @@ mod tests {
     #[test]
     fn cross_origin_writes_are_refused_reads_pass() {
         let open = BrowserPolicy::default();
-        let evil = [("host", "127.0.0.1:8000"), ("origin", "http://evil.example")];
+        let evil = [
+            ("host", "127.0.0.1:8000"),
+            ("origin", "http://evil.example"),
+        ];
         assert!(matches!(
             request(&open, Method::POST, &evil),
             Err(Denied::CrossOrigin { .. })
@@ -282,11 +301,21 @@ mod tests {
             ("app.localhost:8000", "http://app.localhost:8000"),
         ] {
             let pairs = [("host", host), ("origin", origin)];
-            assert_eq!(request(&open, Method::POST, &pairs), Ok(()), "{host} {origin}");
+            assert_eq!(
+                request(&open, Method::POST, &pairs),
+                Ok(()),
+                "{host} {origin}"
+            );
         }
-        let other_port = [("host", "127.0.0.1:8000"), ("origin", "http://127.0.0.1:8001")];
+        let other_port = [
+            ("host", "127.0.0.1:8000"),
+            ("origin", "http://127.0.0.1:8001"),
+        ];
         assert!(request(&open, Method::POST, &other_port).is_err());
-        let fetch = [("host", "127.0.0.1:8000"), ("sec-fetch-site", "same-origin")];
+        let fetch = [
+            ("host", "127.0.0.1:8000"),
+            ("sec-fetch-site", "same-origin"),
+        ];
         assert_eq!(request(&open, Method::POST, &fetch), Ok(()));
     }
 
@@ -302,7 +331,10 @@ mod tests {
             request(&open, Method::POST, &rebound),
             Err(Denied::UntrustedHost { .. })
         ));
-        let read = [("host", "rebind.evil.example:8000"), ("sec-fetch-site", "same-origin")];
+        let read = [
+            ("host", "rebind.evil.example:8000"),
+            ("sec-fetch-site", "same-origin"),
+        ];
         assert!(request(&open, Method::GET, &read).is_err());
         let listed = policy(&[], &["*.evil.example"]);
         assert_eq!(request(&listed, Method::POST, &rebound), Ok(()));
@@ -315,15 +347,27 @@ mod tests {
     #[test]
     fn a_host_list_refuses_other_names_to_everyone() {
         let listed = policy(&[], &["kiln.internal"]);
-        for host in ["kiln.internal:8000", "KILN.internal.", "127.0.0.1:1", "localhost"] {
-            assert_eq!(request(&listed, Method::POST, &[("host", host)]), Ok(()), "{host}");
+        for host in [
+            "kiln.internal:8000",
+            "KILN.internal.",
+            "127.0.0.1:1",
+            "localhost",
+        ] {
+            assert_eq!(
+                request(&listed, Method::POST, &[("host", host)]),
+                Ok(()),
+                "{host}"
+            );
         }
         assert!(matches!(
             request(&listed, Method::GET, &[("host", "other.example")]),
             Err(Denied::Host { .. })
         ));
         let any = policy(&[], &["*"]);
-        assert_eq!(request(&any, Method::GET, &[("host", "other.example")]), Ok(()));
+        assert_eq!(
+            request(&any, Method::GET, &[("host", "other.example")]),
+            Ok(())
+        );
     }
 
     #[test]
@@ -331,7 +375,10 @@ mod tests {
         let listed = policy(&["https://App.example"], &[]);
         let app = [("host", "kiln.internal"), ("origin", "https://app.example")];
         assert_eq!(request(&listed, Method::POST, &app), Ok(()));
-        let evil = [("host", "kiln.internal"), ("origin", "https://evil.example")];
+        let evil = [
+            ("host", "kiln.internal"),
+            ("origin", "https://evil.example"),
+        ];
         assert!(request(&listed, Method::POST, &evil).is_err());
         let any = policy(&["*"], &[]);
         assert_eq!(request(&any, Method::POST, &evil), Ok(()));
@@ -341,7 +388,8 @@ mod tests {
     fn flags_are_checked_and_refusals_name_the_flag() {
         let list = |l: &[&str]| l.iter().map(|s| s.to_string()).collect::<Vec<_>>();
         for bad in ["evil.example", "http://a.example/page", "http://"] {
-            let error = BrowserPolicy::new(&list(&[bad]), "--http-allowed-origin", &[]).unwrap_err();
+            let error =
+                BrowserPolicy::new(&list(&[bad]), "--http-allowed-origin", &[]).unwrap_err();
             assert!(error.contains("--http-allowed-origin"), "{error}");
         }
         for bad in ["kiln:8000", "", "a/b", "*.", "http://a"] {
@@ -349,8 +397,13 @@ mod tests {
             assert!(error.contains("--http-allowed-host"), "{error}");
         }
         let open = BrowserPolicy::default();
-        let evil = [("host", "127.0.0.1:8000"), ("origin", "http://evil.example")];
-        let message = request(&open, Method::POST, &evil).unwrap_err().message("API");
+        let evil = [
+            ("host", "127.0.0.1:8000"),
+            ("origin", "http://evil.example"),
+        ];
+        let message = request(&open, Method::POST, &evil)
+            .unwrap_err()
+            .message("API");
         assert!(
             message.contains("http://evil.example") && message.contains("--http-allowed-origin"),
             "{message}"
