@@ -127,11 +127,22 @@ impl BrowserPolicy {
         authority: Option<&str>,
         headers: &HeaderMap,
     ) -> Result<(), Denied> {
+        let site = headers.get("sec-fetch-site").map(|v| v.as_bytes());
+        let from_page = site.is_some_and(|site| {
+            [&b"same-origin"[..], b"same-site", b"cross-site"]
+                .iter()
+                .any(|kind| site.eq_ignore_ascii_case(kind))
+        });
+        let listed = !self.hosts.is_empty() && !self.hosts.iter().any(|h| h == "*");
+        // What nearly every request is (a client that is not a browser), without allocating.
+        let no_page = !headers.contains_key(header::ORIGIN) && !from_page;
+        if !listed && (self.any_origin || no_page) {
+            return Ok(());
+        }
         let host = authority
             .or_else(|| headers.get(header::HOST).and_then(|v| v.to_str().ok()))
             .unwrap_or("")
             .to_ascii_lowercase();
-        let listed = !self.hosts.is_empty() && !self.hosts.iter().any(|h| h == "*");
         if listed && !self.trusts_host(&host) {
             return Err(Denied::Host { host: shown(&host) });
         }
@@ -141,14 +152,7 @@ impl BrowserPolicy {
         if self.any_origin || origin.as_ref().is_some_and(|o| self.origins.contains(o)) {
             return Ok(());
         }
-        let site = headers
-            .get("sec-fetch-site")
-            .map(|v| v.as_bytes().to_ascii_lowercase());
-        let from_page = matches!(
-            site.as_deref(),
-            Some(b"same-origin" | b"same-site" | b"cross-site")
-        );
-        if origin.is_none() && !from_page {
+        if no_page {
             return Ok(());
         }
         if !self.trusts_host(&host) {
@@ -162,7 +166,7 @@ impl BrowserPolicy {
         }
         let same_origin = match &origin {
             Some(origin) => same_authority(origin, &host),
-            None => site.as_deref() == Some(b"same-origin"),
+            None => site.is_some_and(|site| site.eq_ignore_ascii_case(b"same-origin")),
         };
         if same_origin {
             return Ok(());
