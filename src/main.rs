@@ -102,8 +102,35 @@ fn raise_open_file_limit() {
     }
 }
 
+/// Makes the process dumpable or not: not, its `/proc/<pid>/environ`, `mem` and `maps` are
+/// readable (and it can be traced) only with `CAP_SYS_PTRACE`, not by every process of its user,
+/// Python models included (their stubs have no capabilities).
+fn set_dumpable(dumpable: bool) {
+    // SAFETY: a plain system call with constant arguments.
+    if unsafe {
+        libc::prctl(
+            libc::PR_SET_DUMPABLE,
+            libc::c_ulong::from(dumpable),
+            0,
+            0,
+            0,
+        )
+    } != 0
+    {
+        eprintln!(
+            "cannot set the process dumpable={dumpable}: {}",
+            std::io::Error::last_os_error()
+        );
+    }
+}
+
 fn main() -> ExitCode {
+    // First: the environment holds the secrets (object-store credentials, the bearer token).
+    set_dumpable(false);
     let args = Args::parse();
+    if args.allow_ptrace {
+        set_dumpable(true);
+    }
     let log = args.log_settings();
     if let Err(e) = logging::init(&log) {
         eprintln!("cannot open the log file {}: {e}", log.file);

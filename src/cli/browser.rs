@@ -21,4 +21,19 @@ pub struct BrowserFlags {
     /// listener's, e.g. `http://localhost:8000`.
     #[arg(long = "grpc-web-cors-origin", value_name = "ORIGIN")]
     pub grpc_web_cors_origins: Vec<String>,
+
+    /// An origin (`scheme://host[:port]`, or `*` for any) whose web pages may change state on the
+    /// REST listeners (load and unload models, settings, shared memory, inference; repeatable).
+    /// A page of another origin is refused with 403; clients that send no `Origin` (tritonclient,
+    /// curl, the SDKs) and the status page (same-origin) are not affected. `*` is Triton's
+    /// behaviour.
+    #[arg(long = "http-allowed-origin", value_name = "ORIGIN")]
+    pub http_allowed_origins: Vec<String>,
+
+    /// A Host name the REST listeners answer (repeatable; `*.domain` for its subdomains, `*` for
+    /// any). Given, every request under another name is refused with 403 (IP addresses and
+    /// localhost are always answered); not given, any Host is answered, but web pages only
+    /// under an IP address, localhost or a listed name (against DNS rebinding).
+    #[arg(long = "http-allowed-host", value_name = "HOST")]
+    pub http_allowed_hosts: Vec<String>,
 }

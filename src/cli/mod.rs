@@ -15,11 +15,11 @@ mod tests;
 
 pub use compat::{BackendSettings, CompressionLevel};
 
-use crate::backend::python::{StubEnvironment, DEFAULT_BACKEND_DIRECTORY};
+use crate::backend::python::{StubEnvironment, StubPrivileges, DEFAULT_BACKEND_DIRECTORY};
 use crate::engine::CacheConfig;
 use crate::logging::{LogFormat, LogSettings};
 use crate::metrics::MetricsConfig;
-use crate::protocol::access::{AccessPolicy, Secret, GRPC_HEADER_PREFIX};
+use crate::protocol::access::{AccessPolicy, BrowserPolicy, Secret, GRPC_HEADER_PREFIX};
 use crate::protocol::grpc_web::GrpcWebOptions;
 use crate::protocol::http::sagemaker::SageMakerConfig;
 use crate::protocol::http::vertex::VertexConfig;
@@ -365,6 +365,21 @@ pub struct Args {
     #[arg(long = "python-env-passthrough", value_name = "NAME")]
     pub python_env_passthrough: Vec<String>,
 
+    /// The user Python stubs run as (a name or `uid[:gid]`; kiln must run as root): the models'
+    /// files must be readable by it. Not given: kiln's user.
+    #[arg(long = "python-stub-user", value_name = "USER")]
+    pub python_stub_user: Option<String>,
+
+    /// Start Python stubs with no capabilities and no new privileges; `false` leaves them kiln's
+    /// (Triton's behaviour: a model of a root server may then read the server's memory).
+    #[arg(long, default_value_t = true, value_parser = bool_value, action = clap::ArgAction::Set)]
+    pub python_stub_drop_privileges: bool,
+
+    /// Leave kiln's process dumpable, so that other processes of its user may read its memory
+    /// and environment (debuggers, `perf -p`), as Triton's; off, only root can.
+    #[arg(long, default_value_t = false, value_parser = bool_value, action = clap::ArgAction::Set)]
+    pub allow_ptrace: bool,
+
     /// A custom-operator library, or a directory of them, that models may load with
     /// `model_operations { op_library_filename: ... }` (repeatable). A model repository does not
     /// choose the native code kiln runs: a model naming any other library fails its load.
@@ -550,12 +565,25 @@ impl Args {
         let access = |specs: &[String], flag: &str, prefix: &str| {
             AccessPolicy::parse(specs, flag, prefix).map(|p| p.with_bearer_token(token.clone()))
         };
+        let browser = &self.browser;
+        let grpc_browsers = BrowserPolicy::new(
+            &browser.grpc_web_cors_origins,
+            "--grpc-web-cors-origin",
+            &[],
+        )?;
+        let http_browsers = BrowserPolicy::new(
+            &browser.http_allowed_origins,
+            "--http-allowed-origin",
+            &browser.http_allowed_hosts,
+        )?;
         let grpc_access = access(
             &self.grpc_restricted_protocol,
             "grpc-restricted-protocol",
             GRPC_HEADER_PREFIX,
-        )?;
-        let http_access = access(&self.http_restricted_api, "http-restricted-api", "")?;
+        )?
+        .with_browsers(grpc_browsers);
+        let http_access = access(&self.http_restricted_api, "http-restricted-api", "")?
+            .with_browsers(http_browsers);
         Ok((grpc_access, http_access))
     }
 
@@ -693,7 +721,12 @@ impl Args {
             op_libraries: AllowedOpLibraries::from_flags(&self.allowed_op_libraries)?,
             backend_directory: self.backend_directory,
             adaptive_batching: self.adaptive_batching,
-            python_env: StubEnvironment::new(self.python_env_passthrough)?,
+            python_env: StubEnvironment::new(self.python_env_passthrough)?.with_privileges(
+                StubPrivileges::from_flags(
+                    self.python_stub_user.as_deref(),
+                    self.python_stub_drop_privileges,
+                )?,
+            ),
             rate_limit,
             sagemaker: cloud.sagemaker,
             vertex: cloud.vertex,

@@ -7,7 +7,9 @@
 //! Off by default: it makes the gRPC port accept HTTP/1.1 as well, which Triton's does not, and
 //! a browser on another origin (the status page is on the REST port) needs CORS, which is an
 //! operator's decision. With it on, CORS headers are given only to the origins
-//! `--grpc-web-cors-origin` lists (`*`: any origin), and preflight requests are answered here.
+//! `--grpc-web-cors-origin` lists (`*`: any origin), and preflight requests are answered here;
+//! a call that carries another origin is refused by the access layer (PERMISSION_DENIED, see
+//! `access::browser`), so that no page can drive the API with a request that needs no preflight.
 //!
 //! The layer sits outside every other layer of the gRPC server, so what applies to gRPC applies
 //! to gRPC-Web: the access policy (a refusal is a gRPC-Web status the page can read, with CORS
@@ -39,11 +41,7 @@ impl GrpcWebOptions {
     /// A message naming an origin that is not a valid header value or has a path.
     pub fn from_flags(enabled: bool, cors_origins: Vec<String>) -> Result<GrpcWebOptions, String> {
         for origin in &cors_origins {
-            let scheme_less = origin.split_once("://").map(|(_, rest)| rest);
-            let valid = origin == "*"
-                || (HeaderValue::from_str(origin).is_ok()
-                    && scheme_less.is_some_and(|rest| !rest.is_empty() && !rest.contains('/')));
-            if !valid {
+            if !crate::protocol::access::browser::valid_origin(origin) {
                 return Err(format!(
                     "--grpc-web-cors-origin {origin:?}: expected scheme://host[:port] or *"
                 ));

@@ -22,7 +22,8 @@
 //!
 //! The interpreter is the config's `EXECUTION_ENV_PATH` (an environment, packed or not), else
 //! `$KILN_PYTHON`, else `python3` on the `PATH` ([`environment`]); it needs numpy. A stub sees
-//! only some of kiln's environment variables, none of its secrets ([`StubEnvironment`]).
+//! only some of kiln's environment variables, none of its secrets ([`StubEnvironment`]), and
+//! starts without capabilities or new privileges, as another user if asked ([`StubPrivileges`]).
 //!
 //! By job: [`spec`] reads the config (interpreter, instances, `auto_complete_config`);
 //! [`instance`] starts a version's instances and runs a batch on one ([`PythonInstance`]), which
@@ -39,6 +40,7 @@ pub mod environment;
 mod instance;
 mod logs;
 mod messages;
+mod privileges;
 mod spec;
 mod stub;
 mod stub_env;
@@ -48,6 +50,7 @@ use crate::trace::Trace;
 pub use calls::{Cancel, Management, ModelCaller, ServerCalls};
 pub use cancel::Gone;
 pub use instance::{start_instances, Common, Deliver, PythonInstance};
+pub use privileges::StubPrivileges;
 use serde_json::Value;
 pub use spec::{
     auto_complete, backend_code, Instance, PythonSpec, BACKEND, DEFAULT_BACKEND_DIRECTORY,

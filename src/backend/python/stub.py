@@ -517,7 +517,18 @@ def auto_complete(channel, model_path):
         channel.send({"op": "error", "message": describe(error)})
 
 
+def not_dumpable():
+    """Another model's code (a stub of the same user) may not read this one's memory: no process
+    but root's may, once this process is not dumpable (exec made it dumpable again)."""
+    try:
+        import ctypes
+        ctypes.CDLL(None).prctl(4, 0, 0, 0, 0)  # PR_SET_DUMPABLE
+    except (OSError, AttributeError):
+        pass
+
+
 def main():
+    not_dumpable()
     model_path = sys.argv[1]
     # The protocol keeps the process's stdin and stdout; the model's prints go to stderr and it
     # reads nothing from kiln's pipe.

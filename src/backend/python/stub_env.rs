@@ -21,7 +21,10 @@
 //! `bin/activate` runs, after this. Anything else a model needs is named with
 //! `--python-env-passthrough NAME` (repeatable; `NAME*` passes every variable that starts with
 //! `NAME`): e.g. `HF_TOKEN` for a model that downloads from the Hugging Face hub.
+//!
+//! The stub's user and privileges come with its environment ([`StubPrivileges`]).
 
+use super::privileges::StubPrivileges;
 use std::process::Command;
 use std::sync::Arc;
 
@@ -51,6 +54,8 @@ const ALWAYS: &[&str] = &[
 pub struct StubEnvironment {
     /// `--python-env-passthrough`: names, or prefixes ending in `*`.
     passthrough: Arc<[String]>,
+    /// `--python-stub-user`, `--python-stub-drop-privileges`.
+    privileges: StubPrivileges,
 }
 
 impl StubEnvironment {
@@ -70,7 +75,13 @@ impl StubEnvironment {
         }
         Ok(StubEnvironment {
             passthrough: passthrough.into(),
+            privileges: StubPrivileges::default(),
         })
+    }
+
+    /// The same environment, the stub started with `privileges`.
+    pub fn with_privileges(self, privileges: StubPrivileges) -> StubEnvironment {
+        StubEnvironment { privileges, ..self }
     }
 
     /// Whether a stub sees kiln's variable `name`.
@@ -85,8 +96,9 @@ impl StubEnvironment {
             })
     }
 
-    /// Gives `command` this environment in place of kiln's whole one.
+    /// Gives `command` this environment in place of kiln's whole one, and its privileges.
     pub fn apply(&self, command: &mut Command) {
+        self.privileges.apply(command);
         command.env_clear();
         for (name, value) in std::env::vars_os() {
             if name.to_str().is_some_and(|name| self.keeps(name)) {

@@ -1,7 +1,8 @@
 //! The access policy on gRPC: a tower layer in front of every service that maps the method path
 //! to Triton's API group and answers a refused call itself, before the message is decoded.
 //! Triton answers a restricted protocol with UNAVAILABLE "This protocol is restricted, expecting
-//! header '...'"; a missing or wrong bearer token is UNAUTHENTICATED.
+//! header '...'"; a missing or wrong bearer token is UNAUTHENTICATED; a web page's call from an
+//! origin `--grpc-web-cors-origin` does not list is PERMISSION_DENIED.
 
 use super::{AccessPolicy, ApiGroup, Denied};
 use axum::http::{Request, Response};
@@ -46,6 +47,9 @@ pub fn status(denied: &Denied) -> Status {
     match denied {
         Denied::Restricted { .. } => Status::unavailable(denied.message("protocol")),
         Denied::Unauthenticated => Status::unauthenticated(denied.message("protocol")),
+        Denied::Host { .. } | Denied::UntrustedHost { .. } | Denied::CrossOrigin { .. } => {
+            Status::permission_denied(denied.message("protocol"))
+        }
     }
 }
 
@@ -92,6 +96,15 @@ where
     }
 
     fn call(&mut self, request: Request<B>) -> Self::Future {
+        // A web page's call (gRPC-Web, or any request that carries an `Origin`): native gRPC
+        // clients send none.
+        let authority = request.uri().authority().map(|a| a.as_str());
+        if let Err(denied) =
+            self.policy
+                .check_browser(request.method(), authority, request.headers())
+        {
+            return Either::Left(std::future::ready(Ok(status(&denied).into_http())));
+        }
         if !self.policy.is_open() {
             if let Some(group) = group_of(request.uri().path()) {
                 if let Err(denied) = self.policy.check(group, request.headers()) {

@@ -1,7 +1,8 @@
 //! The access policy on REST: axum middleware in front of every route that maps the path to
 //! Triton's API group and refuses before the handler (and before any body is read). Triton
 //! answers a restricted API with 403 `{"error":"This API is restricted, expecting header '...'"}`;
-//! a missing or wrong bearer token is 401 with `WWW-Authenticate: Bearer`.
+//! a missing or wrong bearer token is 401 with `WWW-Authenticate: Bearer`; a web page refused by
+//! the browser policy (another origin, an untrusted Host) is 403.
 
 use super::{AccessPolicy, ApiGroup, Denied};
 use crate::protocol::http::HttpError;
@@ -65,7 +66,28 @@ pub fn refusal(denied: &Denied) -> Response {
         Denied::Unauthenticated => HttpError::new(StatusCode::UNAUTHORIZED, denied.message("API"))
             .with_header(header::WWW_AUTHENTICATE, "Bearer")
             .into_response(),
+        Denied::Host { .. } | Denied::UntrustedHost { .. } | Denied::CrossOrigin { .. } => {
+            HttpError::new(StatusCode::FORBIDDEN, denied.message("API")).into_response()
+        }
     }
+}
+
+/// The browser check alone (the Vertex AI listener, whose routes check their groups
+/// themselves): `axum::middleware::from_fn_with_state(policy, guard_browsers)`.
+pub async fn guard_browsers(
+    State(policy): State<Arc<AccessPolicy>>,
+    request: Request,
+    next: Next,
+) -> Response {
+    if let Err(denied) = browser_check(&policy, &request) {
+        return refusal(&denied);
+    }
+    next.run(request).await
+}
+
+fn browser_check(policy: &AccessPolicy, request: &Request) -> Result<(), Denied> {
+    let authority = request.uri().authority().map(|a| a.as_str());
+    policy.check_browser(request.method(), authority, request.headers())
 }
 
 /// The middleware (`axum::middleware::from_fn_with_state(policy, enforce)`).
@@ -74,6 +96,9 @@ pub async fn enforce(
     request: Request,
     next: Next,
 ) -> Response {
+    if let Err(denied) = browser_check(&policy, &request) {
+        return refusal(&denied);
+    }
     if let Some(group) = group_of(request.uri().path()) {
         if let Err(denied) = policy.check(group, request.headers()) {
             return refusal(&denied);

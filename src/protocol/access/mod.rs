@@ -10,11 +10,16 @@
 //! Values are compared in constant time and never logged, printed or echoed: a refusal names the
 //! header it expected (as Triton's does), never a value. [`grpc`] and [`http`] apply a policy to
 //! each protocol's requests before any handler runs.
+//!
+//! Every policy also holds a [`BrowserPolicy`]: which web pages may call, and under which Host
+//! names (`--http-allowed-origin`, `--http-allowed-host`, `--grpc-web-cors-origin`).
 
+pub mod browser;
 pub mod grpc;
 pub mod http;
 
-use axum::http::{header, HeaderMap};
+use axum::http::{header, HeaderMap, Method};
+pub use browser::BrowserPolicy;
 use std::fmt;
 
 /// Triton's API groups, the unit a restriction applies to.
@@ -111,6 +116,18 @@ pub enum Denied {
     Restricted { header: String },
     /// Inference requires a bearer token and the request has none or another one.
     Unauthenticated,
+    /// `--http-allowed-host` is given and does not name the request's Host.
+    Host { host: String },
+    /// A web page's request under a Host name a rebinding page could have.
+    UntrustedHost {
+        host: String,
+        origin_flag: &'static str,
+    },
+    /// A web page of another origin tried to change state (load a model, run inference...).
+    CrossOrigin {
+        origin: String,
+        origin_flag: &'static str,
+    },
 }
 
 impl Denied {
@@ -125,6 +142,22 @@ impl Denied {
                 "This API requires the header 'authorization: Bearer <token>' with a valid token"
                     .to_string()
             }
+            Denied::Host { host } => format!(
+                "Host '{host}' is not served here: --http-allowed-host lists the names this \
+                 server answers (besides IP addresses and localhost)"
+            ),
+            Denied::UntrustedHost { host, origin_flag } => format!(
+                "Browser request refused: web pages may reach this server under an IP address, \
+                 localhost or a name --http-allowed-host lists, not '{host}' (or come from an \
+                 origin {origin_flag} lists)"
+            ),
+            Denied::CrossOrigin {
+                origin,
+                origin_flag,
+            } => format!(
+                "Cross-origin request refused: a page of origin '{origin}' may not change this \
+                 server's state or run inference (allow it with {origin_flag})"
+            ),
         }
     }
 }
@@ -134,6 +167,7 @@ impl Denied {
 pub struct AccessPolicy {
     restrictions: Vec<(ApiGroup, Restriction)>,
     bearer_token: Option<Secret>,
+    browsers: BrowserPolicy,
 }
 
 /// The header prefix Triton puts before a gRPC restriction's key.
@@ -181,6 +215,7 @@ impl AccessPolicy {
         Ok(AccessPolicy {
             restrictions,
             bearer_token: None,
+            browsers: BrowserPolicy::default(),
         })
     }
 
@@ -190,7 +225,28 @@ impl AccessPolicy {
         self
     }
 
-    /// Whether nothing is restricted (the check can be skipped altogether).
+    /// Which web pages may call, under which Host names.
+    pub fn with_browsers(mut self, browsers: BrowserPolicy) -> AccessPolicy {
+        self.browsers = browsers;
+        self
+    }
+
+    /// Checks what a web page may do (see [`browser`]): `authority` is HTTP/2's `:authority`,
+    /// when the request has one.
+    ///
+    /// # Errors
+    /// [`Denied::Host`], [`Denied::UntrustedHost`] or [`Denied::CrossOrigin`].
+    pub fn check_browser(
+        &self,
+        method: &Method,
+        authority: Option<&str>,
+        headers: &HeaderMap,
+    ) -> Result<(), Denied> {
+        self.browsers.check(method, authority, headers)
+    }
+
+    /// Whether nothing is restricted (the check can be skipped altogether; the browser check
+    /// is not one of these).
     pub fn is_open(&self) -> bool {
         self.restrictions.is_empty() && self.bearer_token.is_none()
     }
@@ -205,6 +261,7 @@ impl AccessPolicy {
         if self.bearer_token.is_some() {
             lines.push("inference requires a bearer token".into());
         }
+        lines.extend(self.browsers.describe());
         lines
     }
 

@@ -87,6 +87,7 @@ pub fn router(
     metrics: Option<PrometheusHandle>,
     config: VertexConfig,
 ) -> Router {
+    let access = Arc::clone(&http.access);
     let state = Arc::new(VertexState {
         app: Arc::new(AppState {
             engine,
@@ -103,6 +104,10 @@ pub fn router(
             HttpError::new(StatusCode::METHOD_NOT_ALLOWED, "Method Not Allowed")
         })
         .fallback(|| async { HttpError::new(StatusCode::BAD_REQUEST, "Bad Request") })
+        .layer(axum::middleware::from_fn_with_state(
+            access,
+            crate::protocol::access::http::guard_browsers,
+        ))
         .with_state(state)
 }
 
