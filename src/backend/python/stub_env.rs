@@ -51,6 +51,9 @@ const ALWAYS: &[&str] = &[
 pub struct StubEnvironment {
     /// `--python-env-passthrough`: names, or prefixes ending in `*`.
     passthrough: Arc<[String]>,
+    /// `--python-env-root`: where an `EXECUTION_ENV_PATH` may name the environment a stub
+    /// starts in, besides the model's repository (see [`super::environment`]).
+    env_roots: Arc<[std::path::PathBuf]>,
 }
 
 impl StubEnvironment {
@@ -70,7 +73,22 @@ impl StubEnvironment {
         }
         Ok(StubEnvironment {
             passthrough: passthrough.into(),
+            env_roots: Arc::new([]),
         })
+    }
+
+    /// This environment, with `roots` (absolute, normal) where environments may be besides the
+    /// model's repository (`--python-env-root`).
+    pub fn with_env_roots(self, roots: Vec<std::path::PathBuf>) -> StubEnvironment {
+        StubEnvironment {
+            env_roots: roots.into(),
+            ..self
+        }
+    }
+
+    /// The `--python-env-root` directories.
+    pub fn env_roots(&self) -> &[std::path::PathBuf] {
+        &self.env_roots
     }
 
     /// Whether a stub sees kiln's variable `name`.

@@ -107,6 +107,17 @@ impl ModelRepository {
                 })
             })?;
         } else {
+            let load = &self.options.load;
+            if let Some(code) = overrides
+                .code(&load.backend_directory)
+                .filter(|_| !load.allow_code_in_overrides)
+            {
+                return Err(Error::InvalidArgument(format!(
+                    "load of model '{name}' refused: {code}, and code sent with a load request \
+                     would run as the server's user; start kiln with \
+                     --allow-code-in-load-overrides to allow it"
+                )));
+            }
             let dir = OverrideDir::write(name, &overrides.files)?;
             self.with_model_lock(name, || {
                 let source = Source {
