@@ -94,7 +94,7 @@ pub struct LoadOptions {
     /// (Triton's Python-based backends).
     pub backend_directory: std::path::PathBuf,
     /// `--allow-code-in-load-overrides`: a load's `file:` overrides may bring code (a Python
-    /// model, Python files); off, such a load is refused ([`overrides::Overrides::code`]).
+    /// model, Python files); off, such a load is refused (`overrides::Overrides::code`).
     pub allow_code_in_overrides: bool,
     /// `--adaptive-batching`: dynamic batchers take kiln's shortcuts (a batch goes before its
     /// `max_queue_delay_microseconds` when waiting looks useless) where a model's config does
