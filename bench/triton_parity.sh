@@ -107,11 +107,12 @@ if [ $status = 0 ] && { [ "$MODE" = --json ] || [ "$MODE" = --otel ]; }; then
   KILN=${KILN_BIN:-$ROOT/target/release/kiln}
   [ -x "$KILN" ] || KILN=$ROOT/target/debug/kiln
   # Python stubs start with a scrubbed environment: the fixture's model.py files read PEER_SITE_PACKAGES.
+  # The comparison loads model.py files through the load API, as Triton allows by default.
   PEER_SITE_PACKAGES=$("$ROOT/.venv/bin/python" -c 'import sysconfig;print(sysconfig.get_paths()["purelib"])') \
     KILN_PYTHON=$ROOT/.venv/bin/python bash -c 'cd "$1" && shift && exec setsid "$@"' _ "$OUT/kiln-run" \
     "$KILN" --model-repository="$REPO" --http-port=9810 \
     --grpc-port=9811 --metrics-port=9812 --python-env-passthrough=PEER_SITE_PACKAGES --model-control-mode=explicit \
-    $LOADS --strict-readiness=false --cache-config=local,size=1048576 $METRICS_CONFIG $(trace_config 9851) \
+    --allow-code-in-load-overrides $LOADS --strict-readiness=false --cache-config=local,size=1048576 $METRICS_CONFIG $(trace_config 9851) \
     >"$OUT/kiln.log" 2>&1 &
   KPID=$!
   for _ in $(seq 120); do curl -sf localhost:9810/v2/health/ready >/dev/null && break; sleep 0.5; done

@@ -1121,8 +1121,10 @@ output [ { name: "TOTAL" data_type: TYPE_FP32 dims: [ 1 ] } ]
         "  max_sequence_idle_microseconds: 5000000",
         '  state [ { input_name: "S_IN" output_name: "S_OUT" data_type: TYPE_FP32 dims: [ 1 ] } ]'), PY_ACCUMULATE)
     # The stubs run under this interpreter (it has numpy).
+    # --allow-code-in-load-overrides: a model here loads a model.py through the load API.
     server = start_server([repo], name="kiln-python", env={"KILN_PYTHON": sys.executable},
                           extra_args=["--model-control-mode", "explicit", "--load-model", "*",
+                                      "--allow-code-in-load-overrides",
                                       "--trace-config", f"triton,file={repo.parent / 'trace.json'}"])
     yield server, mark
     stop_server(server)

@@ -25,6 +25,7 @@ T = RPC_TIMEOUT
 def cached():
     srv = start_server([BUNDLED_REPO], name="kiln-cache", env={"KILN_PYTHON": sys.executable},
                        extra_args=["--model-control-mode", "explicit", "--load-model", "mlp_classifier",
+                                   "--allow-code-in-load-overrides",  # a model.py comes with a load
                                    "--cache-config", "local,size=1048576",
                                    "--metrics-config", "summary_latencies=true"])
     http = httpclient.InferenceServerClient(srv.http_url, network_timeout=T)

@@ -102,7 +102,8 @@ def test_multi_model_endpoints_load_invoke_and_unload(tmp_path):
     repo.mkdir()
     port = find_free_port()
     server = start_server([repo], name="sagemaker-mme", extra_args=[
-        "--allow-sagemaker=true", "--sagemaker-port", str(port), "--model-control-mode=explicit"])
+        "--allow-sagemaker=true", "--sagemaker-port", str(port), "--model-control-mode=explicit",
+        "--sagemaker-model-root", str(models)])
     url = f"127.0.0.1:{port}"
     try:
         loaded = mme_load(url, "4a8f", single, "resnet.tar.gz")
@@ -215,7 +216,8 @@ def test_multi_model_invocations_that_run_out_of_memory_are_507(tmp_path):
     port = find_free_port()
     # The stub runs under this interpreter (it has numpy).
     server = start_server([repo], name="sagemaker-mme-oom", env={"KILN_PYTHON": sys.executable}, extra_args=[
-        "--allow-sagemaker=true", "--sagemaker-port", str(port), "--model-control-mode=explicit"])
+        "--allow-sagemaker=true", "--sagemaker-port", str(port), "--model-control-mode=explicit",
+        "--sagemaker-model-root", str(model.parent.parent)])
     url = f"127.0.0.1:{port}"
 
     def invoke(value):

@@ -91,8 +91,11 @@ pub struct Config {
     pub backend_directory: std::path::PathBuf,
     /// `--adaptive-batching`: dynamic batchers take kiln's shortcuts unless a config says not to.
     pub adaptive_batching: bool,
-    /// `--python-env-passthrough`: which environment variables Python stubs see.
+    /// `--python-env-passthrough`: which environment variables Python stubs see (and
+    /// `--python-env-root`: where their `EXECUTION_ENV_PATH` may be).
     pub python_env: crate::backend::python::StubEnvironment,
+    /// `--allow-code-in-load-overrides`: a load's `file:` overrides may bring code.
+    pub allow_code_in_load_overrides: bool,
     /// `--allow-sagemaker`: what SageMaker's `/invocations` runs.
     pub sagemaker: Option<http::sagemaker::SageMakerConfig>,
     /// `--allow-vertex-ai`: Vertex AI's routes and default model.
@@ -678,6 +681,7 @@ fn open_repository(config: &Config) -> Result<ModelRepository, ServerError> {
             backend_directory: config.backend_directory.clone(),
             adaptive_batching: config.adaptive_batching,
             python_env: config.python_env.clone(),
+            allow_code_in_overrides: config.allow_code_in_load_overrides,
             response_cache: config.response_cache.is_some(),
             default_max_batch_size: config.default_max_batch_size,
             config_name: config.model_config_name.clone(),

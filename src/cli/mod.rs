@@ -8,6 +8,7 @@
 //! log settings and the addresses to bind.
 
 mod browser;
+mod code_paths;
 mod compat;
 mod limits;
 #[cfg(test)]
@@ -446,6 +447,12 @@ pub struct Args {
     #[command(flatten, next_help_heading = "Browsers")]
     pub browser: browser::BrowserFlags,
 
+    #[command(
+        flatten,
+        next_help_heading = "Code and paths clients bring (kiln's own)"
+    )]
+    pub code_paths: code_paths::CodePathFlags,
+
     #[command(flatten, next_help_heading = "Accepted for tritonserver compatibility")]
     pub triton: compat::TritonOnlyFlags,
 }
@@ -517,7 +524,11 @@ impl Args {
         let sagemaker = self
             .allow_sagemaker
             .then(|| SageMakerConfig::from_env(env))
-            .transpose()?;
+            .transpose()?
+            .map(|config| SageMakerConfig {
+                model_roots: self.code_paths.sagemaker_model_roots(),
+                ..config
+            });
         let allow_vertex = self
             .allow_vertex_ai
             .unwrap_or_else(|| env("AIP_MODE").as_deref() == Some("PREDICTION"));
@@ -721,12 +732,13 @@ impl Args {
             op_libraries: AllowedOpLibraries::from_flags(&self.allowed_op_libraries)?,
             backend_directory: self.backend_directory,
             adaptive_batching: self.adaptive_batching,
-            python_env: StubEnvironment::new(self.python_env_passthrough)?.with_privileges(
-                StubPrivileges::from_flags(
+            python_env: StubEnvironment::new(self.python_env_passthrough)?
+                .with_privileges(StubPrivileges::from_flags(
                     self.python_stub_user.as_deref(),
                     self.python_stub_drop_privileges,
-                )?,
-            ),
+                )?)
+                .with_env_roots(self.code_paths.python_env_roots()),
+            allow_code_in_load_overrides: self.code_paths.allow_code_in_load_overrides,
             rate_limit,
             sagemaker: cloud.sagemaker,
             vertex: cloud.vertex,

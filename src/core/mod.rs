@@ -2,6 +2,7 @@
 //! Nothing here knows about gRPC, HTTP, ONNX Runtime or the scheduler.
 
 pub mod error;
+pub mod path;
 pub mod request;
 pub mod tensor;
 

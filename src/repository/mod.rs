@@ -87,11 +87,15 @@ pub struct LoadOptions {
     /// How Python models call other models (connected to the engine by the server).
     pub python_calls: crate::backend::python::ModelCaller,
     /// Which of the server's environment variables Python stubs see
-    /// (`--python-env-passthrough`).
+    /// (`--python-env-passthrough`), and where their `EXECUTION_ENV_PATH` may be
+    /// (`--python-env-root`).
     pub python_env: crate::backend::python::StubEnvironment,
     /// `--backend-directory`: a model whose backend is `<name>` runs `<dir>/<name>/model.py`
     /// (Triton's Python-based backends).
     pub backend_directory: std::path::PathBuf,
+    /// `--allow-code-in-load-overrides`: a load's `file:` overrides may bring code (a Python
+    /// model, Python files); off, such a load is refused (`overrides::Overrides::code`).
+    pub allow_code_in_overrides: bool,
     /// `--adaptive-batching`: dynamic batchers take kiln's shortcuts (a batch goes before its
     /// `max_queue_delay_microseconds` when waiting looks useless) where a model's config does
     /// not say otherwise (`adaptive_batching_delay`). Off: Triton's batcher.
@@ -115,6 +119,7 @@ impl Default for LoadOptions {
             python_calls: crate::backend::python::ModelCaller::default(),
             python_env: crate::backend::python::StubEnvironment::default(),
             backend_directory: crate::backend::python::DEFAULT_BACKEND_DIRECTORY.into(),
+            allow_code_in_overrides: false,
             adaptive_batching: false,
         }
     }

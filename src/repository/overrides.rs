@@ -38,6 +38,42 @@ pub fn poll_failure(name: &str, reason: &str) -> Error {
     ))
 }
 
+/// The endings of override files that are Python code: modules, their compiled forms, and the
+/// `.pth` files the interpreter runs lines of at start-up.
+const CODE_ENDINGS: &[&str] = &[".py", ".pyc", ".pyo", ".pyw", ".pth"];
+
+impl Overrides {
+    /// What code this load's files would bring, described, or `None` for a load that brings
+    /// none: a config that makes the model a Python model (`backend: "python"`, or a backend with
+    /// a `model.py` under `backend_dir`), which runs code of the load's files or on them, or a
+    /// file that is Python code. A load without files brings nothing (its model's files are the
+    /// repository's).
+    pub fn code(&self, backend_dir: &Path) -> Option<String> {
+        if self.files.is_empty() {
+            return None;
+        }
+        if let Some(file) = self
+            .files
+            .iter()
+            .map(|(path, _)| path)
+            .find(|path| CODE_ENDINGS.iter().any(|end| path.ends_with(end)))
+        {
+            return Some(format!("file '{FILE_PREFIX}{file}' is Python code"));
+        }
+        let config = self.config.as_ref()?;
+        if super::config::is_python(config) {
+            return Some("its config names the Python backend".into());
+        }
+        crate::backend::python::backend_code(config, backend_dir).map(|code| {
+            format!(
+                "its config names the Python-based backend '{}' ({})",
+                config.backend,
+                code.display()
+            )
+        })
+    }
+}
+
 /// Checks and decodes the load parameters of model `name`.
 ///
 /// # Errors
@@ -254,6 +290,53 @@ mod tests {
                 "{bad}"
             );
         }
+    }
+
+    #[test]
+    fn code_in_overrides_is_told_apart() {
+        use LoadParameter::*;
+        let load = |config: &str, files: &[&str]| {
+            let mut list = vec![("config".to_string(), String(config.into()))];
+            for file in files {
+                list.push((format!("file:{file}"), Bytes(bytes::Bytes::new())));
+            }
+            parse(list.into_iter().collect()).unwrap()
+        };
+        let backends = std::env::temp_dir().join(format!("kiln-backends-{}", std::process::id()));
+        std::fs::create_dir_all(backends.join("pyish")).unwrap();
+        std::fs::write(backends.join("pyish/model.py"), "").unwrap();
+        let code = |config: &str, files: &[&str]| load(config, files).code(&backends);
+        assert_eq!(code("{}", &["1/model.onnx", "labels.txt"]), None);
+        assert_eq!(
+            code(r#"{"backend": "onnxruntime"}"#, &["1/model.onnx"]),
+            None
+        );
+        // A config alone loads the repository's files: no code of the client's.
+        assert_eq!(code(r#"{"backend": "python"}"#, &[]), None);
+        assert_eq!(
+            code(r#"{"backend": "python"}"#, &["1/model.py"]).unwrap(),
+            "file 'file:1/model.py' is Python code"
+        );
+        assert_eq!(
+            code(r#"{"backend": "python"}"#, &["1/model.txt"]).unwrap(),
+            "its config names the Python backend"
+        );
+        for file in ["helper.py", "1/x.pyc", "site/evil.pth", "a.pyw", "b.pyo"] {
+            assert_eq!(
+                code("{}", &["1/model.onnx", file]).unwrap(),
+                format!("file 'file:{file}' is Python code")
+            );
+        }
+        assert_eq!(
+            code(r#"{"backend": "pyish"}"#, &["1/model.json"]).unwrap(),
+            format!(
+                "its config names the Python-based backend 'pyish' ({})",
+                backends.join("pyish/model.py").display()
+            )
+        );
+        // A backend without a model.py is no Python-based backend (its load fails as unknown).
+        assert_eq!(code(r#"{"backend": "tensorrt"}"#, &["1/model.plan"]), None);
+        let _ = std::fs::remove_dir_all(&backends);
     }
 
     #[test]

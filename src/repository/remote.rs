@@ -247,6 +247,25 @@ impl RemoteStore {
     }
 }
 
+/// `relative` (an object's path, checked by [`contained`]) in the model's cache directory `dir`,
+/// refused when it already exists and resolves outside `dir`: the cache is kiln's, not the
+/// operator's, so a link found in it is not followed to write through.
+fn in_cache(dir: &Path, relative: &str) -> Result<PathBuf, String> {
+    let path = contained(dir, relative)?;
+    if let Ok(real) = path.canonicalize() {
+        let base = dir
+            .canonicalize()
+            .map_err(|e| format!("cannot resolve {}: {e}", dir.display()))?;
+        if !real.starts_with(&base) {
+            return Err(format!(
+                "path '{relative}' resolves to {} outside the model directory",
+                real.display()
+            ));
+        }
+    }
+    Ok(path)
+}
+
 impl ModelStore for RemoteStore {
     fn location(&self) -> String {
         self.location.clone()
@@ -291,7 +310,7 @@ impl ModelStore for RemoteStore {
             .map_err(|e| format!("cannot create {}: {e}", dir.display()))?;
         let mut wanted = BTreeSet::new();
         for (relative, meta) in &objects {
-            let target = contained(&dir, relative)?;
+            let target = in_cache(&dir, relative)?;
             let current = Downloaded::of(meta);
             let fresh = {
                 let downloaded = self.downloaded.lock().unwrap_or_else(|p| p.into_inner());

@@ -5,8 +5,13 @@
 //! it from object metadata, and nothing above this module tells them apart. [`open`] picks one
 //! from the repository's location.
 //!
-//! Names are checked before they touch a path: a model name is one directory name, never a path,
-//! and the directory it names must stay inside the repository after symlinks are resolved.
+//! Whose paths are checked: the repository is the operator's, and its links are followed as the
+//! kernel follows them, never canonicalised (a model directory linked in from a cache, or a
+//! KServe modelcar's `/mnt/models -> /proc/<pid>/root/models`, which only resolves through
+//! `/proc`). What a client or a config names (model names, override file names, a config's
+//! `default_model_filename`, label and data files) is checked lexically: one directory name, or a
+//! plain relative path without `..` or a root, so that it can never leave the model directory
+//! whatever links the operator put in it.
 
 use std::collections::BTreeMap;
 use std::hash::{Hash, Hasher};
@@ -136,9 +141,11 @@ pub fn plain_relative(path: &str) -> bool {
             .all(|c| matches!(c, Component::Normal(_) | Component::CurDir))
 }
 
-/// `relative` joined to `dir`, refused unless it is a plain relative path (no root, no `..`)
-/// whose target, symlinks resolved, stays inside `dir`. Used for every path a config or a client
-/// names inside a model directory (model file, label files, override files).
+/// `relative` joined to `dir`, refused unless it is a plain relative path (no root, no `..`, no
+/// empty segment, no NUL or `\`): checked lexically, so it names an entry below `dir` whatever
+/// links are in it. Used for every path a config or a client names inside a model directory
+/// (model file, label files, warmup and state data, override files). The links themselves are
+/// the operator's and are followed (see the module doc).
 ///
 /// # Errors
 /// A message naming the path and why it was refused.
@@ -148,20 +155,7 @@ pub fn contained(dir: &Path, relative: &str) -> Result<PathBuf, String> {
             "path '{relative}' must be relative and stay within the model directory"
         ));
     }
-    let path = dir.join(relative);
-    // A path that does not exist yet cannot point anywhere; one that does must resolve inside.
-    if let Ok(real) = path.canonicalize() {
-        let base = dir
-            .canonicalize()
-            .map_err(|e| format!("cannot resolve {}: {e}", dir.display()))?;
-        if !real.starts_with(&base) {
-            return Err(format!(
-                "path '{relative}' resolves to {} outside the model directory",
-                real.display()
-            ));
-        }
-    }
-    Ok(path)
+    Ok(dir.join(relative))
 }
 
 /// A model repository directory on the local file system.
@@ -175,29 +169,21 @@ impl LocalStore {
         LocalStore { root }
     }
 
-    /// The model's directory, refused when it resolves outside the repository (a symlink
-    /// pointing elsewhere).
+    /// The model's directory: `<root>/<name>` for a checked name, as it is. A model directory
+    /// that is a link (into a cache, another volume, a modelcar's `/proc/<pid>/root/...`) is the
+    /// operator's and is followed, not canonicalised: a path through `/proc/<pid>/root` names
+    /// another mount namespace's file only as it is written.
     fn model_dir(&self, name: &str) -> Result<PathBuf, String> {
         validate_name(name)?;
         let dir = self.root.join(name);
-        let real = dir
-            .canonicalize()
-            .map_err(|_| format!("model '{name}' not found in {}", self.root.display()))?;
-        let root = self
-            .root
-            .canonicalize()
-            .map_err(|e| format!("cannot resolve {}: {e}", self.root.display()))?;
-        if real.parent() != Some(root.as_path()) {
-            return Err(format!(
-                "model directory '{name}' resolves to {} outside the model repository {}",
-                real.display(),
-                root.display()
-            ));
+        match std::fs::metadata(&dir) {
+            Ok(metadata) if metadata.is_dir() => Ok(dir),
+            Ok(_) => Err(format!("model '{name}' is not a directory")),
+            Err(_) => Err(format!(
+                "model '{name}' not found in {}",
+                self.root.display()
+            )),
         }
-        if !real.is_dir() {
-            return Err(format!("model '{name}' is not a directory"));
-        }
-        Ok(dir)
     }
 }
 
@@ -210,7 +196,7 @@ impl ModelStore for LocalStore {
         let mut names = Vec::new();
         for entry in std::fs::read_dir(&self.root)? {
             let entry = entry?;
-            // Follows symlinks, so a linked model is listed (and refused at load if it leaves).
+            // Follows symlinks: a linked model directory is a model.
             if !entry.path().is_dir() {
                 continue;
             }
@@ -369,38 +355,60 @@ mod tests {
     }
 
     #[test]
-    fn contained_paths() {
+    fn contained_paths_are_checked_lexically_and_links_followed() {
         let dir = scratch("contained");
         std::fs::write(dir.join("labels.txt"), "a").unwrap();
-        assert!(contained(&dir, "labels.txt").is_ok());
+        assert_eq!(
+            contained(&dir, "labels.txt").unwrap(),
+            dir.join("labels.txt")
+        );
         assert!(contained(&dir, "1/model.onnx").is_ok());
-        for bad in ["", "/etc/passwd", "../x", "1/../../x"] {
+        for bad in [
+            "",
+            "/etc/passwd",
+            "../x",
+            "1/../../x",
+            "a//b",
+            "a\\b",
+            "a\0b",
+            "1/..",
+        ] {
             assert_eq!(
                 contained(&dir, bad).unwrap_err(),
                 format!("path '{bad}' must be relative and stay within the model directory")
             );
         }
-        std::os::unix::fs::symlink("/etc", dir.join("escape")).unwrap();
+        // The operator's link is followed, as written.
+        std::os::unix::fs::symlink("/etc", dir.join("linked")).unwrap();
         assert_eq!(
-            contained(&dir, "escape/hostname").unwrap_err(),
-            "path 'escape/hostname' resolves to /etc/hostname outside the model directory"
+            contained(&dir, "linked/hostname").unwrap(),
+            dir.join("linked/hostname")
         );
         let _ = std::fs::remove_dir_all(&dir);
     }
 
     #[test]
-    fn local_store_lists_fetches_and_refuses_escaping_links() {
+    fn local_store_lists_fetches_and_follows_linked_model_directories() {
         let root = scratch("local");
         std::fs::create_dir_all(root.join("m/1")).unwrap();
         std::fs::create_dir_all(root.join(".hidden")).unwrap();
+        std::fs::write(root.join("file"), "x").unwrap();
         let outside = scratch("outside");
         std::os::unix::fs::symlink(&outside, root.join("linked")).unwrap();
+        std::os::unix::fs::symlink(root.join("gone"), root.join("dangling")).unwrap();
         let store = LocalStore::new(root.clone());
         assert_eq!(store.list().unwrap(), vec!["linked", "m"]);
         assert!(store.contains("m") && !store.contains("nope") && !store.contains("../m"));
         assert_eq!(store.fetch("m").unwrap(), root.join("m"));
-        assert!(store.fetch("linked").unwrap_err().contains("outside"));
+        // Not canonicalised: the link's own path, which the kernel follows.
+        assert_eq!(store.fetch("linked").unwrap(), root.join("linked"));
         assert!(store.fetch("nope").unwrap_err().contains("not found"));
+        assert!(store.fetch("dangling").unwrap_err().contains("not found"));
+        assert!(store
+            .fetch("file")
+            .unwrap_err()
+            .contains("is not a directory"));
+        assert!(store.fetch("../m").unwrap_err().contains("path traversal"));
         let _ = std::fs::remove_dir_all(&root);
         let _ = std::fs::remove_dir_all(&outside);
     }

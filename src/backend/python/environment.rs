@@ -11,8 +11,15 @@
 //! activated before its `bin/python3` starts, as Triton starts its stubs (`source bin/activate`,
 //! the environment's `lib` first on `LD_LIBRARY_PATH`, under bash); one without runs its
 //! `bin/python3` directly.
+//!
+//! An `EXECUTION_ENV_PATH` is code the model's stubs run, so it must be the operator's: inside
+//! the model's repository (the model directory's parent) or a `--python-env-root` directory.
+//! The path, `$$TRITON_MODEL_DIRECTORY` replaced, is checked as written (made absolute, `.` and
+//! `..` folded: [`crate::core::path`]) and then used as checked, so `..` cannot climb out of a
+//! linked model directory either; the links inside are the operator's and are followed.
 
 use super::stub_env::StubEnvironment;
+use crate::core::path::absolute_lexical;
 use std::collections::HashMap;
 use std::fmt;
 use std::fs::{self, File};
@@ -26,6 +33,27 @@ use std::time::SystemTime;
 pub const EXECUTION_ENV_PATH: &str = "EXECUTION_ENV_PATH";
 /// The variable naming the interpreter of models without an environment.
 pub const PYTHON_VARIABLE: &str = "KILN_PYTHON";
+
+/// `named` (an `EXECUTION_ENV_PATH`, its model directory put in) made absolute and normal, when
+/// that is inside the repository of `model_dir` or one of `roots`.
+///
+/// # Errors
+/// Where it is, and where it may be.
+fn allowed(named: &str, model_dir: &Path, roots: &[PathBuf]) -> Result<PathBuf, String> {
+    let path = absolute_lexical(Path::new(named));
+    let model_dir = absolute_lexical(model_dir);
+    let repository = model_dir.parent().unwrap_or(&model_dir);
+    if path.starts_with(repository) || roots.iter().any(|root| path.starts_with(root)) {
+        return Ok(path);
+    }
+    Err(format!(
+        "{EXECUTION_ENV_PATH} '{named}' ({}) is outside the model repository {}: kiln runs \
+         Python environments from the model's repository and the --python-env-root \
+         directories only (--python-env-root=/ allows any, as Triton)",
+        path.display(),
+        repository.display()
+    ))
+}
 
 /// What activates an environment: sources the script named first (its output goes to standard
 /// error: standard output is the stub's channel), puts the directory named second first on
@@ -54,16 +82,21 @@ impl Interpreter {
     ///
     /// # Errors
     /// An environment that does not exist, cannot be unpacked or has no `bin/python3`.
-    pub fn find(parameter: Option<&str>, model_dir: &Path) -> Result<Interpreter, String> {
+    /// `roots`: where environments may be besides the model's repository (absolute, normal).
+    pub fn find(
+        parameter: Option<&str>,
+        model_dir: &Path,
+        roots: &[PathBuf],
+    ) -> Result<Interpreter, String> {
         static UNPACKED: LazyLock<Mutex<Unpacked>> =
             LazyLock::new(|| Mutex::new(Unpacked::new(std::env::temp_dir())));
-        Interpreter::find_with(parameter, model_dir, &UNPACKED)
+        Interpreter::find_with(parameter, (model_dir, roots), &UNPACKED)
     }
 
     /// [`Interpreter::find`], packed environments unpacked by `unpacked`.
     fn find_with(
         parameter: Option<&str>,
-        model_dir: &Path,
+        (model_dir, roots): (&Path, &[PathBuf]),
         unpacked: &Mutex<Unpacked>,
     ) -> Result<Interpreter, String> {
         let Some(env) = parameter.map(str::trim).filter(|p| !p.is_empty()) else {
@@ -76,8 +109,11 @@ impl Interpreter {
                 variables: StubEnvironment::default(),
             });
         };
-        let named =
-            PathBuf::from(env.replace("$$TRITON_MODEL_DIRECTORY", &model_dir.to_string_lossy()));
+        let named = allowed(
+            &env.replace("$$TRITON_MODEL_DIRECTORY", &model_dir.to_string_lossy()),
+            model_dir,
+            roots,
+        )?;
         let metadata = fs::metadata(&named)
             .map_err(|e| format!("{EXECUTION_ENV_PATH} '{}': {e}", named.display()))?;
         let env = if metadata.is_dir() {
@@ -156,7 +192,7 @@ struct Unpacked {
     temp: PathBuf,
     /// This process's directory in it (made at the first environment).
     base: Option<PathBuf>,
-    /// Each archive's directory, by the archive's canonical path, modification time and size.
+    /// Each archive's directory, by the archive's path (absolute, as checked), modification time and size.
     by_archive: HashMap<(PathBuf, Option<SystemTime>, u64), PathBuf>,
     /// Directories made, for the next one's name.
     made: usize,
@@ -184,9 +220,11 @@ impl Unpacked {
                 archive.display()
             )
         };
-        let canonical = archive.canonicalize().map_err(failed)?;
-        let metadata = fs::metadata(&canonical).map_err(failed)?;
-        let key = (canonical, metadata.modified().ok(), metadata.len());
+        // Keyed by the path as checked, not canonicalised: through a modelcar's
+        // `/proc/<pid>/root/...` the canonical path does not exist here.
+        let path = absolute_lexical(archive);
+        let metadata = fs::metadata(&path).map_err(failed)?;
+        let key = (path, metadata.modified().ok(), metadata.len());
         if let Some(dir) = self.by_archive.get(&key).filter(|dir| dir.is_dir()) {
             return Ok(dir.clone());
         }
@@ -280,7 +318,7 @@ mod tests {
         dir: &Path,
         unpacked: &Mutex<Unpacked>,
     ) -> Result<Interpreter, String> {
-        Interpreter::find_with(parameter, dir, unpacked)
+        Interpreter::find_with(parameter, (dir, &[]), unpacked)
     }
 
     /// A tar archive holding an environment: an executable `bin/python3`, a link to it, and a
@@ -382,11 +420,14 @@ mod tests {
     fn what_is_not_an_environment_fails_with_the_reason() {
         let dir = scratch("not");
         let unpacked = Mutex::new(Unpacked::new(dir.clone()));
-        let missing = find(Some("/nowhere/env.tar.gz"), &dir, &unpacked).unwrap_err();
-        assert!(
-            missing.starts_with("EXECUTION_ENV_PATH '/nowhere/env.tar.gz': "),
-            "{missing}"
+        let missing = find(
+            Some("$$TRITON_MODEL_DIRECTORY/no/env.tar.gz"),
+            &dir,
+            &unpacked,
         );
+        let missing = missing.unwrap_err();
+        let expected = format!("EXECUTION_ENV_PATH '{}/no/env.tar.gz': ", dir.display());
+        assert!(missing.starts_with(&expected), "{missing}");
         fs::write(dir.join("garbage.tar.gz"), [0x1f, 0x8b, 1, 2, 3]).unwrap();
         let garbage = find(
             Some("$$TRITON_MODEL_DIRECTORY/garbage.tar.gz"),
@@ -399,6 +440,60 @@ mod tests {
         let empty = find(Some("$$TRITON_MODEL_DIRECTORY/empty"), &dir, &unpacked).unwrap_err();
         assert!(empty.ends_with("has no bin/python3"), "{empty}");
         fs::remove_dir_all(&dir).unwrap();
+    }
+
+    #[test]
+    fn environments_come_from_the_repository_or_the_roots_named() {
+        let base = scratch("roots");
+        let (repo, other) = (base.join("repo"), base.join("other"));
+        let model = repo.join("m");
+        for env in [model.join("env"), repo.join("shared"), other.join("env")] {
+            fs::create_dir_all(env.join("bin")).unwrap();
+            fs::write(env.join("bin/python3"), "").unwrap();
+        }
+        let unpacked = Mutex::new(Unpacked::new(base.clone()));
+        let find = |parameter: &str, roots: &[PathBuf]| {
+            Interpreter::find_with(Some(parameter), (&model, roots), &unpacked)
+        };
+        let python = |parameter: &str, roots: &[PathBuf]| {
+            find(parameter, roots).map(|found| found.python().to_path_buf())
+        };
+        assert_eq!(
+            python("$$TRITON_MODEL_DIRECTORY/env", &[]).unwrap(),
+            model.join("env/bin/python3")
+        );
+        // `..` is folded as written, and the folded path is the one used.
+        assert_eq!(
+            python("$$TRITON_MODEL_DIRECTORY/../shared", &[]).unwrap(),
+            repo.join("shared/bin/python3")
+        );
+        let outside = other.join("env");
+        for parameter in [
+            outside.display().to_string(),
+            "$$TRITON_MODEL_DIRECTORY/../../other/env".to_string(),
+            "/usr".to_string(),
+        ] {
+            let refused = find(&parameter, &[]).unwrap_err();
+            assert!(
+                refused.starts_with(&format!("EXECUTION_ENV_PATH '")),
+                "{refused}"
+            );
+            assert!(
+                refused.ends_with(&format!(
+                    "is outside the model repository {}: kiln runs Python environments from \
+                     the model's repository and the --python-env-root directories only \
+                     (--python-env-root=/ allows any, as Triton)",
+                    repo.display()
+                )),
+                "{refused}"
+            );
+        }
+        assert_eq!(
+            python("$$TRITON_MODEL_DIRECTORY/../../other/env", &[other.clone()]).unwrap(),
+            other.join("env/bin/python3")
+        );
+        assert!(find(&outside.display().to_string(), &[PathBuf::from("/")]).is_ok());
+        fs::remove_dir_all(&base).unwrap();
     }
 
     #[test]

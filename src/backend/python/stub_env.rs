@@ -56,6 +56,9 @@ pub struct StubEnvironment {
     passthrough: Arc<[String]>,
     /// `--python-stub-user`, `--python-stub-drop-privileges`.
     privileges: StubPrivileges,
+    /// `--python-env-root`: where an `EXECUTION_ENV_PATH` may name the environment a stub
+    /// starts in, besides the model's repository (see [`super::environment`]).
+    env_roots: Arc<[std::path::PathBuf]>,
 }
 
 impl StubEnvironment {
@@ -76,12 +79,27 @@ impl StubEnvironment {
         Ok(StubEnvironment {
             passthrough: passthrough.into(),
             privileges: StubPrivileges::default(),
+            env_roots: Arc::new([]),
         })
     }
 
     /// The same environment, the stub started with `privileges`.
     pub fn with_privileges(self, privileges: StubPrivileges) -> StubEnvironment {
         StubEnvironment { privileges, ..self }
+    }
+
+    /// This environment, with `roots` (absolute, normal) where environments may be besides the
+    /// model's repository (`--python-env-root`).
+    pub fn with_env_roots(self, roots: Vec<std::path::PathBuf>) -> StubEnvironment {
+        StubEnvironment {
+            env_roots: roots.into(),
+            ..self
+        }
+    }
+
+    /// The `--python-env-root` directories.
+    pub fn env_roots(&self) -> &[std::path::PathBuf] {
+        &self.env_roots
     }
 
     /// Whether a stub sees kiln's variable `name`.

@@ -108,6 +108,17 @@ impl ModelRepository {
                 })
             })?;
         } else {
+            let load = &self.options.load;
+            if let Some(code) = overrides
+                .code(&load.backend_directory)
+                .filter(|_| !load.allow_code_in_overrides)
+            {
+                return Err(Error::InvalidArgument(format!(
+                    "load of model '{name}' refused: {code}, and code sent with a load request \
+                     would run as the server's user; start kiln with \
+                     --allow-code-in-load-overrides to allow it"
+                )));
+            }
             // Triton writes the files while polling the model: a failure (a name longer than
             // the file system allows, a file where a directory must go) is its poll failure.
             let dir = OverrideDir::write(name, &overrides.files)

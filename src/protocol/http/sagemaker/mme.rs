@@ -16,7 +16,11 @@
 //! - `DELETE /models/<hash>`: unloads the model (and an ensemble's composing models) and
 //!   unregisters its repository; 404 if it is not loaded.
 //!
-//! As in Triton, a `url` under `/dev/`, `/proc/` or `/sys/` is refused.
+//! As in Triton, a `url` under `/dev/`, `/proc/` or `/sys/` is refused; and a `url` outside the
+//! `--sagemaker-model-root` directories (SageMaker's `/opt/ml/models` by default, where Triton's
+//! current release requires `/opt/ml/models/<hash>/model[/<subdir>]`) is refused too: the
+//! endpoint loads what SageMaker unpacked, not any directory a caller names. The `url` is checked
+//! as written (made absolute, `..` folded), and then used as checked.
 
 use super::{binary_header, sagemaker_response, SageMakerState, BINARY_MIME};
 use crate::core::Error;
@@ -33,7 +37,7 @@ use axum::response::{IntoResponse, Response};
 use axum::Json;
 use serde_json::json;
 use std::collections::BTreeMap;
-use std::path::{Component, Path, PathBuf};
+use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex};
 
 /// SageMaker's header naming the model archive a call is about.
@@ -147,22 +151,29 @@ fn target(headers: &HeaderMap, fallback: &str) -> String {
 
 /// `path` made absolute and without `.` or `..`, as Triton normalises the `url`.
 fn normalize(path: &str) -> PathBuf {
-    let absolute = if Path::new(path).is_absolute() {
-        PathBuf::from(path)
-    } else {
-        std::env::current_dir().unwrap_or_default().join(path)
-    };
-    let mut normal = PathBuf::from("/");
-    for component in absolute.components() {
-        match component {
-            Component::Normal(part) => normal.push(part),
-            Component::ParentDir => {
-                normal.pop();
-            }
-            Component::RootDir | Component::CurDir | Component::Prefix(_) => {}
-        }
+    crate::core::path::absolute_lexical(Path::new(path))
+}
+
+/// Why `path` (normalised) may not be loaded: a system directory, as in Triton, or outside every
+/// one of `roots`.
+fn refused(url: &str, path: &Path, roots: &[PathBuf]) -> Option<String> {
+    if ["/dev", "/proc", "/sys"]
+        .iter()
+        .any(|system| path.starts_with(system))
+    {
+        return Some(format!(
+            "Invalid URL: {url}. \"url\" property value cannot start with /dev/, /proc/, or /sys/."
+        ));
     }
-    normal
+    if roots.iter().any(|root| path.starts_with(root)) {
+        return None;
+    }
+    let shown: Vec<String> = roots.iter().map(|r| r.display().to_string()).collect();
+    Some(format!(
+        "Invalid URL: {url}. \"url\" must be a directory under {} (kiln's \
+         --sagemaker-model-root; --sagemaker-model-root=/ allows any, as Triton before 2.70)",
+        shown.join(", ")
+    ))
 }
 
 /// Where the model in `url` is: `(repository, model directory)`.
@@ -259,14 +270,8 @@ pub(super) async fn load(
         );
     };
     let path = normalize(url);
-    if ["/dev", "/proc", "/sys"]
-        .iter()
-        .any(|system| path.starts_with(system))
-    {
-        return error(
-            StatusCode::BAD_REQUEST,
-            format!("Invalid URL: {url}. \"url\" property value cannot start with /dev/, /proc/, or /sys/."),
-        );
+    if let Some(why) = refused(url, &path, &state.config.model_roots) {
+        return error(StatusCode::BAD_REQUEST, why);
     }
     let (repository, directory) = match tokio::task::spawn_blocking({
         let path = path.clone();
@@ -426,6 +431,39 @@ mod tests {
             Path::new("/proc/self")
         );
         assert_eq!(normalize("/a/./b/../c"), Path::new("/a/c"));
+    }
+
+    #[test]
+    fn urls_outside_the_model_roots_are_refused() {
+        let sagemaker = vec![PathBuf::from(super::super::DEFAULT_MODEL_ROOT)];
+        let check = |url: &str, roots: &[PathBuf]| refused(url, &normalize(url), roots);
+        assert_eq!(check("/opt/ml/models/4a8f/model", &sagemaker), None);
+        assert_eq!(check("/opt/ml/models/4a8f/model/sub/", &sagemaker), None);
+        for outside in [
+            "/etc",
+            "/opt/ml/models/../../../etc",
+            "/opt/ml/modelsx/a",
+            "relative",
+        ] {
+            let why = check(outside, &sagemaker).unwrap();
+            assert_eq!(
+                why,
+                format!(
+                    "Invalid URL: {outside}. \"url\" must be a directory under /opt/ml/models \
+                     (kiln's --sagemaker-model-root; --sagemaker-model-root=/ allows any, as \
+                     Triton before 2.70)"
+                ),
+                "{outside}"
+            );
+        }
+        let any = vec![PathBuf::from("/")];
+        assert_eq!(check("/etc", &any), None);
+        assert!(check("/proc/self/root", &any)
+            .unwrap()
+            .contains("cannot start with /dev/, /proc/, or /sys/"));
+        let two = vec![PathBuf::from("/a"), PathBuf::from("/b/c")];
+        assert!(check("/b/c/d", &two).is_none() && check("/b/d", &two).is_some());
+        assert!(check("/b/d", &two).unwrap().contains("under /a, /b/c "));
     }
 
     #[test]

@@ -40,6 +40,10 @@ pub enum InferenceType {
     GenerateStream,
 }
 
+/// Where SageMaker's model manager puts the models of a multi-model endpoint
+/// (`/opt/ml/models/<hash>/model`): the directory `POST /models` loads from by default.
+pub const DEFAULT_MODEL_ROOT: &str = "/opt/ml/models";
+
 /// The SageMaker settings, from the environment variables Triton reads.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct SageMakerConfig {
@@ -49,6 +53,9 @@ pub struct SageMakerConfig {
     pub ping_live: bool,
     /// `SAGEMAKER_TRITON_INFERENCE_TYPE`.
     pub inference: InferenceType,
+    /// `--sagemaker-model-root`: the directories `POST /models` may load from, absolute and
+    /// normal (SageMaker's `/opt/ml/models` unless the operator says otherwise).
+    pub model_roots: Vec<std::path::PathBuf>,
 }
 
 impl SageMakerConfig {
@@ -81,6 +88,7 @@ impl SageMakerConfig {
             model: var("SAGEMAKER_TRITON_DEFAULT_MODEL_NAME").filter(|m| !m.is_empty()),
             ping_live,
             inference,
+            model_roots: vec![DEFAULT_MODEL_ROOT.into()],
         })
     }
 }
@@ -258,7 +266,8 @@ mod tests {
             SageMakerConfig {
                 model: None,
                 ping_live: false,
-                inference: InferenceType::Infer
+                inference: InferenceType::Infer,
+                model_roots: vec!["/opt/ml/models".into()],
             }
         );
         let set = SageMakerConfig::from_env(|name| {
