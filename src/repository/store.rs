@@ -89,7 +89,8 @@ pub const MAX_MODEL_NAME_BYTES: usize = 255;
 /// could leave the repository once joined to its path (server PR #8400): no path separator (`/`,
 /// and `\` as on Windows), not `.` or `..` as the whole name, no NUL. Every other name is valid,
 /// dots and spaces included (`...`, `a..b`, `my model`). Also no longer than
-/// [`MAX_MODEL_NAME_BYTES`].
+/// [`MAX_MODEL_NAME_BYTES`], and, unlike Triton, no control character (a newline or an escape
+/// sequence in a name would forge log lines and garble terminals; the message escapes it).
 ///
 /// # Errors
 /// Triton's message for the rule broken (kiln's for the length, which does not repeat the name).
@@ -111,6 +112,12 @@ pub fn validate_name(name: &str) -> Result<(), String> {
     if escapes {
         return Err(format!(
             "invalid model name '{name}', model name must not contain path traversal characters"
+        ));
+    }
+    if name.chars().any(char::is_control) {
+        return Err(format!(
+            "invalid model name '{}', model name must not contain control characters",
+            name.escape_debug()
         ));
     }
     Ok(())
@@ -318,6 +325,21 @@ mod tests {
                 format!(
                     "invalid model name '{bad}', model name must not contain path traversal \
                      characters"
+                ),
+                "{bad:?}"
+            );
+        }
+        for (bad, shown) in [
+            ("a\nE1207 forged", "a\\nE1207 forged"),
+            ("x\x1b[2J", "x\\u{1b}[2J"),
+            ("tab\there", "tab\\there"),
+            ("del\u{7f}", "del\\u{7f}"),
+            ("c1\u{9b}", "c1\\u{9b}"),
+        ] {
+            assert_eq!(
+                validate_name(bad).unwrap_err(),
+                format!(
+                    "invalid model name '{shown}', model name must not contain control characters"
                 ),
                 "{bad:?}"
             );
