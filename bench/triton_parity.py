@@ -1165,20 +1165,30 @@ class Collector:
         self.server = http.server.ThreadingHTTPServer(("127.0.0.1", port), Handler)
         threading.Thread(target=self.server.serve_forever, daemon=True).start()
 
-    def take(self) -> list:
-        """The spans sent once none have come for a second (at most 15 s)."""
-        deadline, seen, quiet_since = time.monotonic() + 15, -1, time.monotonic()
+    def take(self, count: int) -> list:
+        """The spans sent, once there are `count` (at most 60 s): what ends the wait is the spans
+        a probe makes (OTEL_SPANS), never a time without news (a server may export one
+        request's spans in two batches)."""
+        deadline = time.monotonic() + 60
         while time.monotonic() < deadline:
             with self.lock:
-                count = len(self.spans)
-            if count != seen:
-                seen, quiet_since = count, time.monotonic()
-            elif count and time.monotonic() - quiet_since > 1:
-                break
-            time.sleep(0.1)
+                if len(self.spans) >= count:
+                    break
+            time.sleep(0.05)
+        else:
+            print(f"    collector: fewer than {count} spans within 60 s")
         with self.lock:
             spans, self.spans = self.spans, []
         return spans
+
+
+# The spans each server sends for a probe of `trace_probes` (Triton's, kiln's): a request, its
+# compute and its model's span, and for an ensemble or a BLS call those of its steps.
+OTEL_SPANS = {
+    "REST request": (3, 3), "gRPC request": (3, 3), "gRPC stream request": (3, 3), "ensemble": (6, 6),
+    "decoupled stream": (3, 3), "decoupled ensemble stream": (4, 4), "decoupled generate_stream": (3, 3),
+    "BLS call": (5, 5), "refused request": (0, 2), "model error": (3, 3), "cache miss and hit": (5, 5),
+}
 
 
 def otel_spans(spans: list, ordered: bool = True) -> tuple:
@@ -1225,7 +1235,7 @@ def compare_otel(triton_http: str, kiln_http: str, ports: str) -> None:
         answers = []
         for index, (http, collector) in enumerate(zip(servers, collectors)):
             call(http)
-            spans = collector.take()
+            spans = collector.take(OTEL_SPANS[name][index])
             scopes[index].update(f"{scope.name} {scope.version}".strip() for scope, _ in spans)
             answers.append(otel_spans(spans, ordered=name not in OTEL_UNORDERED))
         tally.compare(name, "", answers[0], answers[1])
