@@ -100,14 +100,18 @@ def test_numbered_trace_files_wrap_at_the_file_limit(tmp_path):
     srv, directory = traced(tmp_path, "--trace-config=triton,file-limit=3"), tmp_path
     for _ in range(5):
         assert infer_add_sub(srv) == 200
-    numbered = lambda: sorted(p.name for p in directory.glob("trace.json.*"))  # noqa: E731
-    # The fifth trace goes to trace.json.1 again (0, 1, 2, 0, 1): wait until it holds two traces' worth.
-    assert wait_for(lambda: len(numbered()) == 3 and all(
-        (directory / name).read_text().endswith("]") for name in numbered()))
-    time.sleep(0.5)  # no further file is coming: there is no trace left to write
-    assert numbered() == ["trace.json.0", "trace.json.1", "trace.json.2"]
-    ids = {record["id"] for name in numbered() for record in json.loads((directory / name).read_text())}
-    assert len(ids) == 3, ids  # the newest three of five
+
+    def written():
+        """The trace ids in the numbered files (None while one is being written)."""
+        try:
+            return {record["id"] for path in directory.glob("trace.json.*")
+                    for record in json.loads(path.read_text())}
+        except ValueError:
+            return None
+
+    # Files 0, 1, 2, then 0 and 1 again: the newest three traces (ids 3, 4 and 5) are what is left.
+    assert wait_for(lambda: written() == {3, 4, 5}), written()
+    assert sorted(p.name for p in directory.glob("trace.json.*")) == ["trace.json.0", "trace.json.1", "trace.json.2"]
     stop_server(srv)
 
 
