@@ -1046,6 +1046,35 @@ def sampling_probes():
     ]
 
 
+# The traces each server writes for a probe of `trace_probes` or `sampling_probes` before its
+# settings change (Triton's, kiln's; one each when not named): a trace is written once its request
+# and responses are released, after the client has its answer.
+TRACES_WRITTEN = {
+    "ensemble": (3, 3), "decoupled ensemble stream": (2, 2), "BLS call": (2, 2), "refused request": (0, 1),
+    "cache miss and hit": (2, 2), "rate 3 of 7 requests": (2, 2), "count 2 of 3 requests": (2, 2),
+    # The fifth trace waits for the settings to change, in a group of its own.
+    "log frequency 2 of 5 requests": (4, 4),
+}
+
+
+def written(directory: pathlib.Path, count: int) -> None:
+    """Waits (at most 60 s) until the trace files in `directory` hold `count` traces, each file
+    whole: what ends the wait is the traces themselves, never a time without news."""
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline:
+        ids = set()
+        try:
+            for file in directory.glob("trace.json.*"):
+                ids.update(record["id"] for record in json.loads(file.read_text() or "[]"))
+        except ValueError:  # a file being written
+            pass
+        else:
+            if len(ids) >= count:
+                return
+        time.sleep(0.05)
+    print(f"    {directory}: fewer than {count} traces written within 60 s")
+
+
 def compare_traces(triton_http: str, kiln_http: str) -> None:
     """`trace_probes` traced (TIMESTAMPS and TENSORS, every request, a file per trace) on both
     servers, which write `trace.json` in their own working directories (PARITY_TRACES: Triton's,
@@ -1065,7 +1094,7 @@ def compare_traces(triton_http: str, kiln_http: str) -> None:
                 old.unlink()
             requests.post(f"http://{http}/v2/trace/setting", json={**on, **settings}, timeout=30).raise_for_status()
             call(http)
-            time.sleep(1)  # the trace is written once its request and responses are released
+            written(directory, TRACES_WRITTEN.get(name, (1, 1))[http == kiln_http])
             answers.append(tuple(requests.get(f"http://{http}/v2/trace/setting", timeout=30).json()[key]
                                  for key in ("trace_rate", "trace_count")))
             requests.post(f"http://{http}/v2/trace/setting", json=off, timeout=30).raise_for_status()
@@ -1135,20 +1164,30 @@ class Collector:
         self.server = http.server.ThreadingHTTPServer(("127.0.0.1", port), Handler)
         threading.Thread(target=self.server.serve_forever, daemon=True).start()
 
-    def take(self) -> list:
-        """The spans sent once none have come for a second (at most 15 s)."""
-        deadline, seen, quiet_since = time.monotonic() + 15, -1, time.monotonic()
+    def take(self, count: int) -> list:
+        """The spans sent, once there are `count` (at most 60 s): what ends the wait is the spans
+        a probe makes (OTEL_SPANS), never a time without news (a server may export one
+        request's spans in two batches)."""
+        deadline = time.monotonic() + 60
         while time.monotonic() < deadline:
             with self.lock:
-                count = len(self.spans)
-            if count != seen:
-                seen, quiet_since = count, time.monotonic()
-            elif count and time.monotonic() - quiet_since > 1:
-                break
-            time.sleep(0.1)
+                if len(self.spans) >= count:
+                    break
+            time.sleep(0.05)
+        else:
+            print(f"    collector: fewer than {count} spans within 60 s")
         with self.lock:
             spans, self.spans = self.spans, []
         return spans
+
+
+# The spans each server sends for a probe of `trace_probes` (Triton's, kiln's): a request, its
+# compute and its model's span, and for an ensemble or a BLS call those of its steps.
+OTEL_SPANS = {
+    "REST request": (3, 3), "gRPC request": (3, 3), "gRPC stream request": (3, 3), "ensemble": (6, 6),
+    "decoupled stream": (3, 3), "decoupled ensemble stream": (4, 4), "decoupled generate_stream": (3, 3),
+    "BLS call": (5, 5), "refused request": (0, 2), "model error": (3, 3), "cache miss and hit": (5, 5),
+}
 
 
 def otel_spans(spans: list, ordered: bool = True) -> tuple:
@@ -1195,7 +1234,7 @@ def compare_otel(triton_http: str, kiln_http: str, ports: str) -> None:
         answers = []
         for index, (http, collector) in enumerate(zip(servers, collectors)):
             call(http)
-            spans = collector.take()
+            spans = collector.take(OTEL_SPANS[name][index])
             scopes[index].update(f"{scope.name} {scope.version}".strip() for scope, _ in spans)
             answers.append(otel_spans(spans, ordered=name not in OTEL_UNORDERED))
         tally.compare(name, "", answers[0], answers[1])
@@ -1819,49 +1858,35 @@ def stream_probes():
 
 def compare_streams(triton_grpc: str, kiln_grpc: str) -> None:
     """Each of `stream_probes` on a stream to both servers: every response, in order within its
-    request, compared as a parsed message (waiting for 1.5 s of quiet after the last)."""
-    import queue
-    import threading
-
+    request, compared as a parsed message. The client closes its side once it has sent the
+    requests, and reads until the server ends the stream: both end it only once every request has
+    ended (its final flag, or its one response; a decoupled request sent without
+    `triton_enable_empty_final_response` ends with no response saying so), so no wait is a guess
+    at how long a slow model takes. A stream not ended within 60 s answers `STREAM_DEADLINE`."""
     import grpc
     from tritonclient.grpc import service_pb2_grpc
 
     def run(url, requests_):
-        stub = service_pb2_grpc.GRPCInferenceServiceStub(grpc.insecure_channel(url))
-        done = threading.Event()
-
-        def sent():
-            yield from requests_
-            done.wait(10)
-
-        got = queue.Queue()
-        call = stub.ModelStreamInfer(sent(), timeout=30)
-        def read():
+        with grpc.insecure_channel(url) as channel:
+            call = service_pb2_grpc.GRPCInferenceServiceStub(channel).ModelStreamInfer(iter(requests_), timeout=60)
+            answers = []
             try:
-                for response in call:
-                    got.put(response)
-            except grpc.RpcError:  # cancelled below, once the answers are in
-                pass
-
-        threading.Thread(target=read, daemon=True).start()
-        answers = []
-        try:
-            while True:
-                answers.append(got.get(timeout=1.5 if answers else 10))
-        except queue.Empty:
-            pass
-        done.set()
-        call.cancel()
-        return answers
+                answers.extend(call)
+            except grpc.RpcError as error:
+                answers.append(f"STREAM_{error.code().name}: {error.details()}")
+            return answers
 
     def by_request(answers):
         """Responses of different requests may interleave: in order within each request."""
-        return sorted(answers, key=lambda a: a.infer_response.id)  # a stable sort
+        return sorted(answers, key=lambda a: "" if isinstance(a, str) else a.infer_response.id)  # a stable sort
 
     def without_sequence_parameters(answers):
         """The answers without the sequence parameters Triton's ensembles copy into theirs."""
         stripped = []
         for answer in answers:
+            if isinstance(answer, str):
+                stripped.append(answer)
+                continue
             copy = type(answer)()
             copy.CopyFrom(answer)
             for key in ("sequence_id", "sequence_start", "sequence_end"):
@@ -1872,10 +1897,11 @@ def compare_streams(triton_grpc: str, kiln_grpc: str) -> None:
     same = kept = differ = 0
     for name, requests_ in stream_probes():
         theirs, ours = by_request(run(triton_grpc, requests_)), by_request(run(kiln_grpc, requests_))
-        if theirs == ours:
+        ended = not any(isinstance(answer, str) for answer in theirs + ours)  # a stream cut off compares as nothing
+        if ended and theirs == ours:
             same += 1
             continue
-        if without_sequence_parameters(theirs) == ours:
+        if ended and without_sequence_parameters(theirs) == ours:
             kept += 1
             print(f"KNOWN stream {name}: {ENSEMBLE_PARAMETERS}")
             continue
@@ -1926,9 +1952,28 @@ def main():
             sys.exit(1)
         print("PARITY OK: every difference is a known one")
         return
+    if sys.argv[1] == "loaded":
+        sys.exit(0 if loaded(sys.argv[2], pathlib.Path(sys.argv[3])) else 1)
     if sys.argv[1] == "verdict":
         sys.exit(verdict(sys.argv[2:]))
     run_tests(pathlib.Path(sys.argv[2]), sys.argv[3].split(","), sys.argv[4:])
+
+
+def loaded(http: str, repo: pathlib.Path) -> bool:
+    """Whether every model of `repo` but py_warm_fail (which triton_parity.sh does not load) has
+    ended its load on the server at `http`: the repository index lists each, none LOADING (an
+    ensemble whose step failed has no state: Triton 2.51 does not try it)."""
+    import requests
+
+    try:
+        index = requests.post(f"http://{http}/v2/repository/index", json={}, timeout=10).json()
+    except (requests.RequestException, ValueError):
+        return False
+    states = {}
+    for entry in index:
+        states.setdefault(entry["name"], set()).add(entry.get("state"))
+    wanted = {model.name for model in repo.iterdir() if model.is_dir()} - {"py_warm_fail"}
+    return all(name in states and "LOADING" not in states[name] for name in wanted)
 
 
 def test_names(names: list[str]) -> list[str]:

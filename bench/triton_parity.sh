@@ -93,7 +93,12 @@ start_triton() {
       curl -sf localhost:9800/v2/models/py_add_sub/ready >/dev/null && break
       sleep 0.5
     done
-    sleep 3  # the other models finish loading
+    # Every model it loads has ended its load (ready, or unavailable with the reason).
+    for _ in $(seq 240); do
+      kill -0 "$PID" 2>/dev/null || break
+      "$ROOT/.venv/bin/python" "$ROOT/bench/triton_parity.py" loaded localhost:9800 "$REPO" && break
+      sleep 0.5
+    done
     kill -0 "$PID" 2>/dev/null && return 0
     echo "Triton died while loading (try $attempt): $(tail -1 "$OUT/triton.log")" >&2
     stop "$PID"  # its stubs

@@ -407,18 +407,45 @@ struct Fields {
 
 impl Visit for Fields {
     fn record_str(&mut self, field: &Field, value: &str) {
-        if field.name() == "message" {
-            self.message.push_str(value);
+        let out = if field.name() == "message" {
+            &mut self.message
         } else {
-            let _ = write!(self.rest, " {}={value}", field.name());
-        }
+            let _ = write!(self.rest, " {}=", field.name());
+            &mut self.rest
+        };
+        let from = out.len();
+        out.push_str(value);
+        escape_controls(out, from);
     }
 
     fn record_debug(&mut self, field: &Field, value: &dyn std::fmt::Debug) {
-        if field.name() == "message" {
-            let _ = write!(self.message, "{value:?}");
+        let out = if field.name() == "message" {
+            &mut self.message
         } else {
-            let _ = write!(self.rest, " {}={value:?}", field.name());
+            let _ = write!(self.rest, " {}=", field.name());
+            &mut self.rest
+        };
+        let from = out.len();
+        let _ = write!(out, "{value:?}");
+        escape_controls(out, from);
+    }
+}
+
+/// `text[from..]` with every control character but a tab escaped as Rust writes it (`\n`,
+/// `\u{1b}`): whatever a message quotes (a model name, a client's request id, a model's error)
+/// stays on its own line and cannot forge another or send a terminal escape sequence. Nothing is
+/// copied when there is none.
+fn escape_controls(text: &mut String, from: usize) {
+    let controls = |c: char| c.is_control() && c != '\t';
+    if !text[from..].contains(controls) {
+        return;
+    }
+    let tail = text.split_off(from);
+    for c in tail.chars() {
+        if controls(c) {
+            let _ = write!(text, "{}", c.escape_debug());
+        } else {
+            text.push(c);
         }
     }
 }
@@ -426,6 +453,20 @@ impl Visit for Fields {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn control_characters_are_escaped_and_the_rest_kept() {
+        let mut text = String::from("kept\n: ");
+        escape_controls(&mut text, 7);
+        assert_eq!(text, "kept\n: ");
+        let mut text = String::from("name ");
+        text.push_str("a\nE1207 00:00:00.000000 1 forged.cc:1] x\x1b[31m\r\tü\u{9b}");
+        escape_controls(&mut text, 5);
+        assert_eq!(
+            text,
+            "name a\\nE1207 00:00:00.000000 1 forged.cc:1] x\\u{1b}[31m\\r\tü\\u{9b}"
+        );
+    }
 
     #[test]
     fn dates_follow_the_gregorian_calendar() {

@@ -543,6 +543,7 @@ fn serve_rest(
     what: &str,
 ) -> Result<Serving, ServerError> {
     let address = listener.local_addr()?;
+    let router = http::with_nosniff(router);
     let stop = stopped_signal(stopped);
     let serving: std::pin::Pin<Box<dyn Future<Output = ()> + Send>> = match tls {
         Some(files) => {

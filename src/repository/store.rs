@@ -100,7 +100,9 @@ pub const EMPTY_NAME: &str = "Model name cannot be empty. Please enter a valid n
 /// repository once joined to its path: no path separator (`/`, and `\` as on Windows), not `.` or
 /// `..` as the whole trimmed name (` ..` included), no NUL. Every other name is valid, dots and
 /// spaces included (`...`, `a..b`, `my model`). Also no longer than [`MAX_MODEL_NAME_BYTES`].
-/// (Triton refuses `..` and `/` only; `.`, `\` and NUL are kiln's, the length too.)
+/// (Triton refuses `..` and `/` only; `.`, `\` and NUL are kiln's, the length too.) Unlike
+/// Triton, no control character either: a newline or an escape sequence in a name would forge
+/// log lines and garble terminals (the message escapes it).
 ///
 /// # Errors
 /// Triton's message for the rule broken (kiln's for the length, which does not repeat the name).
@@ -121,6 +123,12 @@ pub fn validate_name(name: &str) -> Result<(), String> {
     if escapes {
         return Err(format!(
             "invalid model name '{name}', model name must not contain path traversal characters"
+        ));
+    }
+    if name.chars().any(char::is_control) {
+        return Err(format!(
+            "invalid model name '{}', model name must not contain control characters",
+            name.escape_debug()
         ));
     }
     Ok(())
@@ -306,6 +314,21 @@ mod tests {
                 format!(
                     "invalid model name '{bad}', model name must not contain path traversal \
                      characters"
+                ),
+                "{bad:?}"
+            );
+        }
+        for (bad, shown) in [
+            ("a\nE1207 forged", "a\\nE1207 forged"),
+            ("x\x1b[2J", "x\\u{1b}[2J"),
+            ("tab\there", "tab\\there"),
+            ("del\u{7f}", "del\\u{7f}"),
+            ("c1\u{9b}", "c1\\u{9b}"),
+        ] {
+            assert_eq!(
+                validate_name(bad).unwrap_err(),
+                format!(
+                    "invalid model name '{shown}', model name must not contain control characters"
                 ),
                 "{bad:?}"
             );

@@ -184,7 +184,7 @@ impl Tracer {
 
     /// Traces sent as OpenTelemetry spans by `exporter` (`None`: to files).
     pub fn with_exporter(settings: TraceSettings, exporter: Option<Arc<Exporter>>) -> Tracer {
-        let file = Arc::new(TraceFile::new(settings.file.clone()));
+        let file = Arc::new(TraceFile::new(settings.file.clone(), settings.file_limit));
         let files = HashMap::from([(settings.file.clone(), Arc::downgrade(&file))]);
         let global = Arc::new(Setting::new(
             settings.clone(),
@@ -344,6 +344,7 @@ impl Inner {
             count,
             log_frequency,
             file: fallback.file,
+            file_limit: fallback.file_limit,
             mode: fallback.mode,
         };
         if let Some(reason) = values.invalid_reason() {
@@ -367,7 +368,7 @@ impl Inner {
         if let Some(file) = self.files.get(path).and_then(Weak::upgrade) {
             return file;
         }
-        let file = Arc::new(TraceFile::new(path.to_string()));
+        let file = Arc::new(TraceFile::new(path.to_string(), self.default.file_limit));
         self.files.retain(|_, file| file.strong_count() > 0);
         self.files.insert(path.to_string(), Arc::downgrade(&file));
         file

@@ -94,6 +94,9 @@ pub struct TraceSettings {
     /// change or the server stops.
     pub log_frequency: u32,
     pub file: String,
+    /// Numbered files before they wrap to `<file>.0` (kiln's `triton,file-limit=N`, start-up
+    /// only and not reported); 0: no limit, as in Triton.
+    pub file_limit: u32,
     pub mode: TraceMode,
 }
 
@@ -106,6 +109,7 @@ impl Default for TraceSettings {
             count: -1,
             log_frequency: 0,
             file: String::new(),
+            file_limit: super::file::DEFAULT_FILE_LIMIT,
             mode: TraceMode::Triton,
         }
     }
@@ -250,7 +254,8 @@ fn parse_count(value: &str) -> Result<i32, Error> {
 
 /// The start-up settings from `--trace-config` values, in `tritonserver`'s form:
 /// `level=OFF|TIMESTAMPS|TENSORS` (repeatable), `rate=N`, `count=N`, `mode=triton`, and the
-/// Triton mode's `triton,file=PATH` and `triton,log-frequency=N`.
+/// Triton mode's `triton,file=PATH` and `triton,log-frequency=N`; and kiln's
+/// `triton,file-limit=N`.
 ///
 /// # Errors
 /// A message naming the value that does not parse.
@@ -289,6 +294,9 @@ pub fn from_flags(values: &[String]) -> Result<TraceConfig, String> {
                 }
             }
             (Some("triton"), "file") => settings.file = text.to_string(),
+            (Some("triton"), "file-limit") => {
+                settings.file_limit = parse_u32("file-limit", text).map_err(bad)?
+            }
             (Some("triton"), "log-frequency") => {
                 settings.log_frequency = parse_u32("log-frequency", text).map_err(bad)?
             }

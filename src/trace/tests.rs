@@ -114,6 +114,7 @@ fn flags_read_like_tritonservers() {
         "mode=triton",
         "triton,file=/tmp/t.json",
         "triton,log-frequency=50",
+        "triton,file-limit=7",
     ])
     .unwrap()
     .settings;
@@ -125,6 +126,7 @@ fn flags_read_like_tritonservers() {
             count: 10,
             log_frequency: 50,
             file: "/tmp/t.json".into(),
+            file_limit: 7,
             mode: crate::trace::TraceMode::Triton,
         }
     );

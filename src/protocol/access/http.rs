@@ -99,10 +99,18 @@ pub async fn enforce(
     if let Err(denied) = browser_check(&policy, &request) {
         return refusal(&denied);
     }
-    if let Some(group) = group_of(request.uri().path()) {
+    let path = request.uri().path();
+    for group in [group_of(path), also_of(path)].into_iter().flatten() {
         if let Err(denied) = policy.check(group, request.headers()) {
             return refusal(&denied);
         }
     }
     next.run(request).await
+}
+
+/// The group a path needs besides its own: the status page's data (`/console/status`) holds the
+/// repository index too (every model, its state and its failure text), so a restricted
+/// model-repository API restricts it as well.
+pub fn also_of(path: &str) -> Option<ApiGroup> {
+    (path.trim_end_matches('/') == "/console/status").then_some(ApiGroup::ModelRepository)
 }

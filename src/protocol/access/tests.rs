@@ -164,7 +164,7 @@ fn grpc_methods_map_to_triton_groups() {
 
 #[test]
 fn rest_paths_map_to_triton_groups() {
-    use http::group_of;
+    use http::{also_of, group_of};
     let cases = [
         ("/v2", Some(ApiGroup::Metadata)),
         ("/v2/", Some(ApiGroup::Metadata)),
@@ -211,5 +211,14 @@ fn rest_paths_map_to_triton_groups() {
     ];
     for (path, group) in cases {
         assert_eq!(group_of(path), group, "{path}");
+    }
+    // The status page's data holds the repository index too.
+    for (path, also) in [
+        ("/console/status", Some(ApiGroup::ModelRepository)),
+        ("/console/status/", Some(ApiGroup::ModelRepository)),
+        ("/console", None),
+        ("/v2/models/stats", None),
+    ] {
+        assert_eq!(also_of(path), also, "{path}");
     }
 }

@@ -27,6 +27,21 @@ pub mod vertex;
 
 pub use routes::router;
 
+/// `X-Content-Type-Options: nosniff` on every response of a REST listener (`router`'s, errors
+/// and refusals included): no browser takes a JSON body or a tensor's bytes for a script or a
+/// page. One static header insert per response.
+pub fn with_nosniff(router: axum::Router) -> axum::Router {
+    router.layer(axum::middleware::map_response(
+        |mut response: Response| async move {
+            response.headers_mut().insert(
+                header::X_CONTENT_TYPE_OPTIONS,
+                HeaderValue::from_static("nosniff"),
+            );
+            response
+        },
+    ))
+}
+
 use crate::core::Error;
 use axum::http::{header, HeaderName, HeaderValue, StatusCode};
 use axum::response::{IntoResponse, Response};

@@ -267,6 +267,10 @@ impl ModelRepository {
         config: Option<ModelConfig>,
         keep_unchanged: bool,
     ) -> Result<(), Error> {
+        // A scanned directory's name (the load API's are checked before): refused with its reason.
+        if let Err(reason) = validate_name(name) {
+            return self.commit(name, Err(LoadFailure::Model(reason)), None, false);
+        }
         let Some(store) = self.stores().into_iter().find(|s| s.contains(name)) else {
             let reason = "model not found in any model repository".to_string();
             self.update(name, |old| {

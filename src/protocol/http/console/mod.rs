@@ -9,8 +9,13 @@
 //!   `generate_stream` for generation and decoupled models, tokens shown as they come).
 //! - `GET /console/docs`: the OpenAPI document (`/v2/openapi.json`) rendered by a small
 //!   hand-written page, so that nothing is fetched from a CDN and the binary grows by kilobytes.
-//! - `GET /console/status`: what the status page shows, as JSON (the Statistics API group: a
-//!   restricted statistics API restricts it too).
+//! - `GET /console/status`: what the status page shows, as JSON (the Statistics API group, and as
+//!   it holds the repository index, the ModelRepository group too: a restriction of either
+//!   restricts it).
+//!
+//! Both pages carry a strict Content-Security-Policy (`content_security_policy`): their one
+//! inline script and one inline style run by hash, nothing else loads, so no style or event
+//! handler attributes in them.
 //!
 //! The pages call the REST API like any other client: access restrictions and the bearer token
 //! apply to them (the page sends a token typed into it).
@@ -21,27 +26,58 @@ use axum::extract::State;
 use axum::http::header;
 use axum::response::IntoResponse;
 use axum::Json;
+use base64::Engine as _;
 use serde_json::{json, Map, Value};
 use std::collections::HashMap;
+use std::sync::OnceLock;
 
 const STATUS_PAGE: &str = include_str!("assets/console.html");
 const DOCS_PAGE: &str = include_str!("assets/docs.html");
+static STATUS_POLICY: OnceLock<String> = OnceLock::new();
+static DOCS_POLICY: OnceLock<String> = OnceLock::new();
 
 pub fn routes() -> Routes<Shared> {
     Routes::new()
-        .get("/console", || async { html(STATUS_PAGE) })
-        .get("/console/docs", || async { html(DOCS_PAGE) })
+        .get("/console", || async { html(STATUS_PAGE, &STATUS_POLICY) })
+        .get("/console/docs", || async { html(DOCS_PAGE, &DOCS_POLICY) })
         .get("/console/status", status)
 }
 
-fn html(page: &'static str) -> impl IntoResponse {
+fn html(page: &'static str, policy: &'static OnceLock<String>) -> impl IntoResponse {
+    let policy = policy.get_or_init(|| content_security_policy(page));
     (
         [
             (header::CONTENT_TYPE, "text/html; charset=utf-8"),
             // The pages hold no secret, but nothing else should frame them.
             (header::X_FRAME_OPTIONS, "DENY"),
+            (header::CONTENT_SECURITY_POLICY, policy.as_str()),
         ],
         page,
+    )
+}
+
+/// A page's Content-Security-Policy: nothing loads but its own inline script and style (allowed
+/// by their SHA-256, so that no injected markup runs), no frame, form or base. The status page's
+/// "try it" form may send gRPC-Web to the URL typed into it, another origin (the gRPC port):
+/// `connect-src` allows the server's own origin and any http(s) one.
+pub fn content_security_policy(page: &str) -> String {
+    let hash = |tag: &str| {
+        let open = format!("<{tag}>");
+        let start = page.find(&open).map_or(0, |at| at + open.len());
+        let end = page[start..]
+            .find(&format!("</{tag}>"))
+            .map_or(start, |at| start + at);
+        let digest = ring::digest::digest(&ring::digest::SHA256, &page.as_bytes()[start..end]);
+        format!(
+            "'sha256-{}'",
+            base64::engine::general_purpose::STANDARD.encode(digest)
+        )
+    };
+    format!(
+        "default-src 'none'; script-src {}; style-src {}; connect-src 'self' http: https:; \
+         img-src 'self' data:; base-uri 'none'; form-action 'none'; frame-ancestors 'none'",
+        hash("script"),
+        hash("style")
     )
 }
 
