@@ -6,6 +6,9 @@ interleaves the modes; the table gives medians of per-request latency over all r
 
     .venv/bin/python bench/shared_memory.py --grpc 127.0.0.1:8001 --http 127.0.0.1:8000 \
         [--elements 1048576] [--requests 50] [--rounds 3]
+
+The server must serve client shared memory: start kiln (or Triton's current release) with
+`--allow-client-shm=true`.
 """
 
 from __future__ import annotations

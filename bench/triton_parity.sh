@@ -115,7 +115,7 @@ if [ $status = 0 ] && { [ "$MODE" = --json ] || [ "$MODE" = --otel ]; }; then
   # The comparison loads model.py files through the load API, as Triton allows by default.
   PEER_SITE_PACKAGES=$("$ROOT/.venv/bin/python" -c 'import sysconfig;print(sysconfig.get_paths()["purelib"])') \
     KILN_PYTHON=$ROOT/.venv/bin/python bash -c 'cd "$1" && shift && exec setsid "$@"' _ "$OUT/kiln-run" \
-    "$KILN" --model-repository="$REPO" --http-port=9810 \
+    "$KILN" --model-repository="$REPO" --http-port=9810 --allow-client-shm=true \
     --grpc-port=9811 --metrics-port=9812 --python-env-passthrough=PEER_SITE_PACKAGES --model-control-mode=explicit \
     --allow-code-in-load-overrides $LOADS --strict-readiness=false --cache-config=local,size=1048576 $METRICS_CONFIG $(trace_config 9851) \
     >"$OUT/kiln.log" 2>&1 &

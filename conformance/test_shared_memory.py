@@ -13,10 +13,18 @@ import tritonclient.http as httpclient
 import tritonclient.utils.shared_memory as shm
 from tritonclient.utils import InferenceServerException, serialize_byte_tensor, serialized_byte_size
 
-from conftest import RPC_TIMEOUT
+from conftest import BUNDLED_REPO, FIXTURE_REPO, RPC_TIMEOUT, start_server, stop_server
 
 T = RPC_TIMEOUT
 BYTES = 16 * 4  # one add_sub row of FP32
+
+
+@pytest.fixture(scope="module")
+def server():
+    """The session's server, with client shared memory on (off by default, as in Triton)."""
+    srv = start_server([BUNDLED_REPO, FIXTURE_REPO], name="kiln-shm", extra_args=["--allow-client-shm=true"])
+    yield srv
+    stop_server(srv)
 
 
 @pytest.fixture(params=["grpc", "http"])

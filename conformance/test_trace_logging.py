@@ -210,7 +210,8 @@ def logged(tmp_path):
     log_file = tmp_path / "kiln.log"
     srv = start_server([BUNDLED_REPO], name="kiln-logging",
                        extra_args=["--log-file", str(log_file), "--log-format", "ISO8601",
-                                   "--model-control-mode", "explicit", "--load-model", "add_sub"])
+                                   "--model-control-mode", "explicit", "--load-model", "add_sub",
+                                   "--allow-client-shm=true"])
     yield srv, log_file
     stop_server(srv)
 

@@ -112,6 +112,8 @@ pub struct Config {
     pub console: bool,
     /// `--grpc-web`: gRPC-Web (and CORS) on the gRPC listener.
     pub grpc_web: crate::protocol::grpc_web::GrpcWebOptions,
+    /// `--allow-client-shm` and the objects clients may name (`--client-shm-*`).
+    pub client_shm: crate::engine::shared_memory::ShmPolicy,
 }
 
 /// The gRPC listener's connection settings (Triton's `--grpc-*` flags).
@@ -314,7 +316,8 @@ fn start_engine(config: &Config) -> Result<(Arc<ModelRepository>, Arc<Engine>), 
             .with_server_id(config.server_id.clone())
             .with_max_in_flight(config.max_inflight_requests)
             .with_tracer(tracer(&config.trace)?)
-            .with_response_cache(config.response_cache),
+            .with_response_cache(config.response_cache)
+            .with_client_shm(config.client_shm.clone()),
     );
     python_calls::connect(&engine);
     Ok((repository, engine))

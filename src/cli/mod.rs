@@ -11,6 +11,7 @@ mod browser;
 mod code_paths;
 mod compat;
 mod limits;
+mod shm;
 #[cfg(test)]
 mod tests;
 
@@ -38,6 +39,16 @@ use std::time::Duration;
 fn bool_value(text: &str) -> Result<bool, String> {
     crate::core::parse_bool(text.trim())
         .ok_or_else(|| format!("expected true or false (or on/off, 1/0), got '{text}'"))
+}
+
+/// `--http-max-input-size`: bytes, more than 0 (Triton's check and words, server
+/// src/command_line_parser.cc).
+fn positive_size(text: &str) -> Result<usize, String> {
+    match text.trim().parse::<i64>() {
+        Ok(n) if n <= 0 => Err("--http-max-input-size must be greater than 0.".into()),
+        Ok(n) => usize::try_from(n).map_err(|e| e.to_string()),
+        Err(e) => Err(format!("expected a number of bytes, got '{text}': {e}")),
+    }
 }
 
 fn parse_log_format(name: &str) -> Result<LogFormat, String> {
@@ -101,7 +112,7 @@ pub struct Args {
 
     /// Largest REST request body in bytes, checked while reading and again after decompression
     /// (Triton's default: 64 MiB).
-    #[arg(long, env = "KILN_HTTP_MAX_INPUT_SIZE", default_value_t = DEFAULT_MAX_INPUT_BYTES)]
+    #[arg(long, env = "KILN_HTTP_MAX_INPUT_SIZE", default_value_t = DEFAULT_MAX_INPUT_BYTES, value_parser = positive_size)]
     pub http_max_input_size: usize,
 
     /// Serve Amazon SageMaker's `/ping` and `/invocations` on --sagemaker-port (the model from
@@ -435,6 +446,9 @@ pub struct Args {
     #[arg(long = "response-cache-byte-size", value_name = "BYTES")]
     pub response_cache_byte_size: Option<usize>,
 
+    #[command(flatten, next_help_heading = "Shared memory")]
+    pub shm: shm::ShmFlags,
+
     #[command(flatten, next_help_heading = "Limits on clients (kiln's own)")]
     pub limits: limits::LimitFlags,
 
@@ -755,6 +769,7 @@ impl Args {
                 self.browser.grpc_web,
                 self.browser.grpc_web_cors_origins,
             )?,
+            client_shm: self.shm.policy(),
         };
         Ok(Launch {
             config,

@@ -38,7 +38,7 @@ pub use embed::{Embeddings, MAX_TEXTS};
 use run::{check_parameters, python_listing, python_sequence, queued, schedule_error};
 pub use run::{Failed, Stage};
 use shared_memory::tensors;
-use shared_memory::SharedMemory;
+use shared_memory::{SharedMemory, ShmPolicy};
 pub use status::VersionLatencies;
 use std::collections::BTreeMap;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
@@ -114,7 +114,7 @@ pub struct Engine {
     /// Set when shutdown starts: the server reports not ready and refuses new requests while the
     /// admitted ones finish.
     exiting: AtomicBool,
-    /// The system shared-memory regions clients registered.
+    /// The system shared-memory regions clients registered, and what clients may do with them.
     shared_memory: SharedMemory,
     /// Request tracing (`--trace-config`, the `trace` extension).
     tracer: Arc<Tracer>,
@@ -145,6 +145,12 @@ impl Engine {
     /// Names the server `id` in server metadata (Triton's `--id`).
     pub fn with_server_id(mut self, id: String) -> Engine {
         self.server_id = id;
+        self
+    }
+
+    /// Lets clients use shared memory as `policy` says (`--allow-client-shm`; off by default).
+    pub fn with_client_shm(mut self, policy: ShmPolicy) -> Engine {
+        self.shared_memory = SharedMemory::new(policy);
         self
     }
 

@@ -529,7 +529,8 @@ impl GrpcInferenceService for InferenceService {
     ) -> RpcResult<SystemSharedMemoryUnregisterResponse> {
         self.engine
             .shared_memory()
-            .unregister(&request.into_inner().name);
+            .unregister(&request.into_inner().name)
+            .map_err(status)?;
         Ok(Response::new(SystemSharedMemoryUnregisterResponse {}))
     }
 
@@ -545,9 +546,11 @@ impl GrpcInferenceService for InferenceService {
         &self,
         request: Request<CudaSharedMemoryRegisterRequest>,
     ) -> RpcResult<CudaSharedMemoryRegisterResponse> {
-        Err(status(shared_memory::cuda_register(
-            &request.into_inner().name,
-        )))
+        Err(status(
+            self.engine
+                .shared_memory()
+                .cuda_register(&request.into_inner().name),
+        ))
     }
 
     async fn cuda_shared_memory_unregister(
@@ -555,6 +558,10 @@ impl GrpcInferenceService for InferenceService {
         _: Request<CudaSharedMemoryUnregisterRequest>,
     ) -> RpcResult<CudaSharedMemoryUnregisterResponse> {
         // No CUDA region is ever registered: nothing to do, as in Triton without GPUs.
+        self.engine
+            .shared_memory()
+            .cuda_unregister()
+            .map_err(status)?;
         Ok(Response::new(CudaSharedMemoryUnregisterResponse {}))
     }
 

@@ -235,7 +235,10 @@ async fn versions_scalar_and_reshape() {
 
 #[tokio::test]
 async fn bad_requests_get_triton_errors_and_the_server_stays_up() {
-    let mut server = Server::start();
+    let mut server = Server::start_with(
+        &["model_repository", "tests/fixtures/model_repository"],
+        &["--allow-client-shm=true"],
+    );
     let mut client = server.client().await;
     let cases: Vec<(ModelInferRequest, Code, &str)> = vec![
         (

@@ -198,7 +198,13 @@ async fn limits_and_encodings() {
     let bomb = gzip.finish().unwrap();
     assert!(bomb.len() < 4096);
     let response = infer(&server, &[("Content-Encoding", "gzip")], &bomb).await;
-    assert_eq!(response.status, 413);
+    // Triton: server src/data_compressor.h, DataCompressor::DecompressData.
+    assert_eq!(response.status, 400);
+    assert_eq!(
+        response.error(),
+        "Decompressed data size exceeds the maximum allowed value of 4096 bytes. Use \
+         --http-max-input-size to increase the limit."
+    );
     assert_alive(&server).await;
 
     let response = infer(&server, &[("Content-Encoding", "gzip")], b"not gzip").await;

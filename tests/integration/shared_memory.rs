@@ -103,7 +103,10 @@ fn descriptors_of(server: &Server, key: &str) -> usize {
 
 #[tokio::test]
 async fn regions_churn_under_load_without_losing_the_server() {
-    let server = Server::start();
+    let server = Server::start_with(
+        &["model_repository", "tests/fixtures/model_repository"],
+        &["--allow-client-shm=true"],
+    );
     let object = Object::new(4096);
     let input: Vec<f32> = (0..16).map(|i| i as f32).collect();
     object.file.write_all_at(&fp32_bytes(&input), 0).unwrap();

@@ -5,17 +5,20 @@
 //! `shared_memory_region`, `shared_memory_byte_size`, `shared_memory_offset`.
 //!
 //! Layout: this module keeps the registry (register, status, unregister; Triton's texts and
-//! codes); `window` opens one window of a client's object and copies bytes in and out of it
+//! codes); `policy` says whether clients may use shared memory at all (`--allow-client-shm`, off
+//! by default as in Triton's current release) and which objects they may name; `window` opens one window of a client's object and copies bytes in and out of it
 //! (through the descriptor, so a client that shrinks its object gets an error, not a crashed
 //! server); `tensors` reads inputs out of regions and writes outputs into them around a request.
 //!
 //! A request holds the regions it uses, so unregistering one while a request is in flight is
 //! safe: the window stays open until that request is done (Triton waits the same way).
 
+mod policy;
 pub(super) mod tensors;
 mod window;
 
 use crate::core::Error;
+pub use policy::{parse_prefix, ShmPolicy, DISABLED};
 use std::collections::BTreeMap;
 use std::sync::{Arc, Mutex};
 pub use tensors::{BYTE_SIZE, OFFSET, REGION};
@@ -51,20 +54,40 @@ pub(super) struct Region {
     window: Window,
 }
 
-/// The registered system shared-memory regions, by name.
+/// The registered system shared-memory regions, by name, and what clients may do with them.
+/// The default serves no client (see [`ShmPolicy`]).
 #[derive(Debug, Default)]
 pub struct SharedMemory {
     regions: Mutex<BTreeMap<String, Arc<Region>>>,
+    policy: ShmPolicy,
 }
 
 impl SharedMemory {
+    /// Refuses while client shared memory is off (for a front end that checks before it reads
+    /// the request, as Triton's REST front end does).
+    ///
+    /// # Errors
+    /// UNSUPPORTED with Triton's text.
+    pub fn check_allowed(&self) -> Result<(), Error> {
+        self.policy.check_allowed()
+    }
+
+    /// A registry that lets clients do what `policy` says.
+    pub fn new(policy: ShmPolicy) -> SharedMemory {
+        SharedMemory {
+            regions: Mutex::default(),
+            policy,
+        }
+    }
+
     /// Opens `byte_size` bytes at `offset` of the object `key` and registers them as `name`.
     ///
     /// # Errors
-    /// ALREADY_EXISTS for a name in use; INTERNAL when the object cannot be opened; INVALID_ARGUMENT
-    /// when the window does not fit inside the object (Triton's texts) or the name or key is
-    /// longer than [`MAX_NAME_BYTES`] / [`MAX_KEY_BYTES`]; RESOURCE_EXHAUSTED past
-    /// [`MAX_REGIONS`].
+    /// UNSUPPORTED while client shared memory is off; ALREADY_EXISTS for a name in use; INTERNAL
+    /// when the object cannot be opened; INVALID_ARGUMENT for a key Triton refuses, when the
+    /// window does not fit inside the object (Triton's texts), for an object of another user or a
+    /// key outside `--client-shm-prefix`, or when the name or key is longer than
+    /// [`MAX_NAME_BYTES`] / [`MAX_KEY_BYTES`]; RESOURCE_EXHAUSTED past [`MAX_REGIONS`].
     pub fn register(
         &self,
         name: &str,
@@ -72,7 +95,9 @@ impl SharedMemory {
         offset: u64,
         byte_size: u64,
     ) -> Result<(), Error> {
+        self.policy.check_allowed()?;
         check_lengths(name, key)?;
+        self.policy.check_key(name, key)?;
         let mut regions = self
             .regions
             .lock()
@@ -88,10 +113,25 @@ impl SharedMemory {
                  registered already"
             )));
         }
-        let window = Window::open(key, offset, byte_size).map_err(|e| match e {
+        let owner = self.policy.owner();
+        let window = Window::open(key, offset, byte_size, owner).map_err(|e| match e {
             OpenError::Open(why) => {
                 tracing::debug!("shm_open('{key}') failed: {why}");
                 Error::Internal(format!("Unable to open shared memory region: '{key}'"))
+            }
+            OpenError::NotAnObject => {
+                tracing::debug!("shm_open('{key}'): not a shared-memory object");
+                Error::Internal(format!("Unable to open shared memory region: '{key}'"))
+            }
+            OpenError::Foreign(uid) => {
+                tracing::warn!(
+                    "refused to register shared memory region '{name}': its object '{key}' \
+                     belongs to uid {uid}, not to kiln's user"
+                );
+                Error::InvalidArgument(format!(
+                    "failed to register shared memory region '{name}': the object '{key}' \
+                     belongs to another user than the server's (--client-shm-any-owner)"
+                ))
             }
             OpenError::OutOfBounds => Error::InvalidArgument(format!(
                 "failed to register shared memory region '{name}': invalid args"
@@ -136,7 +176,11 @@ impl SharedMemory {
 
     /// Unregisters every region (`name` empty), or the one named; a name that is not registered
     /// is not an error (Triton's rule). Requests in flight keep their regions open until done.
-    pub fn unregister(&self, name: &str) {
+    ///
+    /// # Errors
+    /// UNSUPPORTED while client shared memory is off.
+    pub fn unregister(&self, name: &str) -> Result<(), Error> {
+        self.policy.check_allowed()?;
         let mut regions = self
             .regions
             .lock()
@@ -146,6 +190,30 @@ impl SharedMemory {
         } else {
             regions.remove(name);
         }
+        Ok(())
+    }
+
+    /// CUDA shared memory as a server without CUDA IPC answers it (as Triton built without
+    /// GPUs): no region is ever registered, so status lists none, unregistering has nothing to do,
+    /// and registration is refused. Clients such as perf_analyzer unregister both kinds on exit.
+    /// While client shared memory is off, both are refused as Triton (built with GPUs) refuses
+    /// them.
+    pub fn cuda_register(&self, name: &str) -> Error {
+        if let Err(off) = self.policy.check_allowed() {
+            return off;
+        }
+        Error::Unsupported(format!(
+            "failed to register CUDA shared memory region '{name}': kiln does not serve CUDA \
+             shared memory"
+        ))
+    }
+
+    /// Unregisters CUDA regions: there are none (see [`SharedMemory::cuda_register`]).
+    ///
+    /// # Errors
+    /// UNSUPPORTED while client shared memory is off.
+    pub fn cuda_unregister(&self) -> Result<(), Error> {
+        self.policy.check_allowed()
     }
 
     /// The region registered as `name`, for a request to use.
@@ -182,17 +250,8 @@ fn check_lengths(name: &str, key: &str) -> Result<(), Error> {
     Ok(())
 }
 
-/// CUDA shared memory as a server without CUDA IPC answers it (as Triton built without GPUs):
-/// no region is ever registered, so status lists none, unregistering has nothing to do, and
-/// this refuses registration. Clients such as perf_analyzer unregister both kinds on exit.
-pub fn cuda_register(name: &str) -> Error {
-    Error::Unsupported(format!(
-        "failed to register CUDA shared memory region '{name}': kiln does not serve CUDA shared \
-         memory"
-    ))
-}
-
-/// The CUDA regions: none (see [`cuda_register`]).
+/// The CUDA regions: none (see [`SharedMemory::cuda_register`]); listed whether or not client
+/// shared memory is on, as Triton lists them.
 ///
 /// # Errors
 /// NOT_FOUND for any name, in Triton's words.
@@ -214,7 +273,7 @@ mod tests {
     #[test]
     fn regions_register_report_and_unregister() {
         let object = Object::new("registry", 8192);
-        let memory = SharedMemory::default();
+        let memory = SharedMemory::new(ShmPolicy::allowing());
         memory.register("in", &object.key, 0, 64).unwrap();
         memory.register("out", &object.key, 4096, 128).unwrap();
         assert_eq!(
@@ -237,10 +296,10 @@ mod tests {
             Error::NotFound("Unable to find system shared memory region: 'nope'".into())
         );
 
-        memory.unregister("in");
-        memory.unregister("never registered");
+        memory.unregister("in").unwrap();
+        memory.unregister("never registered").unwrap();
         assert_eq!(memory.status("").unwrap(), [status("out", 4096, 128)]);
-        memory.unregister("");
+        memory.unregister("").unwrap();
         assert!(memory.status("").unwrap().is_empty());
         assert_eq!(
             memory.region("out").unwrap_err(),
@@ -251,7 +310,7 @@ mod tests {
     #[test]
     fn registration_failures_use_tritons_words() {
         let object = Object::new("failures", 4096);
-        let memory = SharedMemory::default();
+        let memory = SharedMemory::new(ShmPolicy::allowing());
         assert_eq!(
             memory
                 .register("r", "/kiln-missing-object", 0, 8)
@@ -273,7 +332,7 @@ mod tests {
     #[test]
     fn names_and_keys_longer_than_the_bounds_are_refused_unrepeated() {
         let object = Object::new("bounds", 4096);
-        let memory = SharedMemory::default();
+        let memory = SharedMemory::new(ShmPolicy::allowing());
         let long_name = "n".repeat(MAX_NAME_BYTES + 1);
         let error = memory.register(&long_name, &object.key, 0, 8).unwrap_err();
         assert_eq!(
@@ -309,10 +368,10 @@ mod tests {
     #[test]
     fn a_region_in_use_outlives_its_unregistration() {
         let object = Object::new("in-use", 4096);
-        let memory = SharedMemory::default();
+        let memory = SharedMemory::new(ShmPolicy::allowing());
         memory.register("r", &object.key, 0, 16).unwrap();
         let held = memory.region("r").unwrap();
-        memory.unregister("r");
+        memory.unregister("r").unwrap();
         held.window.write(0, &[7; 16]).unwrap();
         assert_eq!(held.window.read(0, 16).unwrap(), [7; 16]);
         // The name is free again at once.
@@ -321,5 +380,47 @@ mod tests {
             memory.region("r").unwrap().window.read(0, 2).unwrap(),
             [7, 7]
         );
+    }
+
+    #[test]
+    fn off_by_default_every_call_but_status_is_refused() {
+        let object = Object::new("off", 4096);
+        let memory = SharedMemory::default();
+        let off = Error::Unsupported(DISABLED.into());
+        assert_eq!(memory.register("r", &object.key, 0, 8).unwrap_err(), off);
+        assert_eq!(memory.unregister("r").unwrap_err(), off);
+        assert_eq!(memory.unregister("").unwrap_err(), off);
+        assert_eq!(memory.cuda_register("r"), off);
+        assert_eq!(memory.cuda_unregister().unwrap_err(), off);
+        assert!(memory.status("").unwrap().is_empty());
+        let on = SharedMemory::new(ShmPolicy::allowing());
+        assert!(on.cuda_unregister().is_ok());
+        assert_eq!(
+            on.cuda_register("r").message(),
+            "failed to register CUDA shared memory region 'r': kiln does not serve CUDA shared \
+             memory"
+        );
+    }
+
+    #[test]
+    fn keys_are_checked_before_the_name_and_the_object() {
+        let object = Object::new("keys", 4096);
+        let memory = SharedMemory::new(ShmPolicy {
+            prefix: Some("/kiln-unit-keys".into()),
+            ..ShmPolicy::allowing()
+        });
+        memory.register("r", &object.key, 0, 8).unwrap();
+        // Triton's key checks come before the name in use.
+        assert!(memory
+            .register("r", "/", 0, 8)
+            .unwrap_err()
+            .message()
+            .contains("invalid shm key '/'"));
+        let outside = memory.register("s", "/kiln-other", 0, 8).unwrap_err();
+        assert!(
+            matches!(&outside, Error::InvalidArgument(m) if m.contains("--client-shm-prefix")),
+            "{outside:?}"
+        );
+        assert_eq!(memory.status("").unwrap().len(), 1);
     }
 }

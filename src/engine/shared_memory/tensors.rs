@@ -236,7 +236,7 @@ mod tests {
 
     fn setup() -> (Object, SharedMemory) {
         let object = Object::new("tensors", 4096);
-        let memory = SharedMemory::default();
+        let memory = SharedMemory::new(super::super::ShmPolicy::allowing());
         memory.register("r", &object.key, 0, 64).unwrap();
         (object, memory)
     }
@@ -322,7 +322,7 @@ mod tests {
     #[test]
     fn inputs_are_copied_out_of_their_region() {
         let (object, memory) = setup();
-        let writer = super::super::window::Window::open(&object.key, 0, 64).unwrap();
+        let writer = super::super::window::Window::open(&object.key, 0, 64, None).unwrap();
         let values: Vec<u8> = [1.0f32, 2.0].iter().flat_map(|v| v.to_le_bytes()).collect();
         writer.write(8, &values).unwrap();
         let mut request = InferRequest {
@@ -377,7 +377,7 @@ mod tests {
             ..Default::default()
         };
         write_outputs(&slots, &mut response).unwrap();
-        let reader = super::super::window::Window::open(&object.key, 0, 64).unwrap();
+        let reader = super::super::window::Window::open(&object.key, 0, 64, None).unwrap();
         assert_eq!(reader.read(16, 4).unwrap(), [5, 6, 7, 8]);
         assert!(response.outputs[0].data.is_empty());
         assert_eq!(

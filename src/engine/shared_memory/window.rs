@@ -11,7 +11,7 @@
 use std::ffi::CString;
 use std::fs::File;
 use std::os::fd::{FromRawFd, OwnedFd};
-use std::os::unix::fs::FileExt;
+use std::os::unix::fs::{FileExt, MetadataExt};
 
 /// A checked window of an open shared-memory object.
 #[derive(Debug)]
@@ -28,6 +28,10 @@ pub enum OpenError {
     Open(String),
     /// The window does not fit inside the object, or is empty.
     OutOfBounds,
+    /// The object belongs to another user (this uid) than the one asked for.
+    Foreign(u32),
+    /// The name is not a plain file (a directory, a FIFO, a socket).
+    NotAnObject,
 }
 
 /// Why a read or write of a window failed.
@@ -42,22 +46,37 @@ pub enum AccessError {
 }
 
 impl Window {
-    /// Opens the object `key` (an `shm_open` name, e.g. `/input0`) and checks that `len` bytes at
-    /// `offset` lie inside it.
-    pub fn open(key: &str, offset: u64, len: u64) -> Result<Window, OpenError> {
+    /// Opens the object `key` (an `shm_open` name, e.g. `/input0`) and checks that it is a plain
+    /// object (owned by `owner`, when given) and that `len` bytes at `offset` lie inside it.
+    ///
+    /// The key names one file of `/dev/shm`: a name with a `/` after its leading ones, `.` or
+    /// `..` is refused here, whatever the C library would make of it, and a symbolic link is not
+    /// followed (`O_NOFOLLOW`), so a key reaches no file outside `/dev/shm`.
+    pub fn open(key: &str, offset: u64, len: u64, owner: Option<u32>) -> Result<Window, OpenError> {
+        let name = key.trim_start_matches('/');
+        if name.contains('/') || name == "." || name == ".." {
+            return Err(OpenError::Open("not the name of one object".into()));
+        }
         let c_key = CString::new(key).map_err(|_| OpenError::Open("the key holds a NUL".into()))?;
+        let flags = libc::O_RDWR | libc::O_CLOEXEC | libc::O_NOFOLLOW;
         // SAFETY: `c_key` is a valid C string; a non-negative result is a descriptor that nothing
         // else owns, handed to `OwnedFd` at once.
-        let fd = unsafe { libc::shm_open(c_key.as_ptr(), libc::O_RDWR | libc::O_CLOEXEC, 0) };
+        let fd = unsafe { libc::shm_open(c_key.as_ptr(), flags, 0) };
         if fd < 0 {
             return Err(OpenError::Open(std::io::Error::last_os_error().to_string()));
         }
         // SAFETY: see above.
         let object = File::from(unsafe { OwnedFd::from_raw_fd(fd) });
-        let size = object
+        let metadata = object
             .metadata()
-            .map_err(|e| OpenError::Open(e.to_string()))?
-            .len();
+            .map_err(|e| OpenError::Open(e.to_string()))?;
+        if !metadata.file_type().is_file() {
+            return Err(OpenError::NotAnObject);
+        }
+        if owner.is_some_and(|uid| metadata.uid() != uid) {
+            return Err(OpenError::Foreign(metadata.uid()));
+        }
+        let size = metadata.len();
         match (offset.checked_add(len), usize::try_from(len)) {
             (Some(end), Ok(len)) if len > 0 && end <= size => Ok(Window {
                 object,
@@ -160,8 +179,8 @@ pub(super) mod tests {
     #[test]
     fn windows_see_each_others_writes_at_any_offset() {
         let object = Object::new("window", 3 * 4096);
-        let whole = Window::open(&object.key, 0, 3 * 4096).unwrap();
-        let window = Window::open(&object.key, 4096 + 100, 64).unwrap();
+        let whole = Window::open(&object.key, 0, 3 * 4096, None).unwrap();
+        let window = Window::open(&object.key, 4096 + 100, 64, None).unwrap();
         assert_eq!(window.len(), 64);
         window.write(8, &[1, 2, 3, 4]).unwrap();
         assert_eq!(whole.read(4096 + 108, 4).unwrap(), [1, 2, 3, 4]);
@@ -175,7 +194,7 @@ pub(super) mod tests {
     #[test]
     fn accesses_outside_the_window_are_refused() {
         let object = Object::new("bounds", 4096);
-        let window = Window::open(&object.key, 1000, 100).unwrap();
+        let window = Window::open(&object.key, 1000, 100, None).unwrap();
         assert!(window.read(0, 100).is_ok());
         assert_eq!(window.read(1, 100), Err(AccessError::OutOfWindow));
         assert_eq!(window.read(usize::MAX, 2), Err(AccessError::OutOfWindow));
@@ -186,7 +205,7 @@ pub(super) mod tests {
     #[test]
     fn a_shrunken_object_is_an_error_not_a_signal() {
         let object = Object::new("shrunk", 8192);
-        let window = Window::open(&object.key, 4096, 4096).unwrap();
+        let window = Window::open(&object.key, 4096, 4096, None).unwrap();
         object.truncate(4096 + 10);
         assert_eq!(window.read(0, 4096), Err(AccessError::Shrunk));
         assert_eq!(window.write(0, &[1; 64]), Err(AccessError::Shrunk));
@@ -201,18 +220,60 @@ pub(super) mod tests {
         let object = Object::new("fit", 4096);
         for (offset, len) in [(0, 4097), (4000, 97), (u64::MAX, 2), (0, 0)] {
             assert_eq!(
-                Window::open(&object.key, offset, len).unwrap_err(),
+                Window::open(&object.key, offset, len, None).unwrap_err(),
                 OpenError::OutOfBounds,
                 "{offset} + {len}"
             );
         }
         assert!(matches!(
-            Window::open("/kiln-no-such-object", 0, 1).unwrap_err(),
+            Window::open("/kiln-no-such-object", 0, 1, None).unwrap_err(),
             OpenError::Open(_)
         ));
         assert!(matches!(
-            Window::open("/bad\0key", 0, 1).unwrap_err(),
+            Window::open("/bad\0key", 0, 1, None).unwrap_err(),
             OpenError::Open(_)
         ));
+    }
+
+    #[test]
+    fn keys_reach_only_plain_objects_of_dev_shm_of_the_owner_asked_for() {
+        let object = Object::new("owner", 4096);
+        // SAFETY: geteuid cannot fail.
+        let me = unsafe { libc::geteuid() };
+        assert!(Window::open(&object.key, 0, 8, Some(me)).is_ok());
+        assert_eq!(
+            Window::open(&object.key, 0, 8, Some(me.wrapping_add(1))).unwrap_err(),
+            OpenError::Foreign(me)
+        );
+        // A symbolic link in /dev/shm to the object (or to any file) is not followed.
+        let link = format!("{}-link", object.key);
+        std::os::unix::fs::symlink(format!("/dev/shm{}", object.key), format!("/dev/shm{link}"))
+            .unwrap();
+        let through_link = Window::open(&link, 0, 8, None);
+        std::fs::remove_file(format!("/dev/shm{link}")).unwrap();
+        assert!(
+            matches!(through_link, Err(OpenError::Open(_))),
+            "{through_link:?}"
+        );
+        // Nothing outside /dev/shm, nothing that is not one object's name.
+        let inside = object.key.trim_start_matches('/');
+        for key in [
+            "/../shm/".to_string() + inside,
+            format!("/./{inside}"),
+            "/..".into(),
+            "/.".into(),
+            "/../../etc/passwd".into(),
+        ] {
+            assert!(
+                matches!(Window::open(&key, 0, 1, None), Err(OpenError::Open(_))),
+                "{key}"
+            );
+        }
+        // A directory is no object.
+        let dir = format!("{}-dir", object.key);
+        std::fs::create_dir(format!("/dev/shm{dir}")).unwrap();
+        let opened = Window::open(&dir, 0, 1, None);
+        std::fs::remove_dir(format!("/dev/shm{dir}")).unwrap();
+        assert!(opened.is_err(), "{opened:?}");
     }
 }

@@ -5,7 +5,7 @@
 //! `--http-max-input-size`; a declared `Content-Length` above the limit is refused before any
 //! byte is read. A body that goes `--http-body-timeout-secs` without a byte arriving is answered
 //! 408 (nginx's `client_body_timeout`), so a stalled client holds its connection no longer. `Content-Encoding: gzip | deflate` bodies are inflated under the same cap (a
-//! compression bomb stops at the limit). Responses are compressed when `Accept-Encoding` asks,
+//! compression bomb stops at the limit; past it: 400 in Triton's words). Responses are compressed when `Accept-Encoding` asks,
 //! choosing as Triton does among `gzip`, `deflate` and `identity` by `q` weight.
 
 use super::{HttpConfig, HttpError};
@@ -47,6 +47,15 @@ fn too_large(limit: usize) -> HttpError {
     )
 }
 
+/// A compressed body that inflates past the limit: Triton's status and words (server
+/// src/data_compressor.h, `DataCompressor::DecompressData`: INVALID_ARG, 400).
+fn inflates_too_large(limit: usize) -> HttpError {
+    HttpError::from(invalid_arg!(
+        "Decompressed data size exceeds the maximum allowed value of {limit} bytes. Use \
+         --http-max-input-size to increase the limit."
+    ))
+}
+
 /// The request's `Content-Encoding`.
 ///
 /// # Errors
@@ -80,8 +89,8 @@ fn too_slow(timeout: std::time::Duration) -> HttpError {
 /// and a body that stalls for `config.body_timeout`.
 ///
 /// # Errors
-/// 413 past the limit, 408 for a stalled body, 501 for an unknown encoding, 400 for a body that
-/// does not inflate or a connection that fails mid-body.
+/// 413 past the limit, 400 past it once inflated, 408 for a stalled body, 501 for an unknown
+/// encoding, 400 for a body that does not inflate or a connection that fails mid-body.
 pub async fn read(
     body: Body,
     headers: &HeaderMap,
@@ -243,7 +252,7 @@ fn inflate(
             .read_to_end(&mut out)
             .map_err(|e| invalid_arg!("failed to decompress the request body: {e}"))?;
         if out.len() > limit {
-            return Err(too_large(limit));
+            return Err(inflates_too_large(limit));
         }
         if out.len() - before < INFLATE_STEP {
             break;
@@ -423,7 +432,22 @@ mod tests {
         )
         .await
         .unwrap_err();
-        assert_eq!(err.status(), StatusCode::PAYLOAD_TOO_LARGE);
+        assert_eq!(err.status(), StatusCode::BAD_REQUEST);
+        assert_eq!(
+            err.message(),
+            "Decompressed data size exceeds the maximum allowed value of 100000 bytes. Use \
+             --http-max-input-size to increase the limit."
+        );
+        // Exactly the limit inflated is within it (Triton refuses only past it).
+        let exact = gzip(&vec![0u8; 100_000]);
+        let body = read(
+            Body::from(exact),
+            &headers(&[("content-encoding", "gzip")]),
+            100_000,
+        )
+        .await
+        .unwrap();
+        assert_eq!(body.len(), 100_000);
     }
 
     #[tokio::test]

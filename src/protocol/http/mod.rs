@@ -110,6 +110,11 @@ impl HttpError {
     pub fn status(&self) -> StatusCode {
         self.status
     }
+
+    /// The text the answer's `{"error": ...}` carries.
+    pub fn message(&self) -> &str {
+        &self.message
+    }
 }
 
 impl From<Error> for HttpError {

@@ -2,7 +2,8 @@
 //! `POST /v2/systemsharedmemory/region/{name}/register` with `{"key", "offset", "byte_size"}`,
 //! and `POST /v2/systemsharedmemory[/region/{name}]/unregister`. The registry is the engine's
 //! (see `engine::shared_memory`); gRPC serves the same one. The `/v2/cudasharedmemory` routes
-//! answer as Triton without GPUs does: no regions, registration refused.
+//! answer as Triton without GPUs does: no regions, registration refused. Without
+//! `--allow-client-shm=true`, registering and unregistering either kind are refused (501).
 
 use super::route_table::Routes;
 use super::routes::{AppState, PathName};
@@ -60,13 +61,15 @@ fn status(state: &AppState, name: &str) -> Result<Json<Value>, HttpError> {
     )))
 }
 
-/// Registers the region named in the path; 200 with an empty body.
+/// Registers the region named in the path; 200 with an empty body. While client shared memory
+/// is off the body is not read (Triton refuses first).
 async fn register(
     State(state): State<Shared>,
     PathName(name): PathName,
     headers: HeaderMap,
     request: Body,
 ) -> Result<StatusCode, HttpError> {
+    state.engine.shared_memory().check_allowed()?;
     let request = body::read(request, &headers, &state.config).await?;
     let (key, offset, byte_size) = register_body(&request)?;
     state
@@ -77,9 +80,9 @@ async fn register(
 }
 
 /// Unregisters every region; 200 with an empty body.
-async fn unregister_all(State(state): State<Shared>) -> StatusCode {
-    state.engine.shared_memory().unregister("");
-    StatusCode::OK
+async fn unregister_all(State(state): State<Shared>) -> Result<StatusCode, HttpError> {
+    state.engine.shared_memory().unregister("")?;
+    Ok(StatusCode::OK)
 }
 
 /// Unregisters the region named in the path (not an error when there is none); 200.
@@ -87,7 +90,7 @@ async fn unregister_region(
     State(state): State<Shared>,
     PathName(name): PathName,
 ) -> Result<StatusCode, HttpError> {
-    state.engine.shared_memory().unregister(&name);
+    state.engine.shared_memory().unregister(&name)?;
     Ok(StatusCode::OK)
 }
 
@@ -103,13 +106,14 @@ async fn cuda_status_region(PathName(name): PathName) -> Result<Json<Value>, Htt
 }
 
 /// Refused: kiln does not serve CUDA shared memory.
-async fn cuda_register(PathName(name): PathName) -> HttpError {
-    shared_memory::cuda_register(&name).into()
+async fn cuda_register(State(state): State<Shared>, PathName(name): PathName) -> HttpError {
+    state.engine.shared_memory().cuda_register(&name).into()
 }
 
-/// Nothing to unregister; 200.
-async fn cuda_unregister() -> StatusCode {
-    StatusCode::OK
+/// Nothing to unregister; 200 (501 while client shared memory is off).
+async fn cuda_unregister(State(state): State<Shared>) -> Result<StatusCode, HttpError> {
+    state.engine.shared_memory().cuda_unregister()?;
+    Ok(StatusCode::OK)
 }
 
 /// `{"key": string, "offset": unsigned (default 0), "byte_size": unsigned}`.

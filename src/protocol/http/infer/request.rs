@@ -225,7 +225,7 @@ fn shape(value: Option<&Value<'_>>) -> Result<Vec<i64>, Error> {
 }
 
 /// Request-level parameters: Triton's reserved keys are type-checked, `binary_data_output`
-/// is consumed, the rest are passed on.
+/// is consumed, `triton_*` keys are refused, the rest are passed on.
 fn request_parameters(
     value: Option<&Value<'_>>,
     formats: &mut OutputFormats,
@@ -252,6 +252,14 @@ fn request_parameters(
                 Value::String(s) => ParamValue::String(s.to_string()),
                 _ => ParamValue::Uint64(value.as_u64().ok_or_else(unable)?),
             },
+            // Triton's REST front end refuses every such key, `triton_enable_empty_final_response`
+            // too (server src/http_server.cc, ParseJsonTritonParams); gRPC allows that one.
+            _ if key.starts_with("triton_") => {
+                return Err(invalid_arg!(
+                    "parameter keys starting with 'triton_' are reserved for Triton usage and \
+                     should not be specified."
+                ))
+            }
             _ => param_value(key, value)?,
         };
         parameters.insert(key.to_string(), param);

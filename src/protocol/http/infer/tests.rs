@@ -260,6 +260,30 @@ fn malformed_fields() {
 }
 
 #[test]
+fn triton_keys_are_all_refused_over_rest() {
+    // Triton: server src/http_server.cc, ParseJsonTritonParams (every 'triton_' key, the one
+    // gRPC allows too).
+    for key in ["triton_x", "triton_enable_empty_final_response", "triton_"] {
+        assert_eq!(
+            message(json_only(&format!(
+                r#"{{"parameters": {{"{key}": true}}, "inputs": []}}"#
+            ))),
+            "parameter keys starting with 'triton_' are reserved for Triton usage and should not \
+             be specified.",
+            "{key}"
+        );
+    }
+    // The other reserved keys are Triton's own settings, taken as such; `headers` is a custom
+    // parameter to the server (tritonclient refuses it, the server does not).
+    let (request, _) = json_only(
+        r#"{"parameters": {"sequence_id": 3, "priority": 1, "timeout": 5, "headers": "h",
+            "tritonx": 1}, "inputs": []}"#,
+    )
+    .unwrap();
+    assert_eq!(request.parameters.len(), 5);
+}
+
+#[test]
 fn sequence_ids_and_empty_tensors() {
     let (request, _) = json_only(
         r#"{"parameters": {"sequence_id": "abc", "sequence_end": false, "timeout": 10},
