@@ -300,7 +300,7 @@ mod tests {
             for file in files {
                 list.push((format!("file:{file}"), Bytes(bytes::Bytes::new())));
             }
-            parse(list.into_iter().collect()).unwrap()
+            parse("m", list.into_iter().collect()).unwrap()
         };
         let backends = std::env::temp_dir().join(format!("kiln-backends-{}", std::process::id()));
         std::fs::create_dir_all(backends.join("pyish")).unwrap();
