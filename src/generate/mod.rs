@@ -31,10 +31,26 @@ use tokio::sync::mpsc;
 /// Why a sequence ended.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Finish {
-    /// The end-of-sequence token or a stop string.
+    /// The model generated its end-of-sequence token.
+    Eos,
+    /// The text reached one of the request's stop strings.
     Stop,
     /// `max_tokens` generated.
     Length,
+}
+
+/// One generated token as a request asked to see it ([`GenerateParams::details`]).
+#[derive(Debug, Clone, PartialEq)]
+pub struct TokenDetails {
+    pub id: u32,
+    /// The token alone as text, special tokens included (may differ from the event's text,
+    /// which is held back for characters and stop strings).
+    pub text: String,
+    /// Its natural log-probability under the model's distribution for the step (the softmax of
+    /// the raw logits, before temperature, top-k and top-p).
+    pub logprob: f32,
+    /// A special token of the tokenizer (e.g. the end-of-sequence token).
+    pub special: bool,
 }
 
 /// How a sequence ended, and the tokens it counted.
@@ -56,6 +72,8 @@ pub enum Event {
     Token {
         text: String,
         finish: Option<Finished>,
+        /// The token itself, when the request asked for details.
+        details: Option<TokenDetails>,
     },
     Failed(String),
 }
@@ -68,6 +86,8 @@ pub struct GenerateParams {
     pub stop: Vec<String>,
     /// Keep generating past the end-of-sequence token (for benchmarks, as vLLM's `ignore_eos`).
     pub ignore_eos: bool,
+    /// Send each token's [`TokenDetails`] (costs a log-softmax over the vocabulary per token).
+    pub details: bool,
 }
 
 /// Settings of one generation model version (from its config's `parameters`).

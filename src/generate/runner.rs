@@ -4,9 +4,9 @@
 //! bookkeeping and [`super`] for the overall shape.
 
 use super::batch::{prefill_inputs, BatchState, Gather, Inputs, Origin};
-use super::sampling::Sampler;
+use super::sampling::{logprob, Sampler};
 use super::text::{IncrementalDecoder, StopMatcher, TextCodec};
-use super::{Event, Finish, Finished, Sequence, Shared};
+use super::{Event, Finish, Finished, Sequence, Shared, TokenDetails};
 use crate::backend::decoder::{DecoderSession, Forward, KvCache, RowSource, Step};
 use crate::backend::BackendError;
 use crate::metrics::{ComputeTimes, FailureReason, GenerationMetrics, ModelStats, Timing};
@@ -52,9 +52,30 @@ impl Active {
         self.request.events.is_closed()
     }
 
+    /// Samples the next token from its row of `logits` and accepts it.
+    fn sample(&mut self, logits: &[f32], codec: &TextCodec, metrics: &GenerationMetrics) {
+        let token = self.sampler.sample(logits);
+        let details = self.request.params.details.then(|| {
+            let (text, special) = codec.token(token);
+            TokenDetails {
+                id: token,
+                text,
+                logprob: logprob(logits, token),
+                special,
+            }
+        });
+        self.accept(token, details, codec, metrics);
+    }
+
     /// Takes a generated token: finds the text it completes, checks the end conditions and sends
     /// the event.
-    fn accept(&mut self, token: u32, codec: &TextCodec, metrics: &GenerationMetrics) {
+    fn accept(
+        &mut self,
+        token: u32,
+        details: Option<TokenDetails>,
+        codec: &TextCodec,
+        metrics: &GenerationMetrics,
+    ) {
         let now = Instant::now();
         if self.generated == 0 {
             metrics.first_token(now - self.request.arrived);
@@ -68,7 +89,7 @@ impl Active {
         let decode = |ids: &[u32]| codec.decode(ids);
         let eos = !self.request.params.ignore_eos && Some(token) == codec.eos();
         let (text, finish) = if eos {
-            (self.drain(decode), Some(Finish::Stop))
+            (self.drain(decode), Some(Finish::Eos))
         } else {
             let piece = self.decoder.push(token, decode);
             let (mut text, matched) = self.stop.push(&piece);
@@ -88,7 +109,11 @@ impl Active {
             prompt_tokens: self.request.prompt.len(),
             generated_tokens: self.generated,
         });
-        let _ = self.request.events.send(Event::Token { text, finish });
+        let _ = self.request.events.send(Event::Token {
+            text,
+            finish,
+            details,
+        });
     }
 
     /// The text still held back when generation ends, up to a stop string if one completes.
@@ -244,10 +269,8 @@ impl Runner {
         let mut rows = Vec::new();
         for (row, mut sequence) in joining.into_iter().enumerate() {
             sequence.joined = started;
-            let token = sequence
-                .sampler
-                .sample(&step.logits[row * vocab..(row + 1) * vocab]);
-            sequence.accept(token, &self.codec, &self.metrics);
+            let logits = &step.logits[row * vocab..(row + 1) * vocab];
+            sequence.sample(logits, &self.codec, &self.metrics);
             let elapsed = sequence.request.arrived.elapsed();
             if sequence.done {
                 let queue = started - sequence.request.arrived;
@@ -293,11 +316,8 @@ impl Runner {
                 self.state.advance();
                 let vocab = self.session.vocab();
                 for (row, active) in self.state.rows_mut().iter_mut().enumerate() {
-                    let token = active
-                        .seq
-                        .sampler
-                        .sample(&step.logits[row * vocab..(row + 1) * vocab]);
-                    active.seq.accept(token, &self.codec, &self.metrics);
+                    let logits = &step.logits[row * vocab..(row + 1) * vocab];
+                    active.seq.sample(logits, &self.codec, &self.metrics);
                 }
                 self.cache = Some(step.cache);
                 self.leave();
@@ -455,6 +475,7 @@ mod tests {
                 sampling: Default::default(),
                 stop: Vec::new(),
                 ignore_eos: true,
+                details: false,
             },
             events,
             arrived: Instant::now(),
@@ -467,7 +488,7 @@ mod tests {
     fn received(receiver: &mut mpsc::UnboundedReceiver<Event>, got: &mut (String, usize, bool)) {
         while let Ok(event) = receiver.try_recv() {
             match event {
-                Event::Token { text, finish } => {
+                Event::Token { text, finish, .. } => {
                     got.0.push_str(&text);
                     got.1 += 1;
                     got.2 |= finish.is_some();

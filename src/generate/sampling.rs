@@ -110,6 +110,23 @@ impl Sampler {
     }
 }
 
+/// The natural log-probability of `token` under the softmax of `logits` (NaN and infinite logits
+/// count for nothing); negative infinity for a token outside the row or that cannot be drawn.
+pub fn logprob(logits: &[f32], token: u32) -> f32 {
+    let Some(&chosen) = logits.get(token as usize) else {
+        return f32::NEG_INFINITY;
+    };
+    let finite = || logits.iter().copied().filter(|l| l.is_finite());
+    let Some(max) = finite().reduce(f32::max) else {
+        return f32::NEG_INFINITY;
+    };
+    if !chosen.is_finite() {
+        return f32::NEG_INFINITY;
+    }
+    let total: f64 = finite().map(|l| f64::from(l - max).exp()).sum();
+    (f64::from(chosen - max) - total.ln()) as f32
+}
+
 /// The index of the largest logit; the first one on ties (as numpy's `argmax`). NaN never wins.
 pub fn argmax(logits: &[f32]) -> u32 {
     let mut best = 0;
@@ -190,6 +207,23 @@ mod tests {
             top_p,
             seed: Some(7),
         }
+    }
+
+    #[test]
+    fn logprobs_are_the_log_softmax_of_the_row() {
+        let logits = [1.0f32, 2.0, 3.0];
+        let total: f64 = logits.iter().map(|&l| f64::from(l).exp()).sum();
+        for (token, &l) in logits.iter().enumerate() {
+            let expected = (f64::from(l).exp() / total).ln() as f32;
+            assert!((logprob(&logits, token as u32) - expected).abs() < 1e-6);
+        }
+        // Large logits do not overflow; the probabilities still add up to one.
+        let big = [1000.0f32, 1000.0];
+        assert!((logprob(&big, 0) - 0.5f32.ln()).abs() < 1e-6);
+        assert_eq!(logprob(&[0.0, f32::NEG_INFINITY], 0), 0.0);
+        assert_eq!(logprob(&[0.0, f32::NEG_INFINITY], 1), f32::NEG_INFINITY);
+        assert_eq!(logprob(&[0.0, f32::NAN], 0), 0.0);
+        assert_eq!(logprob(&[0.0], 5), f32::NEG_INFINITY);
     }
 
     #[test]

@@ -19,6 +19,8 @@ const EOS_CANDIDATES: &[&str] = &[
 pub struct TextCodec {
     tokenizer: Tokenizer,
     eos: Option<u32>,
+    /// Ids of the tokenizer's special tokens.
+    special: std::collections::HashSet<u32>,
 }
 
 impl TextCodec {
@@ -40,7 +42,17 @@ impl TextCodec {
                 .iter()
                 .find_map(|name| tokenizer.token_to_id(name)),
         };
-        Ok(TextCodec { tokenizer, eos })
+        let special = tokenizer
+            .get_added_tokens_decoder()
+            .into_iter()
+            .filter(|(_, token)| token.special)
+            .map(|(id, _)| id)
+            .collect();
+        Ok(TextCodec {
+            tokenizer,
+            eos,
+            special,
+        })
     }
 
     /// The end-of-sequence token, if the model has one.
@@ -62,6 +74,12 @@ impl TextCodec {
     /// Text of `ids`, special tokens skipped.
     pub fn decode(&self, ids: &[u32]) -> String {
         self.tokenizer.decode(ids, true).unwrap_or_default()
+    }
+
+    /// The token `id` alone as text (a special token as its name), and whether it is special.
+    pub fn token(&self, id: u32) -> (String, bool) {
+        let text = self.tokenizer.decode(&[id], false).unwrap_or_default();
+        (text, self.special.contains(&id))
     }
 }
 

@@ -11,7 +11,7 @@ use crate::core::Error;
 use crate::core::InferRequest;
 pub use crate::generate::chat::Message;
 use crate::generate::{Event, GenerateError};
-pub use crate::generate::{Finish, Finished};
+pub use crate::generate::{Finish, Finished, TokenDetails};
 use crate::invalid_arg;
 use crate::repository::{Executor, ServingVersion};
 use crate::trace::{Activity, Trace};
@@ -21,11 +21,24 @@ use std::time::Instant;
 use tokio::sync::mpsc;
 
 /// One piece of generated text.
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq)]
 pub struct Chunk {
     pub text: String,
     /// On the last chunk: why generation ended, and the tokens it counted.
     pub finished: Option<Finished>,
+    /// The token generated, when the request asked for `details`.
+    pub details: Option<TokenDetails>,
+}
+
+/// A generation read to its end.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Whole {
+    /// The whole text, after the prompt unless the request set `exclude_input_in_output`.
+    pub text: String,
+    /// Why generation ended; `None` if it never started (no chunk came).
+    pub finished: Option<Finished>,
+    /// Every token generated, when the request asked for `details`.
+    pub tokens: Vec<TokenDetails>,
 }
 
 impl Chunk {
@@ -94,11 +107,16 @@ impl Generation {
             trace.responded();
         }
         let chunk = match event {
-            Some(Event::Token { text, finish }) => {
+            Some(Event::Token {
+                text,
+                finish,
+                details,
+            }) => {
                 self.finished = finish.is_some();
                 Ok(Chunk {
                     text,
                     finished: finish,
+                    details,
                 })
             }
             Some(Event::Failed(message)) => {
@@ -124,15 +142,30 @@ impl Generation {
     /// # Errors
     /// As [`Generation::next`].
     pub async fn text(&mut self) -> Result<String, Error> {
-        let mut text = if self.request.exclude_input {
-            String::new()
-        } else {
-            self.request.prompt.clone()
+        self.whole().await.map(|whole| whole.text)
+    }
+
+    /// Reads every chunk: the whole text as [`Generation::text`], why it ended and the tokens.
+    ///
+    /// # Errors
+    /// As [`Generation::next`].
+    pub async fn whole(&mut self) -> Result<Whole, Error> {
+        let mut whole = Whole {
+            text: if self.request.exclude_input {
+                String::new()
+            } else {
+                self.request.prompt.clone()
+            },
+            finished: None,
+            tokens: Vec::new(),
         };
         while let Some(chunk) = self.next().await {
-            text.push_str(&chunk?.text);
+            let chunk = chunk?;
+            whole.text.push_str(&chunk.text);
+            whole.finished = chunk.finished.or(whole.finished);
+            whole.tokens.extend(chunk.details);
         }
-        Ok(text)
+        Ok(whole)
     }
 }
 

@@ -103,6 +103,7 @@ fn parameters_alone_configure_a_request() {
         ("stop", ParamValue::String("END".into())),
         ("exclude_input_in_output", ParamValue::Bool(true)),
         ("ignore_eos", ParamValue::Bool(true)),
+        ("details", ParamValue::Bool(true)),
         ("custom", ParamValue::String("ignored".into())),
     ] {
         req.parameters.insert(key.into(), value);
@@ -111,7 +112,9 @@ fn parameters_alone_configure_a_request() {
     assert_eq!(parsed.params.max_tokens, 4);
     assert_eq!(parsed.params.sampling.top_k, 5);
     assert_eq!(parsed.params.stop, vec!["END"]);
-    assert!(parsed.exclude_input && parsed.params.ignore_eos);
+    assert!(parsed.exclude_input && parsed.params.ignore_eos && parsed.params.details);
+    let plain = parse("llm", &io(), &request(vec![text("text_input", &["hi"])])).unwrap();
+    assert!(!plain.params.details);
 }
 
 #[test]

@@ -58,8 +58,7 @@ pub async fn handle(
         let (started, trace) = start(&state, model, &headers, body).await?;
         let body = match started {
             Started::Text(mut generation) => {
-                let text = generation.text().await?;
-                text::event(&generation, &text).to_string().into_bytes()
+                text::whole(&mut generation).await?.to_string().into_bytes()
             }
             Started::One(body) => body,
             Started::Stream { first, rest } => exactly_one(first?, rest).await?,

@@ -310,7 +310,7 @@ fn generation_request(completion: &Completion) -> InferRequest {
 
 fn finish_reason(finish: Finish) -> &'static str {
     match finish {
-        Finish::Stop => "stop",
+        Finish::Eos | Finish::Stop => "stop",
         Finish::Length => "length",
     }
 }

@@ -158,7 +158,11 @@ impl Texts {
             prompt_tokens: self.prompt_tokens,
             generated_tokens: self.generated_tokens,
         });
-        Some(Ok(Chunk { text, finished }))
+        Some(Ok(Chunk {
+            text,
+            finished,
+            details: None,
+        }))
     }
 
     /// A response's piece of text; its counts and finish reason noted.
