@@ -4,7 +4,8 @@
   link's target is not truncated), and wrap after `triton,file-limit=N` files, so a client that
   sets `log_frequency` 1 through the trace API does not make a file per request without bound;
 - a warmup `count` of 4294967295 in a load's config override fails the load at once with a reason
-  (it kept a core busy for good, the load unanswered) and the server answers throughout;
+  (it kept a core busy for good, the load unanswered) and the server answers throughout; the
+  repository's own config.pbtxt is the operator's and keeps Triton's unbounded count;
 - a model name with a control character is refused at load (REST, gRPC and a repository scan),
   and the log escapes the control characters of what it prints, so a name cannot forge a line;
 - `GET /console/status`, which lists every model and its failure text, needs the
@@ -117,10 +118,22 @@ def test_numbered_trace_files_wrap_at_the_file_limit(tmp_path):
 
 # --------------------------------------------------------------------------- warmup count
 
+WARM_COUNT = 12000  # above the bound on a client's config override
+
+
 @pytest.fixture(scope="module")
 def explicit(tmp_path_factory):
     repo = tmp_path_factory.mktemp("security-repo")
     shutil.copytree(BUNDLED_REPO / "add_sub", repo / "add_sub")
+    shutil.copytree(BUNDLED_REPO / "add_sub", repo / "warm_many")
+    config = repo / "warm_many" / "config.pbtxt"
+    config.write_text(config.read_text().replace('name: "add_sub"', 'name: "warm_many"') + f"""
+model_warmup {{
+  name: "many" batch_size: 1 count: {WARM_COUNT}
+  inputs {{ key: "INPUT0" value {{ data_type: TYPE_FP32 dims: [ 16 ] zero_data: true }} }}
+  inputs {{ key: "INPUT1" value {{ data_type: TYPE_FP32 dims: [ 16 ] zero_data: true }} }}
+}}
+""")
     srv = start_server([repo], name="kiln-security-explicit",
                        extra_args=["--model-control-mode=explicit", "--load-model=add_sub"])
     yield srv
@@ -153,6 +166,15 @@ def test_a_huge_warmup_count_fails_the_load_and_the_server_answers(explicit):
     assert time.monotonic() - started < 30
     assert http_request(explicit.http_url, "GET", "/v2/health/live").status == 200
     assert infer_add_sub(explicit) == 200
+
+
+def test_the_repository_config_keeps_tritons_unbounded_warmup_count(explicit):
+    status, text = post_load(explicit, "warm_many", b"")
+    assert status == 200, text
+    stats = json.loads(http_request(explicit.http_url, "GET", "/v2/models/warm_many/stats").body)
+    # Each warmup run is counted as an execution of the model, as Triton counts it, on each of the
+    # two instances the default instance group gives it.
+    assert stats["model_stats"][0]["execution_count"] == 2 * WARM_COUNT, stats
 
 
 # --------------------------------------------------------------------------- model names

@@ -7,6 +7,7 @@
 use super::config::ConfigError;
 use super::limits::MAX_CONFIG_BYTES;
 use super::store::plain_relative;
+use super::warmup::MAX_WARMUP_COUNT;
 use crate::core::{Error, LoadParameter};
 use crate::invalid_arg;
 use crate::proto::descriptor_pool;
@@ -96,6 +97,18 @@ pub fn parse(name: &str, parameters: BTreeMap<String, LoadParameter>) -> Result<
             }
             let config = config_from_json(&json)
                 .map_err(|e| poll_failure(name, &format!("Invalid config override: {e}")))?;
+            if let Some(sample) = config
+                .model_warmup
+                .iter()
+                .find(|sample| sample.count > MAX_WARMUP_COUNT)
+            {
+                return Err(invalid_arg!(
+                    "failed to warm up model '{name}' with sample '{}': count {} is more than the \
+                     {MAX_WARMUP_COUNT} runs kiln allows a sample of a load's config override",
+                    sample.name,
+                    sample.count
+                ));
+            }
             overrides.config = Some(config);
         } else if let Some(path) = key.strip_prefix(FILE_PREFIX) {
             let LoadParameter::Bytes(contents) = value else {
@@ -269,6 +282,19 @@ mod tests {
         assert_eq!(
             error(&[("file:1/model.onnx", Bytes(bytes::Bytes::new()))]),
             "Load parameter 'config' must be specified for model file override"
+        );
+        // A client's config may not ask for endless warmup (the repository's own may, as in
+        // Triton): the most a sample may ask passes, one more is refused at once.
+        let warmup = |count: u32| {
+            String(format!(
+                r#"{{"model_warmup": [{{"name": "w", "batch_size": 1, "count": {count}}}]}}"#
+            ))
+        };
+        assert!(parse("m", params(&[("config", warmup(10_000))])).is_ok());
+        assert_eq!(
+            error(&[("config", warmup(u32::MAX))]),
+            "failed to warm up model 'm' with sample 'w': count 4294967295 is more than the \
+             10000 runs kiln allows a sample of a load's config override"
         );
         assert_eq!(
             error(&[("colour", Int64(1))]),

@@ -26,9 +26,11 @@ use std::time::{Duration, Instant};
 /// Largest tensor a warmup sample may make (batch included): 256 MiB.
 const MAX_SAMPLE_BYTES: usize = 256 << 20;
 
-/// Most runs a sample's `count` may ask of each instance. Triton has no bound: `count:
-/// 4294967295` there, or in a load's config override here before this bound, keeps a core busy
-/// for good and the load never answers. Ten thousand runs is far more than warming up needs.
+/// Most runs a sample's `count` may ask of each instance when a client sent the config (a load's
+/// config override, checked by [`super::overrides::parse`]). Triton has no bound: `count:
+/// 4294967295` in an override kept a core busy for good and the load never answered. The
+/// repository's own `config.pbtxt` is the operator's and has no bound, as in Triton. Ten
+/// thousand runs is far more than warming up needs.
 pub const MAX_WARMUP_COUNT: u32 = 10_000;
 
 /// Runs every warmup sample of `config`, `count` times (at least once), on every instance (on
@@ -159,13 +161,6 @@ pub fn samples(model_dir: &Path, config: &ModelConfig, io: &IoSpec) -> Result<Ve
                     1
                 },
             };
-            if sample.count > MAX_WARMUP_COUNT {
-                let why = format!(
-                    "count {} is more than the {MAX_WARMUP_COUNT} runs kiln allows a sample",
-                    sample.count
-                );
-                return Err(made.failed(&config.name, &why));
-            }
             made.inputs = sample_inputs(model_dir, &config.name, io, sample)
                 .map_err(|why| made.failed(&config.name, &why))?;
             Ok(made)
