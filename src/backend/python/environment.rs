@@ -78,25 +78,35 @@ pub struct Interpreter {
 
 impl Interpreter {
     /// The interpreter `parameter` (an `EXECUTION_ENV_PATH`, if any) names for the model in
-    /// `model_dir`, its environment unpacked when it is packed. Blocking.
+    /// `model_dir`, its environment unpacked when it is packed, its stubs seeing `variables`.
+    /// Blocking.
     ///
     /// # Errors
-    /// An environment that does not exist, cannot be unpacked or has no `bin/python3`.
-    /// `roots`: where environments may be besides the model's repository (absolute, normal).
+    /// An environment that does not exist, outside the repository and `variables`'
+    /// `--python-env-root`s, that cannot be unpacked or has no `bin/python3`.
     pub fn find(
         parameter: Option<&str>,
         model_dir: &Path,
-        roots: &[PathBuf],
+        variables: &StubEnvironment,
     ) -> Result<Interpreter, String> {
         static UNPACKED: LazyLock<Mutex<Unpacked>> =
             LazyLock::new(|| Mutex::new(Unpacked::new(std::env::temp_dir())));
-        Interpreter::find_with(parameter, (model_dir, roots), &UNPACKED)
+        let group = variables.privileges().user.map(|(_, gid)| gid);
+        let found = Interpreter::find_with(
+            parameter,
+            (model_dir, variables.env_roots()),
+            group,
+            &UNPACKED,
+        )?;
+        Ok(found.with_variables(variables.clone()))
     }
 
-    /// [`Interpreter::find`], packed environments unpacked by `unpacked`.
+    /// [`Interpreter::find`], packed environments unpacked by `unpacked`, readable by `group`
+    /// too when one is given (the `--python-stub-user`'s).
     fn find_with(
         parameter: Option<&str>,
         (model_dir, roots): (&Path, &[PathBuf]),
+        group: Option<u32>,
         unpacked: &Mutex<Unpacked>,
     ) -> Result<Interpreter, String> {
         let Some(env) = parameter.map(str::trim).filter(|p| !p.is_empty()) else {
@@ -122,7 +132,7 @@ impl Interpreter {
             unpacked
                 .lock()
                 .unwrap_or_else(|e| e.into_inner())
-                .unpack(&named)?
+                .unpack(&named, group)?
         };
         let python = env.join("bin").join("python3");
         if !python.is_file() {
@@ -212,8 +222,10 @@ impl Unpacked {
     }
 
     /// The directory `archive` is unpacked into, unpacking it if this archive (as it is now)
-    /// has not been.
-    fn unpack(&mut self, archive: &Path) -> Result<PathBuf, String> {
+    /// has not been. With `group`, the stubs' group (`--python-stub-user` runs them as another
+    /// user) may read it too: the private directory and the environment's become the group's,
+    /// mode 0750; other users still cannot enter.
+    fn unpack(&mut self, archive: &Path, group: Option<u32>) -> Result<PathBuf, String> {
         let failed = |e: io::Error| {
             format!(
                 "{EXECUTION_ENV_PATH} '{}' could not be unpacked: {e}",
@@ -226,7 +238,11 @@ impl Unpacked {
         let metadata = fs::metadata(&path).map_err(failed)?;
         let key = (path, metadata.modified().ok(), metadata.len());
         if let Some(dir) = self.by_archive.get(&key).filter(|dir| dir.is_dir()) {
-            return Ok(dir.clone());
+            let dir = dir.clone();
+            if let (Some(group), Some(base)) = (group, &self.base) {
+                share_with(group, &[base, &dir]).map_err(failed)?;
+            }
+            return Ok(dir);
         }
         let base = match &self.base {
             Some(base) => base.clone(),
@@ -250,9 +266,22 @@ impl Unpacked {
             let _ = fs::remove_dir_all(&dir);
             return Err(failed(e));
         }
+        if let Some(group) = group {
+            share_with(group, &[&base, &dir]).map_err(failed)?;
+        }
         self.by_archive.insert(key, dir.clone());
         Ok(dir)
     }
+}
+
+/// Makes `dirs` readable and enterable by `group` (their owner unchanged, mode 0750).
+fn share_with(group: u32, dirs: &[&Path]) -> io::Result<()> {
+    use std::os::unix::fs::PermissionsExt;
+    for dir in dirs {
+        std::os::unix::fs::chown(dir, None, Some(group))?;
+        fs::set_permissions(dir, fs::Permissions::from_mode(0o750))?;
+    }
+    Ok(())
 }
 
 /// Makes this process's directory for unpacked environments in `temp`: a fresh one, readable by
@@ -318,7 +347,7 @@ mod tests {
         dir: &Path,
         unpacked: &Mutex<Unpacked>,
     ) -> Result<Interpreter, String> {
-        Interpreter::find_with(parameter, (dir, &[]), unpacked)
+        Interpreter::find_with(parameter, (dir, &[]), None, unpacked)
     }
 
     /// A tar archive holding an environment: an executable `bin/python3`, a link to it, and a
@@ -394,6 +423,48 @@ mod tests {
     }
 
     #[test]
+    fn an_environment_for_another_stub_user_is_its_groups_to_read() {
+        use std::os::unix::fs::MetadataExt;
+        let dir = scratch("shared-group");
+        let unpacked = Mutex::new(Unpacked::new(dir.clone()));
+        let archive = dir.join("env.tar");
+        packed(&archive, "group", false);
+        let parameter = Some(archive.to_str().unwrap());
+        let env_of = |found: &Interpreter| {
+            found
+                .python()
+                .parent()
+                .unwrap()
+                .parent()
+                .unwrap()
+                .to_path_buf()
+        };
+        // Without a stub user: the private directory is its owner's alone.
+        let private =
+            env_of(&Interpreter::find_with(parameter, (&dir, &[]), None, &unpacked).unwrap());
+        let base = private.parent().unwrap().to_path_buf();
+        assert_eq!(
+            fs::metadata(&base).unwrap().permissions().mode() & 0o777,
+            0o700
+        );
+        // With one, its group may enter and read (a group kiln's user is in, so that the test
+        // needs no root), others still may not; the environment already unpacked too.
+        let group = fs::metadata(&dir).unwrap().gid();
+        let shared = env_of(
+            &Interpreter::find_with(parameter, (&dir, &[]), Some(group), &unpacked).unwrap(),
+        );
+        assert_eq!(shared, private, "the same archive: the same directory");
+        for path in [&base, &shared] {
+            let metadata = fs::metadata(path).unwrap();
+            assert_eq!(
+                (metadata.gid(), metadata.permissions().mode() & 0o777),
+                (group, 0o750)
+            );
+        }
+        fs::remove_dir_all(&dir).unwrap();
+    }
+
+    #[test]
     fn entries_outside_the_environment_are_not_written() {
         let dir = scratch("escape");
         let unpacked = Mutex::new(Unpacked::new(dir.clone()));
@@ -453,7 +524,7 @@ mod tests {
         }
         let unpacked = Mutex::new(Unpacked::new(base.clone()));
         let find = |parameter: &str, roots: &[PathBuf]| {
-            Interpreter::find_with(Some(parameter), (&model, roots), &unpacked)
+            Interpreter::find_with(Some(parameter), (&model, roots), None, &unpacked)
         };
         let python = |parameter: &str, roots: &[PathBuf]| {
             find(parameter, roots).map(|found| found.python().to_path_buf())

@@ -188,5 +188,5 @@ pub(super) fn interpreter(
         .parameters
         .get(environment::EXECUTION_ENV_PATH)
         .map(|p| p.string_value.as_str());
-    Ok(Interpreter::find(parameter, dir, variables.env_roots())?.with_variables(variables.clone()))
+    Interpreter::find(parameter, dir, variables)
 }

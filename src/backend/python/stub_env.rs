@@ -97,6 +97,11 @@ impl StubEnvironment {
         }
     }
 
+    /// The user and privileges stubs start with.
+    pub fn privileges(&self) -> &StubPrivileges {
+        &self.privileges
+    }
+
     /// The `--python-env-root` directories.
     pub fn env_roots(&self) -> &[std::path::PathBuf] {
         &self.env_roots
