@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Sets up everything the tests need (ONNX Runtime library, Python clients) and runs every test:
-# Rust unit + integration tests, then the Python conformance suite against the same debug binary.
+# rustfmt and clippy (warnings are errors), Rust unit + integration tests, then the Python
+# conformance suite against the same debug binary.
 # Also compiles the `cuda` feature (GPU instances) and runs its unit tests that need no GPU,
 # compiles the fuzz targets and replays their committed seeds, builds the container image
 # from a release binary for conformance/test_image.py, and compares kiln with a live Triton 2.51.
@@ -11,6 +12,10 @@ cd "$ROOT"
 export CARGO_INCREMENTAL="${CARGO_INCREMENTAL:-0}"
 
 .ci/setup.sh
+# Formatting and lints first: they are cheap and fail fast. Clippy checks every target (library,
+# binary, tests, benches), so code that only a bench or a test compiles cannot rot unseen.
+cargo fmt --check
+cargo clippy --locked --all-targets -- -D warnings
 cargo build --locked
 # The GPU code must keep compiling: the library with the `cuda` feature (no GPU, no CUDA library
 # needed to build; `.ci/setup.sh gpu` is not run here). Only ort-sys, ort and kiln's library are

@@ -9,7 +9,7 @@ use kiln::core::tensor::{check_bytes_framing, frame_bytes};
 use kiln::core::{DataType, InferResponse, Parameters, Tensor};
 use kiln::proto::inference::{model_infer_request::InferInputTensor, ModelInferRequest};
 use kiln::protocol::codec::{request_from_wire, response_to_wire};
-use kiln::protocol::grpc_codec::check_entries_of;
+use kiln::protocol::grpc_codec::check_decode_cost_of;
 use kiln::protocol::http::{json, tensor_json};
 use kiln::scheduler::batch;
 use prost::Message;
@@ -47,12 +47,13 @@ fn grpc_codec(c: &mut Criterion) {
             black_box(request_from_wire(message).unwrap())
         })
     });
-    // What the server's codec adds before that decode (issue 35): the entry count.
-    group.bench_function("count entries ModelInferRequest 8x784 FP32", |b| {
+    // What the server's codec adds before that decode (issues 35, 44): the decode-memory
+    // estimate, against --grpc-max-decode-bytes' default.
+    group.bench_function("decode cost ModelInferRequest 8x784 FP32", |b| {
         b.iter(|| {
-            black_box(check_entries_of::<ModelInferRequest>(
+            black_box(check_decode_cost_of::<ModelInferRequest>(
                 black_box(&wire),
-                16_384,
+                64 << 20,
             ))
         })
     });

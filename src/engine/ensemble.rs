@@ -189,6 +189,5 @@ pub(super) fn step_request(
             .filter(|(key, _)| key.starts_with("sequence_"))
             .map(|(key, value)| (key.clone(), value.clone()))
             .collect(),
-        ..Default::default()
     }
 }

@@ -83,7 +83,7 @@ pub fn answer(
                 == Some(&ParamValue::Bool(true));
             Start::Stream(engine.infer_stream(request, context), empty_final)
         }
-        Ok((context, request)) => Start::Generate(context, request),
+        Ok(started) => Start::Generate(Box::new(started)),
         Err(error) => Start::Failed(error),
     };
     async move {
@@ -101,7 +101,10 @@ pub fn answer(
                 }
                 return;
             }
-            Start::Generate(context, request) => engine.generate(request, context).await,
+            Start::Generate(started) => {
+                let (context, request) = *started;
+                engine.generate(request, context).await
+            }
             Start::Failed(error) => Err(error),
         };
         let generation = match started {
@@ -123,8 +126,8 @@ enum Start<S> {
     /// A decoupled Python model's (or an ensemble's) responses, once `S` has started them; with
     /// `triton_enable_empty_final_response`.
     Stream(S, bool),
-    /// A generation model's request.
-    Generate(crate::engine::Context, crate::core::InferRequest),
+    /// A generation model's request (boxed: it is most of the enum's size).
+    Generate(Box<(crate::engine::Context, crate::core::InferRequest)>),
     /// Refused before it started.
     Failed(Error),
 }

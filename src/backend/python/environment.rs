@@ -545,10 +545,7 @@ mod tests {
             "/usr".to_string(),
         ] {
             let refused = find(&parameter, &[]).unwrap_err();
-            assert!(
-                refused.starts_with(&format!("EXECUTION_ENV_PATH '")),
-                "{refused}"
-            );
+            assert!(refused.starts_with("EXECUTION_ENV_PATH '"), "{refused}");
             assert!(
                 refused.ends_with(&format!(
                     "is outside the model repository {}: kiln runs Python environments from \
@@ -560,7 +557,11 @@ mod tests {
             );
         }
         assert_eq!(
-            python("$$TRITON_MODEL_DIRECTORY/../../other/env", &[other.clone()]).unwrap(),
+            python(
+                "$$TRITON_MODEL_DIRECTORY/../../other/env",
+                std::slice::from_ref(&other)
+            )
+            .unwrap(),
             other.join("env/bin/python3")
         );
         assert!(find(&outside.display().to_string(), &[PathBuf::from("/")]).is_ok());
