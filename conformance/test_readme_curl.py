@@ -24,8 +24,20 @@ def section(title: str, page=README) -> str:
 
 
 def blocks(title: str, language: str, page=README) -> list[str]:
-    """The ``` blocks of `language` in section `title` of `page` (README.md or a docs/ page)."""
-    return re.findall(rf"```{language}\n(.*?)```", section(title, page), flags=re.S)
+    """The ``` blocks of `language` in section `title` of `page` (README.md or a docs/ page), read
+    fence by fence (a block's closing fence never opens another)."""
+    found, current, opened = [], None, None
+    for line in section(title, page).splitlines(keepends=True):
+        fence = line.strip()
+        if current is None and fence.startswith("```"):
+            current, opened = [], fence[3:]
+        elif current is not None and fence == "```":
+            if opened == language:
+                found.append("".join(current))
+            current = None
+        elif current is not None:
+            current.append(line)
+    return found
 
 
 def run_bash(script: str, url: str) -> str:

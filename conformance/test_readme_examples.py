@@ -1,6 +1,6 @@
 """The examples of README.md and docs/ that print values, run as written and compared with what
 the page says they print (the `# ...` comments under them): from README.md, MLServer's codecs and
-tritonclient (gRPC); from docs/clients.md, streamed generation with curl, the generate extension
+tritonclient (gRPC); from docs/clients.md, streamed generation with curl (and its details), the generate extension
 on string_echo, the OpenAI client (completion and embeddings) and grpcurl's ModelInfer; from
 docs/models.md, the repository API with curl. Each points at a kiln serving the bundled
 repository instead of localhost.
@@ -55,7 +55,7 @@ def untagged(title: str, containing: str, page=CLIENTS) -> str:
 
 
 def test_generation_curl_examples_print_what_the_readme_shows(bundled_server):
-    block = untagged("Streamed text generation (decoupled models)", "/generate")
+    block = untagged("Streamed text generation (decoupled models)", "generate_stream")
     generate, stream = commands(block)
     said = shown(block)
     # /generate: one JSON object, exactly the one shown.
@@ -69,6 +69,19 @@ def test_generation_curl_examples_print_what_the_readme_shows(bundled_server):
     assert [json.loads(e[len("data: "):]) for e in events[:2]] == [json.loads(e[len("data: "):]) for e in expected]
     assert len(events) == 3  # max_tokens 3: one event per token
     assert all(e.startswith("data: ") for e in events)
+
+
+def test_generation_details_example_prints_what_the_page_shows(bundled_server):
+    block = untagged("Streamed text generation (decoupled models)", '"details": true')
+    (command,) = commands(block)
+    got, said = json.loads(run_bash(command, bundled_server.http_url)), json.loads("".join(shown(block)))
+    # Log-probabilities to the float's last bits may differ between CPUs; the rest is exact.
+    tokens = [(t["id"], t["text"], t["special"]) for t in got["details"]["logprobs"]]
+    assert tokens == [(t["id"], t["text"], t["special"]) for t in said["details"]["logprobs"]]
+    for mine, page in zip(got["details"]["logprobs"], said["details"]["logprobs"]):
+        assert abs(mine["logprob"] - page["logprob"]) < 1e-4
+        mine["logprob"] = page["logprob"]
+    assert got == said
 
 
 def test_generate_extension_example_prints_what_the_readme_shows(bundled_server):
