@@ -506,7 +506,7 @@ do_gpu() {
   done
   ln -s "libonnxruntime.so.$ORT_GPU_VERSION" "$capi/libonnxruntime.so"
   ln -s "libonnxruntime.so.$ORT_GPU_VERSION" "$capi/libonnxruntime.so.1"
-  # Every library kiln preloads (src/backend/cuda/libraries.rs: the lists ort::ep::cuda::preload_dylibs loads) must be
+  # Every library kiln preloads (crates/backend/src/backend/cuda/libraries.rs: the lists ort::ep::cuda::preload_dylibs loads) must be
   # there and load, in that order (none needs a GPU to load); then the runtime must report its version.
   local got
   if ! "$PYTHON" - "$tmp/new" <<'EOF'

@@ -17,11 +17,11 @@ export CARGO_INCREMENTAL="${CARGO_INCREMENTAL:-0}"
 cargo fmt --check
 cargo clippy --locked --all-targets -- -D warnings
 cargo build --locked
-# The GPU code must keep compiling: the library with the `cuda` feature (no GPU, no CUDA library
-# needed to build; `.ci/setup.sh gpu` is not run here). Only ort-sys, ort and kiln's library are
+# The GPU code must keep compiling: kiln-backend with its `cuda` feature (no GPU, no CUDA library
+# needed to build; `.ci/setup.sh gpu` is not run here). Only ort-sys, ort and kiln-backend are
 # built again with it; other crates are shared with the build above. Its unit tests that need no
 # GPU run on CPU sessions (the GPU instance's binding, its input staging, CUDA options).
-cargo test --locked --lib --features cuda backend::cuda
+cargo test --locked -p kiln-backend --lib --features cuda backend::cuda
 # The fuzz targets (fuzz/, a workspace of its own, run by fuzz/run.sh) must keep compiling against
 # the library: built as plain binaries (no sanitizer, nothing fuzzed), sharing this target folder.
 CARGO_TARGET_DIR="${CARGO_TARGET_DIR:-$ROOT/target}" cargo build --locked --manifest-path fuzz/Cargo.toml --bins

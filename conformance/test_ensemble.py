@@ -138,7 +138,7 @@ def step(inputs, outputs, model="add_sub"):
     return {"model_name": model, "model_version": -1, "input_map": inputs, "output_map": outputs}
 
 
-# kiln's texts (src/repository/ensemble.rs, src/repository/lifecycle/operations.rs): Triton refuses
+# kiln's texts (crates/repository/src/repository/ensemble.rs, crates/repository/src/repository/lifecycle/operations.rs): Triton refuses
 # the same configs in core's ensemble validation, in its own words, which are not frozen here (a
 # known difference, docs/compatibility.md).
 @pytest.mark.parametrize("steps,inputs,message", [

@@ -3,7 +3,7 @@ exports: every metric a query (or the model variable) names is in /metrics after
 generation and a failed request, and every label a query groups by or matches on is on that
 metric's series. The summaries need `--metrics-config summary_latencies=true`, which the server
 here runs with. GPU gauges exist only on machines with NVIDIA GPUs: where /metrics has none, their
-names are checked against what the GPU exporter (src/metrics/gpu.rs) registers instead.
+names are checked against what the GPU exporter (crates/telemetry/src/metrics/gpu.rs) registers instead.
 """
 
 from __future__ import annotations
@@ -18,7 +18,7 @@ import pytest
 from conftest import BUNDLED_REPO, REPO_ROOT, http_request, start_server, stop_server
 
 DASHBOARD = REPO_ROOT / "deploy" / "grafana" / "kiln.json"
-GPU_SOURCE = REPO_ROOT / "src" / "metrics" / "gpu.rs"
+GPU_SOURCE = REPO_ROOT / "crates" / "telemetry" / "src" / "metrics" / "gpu.rs"
 METRIC = re.compile(r"\b((?:nv|kiln)_[a-z0-9_]+)\b")
 
 
@@ -85,7 +85,7 @@ def test_every_query_names_exported_metrics_and_labels(dashboard, exported):
         assert metrics, f"{title}: {expr} names no kiln metric"
         gpu = {m for m in metrics if m.startswith(("nv_gpu_", "nv_energy_"))}
         if gpu and not has_gpu:
-            assert gpu <= gpu_names(), f"{title}: {gpu - gpu_names()} not registered by src/metrics/gpu.rs"
+            assert gpu <= gpu_names(), f"{title}: {gpu - gpu_names()} not registered by crates/telemetry/src/metrics/gpu.rs"
             assert labels_of(expr) <= {"gpu_uuid"} and "gpu_uuid" in GPU_SOURCE.read_text()
             continue
         missing = metrics - exported.keys()

@@ -61,7 +61,7 @@ def test_kserve_health_bodies(server, bundled_server):
 def test_unknown_paths_and_methods(server):
     # 405 {"error":"Method Not Allowed"}: Triton's, server src/http_server.cc, each Handle* method
     # (RETURN_AND_RESPOND_WITH_ERR(req, EVHTP_RES_METHNALLOWED, "Method Not Allowed")). 404
-    # {"error":"Not Found"} is kiln's reading of Triton 2.51's answer (src/protocol/http/mod.rs);
+    # {"error":"Not Found"} is kiln's reading of Triton 2.51's answer (crates/protocol/src/protocol/http/mod.rs);
     # the searched copies of HTTPAPIServer::Handle end with a bare evhtp_send_reply(EVHTP_RES_BADREQ)
     # instead, so this text is not confirmed on Triton's main.
     for path in ("/", "/v2/nothing", "/v2/models", "/v2/models/add_sub/versions/x", "/v2/models/add_sub/infer/x"):
@@ -313,7 +313,7 @@ def test_extra_binary_data(alive):
 
 def test_bad_encodings(alive):
     # 501 "Unsupported compression type" with Accept-Encoding: kiln's reading of Triton's answer
-    # (src/protocol/http/body.rs); the text was not found in the searched Triton sources.
+    # (crates/protocol/src/protocol/http/body.rs); the text was not found in the searched Triton sources.
     # "failed to decompress" is kiln's wording.
     r = post(alive.http_url, INFER, b"{}", {"Content-Encoding": "br"})
     assert (r.status, r.error()) == (501, "Unsupported compression type")

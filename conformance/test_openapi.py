@@ -1,6 +1,6 @@
 """The OpenAPI 3.1 document kiln serves at /v2/openapi.json:
 
-- it is the committed document (src/protocol/http/openapi.json) and a valid OpenAPI 3.1 document
+- it is the committed document (crates/protocol/src/protocol/http/openapi.json) and a valid OpenAPI 3.1 document
   for openapi-spec-validator (pinned in requirements.txt);
 - what a running kiln answers matches the document's schemas: every GET route without a body
   that answers 200 for the bundled models, and inference, generation, repository index, log and
@@ -21,7 +21,7 @@ from openapi_spec_validator import validate
 
 from conftest import BUNDLED_REPO, REPO_ROOT, http_request, start_server, stop_server
 
-DOCUMENT = REPO_ROOT / "src" / "protocol" / "http" / "openapi.json"
+DOCUMENT = REPO_ROOT / "crates" / "protocol" / "src" / "protocol" / "http" / "openapi.json"
 
 
 @pytest.fixture(scope="module")

@@ -92,7 +92,7 @@ def test_a_stream_carries_a_sequence(server):
 # "must specify a non-zero or non-empty correlation ID": Triton's, core src/sequence_batch_scheduler/
 # (SequenceBatchScheduler::Enqueue and the Sequencer of sequence_utils.h: "inference request to
 # model '<m>' must specify ..."). "has a string correlation ID ..." is kiln's
-# text (src/repository/sequence.rs); the searched Triton sources hold none for this case.
+# text (crates/repository/src/repository/sequence.rs); the searched Triton sources hold none for this case.
 @pytest.mark.parametrize("kwargs,message", [
     ({}, "must specify a non-zero or non-empty correlation ID"),
     ({"sequence_id": "text-id", "sequence_start": True}, "string correlation ID 'text-id'"),

@@ -2,8 +2,8 @@
 over gRPC `bytes_contents` (Triton's QA, L0_grpc/python_unit_test.py
 `test_bytes_contents_many_elements_serialization`, run as it is written), REST binary data and
 REST JSON. kiln once refused any gRPC message of more than 16,384 entries; its decode is now
-bounded by the memory it would take (`--grpc-max-decode-bytes`, src/protocol/grpc_codec.rs), and
-`bytes_contents` decodes into one buffer in Triton's BYTES layout (src/proto/contents.rs).
+bounded by the memory it would take (`--grpc-max-decode-bytes`, crates/protocol/src/protocol/grpc_codec.rs), and
+`bytes_contents` decodes into one buffer in Triton's BYTES layout (crates/core/src/proto/contents.rs).
 The hostile side of the same limit (millions of empty tensors) is in test_hostile.py."""
 
 from __future__ import annotations

@@ -1,0 +1,9 @@
+//! kiln's `scheduler` layer (see docs/architecture.md).
+#![forbid(unsafe_code)]
+
+pub mod scheduler;
+
+pub use kiln_backend::backend;
+pub use kiln_core::invalid_arg;
+pub use kiln_core::{core, idle_poll, proto, scratch, tls};
+pub use kiln_telemetry::{logging, metrics, trace};
