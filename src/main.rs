@@ -75,33 +75,6 @@ fn start_idle_poll(window_us: u64) -> std::io::Result<Option<IdlePoll>> {
     IdlePoll::start(Duration::from_micros(window_us), threads).map(Some)
 }
 
-/// Raises the soft limit on open descriptors to the hard limit, as servers do: every connection
-/// and every registered shared-memory region holds one, and distributions still start processes
-/// with a soft limit of 1,024.
-fn raise_open_file_limit() {
-    let mut limit = libc::rlimit {
-        rlim_cur: 0,
-        rlim_max: 0,
-    };
-    // SAFETY: plain system calls on a local struct; results are checked.
-    let raised = unsafe {
-        libc::getrlimit(libc::RLIMIT_NOFILE, &mut limit) == 0 && {
-            // An unlimited hard limit still stops at the kernel's `nr_open` (2^20 by default).
-            let target = limit.rlim_max.min(1 << 20);
-            target <= limit.rlim_cur || {
-                limit.rlim_cur = target;
-                libc::setrlimit(libc::RLIMIT_NOFILE, &limit) == 0
-            }
-        }
-    };
-    if !raised {
-        warn!(
-            "cannot raise the open-file limit: {}",
-            std::io::Error::last_os_error()
-        );
-    }
-}
-
 /// Makes the process dumpable or not: not, its `/proc/<pid>/environ`, `mem` and `maps` are
 /// readable (and it can be traced) only with `CAP_SYS_PTRACE`, not by every process of its user,
 /// Python models included (their stubs have no capabilities).
@@ -146,7 +119,9 @@ fn main() -> ExitCode {
     for note in &launch.notes {
         warn!("{note}");
     }
-    raise_open_file_limit();
+    if let Err(e) = kiln::protocol::limits::raise_file_limit() {
+        warn!("cannot raise the open-file limit: {e}");
+    }
     let mut builder = tokio::runtime::Builder::new_multi_thread();
     builder.enable_all();
     // Kept until the process exits.

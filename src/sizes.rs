@@ -91,26 +91,47 @@ fn matching(code: &str, open: usize, left: u8, right: u8) -> usize {
 }
 
 /// How many parameters a parameter list (between its parentheses) has: its commas outside
-/// brackets and generics, plus one unless it is empty or ends with a comma.
+/// brackets and generics, plus one unless it is empty or ends with a comma; a tuple pattern
+/// (`(a, b): (A, B)`) counts each of its names, as it would if it were written out.
 fn params(list: &str) -> usize {
-    let (mut depth, mut commas, mut prev) = (0i32, 0, ' ');
-    for c in list.chars() {
+    split_top(list)
+        .iter()
+        .map(|param| {
+            let param = param.trim();
+            match param.strip_prefix('(') {
+                Some(rest) => {
+                    let close = matching(param, 0, b'(', b')');
+                    let inner = &rest[..close.saturating_sub(1).min(rest.len())];
+                    split_top(inner).len().max(1)
+                }
+                None => 1,
+            }
+        })
+        .sum()
+}
+
+/// `list` split at its commas outside brackets and generics; no empty last piece.
+fn split_top(list: &str) -> Vec<&str> {
+    let (mut depth, mut prev, mut start) = (0i32, ' ', 0);
+    let mut pieces = Vec::new();
+    for (i, c) in list.char_indices() {
         match c {
             '(' | '[' | '{' | '<' => depth += 1,
             // `->` in `impl Fn(u8) -> u8` closes nothing.
             '>' if prev == '-' => {}
             ')' | ']' | '}' | '>' => depth -= 1,
-            ',' if depth == 0 => commas += 1,
+            ',' if depth == 0 => {
+                pieces.push(&list[start..i]);
+                start = i + 1;
+            }
             _ => {}
         }
         prev = c;
     }
-    let trimmed = list.trim();
-    match trimmed.is_empty() {
-        true => 0,
-        false if trimmed.ends_with(',') => commas,
-        false => commas + 1,
+    if !list[start..].trim().is_empty() {
+        pieces.push(&list[start..]);
     }
+    pieces
 }
 
 #[test]
@@ -191,4 +212,9 @@ fn the_scan_measures_functions_by_their_braces_and_parameters() {
         .map(|f| (f.name.as_str(), f.line, f.lines, f.params))
         .collect();
     assert_eq!(sizes, [("short", 2, 1, 1), ("long", 5, 9, 3)]);
+    // A tuple pattern counts each name it binds; a tuple type is one parameter.
+    assert_eq!(params("(a, b): (u8, u8), c: u8"), 3);
+    assert_eq!(params("x: (u8, u8), (y,): (u8,)"), 2);
+    assert_eq!(params("&self, f: impl Fn(u8, u8) -> u8,"), 2);
+    assert_eq!(params(""), 0);
 }

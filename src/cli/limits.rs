@@ -88,7 +88,8 @@ impl LimitFlags {
             max_connections: match self.max_connections {
                 0 => limits::default_max_connections(),
                 n => {
-                    limits::raise_file_limit();
+                    // main.rs raised it already (and said so when it could not).
+                    let _ = limits::raise_file_limit();
                     n
                 }
             },

@@ -84,36 +84,43 @@ impl Default for TransportLimits {
 /// stubs' pipes, logs, the listeners.
 const RESERVED_DESCRIPTORS: u64 = 256;
 
-/// The open-file limit, raised to its hard limit first (as nginx's `worker_rlimit_nofile` and
-/// most servers do: the soft limit of 1024 that many systems start with is a default for
-/// interactive shells, not servers).
-pub fn raise_file_limit() -> u64 {
+/// Raises the soft limit on open descriptors to the hard limit, as servers do (nginx's
+/// `worker_rlimit_nofile`): every connection, model file, shared-memory region and Python stub
+/// pipe holds one, and distributions still start processes with a soft limit of 1,024, a default
+/// for interactive shells. An unlimited hard limit still stops at the kernel's `nr_open` (2^20 by
+/// default). Returns the soft limit now in force. The one place kiln changes the limit.
+///
+/// # Errors
+/// The OS error of `getrlimit` or `setrlimit`.
+pub fn raise_file_limit() -> std::io::Result<u64> {
     let mut limit = libc::rlimit {
         rlim_cur: 0,
         rlim_max: 0,
     };
-    // SAFETY: getrlimit/setrlimit write or read only the struct passed.
+    // SAFETY: getrlimit/setrlimit read or write only the struct passed.
     unsafe {
         if libc::getrlimit(libc::RLIMIT_NOFILE, &mut limit) != 0 {
-            return 1024;
+            return Err(std::io::Error::last_os_error());
         }
-        if limit.rlim_cur < limit.rlim_max {
+        let target = limit.rlim_max.min(1 << 20);
+        if target > limit.rlim_cur {
             let raised = libc::rlimit {
-                rlim_cur: limit.rlim_max,
+                rlim_cur: target,
                 rlim_max: limit.rlim_max,
             };
-            if libc::setrlimit(libc::RLIMIT_NOFILE, &raised) == 0 {
-                limit.rlim_cur = limit.rlim_max;
+            if libc::setrlimit(libc::RLIMIT_NOFILE, &raised) != 0 {
+                return Err(std::io::Error::last_os_error());
             }
+            limit.rlim_cur = target;
         }
     }
-    limit.rlim_cur
+    Ok(limit.rlim_cur)
 }
 
 /// Connections allowed by default: the open-file limit less what the server keeps for itself
 /// (at least 64), so that accepting never fails with EMFILE.
 pub fn default_max_connections() -> usize {
-    let files = raise_file_limit();
+    let files = raise_file_limit().unwrap_or(1024);
     usize::try_from(files.saturating_sub(RESERVED_DESCRIPTORS).max(64)).unwrap_or(usize::MAX)
 }
 
@@ -143,7 +150,7 @@ mod tests {
 
     #[test]
     fn the_default_connection_cap_leaves_descriptors_for_the_server() {
-        let files = raise_file_limit();
+        let files = raise_file_limit().unwrap();
         let cap = default_max_connections() as u64;
         assert!(cap >= 64);
         assert!(cap <= files.max(64 + RESERVED_DESCRIPTORS));

@@ -5,8 +5,8 @@
 //! instance: a sequence's requests all go to the same one, where the model keeps its state.
 
 use crate::backend::python::{
-    start_instances, Answer, Common, Deliver, Gone, Outputs, PythonInstance, PythonSpec, Request,
-    Streamed,
+    start_instances, Answer, Common, Deliver, Gone, Outputs, PythonInstance, PythonSpec,
+    PythonVersion, Request, Streamed,
 };
 use crate::backend::BackendError;
 use crate::core::{Error, Tensor};
@@ -15,7 +15,6 @@ use crate::proto::inference::model_config::SchedulingChoice;
 use crate::proto::inference::ModelConfig;
 use crate::scheduler::rate_limit::{Limit, Permit};
 use crate::scheduler::{self, Outcome, ScheduleError, Scheduler};
-use std::path::Path;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -97,24 +96,22 @@ impl std::fmt::Debug for PythonModel {
 }
 
 impl PythonModel {
-    /// Starts every instance of version `version` (`model_file` in `dir`), all at once, each
-    /// through `initialize`, warms each up with `samples` (Triton's `model_warmup`), then
-    /// starts the scheduler; its executions count in `stats`; `limits` are the instances'
-    /// places in the rate limiter (one per instance of `spec`, or none). Blocking.
+    /// Starts every instance of `what`, all at once, each through `initialize`, warms each up
+    /// with `samples` (Triton's `model_warmup`), then starts the scheduler; its executions count
+    /// in `stats`; `limits` are the instances' places in the rate limiter (one per instance of
+    /// its spec, or none). Blocking.
     ///
     /// # Errors
     /// Why an instance did not start (the interpreter, the stub, or what `initialize` raised) or
     /// a warmup sample failed; the instances that did start are stopped.
     pub fn start(
-        config: &ModelConfig,
-        version: i64,
-        (dir, model_file): (&Path, &Path),
-        spec: &PythonSpec,
+        what: PythonVersion<'_>,
         samples: &[crate::repository::warmup::Sample],
         stats: &Arc<ModelStats>,
         limits: Vec<Option<Limit>>,
     ) -> Result<PythonModel, String> {
-        let (common, instances) = start_instances(config, version, (dir, model_file), spec)?;
+        let (config, version, spec) = (what.config, what.version, what.spec);
+        let (common, instances) = start_instances(what)?;
         let decoupled = common.decoupled();
         let mut limits = limits.into_iter();
         let mut slots: Vec<Slot> = instances

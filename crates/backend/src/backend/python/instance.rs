@@ -11,18 +11,33 @@ use serde_json::Value;
 use std::path::Path;
 use std::sync::{Arc, OnceLock};
 
-/// Starts every instance of version `version` (`model_file` in `dir`) of the model `config`
-/// describes, all at once, each through `initialize`: them, and what they share. Blocking.
+/// One version of a Python model, as its instances start: the model's config, the version's
+/// number, the model's directory, the version's code and how the stubs run.
+#[derive(Clone, Copy)]
+pub struct PythonVersion<'a> {
+    pub config: &'a ModelConfig,
+    pub version: i64,
+    pub dir: &'a Path,
+    pub model_file: &'a Path,
+    pub spec: &'a PythonSpec,
+}
+
+/// Starts every instance of `what`, all at once, each through `initialize`: them, and what they
+/// share. Blocking.
 ///
 /// # Errors
 /// Why an instance did not start (the interpreter, the stub, or what `initialize` raised); the
 /// instances that did start are stopped.
 pub fn start_instances(
-    config: &ModelConfig,
-    version: i64,
-    (dir, model_file): (&Path, &Path),
-    spec: &PythonSpec,
+    what: PythonVersion<'_>,
 ) -> Result<(Arc<Common>, Vec<PythonInstance>), String> {
+    let PythonVersion {
+        config,
+        version,
+        dir,
+        model_file,
+        spec,
+    } = what;
     let config_json = crate::proto::to_json(config, "inference.ModelConfig").to_string();
     let mut args = serde_json::Map::new();
     for (key, value) in [

@@ -49,7 +49,7 @@ use crate::core::{Error, Parameters, Tensor};
 use crate::trace::Trace;
 pub use calls::{Cancel, Management, ModelCaller, ServerCalls};
 pub use cancel::Gone;
-pub use instance::{start_instances, Common, Deliver, PythonInstance};
+pub use instance::{start_instances, Common, Deliver, PythonInstance, PythonVersion};
 pub use privileges::StubPrivileges;
 use serde_json::Value;
 pub use spec::{

@@ -2,7 +2,7 @@
 //! or its generation loop), their warmup, then its scheduler.
 
 use super::{model_path, Prepared};
-use crate::backend::python::PythonSpec;
+use crate::backend::python::{PythonSpec, PythonVersion};
 use crate::backend::tokenize::{TextInput, TextModel, TextSpec};
 use crate::backend::{Backend, Device, OnnxRuntime, OnnxSession, SessionOptions, TensorInfo};
 use crate::metrics::ModelStats;
@@ -39,18 +39,15 @@ impl Prepared {
             None => model_path(dir, version, &config.default_model_filename)?,
         };
         if let Some(spec) = &self.python {
-            let limited = (self.rate_limiter.as_ref(), self.limits.as_slice());
-            let files = (dir.as_path(), path.as_path());
-            let cached = self.cache_responses;
-            return start_python(name, version, files, config, spec, limited, cached).map(
-                |serving| ServingVersion {
+            return self
+                .start_python(spec, version, &path)
+                .map(|serving| ServingVersion {
                     sequences: self.sequence.as_ref().map(|sequence| {
                         let slots = spec.instances.len();
                         Arc::new(Sequences::with_slots(sequence.clone(), slots))
                     }),
                     ..serving
-                },
-            );
+                });
         }
         let intra_op_threads = self.intra_op_threads;
         if generation::is_generation(config) {
@@ -220,41 +217,50 @@ fn start_version(
     })
 }
 
-/// Starts one version of a Python model: a process per instance, each through `initialize`;
-/// `cached`: its responses go to the response cache.
-fn start_python(
-    name: &str,
-    version: i64,
-    (dir, path): (&Path, &Path),
-    config: &ModelConfig,
-    spec: &PythonSpec,
-    (rate_limiter, limits): (Option<&Arc<RateLimiter>>, &[Option<InstanceLimit>]),
-    cached: bool,
-) -> Result<ServingVersion, String> {
-    if !path.is_file() {
-        return Err(format!("model file {} not found", path.display()));
+impl Prepared {
+    /// Starts one version of a Python model (its code at `path`): a process per instance, each
+    /// through `initialize`; its responses go to the response cache when the model caches them.
+    fn start_python(
+        &self,
+        spec: &PythonSpec,
+        version: i64,
+        path: &Path,
+    ) -> Result<ServingVersion, String> {
+        let (name, dir, config, cached) =
+            (&self.name, &self.dir, &self.config, self.cache_responses);
+        let (rate_limiter, limits) = (self.rate_limiter.as_ref(), self.limits.as_slice());
+        if !path.is_file() {
+            return Err(format!("model file {} not found", path.display()));
+        }
+        let started = std::time::Instant::now();
+        let io = IoSpec::from_config(config)?;
+        // A version whose responses are cached has the cache's series too.
+        let stats = Arc::new(ModelStats::with_gpus(name, version, &[], cached));
+        let samples = warmup::samples(dir, config, &io)?;
+        let limits = limits
+            .iter()
+            .map(|limit| Limit::for_instance(rate_limiter, limit.as_ref()))
+            .collect::<Result<_, _>>()?;
+        let what = PythonVersion {
+            config,
+            version,
+            dir,
+            model_file: path,
+            spec,
+        };
+        let model = PythonModel::start(what, &samples, &stats, limits)?;
+        stats.record_load(started.elapsed());
+        Ok(ServingVersion {
+            version,
+            chat: llm_chat_template(name, dir, &io),
+            io,
+            executor: Executor::Python(Arc::new(model)),
+            stats,
+            cache: cached,
+            sequences: None,
+            tokenizer: None,
+        })
     }
-    let started = std::time::Instant::now();
-    let io = IoSpec::from_config(config)?;
-    // A version whose responses are cached has the cache's series too.
-    let stats = Arc::new(ModelStats::with_gpus(name, version, &[], cached));
-    let samples = warmup::samples(dir, config, &io)?;
-    let limits = limits
-        .iter()
-        .map(|limit| Limit::for_instance(rate_limiter, limit.as_ref()))
-        .collect::<Result<_, _>>()?;
-    let model = PythonModel::start(config, version, (dir, path), spec, &samples, &stats, limits)?;
-    stats.record_load(started.elapsed());
-    Ok(ServingVersion {
-        version,
-        chat: llm_chat_template(name, dir, &io),
-        io,
-        executor: Executor::Python(Arc::new(model)),
-        stats,
-        cache: cached,
-        sequences: None,
-        tokenizer: None,
-    })
 }
 
 /// The chat template in `dir` of a model whose contract is Triton's LLM tensors (BYTES
