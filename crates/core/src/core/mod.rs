@@ -4,6 +4,7 @@
 pub mod error;
 pub mod path;
 pub mod request;
+pub mod reserved;
 pub mod tensor;
 
 pub use error::Error;

@@ -10,6 +10,7 @@ use super::record::{Counted, Ran, Recorder};
 use super::shared_memory::tensors;
 use super::{classification, response, traces, validate, Engine};
 use crate::backend::BackendError;
+use crate::core::reserved;
 use crate::core::{Error, InferRequest, InferResponse};
 use crate::invalid_arg;
 use crate::metrics::FailureReason;
@@ -300,7 +301,7 @@ pub(super) fn python_sequence(
 /// Triton's other reserved keys (`priority`, `timeout`, `sequence_*`) are accepted.
 pub(super) fn check_parameters(request: &InferRequest) -> Result<(), Error> {
     for key in request.parameters.keys() {
-        if key.starts_with("triton_") && key != "triton_enable_empty_final_response" {
+        if reserved::has_triton_prefix(key) && reserved::reserved(key).is_none() {
             // Triton's REST words; its gRPC front end words it otherwise (protocol::codec).
             return Err(invalid_arg!(
                 "parameter keys starting with 'triton_' are reserved for Triton usage and should not be specified."

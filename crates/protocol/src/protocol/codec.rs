@@ -37,17 +37,17 @@ pub fn params_from_wire(params: HashMap<String, InferParameter>) -> Parameters {
 /// the sequence, priority and timeout keys of another type, a negative priority, `triton_*` keys
 /// but `triton_enable_empty_final_response` (a bool), and `uint64_param` for any other key.
 fn check_parameter_types(params: &HashMap<String, InferParameter>) -> Result<(), Error> {
+    use crate::core::reserved::{self, Reserved, EMPTY_FINAL_RESPONSE as EMPTY_FINAL};
     use ParameterChoice::{BoolParam, DoubleParam, Int64Param, StringParam, Uint64Param};
-    const EMPTY_FINAL: &str = "triton_enable_empty_final_response";
     for (key, param) in params {
         let choice = param.parameter_choice.as_ref();
-        let expected = match key.as_str() {
-            "sequence_id" => (!matches!(choice, Some(Int64Param(_) | StringParam(_))))
+        let expected = match reserved::reserved(key) {
+            Some(Reserved::SequenceId) => (!matches!(choice, Some(Int64Param(_) | StringParam(_))))
                 .then_some("int64_param or string_param"),
-            "sequence_start" | "sequence_end" | EMPTY_FINAL => {
+            Some(Reserved::SequenceFlag | Reserved::EmptyFinal) => {
                 (!matches!(choice, Some(BoolParam(_)))).then_some("bool_param")
             }
-            "priority" => match choice {
+            Some(Reserved::Priority) => match choice {
                 Some(Int64Param(p)) if *p < 0 => {
                     return Err(invalid_arg!(
                         "invalid value for 'priority', expected value >= 0."
@@ -56,14 +56,16 @@ fn check_parameter_types(params: &HashMap<String, InferParameter>) -> Result<(),
                 Some(Int64Param(_) | Uint64Param(_)) => None,
                 _ => Some("int64_param or uint64_param"),
             },
-            "timeout" => (!matches!(choice, Some(Int64Param(_)))).then_some("int64_param"),
-            _ if key.starts_with("triton_") => {
+            Some(Reserved::Timeout) => {
+                (!matches!(choice, Some(Int64Param(_)))).then_some("int64_param")
+            }
+            None if reserved::has_triton_prefix(key) => {
                 return Err(invalid_arg!(
                     "parameter keys starting with 'triton_' are reserved for Triton usage. Only \
                      the following keys starting with 'triton_' are allowed: {EMPTY_FINAL}"
                 ))
             }
-            _ => (!matches!(
+            None => (!matches!(
                 choice,
                 Some(Int64Param(_) | BoolParam(_) | StringParam(_) | DoubleParam(_))
             ))

@@ -79,7 +79,9 @@ pub fn answer(
     });
     let start = match admitted {
         Ok((context, request)) if engine.streams(&request.model_name, &request.model_version) => {
-            let empty_final = request.parameters.get("triton_enable_empty_final_response")
+            let empty_final = request
+                .parameters
+                .get(crate::core::reserved::EMPTY_FINAL_RESPONSE)
                 == Some(&ParamValue::Bool(true));
             Start::Stream(engine.infer_stream(request, context), empty_final)
         }

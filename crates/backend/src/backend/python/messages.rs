@@ -116,23 +116,13 @@ pub(super) fn read_outputs(
     })
 }
 
-/// Request parameters the server acts on, which a model does not see among its request's
-/// `parameters()` (Triton takes them out): the sequence's (the model has `correlation_id()` and
-/// `flags()`), the schedule policy's (`timeout()`), the empty final response's.
-pub(super) const SERVER_PARAMETERS: [&str; 6] = [
-    "sequence_id",
-    "sequence_start",
-    "sequence_end",
-    "priority",
-    "timeout",
-    "triton_enable_empty_final_response",
-];
-
-/// The parameters as the JSON object `request.parameters()` gives.
+/// The parameters as the JSON object `request.parameters()` gives: without the reserved ones
+/// the server acts on ([`crate::core::reserved`]), which Triton takes out (the model has
+/// `correlation_id()`, `flags()` and `timeout()` for them).
 pub(super) fn parameters_json(parameters: &Parameters) -> String {
     let map: serde_json::Map<String, Value> = parameters
         .iter()
-        .filter(|(key, _)| !SERVER_PARAMETERS.contains(&key.as_str()))
+        .filter(|(key, _)| crate::core::reserved::reserved(key).is_none())
         .map(|(key, value)| (key.clone(), value.to_json()))
         .collect();
     Value::Object(map).to_string()

@@ -118,7 +118,10 @@ pub fn parse(model: &str, io: &IoSpec, request: &InferRequest) -> Result<Parsed,
         Some(Value::Strings(stops)) => stops,
         Some(other) => return Err(bad("stop", "a string or a list of strings", &other)),
     };
-    let empty_final = match request.parameters.get("triton_enable_empty_final_response") {
+    let empty_final = match request
+        .parameters
+        .get(crate::core::reserved::EMPTY_FINAL_RESPONSE)
+    {
         None => false,
         Some(ParamValue::Bool(b)) => *b,
         Some(_) => {

@@ -7,6 +7,7 @@
 
 use super::super::json::{self, Number, Value};
 use super::super::tensor_json;
+use crate::core::reserved::{self, Reserved};
 use crate::core::tensor::{shape_refusal, sized_element_count};
 use crate::core::{DataType, Error, InferRequest, ParamValue, Parameters, RequestedOutput, Tensor};
 use crate::invalid_arg;
@@ -239,22 +240,22 @@ fn request_parameters(
     let mut parameters = Parameters::new();
     for (key, value) in members {
         let unable = || invalid_arg!("Unable to parse '{key}'");
-        let param = match &**key {
-            BINARY_DATA_OUTPUT => {
-                formats.default_binary = value.as_bool().ok_or_else(unable)?;
-                continue;
+        if &**key == BINARY_DATA_OUTPUT {
+            formats.default_binary = value.as_bool().ok_or_else(unable)?;
+            continue;
+        }
+        let param = match reserved::reserved(key) {
+            Some(Reserved::SequenceFlag) => ParamValue::Bool(value.as_bool().ok_or_else(unable)?),
+            Some(Reserved::Priority | Reserved::Timeout) => {
+                ParamValue::Uint64(value.as_u64().ok_or_else(unable)?)
             }
-            "sequence_start" | "sequence_end" => {
-                ParamValue::Bool(value.as_bool().ok_or_else(unable)?)
-            }
-            "priority" | "timeout" => ParamValue::Uint64(value.as_u64().ok_or_else(unable)?),
-            "sequence_id" => match value {
+            Some(Reserved::SequenceId) => match value {
                 Value::String(s) => ParamValue::String(s.to_string()),
                 _ => ParamValue::Uint64(value.as_u64().ok_or_else(unable)?),
             },
             // Triton's REST front end refuses every such key, `triton_enable_empty_final_response`
             // too (server src/http_server.cc, ParseJsonTritonParams); gRPC allows that one.
-            _ if key.starts_with("triton_") => {
+            _ if reserved::has_triton_prefix(key) => {
                 return Err(invalid_arg!(
                     "parameter keys starting with 'triton_' are reserved for Triton usage and \
                      should not be specified."
