@@ -81,7 +81,7 @@ fn model_entries(
         }
         Status::Failed(LoadFailure::Versions(reasons)) => reasons
             .iter()
-            .map(|(&v, reason)| IndexEntry::new(name, Some(v), "UNAVAILABLE", reason))
+            .map(|(&v, failure)| IndexEntry::new(name, Some(v), "UNAVAILABLE", failure.reason()))
             .collect(),
         Status::Unloaded { versions } => versions
             .iter()

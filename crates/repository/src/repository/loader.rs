@@ -34,9 +34,28 @@ use sessionless::{prepare_ensemble, prepare_python};
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum LoadFailure {
     Model(String),
-    /// Every selected version with its state reason; versions that loaded but were discarded
-    /// because another failed say so.
-    Versions(BTreeMap<i64, String>),
+    /// Every selected version with what became of it.
+    Versions(BTreeMap<i64, VersionFailure>),
+}
+
+/// What became of one version of a load that failed.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum VersionFailure {
+    /// It failed, for this reason.
+    Failed(String),
+    /// It loaded but was dropped because a sibling failed; Triton reports such versions as
+    /// unloaded.
+    Discarded,
+}
+
+impl VersionFailure {
+    /// The version's state reason, as the repository index reports it.
+    pub fn reason(&self) -> &str {
+        match self {
+            VersionFailure::Failed(reason) => reason,
+            VersionFailure::Discarded => "unloaded",
+        }
+    }
 }
 
 impl LoadFailure {
@@ -47,18 +66,18 @@ impl LoadFailure {
             LoadFailure::Versions(reasons) => {
                 let detail: String = reasons
                     .iter()
-                    .filter(|(_, reason)| reason.as_str() != DISCARDED)
-                    .map(|(v, reason)| format!("version {v} is at UNAVAILABLE state: {reason};"))
+                    .filter_map(|(v, failure)| match failure {
+                        VersionFailure::Failed(reason) => {
+                            Some(format!("version {v} is at UNAVAILABLE state: {reason};"))
+                        }
+                        VersionFailure::Discarded => None,
+                    })
                     .collect();
                 format!("load failed for model '{name}': {detail}")
             }
         }
     }
 }
-
-/// The reason given to a version that loaded but was dropped because a sibling failed; Triton
-/// reports such versions as unloaded.
-pub const DISCARDED: &str = "unloaded";
 
 /// A model whose config is complete and whose versions are chosen, not yet running.
 pub struct Prepared {
@@ -305,13 +324,13 @@ pub fn build(prepared: Prepared, reuse: Reuse<'_>) -> Result<Model, LoadFailure>
                 built.insert(version, Arc::new(serving));
             }
             Err(reason) => {
-                failures.insert(version, reason);
+                failures.insert(version, VersionFailure::Failed(reason));
             }
         }
     }
     if !failures.is_empty() {
         for (version, serving) in built {
-            failures.insert(version, DISCARDED.to_string());
+            failures.insert(version, VersionFailure::Discarded);
             // Stop only what this load started; reused versions still serve the old model.
             if let Ok(serving) = Arc::try_unwrap(serving) {
                 serving.executor.stop();
@@ -411,8 +430,8 @@ mod tests {
     #[test]
     fn failure_messages_follow_triton() {
         let failure = LoadFailure::Versions(BTreeMap::from([
-            (1, "bad graph".to_string()),
-            (2, DISCARDED.to_string()),
+            (1, VersionFailure::Failed("bad graph".into())),
+            (2, VersionFailure::Discarded),
         ]));
         assert_eq!(
             failure.message("m"),

@@ -218,7 +218,10 @@ fn index_states_for_every_stage() {
     let repository = repository(ControlMode::Explicit, vec!["loading", "versions", "failed"]);
     repository.set_loading("loading", Vec::new());
     repository.set_loading("versions", vec![1, 2]);
-    let failure = LoadFailure::Versions(BTreeMap::from([(3, "bad".to_string())]));
+    let failure = LoadFailure::Versions(BTreeMap::from([(
+        3,
+        crate::repository::loader::VersionFailure::Failed("bad".into()),
+    )]));
     repository.update("failed", |_| {
         Some(Slot {
             status: Status::Failed(failure),
