@@ -166,8 +166,10 @@ impl Engine {
             })
         });
         let runs = match &serving.executor {
-            Executor::Python(python) if python.decoupled() => Ok(Arc::clone(python)),
-            Executor::Ensemble(plan) if self.has_decoupled_step(plan, 0) => Err(Arc::clone(plan)),
+            Executor::Python(python) if python.decoupled() => Runs::Python(Arc::clone(python)),
+            Executor::Ensemble(plan) if self.has_decoupled_step(plan, 0) => {
+                Runs::Ensemble(Arc::clone(plan))
+            }
             _ => return Err(not_streaming(&model.name)),
         };
         let prefix = validate::request_prefix(&request.id);
@@ -196,7 +198,7 @@ impl Engine {
             traced.trace.tensors(TensorActivity::QueueInput, &inputs);
         }
         match runs {
-            Ok(python) => Ok(Started::Queued(Box::new(Queued {
+            Runs::Python(python) => Ok(Started::Queued(Box::new(Queued {
                 python,
                 model,
                 serving,
@@ -211,7 +213,7 @@ impl Engine {
                 deadline: scope.deadline,
                 trace,
             }))),
-            Err(plan) => {
+            Runs::Ensemble(plan) => {
                 let streaming = super::ensemble_stream::Streaming {
                     model,
                     serving,
@@ -230,6 +232,14 @@ impl Engine {
             }
         }
     }
+}
+
+/// What streams a request's responses.
+enum Runs {
+    /// A decoupled Python model.
+    Python(Arc<crate::repository::python::PythonModel>),
+    /// An ensemble with a decoupled step.
+    Ensemble(Arc<crate::repository::ensemble::EnsemblePlan>),
 }
 
 /// A stream [`Engine::infer_stream`] started.
