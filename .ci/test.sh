@@ -18,8 +18,9 @@ cargo fmt --check
 cargo clippy --locked --all-targets -- -D warnings
 cargo build --locked
 # The GPU code must keep compiling: kiln-backend with its `cuda` feature (no GPU, no CUDA library
-# needed to build; `.ci/setup.sh gpu` is not run here). Only ort-sys, ort and kiln-backend are
-# built again with it; other crates are shared with the build above. Its unit tests that need no
+# needed to build; `.ci/setup.sh gpu` is not run here). Only ort-sys, ort, kiln-core,
+# kiln-telemetry and kiln-backend are built again with it (the crates from ort up to the backend);
+# other crates are shared with the build above. Its unit tests that need no
 # GPU run on CPU sessions (the GPU instance's binding, its input staging, CUDA options).
 cargo test --locked -p kiln-backend --lib --features cuda backend::cuda
 # The fuzz targets (fuzz/, a workspace of its own, run by fuzz/run.sh) must keep compiling against
