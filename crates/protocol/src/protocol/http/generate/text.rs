@@ -94,8 +94,9 @@ fn token(details: &TokenDetails) -> Value {
     })
 }
 
-/// A generate request as the engine takes it: `text_input` a BYTES tensor, `parameters` request
-/// parameters, other scalars parameters and lists of strings BYTES tensors.
+/// A generate request as the engine takes it: `text_input` a BYTES tensor; every other key, at the
+/// top level or in `parameters`, a request parameter when it is a scalar and a BYTES tensor when
+/// it is a list of strings.
 ///
 /// # Errors
 /// INVALID_ARGUMENT for a body that is not such a JSON object.
