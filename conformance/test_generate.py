@@ -30,6 +30,7 @@ import tritonclient.grpc as grpcclient
 from tritonclient.utils import InferenceServerException
 
 from conftest import BUNDLED_REPO, RPC_TIMEOUT, start_server, stop_server
+from tiny_decoder import Reference
 
 MODEL = "tiny_decoder"
 MODEL_DIR = BUNDLED_REPO / MODEL
@@ -39,33 +40,11 @@ PROMPTS = ["The potter", "A kiln is", "日本の陶磁器", "Wood kilns take"]
 @pytest.fixture(scope="module")
 def reference():
     """Greedy continuation by full recomputation with onnxruntime, as token ids and text."""
-    import onnxruntime
-    from tokenizers import Tokenizer
-
-    session = onnxruntime.InferenceSession(str(MODEL_DIR / "1" / "model.onnx"), providers=["CPUExecutionProvider"])
-    tokenizer = Tokenizer.from_file(str(MODEL_DIR / "tokenizer.json"))
-    layers = sum(1 for i in session.get_inputs() if i.name.endswith(".key"))
-    heads, head_dim = session.get_inputs()[3].shape[1], session.get_inputs()[3].shape[3]
+    loop = Reference()
 
     def generate(prompt: str, max_tokens: int) -> tuple[list[int], str]:
-        ids = tokenizer.encode(prompt).ids
-        out: list[int] = []
-        for _ in range(max_tokens):
-            n = len(ids)
-            feeds = {
-                "input_ids": np.array([ids], dtype=np.int64),
-                "attention_mask": np.ones((1, n), dtype=np.int64),
-                "position_ids": np.arange(n, dtype=np.int64)[None],
-            }
-            for layer in range(layers):
-                for kind in ("key", "value"):
-                    feeds[f"past_key_values.{layer}.{kind}"] = np.zeros((1, heads, 0, head_dim), dtype=np.float32)
-            token = int(np.argmax(session.run(["logits"], feeds)[0][0, -1]))
-            out.append(token)
-            if token == 0:  # <|endoftext|>
-                break
-            ids.append(token)
-        return out, tokenizer.decode(out)
+        out = [token for token, _ in loop.greedy(prompt, max_tokens)]
+        return out, loop.decode(out)
 
     return generate
 

@@ -13,54 +13,26 @@
 from __future__ import annotations
 
 import json
-import math
 
-import numpy as np
 import pytest
 import requests
 
-from conftest import BUNDLED_REPO, RPC_TIMEOUT
+from conftest import RPC_TIMEOUT
+from tiny_decoder import EOS, Reference
 
 MODEL = "tiny_decoder"
-MODEL_DIR = BUNDLED_REPO / MODEL
-EOS = 0  # <|endoftext|>, the tokenizer's one special token
 
 
 @pytest.fixture(scope="module")
 def reference():
     """Greedy continuation by full recomputation, as (token id, log-probability) pairs."""
-    import onnxruntime
-    from tokenizers import Tokenizer
-
-    session = onnxruntime.InferenceSession(str(MODEL_DIR / "1" / "model.onnx"), providers=["CPUExecutionProvider"])
-    tokenizer = Tokenizer.from_file(str(MODEL_DIR / "tokenizer.json"))
-    layers = sum(1 for i in session.get_inputs() if i.name.endswith(".key"))
-    heads, head_dim = session.get_inputs()[3].shape[1], session.get_inputs()[3].shape[3]
+    loop = Reference()
 
     def generate(prompt: str, max_tokens: int) -> list[tuple[int, float]]:
-        ids = tokenizer.encode(prompt).ids
-        out = []
-        for _ in range(max_tokens):
-            n = len(ids)
-            feeds = {
-                "input_ids": np.array([ids], dtype=np.int64),
-                "attention_mask": np.ones((1, n), dtype=np.int64),
-                "position_ids": np.arange(n, dtype=np.int64)[None],
-            }
-            for layer in range(layers):
-                for kind in ("key", "value"):
-                    feeds[f"past_key_values.{layer}.{kind}"] = np.zeros((1, heads, 0, head_dim), dtype=np.float32)
-            logits = session.run(["logits"], feeds)[0][0, -1].astype(np.float64)
-            token = int(np.argmax(logits))
-            top = logits.max()
-            out.append((token, float(logits[token] - top - math.log(np.exp(logits - top).sum()))))
-            if token == EOS:
-                break
-            ids.append(token)
-        return out
+        return loop.greedy(prompt, max_tokens)
 
-    generate.decode = lambda ids: tokenizer.decode(ids)
-    generate.token_text = lambda i: tokenizer.decode([i], skip_special_tokens=False)
+    generate.decode = loop.decode
+    generate.token_text = loop.token_text
     return generate
 
 
