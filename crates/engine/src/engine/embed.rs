@@ -197,16 +197,16 @@ fn floats(tensor: &Tensor) -> Result<Vec<f32>, Error> {
     Ok(values)
 }
 
-impl Engine {
-    /// Whether model `name` (its newest version) makes embeddings of text: see [`Engine::embed`].
-    pub fn makes_embeddings(&self, name: &str) -> bool {
-        self.resolve(name, "").is_ok_and(|(model, serving)| {
-            matches!(serving.executor, Executor::Batched(_))
-                && serving.tokenizer.is_some()
-                && Plan::of(&model.name, &serving.io).is_ok()
-        })
+impl super::Target {
+    /// Whether it makes embeddings of text: see [`Engine::embed`].
+    pub fn makes_embeddings(&self) -> bool {
+        matches!(self.serving.executor, Executor::Batched(_))
+            && self.serving.tokenizer.is_some()
+            && Plan::of(&self.model.name, &self.serving.io).is_ok()
     }
+}
 
+impl Engine {
     /// The embeddings of `texts` from the text model `name` (its newest version). `dimensions`,
     /// when given, must be the vectors' length (kiln does not shorten vectors).
     ///

@@ -8,49 +8,39 @@
 //! Clients stream them (gRPC `ModelStreamInfer`, REST `generate_stream`); a client that goes
 //! away cancels the decoupled steps' requests.
 
-use super::context::{Origin, Scope};
+use super::context::Scope;
 use super::ensemble::{ensemble_outputs, step_error, step_request, take_outputs, MAX_DEPTH};
+use super::prepare::Call;
 use super::record::{Counted, Ran, Recorder};
-use super::{response, Admission, Engine, StreamedResponse};
-use crate::core::{Error, InferRequest, Tensor};
+use super::{response, Engine, StreamedResponse};
+use crate::core::{Error, Tensor};
 use crate::metrics::FailureReason;
 use crate::repository::ensemble::{EnsemblePlan, Step};
-use crate::repository::{Executor, Model, ServingVersion};
-use crate::trace::{Activity, RecordOnDrop, Trace};
+use crate::trace::{Activity, Trace};
 use futures_util::future::BoxFuture;
 use std::collections::HashMap;
 use std::sync::Arc;
 use std::time::Instant;
 use tokio::sync::mpsc;
 
-/// A decoupled ensemble's request, validated.
-pub(super) struct Streaming {
-    pub model: Arc<Model>,
-    pub serving: Arc<ServingVersion>,
-    pub plan: Arc<EnsemblePlan>,
-    pub inputs: Vec<Tensor>,
-    pub request: InferRequest,
-    pub rows: usize,
-    pub arrived: Instant,
-    /// Its trace, which records REQUEST_END once the last response is out.
-    pub trace: Option<Arc<RecordOnDrop>>,
-    /// Its origin and deadline, which its steps share.
-    pub origin: Origin,
-    pub deadline: Option<Instant>,
+/// A decoupled ensemble's request, checked: its call, plan and inputs.
+struct Streaming {
+    call: Call,
+    plan: Arc<EnsemblePlan>,
+    inputs: Vec<Tensor>,
+    rows: usize,
 }
 
 impl Streaming {
     fn trace(&self) -> Option<&Arc<Trace>> {
-        self.trace.as_ref().map(|traced| &traced.trace)
+        self.call.scope.trace.as_ref()
     }
 
-    /// What its steps share with it.
+    /// What its steps share with it: its origin, deadline and trace.
     fn scope(&self) -> Scope {
         Scope {
-            origin: self.origin,
-            deadline: self.deadline,
-            trace: self.trace().cloned(),
             depth: 0,
+            ..self.call.scope.clone()
         }
     }
 }
@@ -74,33 +64,28 @@ impl Engine {
             .position(|step| self.streams_within(&step.model, &step.version, depth + 1))
     }
 
-    /// Whether the model streams its responses through [`Engine::infer_stream`], `depth`
-    /// ensembles down; in an ensemble (`depth` above 0), a generation model's pieces stream too.
-    /// Every other decoupled version streams so (see [`super::execution::Execution::decoupled`]);
-    /// a generation model asked for directly goes through [`Engine::generate`] instead.
-    pub(super) fn streams_within(&self, name: &str, version: &str, depth: usize) -> bool {
-        self.resolve(name, version).is_ok_and(|(_, serving)| {
-            let generates = matches!(serving.executor, Executor::Generate(_));
-            super::execution::of(&serving.executor).decoupled(self, depth)
-                && (depth > 0 || !generates)
-        })
-    }
-
-    /// Starts `streaming`, admitted earlier: its responses as the decoupled step sends them. The
-    /// admission ends with the last.
+    /// Starts the checked `call` of ensemble `plan` on `inputs` (`rows` of them): its responses
+    /// as the decoupled step sends them. Its admission ends with the last.
     pub(super) fn stream_ensemble(
         self: &Arc<Self>,
-        streaming: Streaming,
-        admission: Admission,
+        call: Call,
+        plan: Arc<EnsemblePlan>,
+        inputs: Vec<Tensor>,
+        rows: usize,
     ) -> mpsc::UnboundedReceiver<StreamedResponse> {
+        let streaming = Streaming {
+            call,
+            plan,
+            inputs,
+            rows,
+        };
         let (sender, receiver) = mpsc::unbounded_channel();
         let engine = Arc::clone(self);
         if let Some(trace) = streaming.trace() {
             trace.record(Activity::QueueStart, Instant::now());
         }
         tokio::spawn(async move {
-            let _admission = admission;
-            let record = Recorder::new(&streaming.serving.stats, streaming.arrived);
+            let record = Recorder::new(&streaming.call.serving.stats, streaming.call.arrived);
             let outcome = engine.run_streaming(&streaming, &sender).await;
             match outcome {
                 // Its client went away: the recorder's drop counts it CANCELED.
@@ -109,7 +94,7 @@ impl Engine {
                     rows: streaming.rows,
                 }),
                 Err(error) => {
-                    record.failed(Counted::Failure(FailureReason::Other));
+                    record.failed(&Counted::Failure(FailureReason::Other));
                     let _ = sender.send(StreamedResponse {
                         response: Err(error),
                         last: true,
@@ -151,13 +136,13 @@ impl Engine {
         sender: &'a mpsc::UnboundedSender<StreamedResponse>,
     ) -> BoxFuture<'a, Result<bool, Error>> {
         Box::pin(async move {
-            let Streaming {
+            let Call {
                 model,
                 serving,
-                plan,
                 request,
                 ..
-            } = streaming;
+            } = &streaming.call;
+            let plan = &streaming.plan;
             let name = model.name.as_str();
             let scope = streaming.scope();
             let mut wave_at = from;

@@ -1,15 +1,16 @@
-//! How each kind of serving version runs a checked request that answers once: the part of the
-//! pipeline ([`super::run`]) that differs between ONNX Runtime sessions behind the scheduler,
-//! Python models, ensembles and generation models. Everything around it (the lookup, the
-//! checks, a cache hit, the statistics, the trace's ends) the pipeline does alike for all.
+//! How each kind of serving version runs a checked request that answers once, chosen by one
+//! match on its [`Executor`]: the part of the pipeline ([`super::run`]) that differs between
+//! ONNX Runtime sessions behind the scheduler, Python models and ensembles. Everything around
+//! it (the lookup, the checks, a cache hit, the statistics, the trace's ends) the pipeline does
+//! alike for all.
 
 use super::cache::{Key, ResponseCache};
-use super::record::{Counted, Ran};
-use super::run::{python_listing, python_sequence, refuse_decoupled, schedule_error, Call};
+use super::prepare::Call;
+use super::record::{Counted, Failed, Ran};
+use super::run::{python_listing, python_sequence, refuse_decoupled, schedule_error};
 use super::{traces, Engine};
 use crate::backend::python::{Answer, Outputs};
-use crate::core::{Error, Parameters, Tensor};
-use crate::generate::Generator;
+use crate::core::{Parameters, Tensor};
 use crate::metrics::FailureReason;
 use crate::repository::ensemble::EnsemblePlan;
 use crate::repository::python::PythonModel;
@@ -17,7 +18,6 @@ use crate::repository::sequence::{Sequences, Turn};
 use crate::repository::Executor;
 use crate::scheduler::{self, ScheduleError, Scheduler};
 use crate::trace::Activity;
-use futures_util::future::BoxFuture;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -29,7 +29,7 @@ pub(super) type Job = scheduler::Request<Vec<Tensor>>;
 pub(super) type Miss<'c> = (&'c ResponseCache, Key, Duration);
 
 /// A request's outputs and how they were made, or its error and how it counts.
-pub(super) type Answered<T = Produced> = Result<(T, Ran), (Error, Counted)>;
+pub(super) type Answered<T = Produced> = Result<(T, Ran), Failed>;
 
 /// What a model made for a request: its outputs, and the parameters it gave its response (a
 /// Python model's).
@@ -48,117 +48,50 @@ impl From<Vec<Tensor>> for Produced {
     }
 }
 
-/// One kind of serving version's way of running requests.
-pub(super) trait Execution: Sync {
-    /// Whether its requests answer more than once (decoupled), `depth` ensembles down: those
-    /// go through [`Engine::infer_stream`] or [`Engine::generate`], and [`Engine::infer`]
-    /// refuses them.
-    fn decoupled(&self, engine: &Engine, depth: usize) -> bool;
-
-    /// The names of the inputs a request sent, in its order, where the model sees that order (a
-    /// Python model's `request.inputs()`); taken before the checks reorder them.
-    fn arrival(&self, _request: &crate::core::InferRequest) -> Vec<String> {
-        Vec::new()
-    }
-
-    /// Runs `job` for `call`; `miss` is the response cache's miss to fill, for versions that
-    /// cache.
-    fn run<'a>(
-        &'a self,
-        engine: &'a Engine,
-        call: &'a Call<'a>,
-        job: Job,
-        miss: Option<Miss<'a>>,
-    ) -> BoxFuture<'a, Answered>;
-}
-
-/// The execution of a serving version's executor.
-pub(super) fn of(executor: &Executor) -> &dyn Execution {
-    match executor {
-        Executor::Batched(scheduler) => scheduler,
-        Executor::Python(python) => python.as_ref(),
-        Executor::Ensemble(plan) => plan.as_ref(),
-        Executor::Generate(generator) => generator,
-    }
-}
-
-/// ONNX Runtime sessions (CPU or CUDA) behind the version's scheduler.
-impl Execution for Scheduler {
-    fn decoupled(&self, _: &Engine, _: usize) -> bool {
-        false
-    }
-
-    fn run<'a>(
-        &'a self,
-        _: &'a Engine,
-        call: &'a Call<'a>,
-        job: Job,
-        miss: Option<Miss<'a>>,
-    ) -> BoxFuture<'a, Answered> {
-        Box::pin(run_batched(call, self, job, miss))
-    }
-}
-
-/// A Python model's instances (stub processes); a decoupled one's requests stream.
-impl Execution for PythonModel {
-    fn decoupled(&self, _: &Engine, _: usize) -> bool {
-        PythonModel::decoupled(self)
-    }
-
-    fn arrival(&self, request: &crate::core::InferRequest) -> Vec<String> {
-        request.inputs.iter().map(|i| i.name.clone()).collect()
-    }
-
-    fn run<'a>(
-        &'a self,
-        _: &'a Engine,
-        call: &'a Call<'a>,
-        job: Job,
-        miss: Option<Miss<'a>>,
-    ) -> BoxFuture<'a, Answered> {
-        Box::pin(run_python(call, self, job, miss))
-    }
-}
-
-/// An ensemble: each step an ordinary request to its model. Its responses are not cached.
-impl Execution for EnsemblePlan {
-    fn decoupled(&self, engine: &Engine, depth: usize) -> bool {
-        engine.has_decoupled_step(self, depth)
-    }
-
-    fn run<'a>(
-        &'a self,
-        engine: &'a Engine,
-        call: &'a Call<'a>,
-        job: Job,
-        _: Option<Miss<'a>>,
-    ) -> BoxFuture<'a, Answered> {
-        Box::pin(run_composed(engine, call, self, job))
-    }
-}
-
-/// A generation model: decoupled, so never run here.
-impl Execution for Generator {
-    fn decoupled(&self, _: &Engine, _: usize) -> bool {
-        true
-    }
-
-    fn run<'a>(
-        &'a self,
-        _: &'a Engine,
-        call: &'a Call<'a>,
-        _: Job,
-        _: Option<Miss<'a>>,
-    ) -> BoxFuture<'a, Answered> {
-        let refused = refuse_decoupled(call.model, true, call.scope.origin);
-        Box::pin(std::future::ready(Err((refused, Counted::Nowhere))))
+impl Engine {
+    /// Answers a checked request's `job` from the response cache (for versions that use it: a
+    /// hit answers without running), or runs it on its version's executor.
+    pub(super) async fn execute(&self, call: &Call, job: Job) -> Answered {
+        let serving = &call.serving;
+        let mut miss: Option<Miss<'_>> = None;
+        if let Some(cache) = self.cache.as_ref().filter(|_| serving.cache) {
+            let started = Instant::now();
+            let key = cache.key(&call.model.name, serving.version, &job.inputs);
+            match cache.get(key) {
+                Some(outputs) => {
+                    // Queued and answered, as Triton traces a hit: no compute.
+                    if let Some(trace) = &call.scope.trace {
+                        trace.record(Activity::QueueStart, started);
+                        traces::record_outputs(trace, &call.request, &outputs);
+                    }
+                    let queue = started.duration_since(call.arrived);
+                    let lookup = started.elapsed();
+                    let produced = Produced::from(outputs.to_vec());
+                    return Ok((produced, Ran::Cached { queue, lookup }));
+                }
+                None => miss = Some((cache, key, started.elapsed())),
+            }
+        }
+        match &serving.executor {
+            // ONNX Runtime sessions (CPU or CUDA) behind the version's scheduler.
+            Executor::Batched(scheduler) => run_batched(call, scheduler, job, miss).await,
+            // A Python model's instances (stub processes).
+            Executor::Python(python) => run_python(call, python, job, miss).await,
+            // Each step an ordinary request to its model; its responses are not cached.
+            Executor::Ensemble(plan) => run_composed(self, call, plan, job).await,
+            // Decoupled: refused before it gets here ([`Engine::infer`]).
+            Executor::Generate(_) => {
+                let refused = refuse_decoupled(&call.model.name, true, call.scope.origin);
+                Err(refused.into())
+            }
+        }
     }
 }
 
 /// Runs a request on a batched model's scheduler, in its sequence's turn, storing a cache
 /// miss's outputs.
 async fn run_batched(
-    call: &Call<'_>,
+    call: &Call,
     scheduler: &Scheduler,
     mut job: Job,
     miss: Option<Miss<'_>>,
@@ -166,10 +99,10 @@ async fn run_batched(
     let rows = job.rows;
     // A sequence's requests run one at a time, with the states its last one left.
     let turn = take_turn(call, rows, &mut job.inputs).await?;
-    let mut ran = scheduler.submit(job).await.map_err(|e| {
-        let (error, reason) = schedule_error(e, call.prefix, call.model);
-        (error, Counted::from(reason))
-    });
+    let mut ran = scheduler
+        .submit(job)
+        .await
+        .map_err(|e| schedule_error(e, &call.prefix, &call.model.name));
     if let Some((sequences, turn)) = turn {
         if let Ok(outcome) = &mut ran {
             sequences.finish(turn, &mut outcome.outputs);
@@ -180,7 +113,7 @@ async fn run_batched(
     }
     if let (Some(trace), Ok(outcome)) = (call.scope.trace.as_ref(), &ran) {
         traces::record_outcome(trace, outcome);
-        traces::record_outputs(trace, call.request, &outcome.outputs);
+        traces::record_outputs(trace, &call.request, &outcome.outputs);
     }
     ran.map(|outcome| {
         let ran = Ran::Executed {
@@ -194,24 +127,25 @@ async fn run_batched(
 /// Runs a request on a (not decoupled) Python model's instances, in its sequence's turn,
 /// storing a cache miss's outputs.
 async fn run_python(
-    call: &Call<'_>,
+    call: &Call,
     python: &PythonModel,
     mut job: Job,
     miss: Option<Miss<'_>>,
 ) -> Answered {
-    let (request, rows, trace) = (call.request, job.rows, call.scope.trace.as_ref());
+    let (request, rows, trace) = (&call.request, job.rows, call.scope.trace.as_ref());
     // A sequence's requests run one at a time, in order, on one instance, with the control
     // inputs the config asks for; its state is the model's to keep.
     let turn = take_turn(call, rows, &mut job.inputs).await?;
     let sequence = call
         .sequence
+        .as_ref()
         .zip(turn.as_ref())
         .map(|(flags, (_, turn))| python_sequence(flags, turn.slot()));
     let job = job.map(|inputs| crate::backend::python::Request {
         id: request.id.clone(),
         parameters: request.parameters.clone(),
         outputs: request.outputs.iter().map(|o| o.name.clone()).collect(),
-        listed: python_listing(call.arrival, &inputs),
+        listed: python_listing(&call.arrival, &inputs),
         inputs,
         sequence,
         trace: trace.cloned(),
@@ -247,7 +181,7 @@ async fn run_python(
 
 /// Stores a cache miss's outputs, and the time the miss cost (the lookup and the insertion, as
 /// Triton counts it; not the run between).
-fn fill(call: &Call<'_>, (cache, key, looked): Miss<'_>, outputs: &[Tensor]) {
+fn fill(call: &Call, (cache, key, looked): Miss<'_>, outputs: &[Tensor]) {
     let stored = Instant::now();
     cache.insert(key, Arc::from(outputs.to_vec()));
     call.serving
@@ -260,7 +194,7 @@ fn fill(call: &Call<'_>, (cache, key, looked): Miss<'_>, outputs: &[Tensor]) {
 fn python_answer(
     executed: Result<scheduler::Outcome<Answer>, ScheduleError>,
     rows: usize,
-    call: &Call<'_>,
+    call: &Call,
 ) -> Answered<Outputs> {
     match executed {
         Ok(outcome) => {
@@ -268,21 +202,18 @@ fn python_answer(
             let ran = Ran::Executed { rows, timing };
             match outcome.outputs {
                 Ok(mut outputs) => match outputs.refused.take() {
-                    Some(error) => Err((error, Counted::Answered(ran))),
+                    Some(error) => Err(Failed::new(error, Counted::Answered(ran))),
                     None => Ok((outputs, ran)),
                 },
-                Err(error) => Err((error, Counted::Failure(FailureReason::Backend))),
+                Err(error) => Err(Failed::new(error, Counted::Failure(FailureReason::Backend))),
             }
         }
-        Err(error) => {
-            let (error, reason) = schedule_error(error, call.prefix, call.model);
-            Err((error, Counted::from(reason)))
-        }
+        Err(error) => Err(schedule_error(error, &call.prefix, &call.model.name)),
     }
 }
 
 /// Runs an ensemble's request through its steps.
-async fn run_composed(engine: &Engine, call: &Call<'_>, plan: &EnsemblePlan, job: Job) -> Answered {
+async fn run_composed(engine: &Engine, call: &Call, plan: &EnsemblePlan, job: Job) -> Answered {
     let rows = job.rows;
     let trace = call.scope.trace.as_ref();
     if let Some(trace) = trace {
@@ -290,13 +221,20 @@ async fn run_composed(engine: &Engine, call: &Call<'_>, plan: &EnsemblePlan, job
     }
     let io = &call.serving.io;
     let ran = engine
-        .run_ensemble(call.model, plan, io, job.inputs, call.request, call.scope)
+        .run_ensemble(
+            &call.model.name,
+            plan,
+            io,
+            job.inputs,
+            &call.request,
+            &call.scope,
+        )
         .await;
     if let (Some(trace), Ok(outputs)) = (trace, &ran) {
-        traces::record_outputs(trace, call.request, outputs);
+        traces::record_outputs(trace, &call.request, outputs);
     }
     ran.map(|outputs| (outputs.into(), Ran::Composed { rows }))
-        .map_err(|e| (e, Counted::Failure(FailureReason::Other)))
+        .map_err(|e| Failed::new(e, Counted::Failure(FailureReason::Other)))
 }
 
 /// A stateful version's request takes its turn in its sequence (waiting for the one before),
@@ -306,17 +244,16 @@ async fn run_composed(engine: &Engine, call: &Call<'_>, plan: &EnsemblePlan, job
 /// The sequence's refusal (see [`crate::repository::sequence::Sequences::begin`]), counted
 /// nowhere, as in Triton.
 async fn take_turn<'s>(
-    call: &Call<'s>,
+    call: &'s Call,
     rows: usize,
     inputs: &mut Vec<Tensor>,
-) -> Result<Option<(&'s Arc<Sequences>, Turn)>, (Error, Counted)> {
-    let (Some(sequences), Some(flags)) = (&call.serving.sequences, call.sequence) else {
+) -> Result<Option<(&'s Arc<Sequences>, Turn)>, Failed> {
+    let (Some(sequences), Some(flags)) = (&call.serving.sequences, &call.sequence) else {
         return Ok(None);
     };
     let turn = sequences
-        .begin(flags.clone(), rows, call.model)
-        .await
-        .map_err(|e| (e, Counted::Nowhere))?;
+        .begin(flags.clone(), rows, &call.model.name)
+        .await?;
     inputs.extend(sequences.inputs(&turn));
     Ok(Some((sequences, turn)))
 }

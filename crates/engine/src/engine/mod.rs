@@ -12,6 +12,7 @@ mod ensemble_stream;
 mod execution;
 pub mod generate;
 mod lookup;
+mod prepare;
 pub mod raw_input;
 mod record;
 mod response;
@@ -19,13 +20,14 @@ mod run;
 pub mod shared_memory;
 mod status;
 mod stream;
+mod target;
 mod traces;
 // Requests are checked against their model's inputs and outputs where warmup samples are too,
 // in the repository, which knows them; `engine::validate` stays their path.
 pub use crate::repository::validate;
 use crate::repository::visit_order::visit_order;
 
-use crate::core::{Error, InferRequest, InferResponse};
+use crate::core::{Error, InferRequest};
 use crate::invalid_arg;
 use crate::proto::inference::{ModelConfig, ModelStatistics};
 use crate::repository::{Executor, Model, ModelRepository};
@@ -35,9 +37,9 @@ pub use cache::CacheConfig;
 use cache::ResponseCache;
 pub use context::{Context, Origin};
 pub use embed::{Embeddings, MAX_TEXTS};
+pub use prepare::Reply;
+pub use record::{Failed, Stage};
 use run::{check_parameters, python_listing, python_sequence, queued, schedule_error};
-pub use run::{Failed, Stage};
-use shared_memory::tensors;
 use shared_memory::{SharedMemory, ShmPolicy};
 pub use status::VersionLatencies;
 use std::collections::BTreeMap;
@@ -45,6 +47,7 @@ use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::Instant;
 pub use stream::StreamedResponse;
+pub use target::{Answers, Target};
 
 pub use crate::repository::{IndexEntry, LoadParameter};
 
@@ -209,35 +212,7 @@ impl Engine {
     /// NOT_FOUND / UNAVAILABLE / INVALID_ARGUMENT, as for inference, when the model or version is
     /// unknown, not ready, or the version string is not a number.
     pub fn model_metadata(&self, name: &str, version: &str) -> Result<ModelMetadata, Error> {
-        let (model, serving) = self.resolve(name, version)?;
-        let versions = if version.is_empty() {
-            model.versions.keys().map(i64::to_string).collect()
-        } else {
-            vec![serving.version.to_string()]
-        };
-        let batched = serving.io.max_batch_size > 0;
-        let describe = |spec: &crate::repository::TensorSpec| TensorMetadata {
-            name: spec.name.clone(),
-            datatype: spec.datatype.as_wire().to_string(),
-            shape: batched
-                .then_some(-1)
-                .into_iter()
-                .chain(spec.dims.iter().copied())
-                .collect(),
-        };
-        Ok(ModelMetadata {
-            name: model.name.clone(),
-            versions,
-            // A backend model without a platform (a Python model) names its backend, as in
-            // Triton.
-            platform: if model.config.platform.is_empty() {
-                model.config.backend.clone()
-            } else {
-                model.config.platform.clone()
-            },
-            inputs: serving.io.inputs.iter().map(describe).collect(),
-            outputs: serving.io.outputs.iter().map(describe).collect(),
-        })
+        Ok(self.target(name, version)?.metadata(version.is_empty()))
     }
 
     /// The effective (normalised, auto-completed) config.
@@ -383,32 +358,6 @@ impl Engine {
         tokio::task::spawn_blocking(move || repository.unload(&name, unload_dependents))
             .await
             .map_err(|e| Error::Internal(format!("model unload task failed: {e}")))?
-    }
-
-    /// Runs one inference request that answers once: the one way such a request reaches its
-    /// model, from either front end, a Python model's calls, the OpenAI and embeddings front ends
-    /// (an ensemble's steps run the same path with their request's scope).
-    /// The model is looked up once, here; a decoupled model is refused here, in the words of
-    /// the context's origin; statistics and traces are recorded in one recorder (`engine/record.rs`).
-    ///
-    /// # Errors
-    /// Lookup errors as [`Engine::model_metadata`]; UNSUPPORTED for a decoupled model;
-    /// INVALID_ARGUMENT for a request that does not fit the model; RESOURCE_EXHAUSTED when the
-    /// model version is at its `max_inflight_requests`; INTERNAL when the model fails while
-    /// running; each with the [`Stage`] it stopped at (Triton's stream answers tell them apart).
-    pub async fn infer(
-        &self,
-        request: InferRequest,
-        context: Context,
-    ) -> Result<InferResponse, Failed> {
-        // Held until the answer: the request counts as in flight until then.
-        let Context {
-            admission: _admission,
-            scope,
-        } = context;
-        self.run_staged(request, scope)
-            .await
-            .map_err(|(error, stage)| Failed { error, stage })
     }
 
     /// Builds the request for Triton's raw binary HTTP request (`Inference-Header-Content-Length:

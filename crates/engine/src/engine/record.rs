@@ -3,7 +3,7 @@
 //! request (unary, streamed, an ensemble's) records it through, once: a success, a failure for
 //! its reason, or, dropped before either (its client went away), a cancellation.
 
-use super::run::Stage;
+use crate::core::Error;
 use crate::metrics::{FailureReason, ModelStats, Timing};
 use std::sync::OnceLock;
 use std::time::{Duration, Instant};
@@ -32,33 +32,28 @@ impl<'a> Recorder<'a> {
         ran.record_success(self.stats, self.arrived.elapsed());
     }
 
-    /// The request failed; it counts as `counted` says. Where it stopped.
-    pub(super) fn failed(mut self, counted: Counted) -> Stage {
+    /// The request failed; it counts as `counted` says.
+    pub(super) fn failed(mut self, counted: &Counted) {
         self.recorded = true;
-        counted.record(self.stats, self.arrived.elapsed())
+        counted.record(self.stats, self.arrived.elapsed());
     }
 
     /// A streamed request whose last response went out after `total`: a success once its
-    /// model's `execute` has returned its `timing`, else a failure for the reason the scheduler
-    /// refused it (a refusal as it was queued counts nowhere), else the model's.
+    /// model's `execute` has returned its `timing`, else a failure as the scheduler's refusal
+    /// counts (a refusal as it was queued counts nowhere), else the model's.
     pub(super) async fn streamed(
         mut self,
         (rows, total, succeeded): (usize, Duration, bool),
         timing: oneshot::Receiver<Option<Timing>>,
-        refusal: &OnceLock<Option<FailureReason>>,
+        refusal: &OnceLock<Counted>,
     ) {
         self.recorded = true;
         if succeeded {
             let timing = timing.await.ok().flatten().unwrap_or_default();
             self.stats.record_success(rows, total, timing);
         } else {
-            let reason = refusal
-                .get()
-                .copied()
-                .unwrap_or(Some(FailureReason::Backend));
-            if let Some(reason) = reason {
-                self.stats.record_failure(total, reason);
-            }
+            let backend = Counted::Failure(FailureReason::Backend);
+            refusal.get().unwrap_or(&backend).record(self.stats, total);
         }
     }
 }
@@ -73,7 +68,57 @@ impl Drop for Recorder<'_> {
     }
 }
 
+/// A request the engine did not answer: its error, in Triton's words, and how it counts in its
+/// model's statistics, which also says where it stopped ([`Failed::stage`]). The one failure
+/// type of the engine, from a lookup's refusal to a model's error.
+#[derive(Debug)]
+pub struct Failed {
+    pub error: Error,
+    pub(super) counted: Counted,
+}
+
+impl Failed {
+    /// `error`, counted as `counted` says.
+    pub(super) fn new(error: Error, counted: Counted) -> Failed {
+        Failed { error, counted }
+    }
+
+    /// Where the request stopped (Triton's stream answers tell them apart).
+    pub fn stage(&self) -> Stage {
+        match &self.counted {
+            Counted::Nowhere => Stage::Refused,
+            // The model (or an ensemble's step) had it: its answer says so. A timeout in the
+            // queue or a cancellation is a refusal.
+            Counted::Failure(FailureReason::Backend | FailureReason::Other) => Stage::Failed,
+            Counted::Failure(FailureReason::Rejected | FailureReason::Canceled) => Stage::Refused,
+            Counted::Answered(_) => Stage::Failed,
+        }
+    }
+
+    /// The error alone, for those that do not tell the stages apart.
+    pub fn into_error(self) -> Error {
+        self.error
+    }
+}
+
+/// A refusal before the model's scheduler had the request: counted nowhere, as in Triton.
+impl From<Error> for Failed {
+    fn from(error: Error) -> Failed {
+        Failed::new(error, Counted::Nowhere)
+    }
+}
+
+/// Where a failed request stopped.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Stage {
+    /// Refused before its model had it: lookup, validation, admission, its sequence, the queue.
+    Refused,
+    /// Its model had it and failed it (or its outputs could not be answered).
+    Failed,
+}
+
 /// How a request that failed counts in its model's statistics, as Triton counts it.
+#[derive(Debug, Clone)]
 pub(super) enum Counted {
     /// Refused before its model's scheduler had it: nowhere.
     Nowhere,
@@ -85,24 +130,12 @@ pub(super) enum Counted {
 }
 
 impl Counted {
-    /// Records a request that failed after `total` as Triton counts it, and says where it
-    /// stopped.
-    fn record(self, stats: &ModelStats, total: Duration) -> Stage {
+    /// Records a request that failed after `total` as Triton counts it.
+    fn record(&self, stats: &ModelStats, total: Duration) {
         match self {
-            Counted::Nowhere => Stage::Refused,
-            Counted::Failure(reason) => {
-                stats.record_failure(total, reason);
-                // The model (or an ensemble's step) had it: its answer says so. A timeout in
-                // the queue or a cancellation is a refusal.
-                match reason {
-                    FailureReason::Backend | FailureReason::Other => Stage::Failed,
-                    FailureReason::Rejected | FailureReason::Canceled => Stage::Refused,
-                }
-            }
-            Counted::Answered(ran) => {
-                ran.record_success(stats, total);
-                Stage::Failed
-            }
+            Counted::Nowhere => {}
+            Counted::Failure(reason) => stats.record_failure(total, *reason),
+            Counted::Answered(ran) => ran.record_success(stats, total),
         }
     }
 }
@@ -114,6 +147,7 @@ impl From<Option<FailureReason>> for Counted {
 }
 
 /// How a request got its outputs, for its statistics.
+#[derive(Debug, Clone)]
 pub(super) enum Ran {
     /// Its model ran it (in a batch, possibly).
     Executed { rows: usize, timing: Timing },

@@ -1,14 +1,15 @@
-//! The inference pipeline: one request to its response. [`Engine::infer`] enters here; the
-//! model is looked up once, a decoupled model refused in the words of the request's origin, the
-//! request checked (parameters, shared memory, the config), a cache hit answered, and the rest
-//! handed to its version's [`Execution`](super::execution::Execution); statistics go through
-//! one [`Recorder`], trace stamps through [`super::traces`].
+//! Requests that answer once. [`Engine::infer`] enters here: the model is looked up once, a
+//! decoupled model refused in the words of the request's origin, the request prepared like every
+//! other ([`super::prepare`]), and run on its version ([`super::execution`]); statistics go
+//! through one [`Recorder`], trace stamps through [`super::traces`].
 
-use super::context::{Origin, Scope};
-use super::execution::{self, Answered, Job, Miss, Produced};
-use super::record::{Counted, Ran, Recorder};
-use super::shared_memory::tensors;
-use super::{classification, response, traces, validate, Engine};
+use super::context::{Context, Origin, Scope};
+use super::execution::Job;
+use super::prepare::Call;
+use super::record::{Counted, Failed, Recorder};
+use super::shared_memory::tensors::{self, OutputSlots};
+use super::target::{Answers, Target};
+use super::{classification, response, Admission, Engine};
 use crate::backend::BackendError;
 use crate::core::reserved;
 use crate::core::{Error, InferRequest, InferResponse};
@@ -16,171 +17,110 @@ use crate::invalid_arg;
 use crate::metrics::FailureReason;
 use crate::repository::sequence::SequenceFlags;
 use crate::repository::visit_order;
-use crate::repository::ServingVersion;
 use crate::scheduler::{self, ScheduleError};
-use crate::trace::{Activity, TensorActivity};
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 impl Engine {
-    /// Runs one request in `scope` (see [`Engine::infer`]).
+    /// Runs one inference request that answers once: the one way such a request reaches its
+    /// model, from either front end, a Python model's calls, the OpenAI and embeddings front ends
+    /// (an ensemble's steps run the same path with their request's scope). The model is looked
+    /// up once, here; a decoupled model is refused here, in the words of the context's origin.
+    ///
+    /// # Errors
+    /// Lookup errors as [`Engine::model_metadata`]; UNSUPPORTED for a decoupled model;
+    /// INVALID_ARGUMENT for a request that does not fit the model; RESOURCE_EXHAUSTED when the
+    /// model version is at its `max_inflight_requests`; INTERNAL when the model fails while
+    /// running; each with how it counts (see [`Failed::stage`]).
+    pub async fn infer(
+        &self,
+        request: InferRequest,
+        context: Context,
+    ) -> Result<InferResponse, Failed> {
+        let Context { admission, scope } = context;
+        self.infer_in(request, Some(admission), scope).await
+    }
+
+    /// Runs one of an ensemble's steps in its request's `scope` (see [`Engine::infer`]).
     pub(super) async fn run(
         &self,
         request: InferRequest,
         scope: Scope,
     ) -> Result<InferResponse, Error> {
-        self.run_staged(request, scope)
+        self.infer_in(request, None, scope)
             .await
-            .map_err(|(error, _)| error)
+            .map_err(Failed::into_error)
     }
 
-    /// [`Engine::run`], telling where a failure happened.
-    pub(super) async fn run_staged(
+    /// [`Engine::infer`] on the version `target` resolved to (see [`Engine::target`]).
+    ///
+    /// # Errors
+    /// As [`Engine::infer`].
+    pub async fn infer_on(
         &self,
-        mut request: InferRequest,
+        target: Target,
+        request: InferRequest,
+        context: Context,
+    ) -> Result<InferResponse, Failed> {
+        let Context { admission, scope } = context;
+        self.infer_at(target, request, Some(admission), scope).await
+    }
+
+    /// [`Engine::infer`], holding `admission` (none for an ensemble's step) until answered.
+    async fn infer_in(
+        &self,
+        request: InferRequest,
+        admission: Option<Admission>,
         scope: Scope,
-    ) -> Result<InferResponse, (Error, Stage)> {
-        let arrived = Instant::now();
-        let (model, serving) = self
-            .resolve(&request.model_name, &request.model_version)
-            .map_err(|e| (e, Stage::Refused))?;
-        let execution = execution::of(&serving.executor);
-        if execution.decoupled(self, 0) {
-            let generates = matches!(serving.executor, crate::repository::Executor::Generate(_));
-            let refusal = refuse_decoupled(&model.name, generates, scope.origin);
-            return Err((refusal, Stage::Refused));
+    ) -> Result<InferResponse, Failed> {
+        let target = self.target(&request.model_name, &request.model_version)?;
+        self.infer_at(target, request, admission, scope).await
+    }
+
+    /// [`Engine::infer_on`] with the request's parts.
+    async fn infer_at(
+        &self,
+        target: Target,
+        request: InferRequest,
+        admission: Option<Admission>,
+        scope: Scope,
+    ) -> Result<InferResponse, Failed> {
+        if target.answers() != Answers::Once {
+            let generates = target.answers() == Answers::Generation;
+            return Err(refuse_decoupled(target.name(), generates, scope.origin).into());
         }
-        if let Some(trace) = &scope.trace {
-            trace.describe(&model.name, serving.version, &request.id);
-            trace.record(Activity::RequestStart, arrived);
-        }
-        let record = Recorder::new(&serving.stats, arrived);
-        let prefix = validate::request_prefix(&request.id);
-        let memory = &self.shared_memory;
-        let mut output_slots = tensors::OutputSlots::new();
-        // A stateful model's request belongs to a sequence.
-        let flags = serving
-            .sequences
-            .as_ref()
-            .map(|sequences| sequences.flags(&request, &model.name))
-            .transpose();
-        let arrival = execution.arrival(&request);
-        let scheduled = check_parameters(&request)
-            .and_then(|()| flags.as_ref().map(|_| ()).map_err(Clone::clone))
-            .and_then(|()| tensors::read_inputs(memory, &model.name, &prefix, &mut request))
-            .and_then(|()| {
-                output_slots = tensors::output_slots(memory, &request)?;
-                validate::prepare_inputs(&model.name, &serving.io, &mut request)
-            })
-            // Refused before the model's scheduler had it: counted nowhere, as in Triton.
-            .map_err(|e| (e, Counted::Nowhere))
-            .inspect(|inputs| {
-                if let Some(trace) = &scope.trace {
-                    trace.tensors(TensorActivity::QueueInput, inputs);
-                }
-            })
-            .map(|inputs| {
-                queued(
-                    &request,
-                    scope.deadline,
-                    validate::rows(&serving.io, &inputs),
-                    inputs,
-                )
-            });
-        let call = Call {
-            model: &model.name,
-            serving: &serving,
-            request: &request,
-            scope: &scope,
-            prefix: &prefix,
-            sequence: flags.as_ref().ok().and_then(Option::as_ref),
-            arrival: &arrival,
-            arrived,
-        };
-        let result = match scheduled {
-            Ok(job) => self.execute(&call, execution, job).await,
-            Err(failure) => Err(failure),
-        };
-        let _end = scope.trace.map(|trace| crate::trace::RecordOnDrop {
-            trace,
-            activity: Activity::RequestEnd,
-        });
-        let (produced, ran) = match result {
+        let mut call = self.begin(target, request, admission, scope);
+        let (job, slots) = self.check_once(&mut call)?;
+        self.run_once(call, job, slots).await
+    }
+
+    /// Runs a checked `call` that answers once: its `job` on its version, its outputs shaped
+    /// into the response (and written to the shared-memory `slots` it named).
+    pub(super) async fn run_once(
+        &self,
+        call: Call,
+        job: Job,
+        slots: OutputSlots,
+    ) -> Result<InferResponse, Failed> {
+        let serving = Arc::clone(&call.serving);
+        let record = Recorder::new(&serving.stats, call.arrived);
+        let (produced, ran) = match self.execute(&call, job).await {
             Ok(done) => done,
-            Err((error, counted)) => return Err((error, record.failed(counted))),
+            Err(failed) => {
+                record.failed(&failed.counted);
+                return Err(failed);
+            }
         };
-        let answer = response::response(&model, &serving, request, produced.tensors).and_then(
-            |mut answer| {
-                tensors::write_outputs(&output_slots, &mut answer)?;
+        let answer = response::response(&call.model, &serving, call.request, produced.tensors)
+            .and_then(|mut answer| {
+                tensors::write_outputs(&slots, &mut answer)?;
                 answer.parameters.extend(produced.parameters);
                 Ok(answer)
-            },
-        );
+            });
         // The model answered: a success, even when its outputs cannot be written as asked (a
         // shared memory region too small), as Triton counts it.
         record.answered(&ran);
-        answer.map_err(|e| (e, Stage::Failed))
-    }
-
-    /// Answers a checked request's `job` from the response cache (for versions that use it: a
-    /// hit answers without running), or runs it on its version's `execution`.
-    async fn execute(
-        &self,
-        call: &Call<'_>,
-        execution: &dyn execution::Execution,
-        job: Job,
-    ) -> Answered {
-        let serving = call.serving;
-        let mut miss: Option<Miss<'_>> = None;
-        if let Some(cache) = self.cache.as_ref().filter(|_| serving.cache) {
-            let started = Instant::now();
-            let key = cache.key(call.model, serving.version, &job.inputs);
-            match cache.get(key) {
-                Some(outputs) => {
-                    // Queued and answered, as Triton traces a hit: no compute.
-                    if let Some(trace) = &call.scope.trace {
-                        trace.record(Activity::QueueStart, started);
-                        traces::record_outputs(trace, call.request, &outputs);
-                    }
-                    let queue = started.duration_since(call.arrived);
-                    let lookup = started.elapsed();
-                    let produced = Produced::from(outputs.to_vec());
-                    return Ok((produced, Ran::Cached { queue, lookup }));
-                }
-                None => miss = Some((cache, key, started.elapsed())),
-            }
-        }
-        execution.run(self, call, job, miss).await
-    }
-}
-
-/// What the ways of running a request share of it.
-pub(super) struct Call<'a> {
-    pub(super) model: &'a str,
-    pub(super) serving: &'a ServingVersion,
-    pub(super) request: &'a InferRequest,
-    /// Its origin, deadline, trace and ensemble depth.
-    pub(super) scope: &'a Scope,
-    /// Its id as Triton's messages begin with it.
-    pub(super) prefix: &'a str,
-    /// Its sequence's flags, for a stateful version's request.
-    pub(super) sequence: Option<&'a SequenceFlags>,
-    /// The inputs it sent, in its order, for a Python model (see
-    /// [`execution::Execution::arrival`]).
-    pub(super) arrival: &'a [String],
-    pub(super) arrived: Instant,
-}
-
-/// A request [`Engine::infer`] did not answer: its error, and where it stopped.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Failed {
-    pub error: Error,
-    pub stage: Stage,
-}
-
-impl Failed {
-    /// The error alone, for those that do not tell the stages apart.
-    pub fn into_error(self) -> Error {
-        self.error
+        answer.map_err(|e| Failed::new(e, Counted::Answered(ran)))
     }
 }
 
@@ -199,15 +139,6 @@ pub(super) fn refuse_decoupled(model: &str, generates: bool, origin: Origin) -> 
         }
         (Origin::Model, false) => format!("model '{model}' is decoupled: use ModelStreamInfer"),
     })
-}
-
-/// Where a failed request stopped.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Stage {
-    /// Refused before its model had it: lookup, validation, admission, its sequence, the queue.
-    Refused,
-    /// Its model had it and failed it (or its outputs could not be answered).
-    Failed,
 }
 
 /// `inputs` (`rows` of them) as the scheduler queues them, with the request's `priority` and
@@ -234,14 +165,10 @@ fn unsigned_param(request: &InferRequest, key: &str) -> Option<u64> {
     request.parameters.get(key)?.as_unsigned()
 }
 
-/// Scheduler outcomes in Triton's words, with the failure reason for metrics: `None` for a
-/// request refused as it was queued (a full queue, an overload), which Triton counts nowhere.
-pub(super) fn schedule_error(
-    error: ScheduleError,
-    prefix: &str,
-    model: &str,
-) -> (Error, Option<FailureReason>) {
-    match error {
+/// Scheduler outcomes in Triton's words, counted for metrics as Triton counts them: nowhere for
+/// a request refused as it was queued (a full queue, an overload).
+pub(super) fn schedule_error(error: ScheduleError, prefix: &str, model: &str) -> Failed {
+    let (error, reason) = match error {
         ScheduleError::QueueFull => (Error::Unavailable(format!("{prefix}{error}")), None),
         // Triton says this one without the request's id.
         ScheduleError::Timeout => (
@@ -268,7 +195,8 @@ pub(super) fn schedule_error(
             Error::Unavailable(format!("{prefix}{error}")),
             Some(FailureReason::Other),
         ),
-    }
+    };
+    Failed::new(error, Counted::from(reason))
 }
 
 /// The order a Python model's `request.inputs()` lists a request's validated `inputs` in, those

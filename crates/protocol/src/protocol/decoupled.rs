@@ -13,7 +13,7 @@ use super::codec::{request_from_wire, response_to_wire};
 use crate::core::tensor::frame_bytes;
 use crate::core::{Error, ParamValue};
 use crate::engine::generate::Generation;
-use crate::engine::{Engine, Origin, StreamedResponse};
+use crate::engine::{Engine, Failed, Origin, Reply, StreamedResponse, Target};
 use crate::proto::inference::{
     infer_parameter::ParameterChoice, model_infer_response::InferOutputTensor, InferParameter,
     ModelInferRequest, ModelInferResponse, ModelStreamInferResponse,
@@ -53,14 +53,15 @@ pub fn outgoing(
 /// The parameter Triton sets on every response of a decoupled model.
 pub const FINAL_RESPONSE: &str = "triton_final_response";
 
-/// Runs one request on a decoupled model and sends its responses, until the last one or until
-/// the client goes away (then the generation is dropped, which cancels it).
+/// Runs one request on a decoupled model (`target`) and sends its responses, until the last one
+/// or until the client goes away (then the request is dropped, which cancels it).
 /// `traceparent` is the stream's W3C trace context, for OpenTelemetry traces; `waited` when the
-/// stream began waiting for this message. A request to a decoupled Python model (or an ensemble
-/// with one) is checked, and takes its place in its sequence, when this is called: a stream's
-/// requests keep their order whatever the order in which their tasks run.
+/// stream began waiting for this message. The request is checked, and takes its place in its
+/// sequence, when this is called: a stream's requests keep their order whatever the order in
+/// which their tasks run.
 pub fn answer(
     engine: Arc<Engine>,
+    target: Target,
     wire: ModelInferRequest,
     responses: Responses,
     traceparent: Option<&str>,
@@ -73,65 +74,44 @@ pub fn answer(
         ..Default::default()
     };
     let trace = super::grpc::sample(&engine, &wire.model_name, traceparent, waited);
-    let admitted = engine.context(Origin::Grpc).and_then(|context| {
+    let mut empty_final = false;
+    let started = engine.context(Origin::Grpc).and_then(|context| {
         let request = request_from_wire(wire)?;
-        Ok((context.with_trace(trace.clone()), request))
+        empty_final = request
+            .parameters
+            .get(crate::core::reserved::EMPTY_FINAL_RESPONSE)
+            == Some(&ParamValue::Bool(true));
+        Ok(engine.call(target, request, context.with_trace(trace.clone())))
     });
-    let start = match admitted {
-        Ok((context, request)) if engine.streams(&request.model_name, &request.model_version) => {
-            let empty_final = request
-                .parameters
-                .get(crate::core::reserved::EMPTY_FINAL_RESPONSE)
-                == Some(&ParamValue::Bool(true));
-            Start::Stream(engine.infer_stream(request, context), empty_final)
-        }
-        Ok(started) => Start::Generate(Box::new(started)),
-        Err(error) => Start::Failed(error),
-    };
     async move {
         let trace = trace.as_ref();
-        let started = match start {
-            Start::Stream(stream, empty_final) => {
-                match stream.await {
-                    Ok(stream) => tokio::select! {
-                        () = python_stream(stream, header, empty_final, &responses, trace) => {}
-                        () = responses.closed() => {}
-                    },
-                    Err(error) => {
-                        deliver(&responses, refused(header.id, &error), trace).await;
-                    }
-                }
-                return;
-            }
-            Start::Generate(started) => {
-                let (context, request) = *started;
-                engine.generate(request, context).await
-            }
-            Start::Failed(error) => Err(error),
+        let reply = match started {
+            Ok(call) => call.await.map_err(Failed::into_error),
+            Err(error) => Err(error),
         };
-        let generation = match started {
-            Ok(generation) => generation,
+        match reply {
+            Ok(Reply::Stream(stream)) => tokio::select! {
+                () = python_stream(stream, header, empty_final, &responses, trace) => {}
+                () = responses.closed() => {}
+            },
+            Ok(Reply::Generation(generation)) => tokio::select! {
+                () = self::stream(generation, &responses, trace) => {}
+                () = responses.closed() => {}
+            },
+            Ok(Reply::Once(response)) => {
+                let mut wire = response_to_wire(response);
+                wire.parameters.extend([final_flag(true)]);
+                let message = ModelStreamInferResponse {
+                    error_message: String::new(),
+                    infer_response: Some(wire),
+                };
+                deliver(&responses, message, trace).await;
+            }
             Err(error) => {
                 deliver(&responses, refused(header.id, &error), trace).await;
-                return;
             }
-        };
-        tokio::select! {
-            () = stream(generation, &responses, trace) => {}
-            () = responses.closed() => {}
         }
     }
-}
-
-/// How [`answer`] goes on with a request.
-enum Start<S> {
-    /// A decoupled Python model's (or an ensemble's) responses, once `S` has started them; with
-    /// `triton_enable_empty_final_response`.
-    Stream(S, bool),
-    /// A generation model's request (boxed: it is most of the enum's size).
-    Generate(Box<(crate::engine::Context, crate::core::InferRequest)>),
-    /// Refused before it started.
-    Failed(Error),
 }
 
 /// Sends the responses of a running generation.

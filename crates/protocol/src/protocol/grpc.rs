@@ -5,7 +5,7 @@ use super::codec::{request_from_wire, response_to_wire};
 use super::decoupled;
 use super::in_flight::Arrived;
 use crate::core::Error;
-use crate::engine::{shared_memory, Engine, Failed, LoadParameter, Origin, Stage};
+use crate::engine::{shared_memory, Answers, Engine, Failed, LoadParameter, Origin, Stage, Target};
 use crate::logging::{self, LogFormat, LogUpdate};
 use crate::trace::{Activity, RecordOnDrop, Trace, TraceUpdate};
 
@@ -162,6 +162,7 @@ fn arrived<T>(request: &Request<T>) -> Instant {
 /// `waited`: when the stream began waiting for the request.
 async fn stream_answer(
     engine: Arc<Engine>,
+    target: Result<Target, Error>,
     wire: ModelInferRequest,
     deadline: Option<Instant>,
     traceparent: Option<Arc<str>>,
@@ -174,12 +175,12 @@ async fn stream_answer(
         let context = context.with_deadline(deadline).with_trace(trace.clone());
         Ok((context, request_from_wire(wire)?))
     });
-    let result = match admitted {
-        Ok((context, request)) => engine
-            .infer(request, context)
+    let result = match admitted.and_then(|admitted| Ok((target?, admitted))) {
+        Ok((target, (context, request))) => engine
+            .infer_on(target, request, context)
             .await
-            .map_err(|failed| (failed.error, failed.stage)),
-        Err(e) => Err((e, Stage::Refused)),
+            .map_err(|failed| (failed.stage(), failed.error)),
+        Err(e) => Err((Stage::Refused, e)),
     };
     // The model's answer, a response or an error, is sent and traced alike.
     if let Some(trace) = &trace {
@@ -194,8 +195,8 @@ async fn stream_answer(
             error_message: String::new(),
             infer_response: flagged(response_to_wire(response)),
         },
-        Err((e, Stage::Refused)) => decoupled::refused(id, &e),
-        Err((e, Stage::Failed)) => ModelStreamInferResponse {
+        Err((Stage::Refused, e)) => decoupled::refused(id, &e),
+        Err((Stage::Failed, e)) => ModelStreamInferResponse {
             error_message: e.message().to_string(),
             infer_response: flagged(ModelInferResponse {
                 model_name,
@@ -366,11 +367,13 @@ impl GrpcInferenceService for InferenceService {
                     message = inbound.next(), if reading && room => match message {
                         Some(Ok(wire)) => {
                             let waited = std::mem::replace(&mut waited, Instant::now());
-                            if engine.is_decoupled(&wire.model_name, &wire.model_version) {
-                                let answer = decoupled::answer(Arc::clone(&engine), wire, sender.clone(), traceparent.as_deref(), waited);
-                                decoupled_running.spawn(answer);
-                            } else {
-                                running.push_back(stream_answer(Arc::clone(&engine), wire, deadline, traceparent.clone(), waited));
+                            // Looked up once: what answers once is answered in order.
+                            match engine.target(&wire.model_name, &wire.model_version) {
+                                Ok(target) if target.answers() != Answers::Once => {
+                                    let answer = decoupled::answer(Arc::clone(&engine), target, wire, sender.clone(), traceparent.as_deref(), waited);
+                                    decoupled_running.spawn(answer);
+                                }
+                                target => running.push_back(stream_answer(Arc::clone(&engine), target, wire, deadline, traceparent.clone(), waited)),
                             }
                         }
                         _ => reading = false,

@@ -6,18 +6,20 @@
 
 pub mod params;
 
-use super::{check_parameters, Admission, Context, Engine};
+use super::prepare::Call;
+use super::record::Failed;
+use super::stream::StreamedResponse;
+use super::target::Target;
+use super::{Admission, Engine};
 use crate::core::Error;
-use crate::core::InferRequest;
 pub use crate::generate::chat::Message;
 use crate::generate::{Event, GenerateError};
 pub use crate::generate::{Finish, Finished, TokenDetails};
 use crate::invalid_arg;
 use crate::repository::{Executor, ServingVersion};
-use crate::trace::{Activity, Trace};
+use crate::trace::{RecordOnDrop, Trace};
 pub use params::Parsed;
 use std::sync::Arc;
-use std::time::Instant;
 use tokio::sync::mpsc;
 
 /// One piece of generated text.
@@ -61,19 +63,11 @@ pub struct Generation {
     /// Keeps the version (and so its loop) alive while the request runs, through a reload.
     _serving: Arc<ServingVersion>,
     /// Counts the request in flight until the last chunk is read or the client goes away.
-    _admission: Admission,
-    /// The request's trace: INFER_RESPONSE_COMPLETE per chunk, REQUEST_END at the last one (or
-    /// when the client goes away).
+    _admission: Option<Admission>,
+    /// The request's trace: INFER_RESPONSE_COMPLETE per chunk.
     trace: Option<Arc<Trace>>,
-}
-
-impl Drop for Generation {
-    /// A generation dropped before its last chunk (the client went away) ends its trace here.
-    fn drop(&mut self) {
-        if let Some(trace) = self.trace.take() {
-            trace.record(Activity::RequestEnd, Instant::now());
-        }
-    }
+    /// Records its REQUEST_END at the last chunk, or when the client goes away first.
+    end: Option<Arc<RecordOnDrop>>,
 }
 
 impl Generation {
@@ -129,9 +123,7 @@ impl Generation {
             }
         };
         if self.finished {
-            if let Some(trace) = self.trace.take() {
-                trace.record(Activity::RequestEnd, Instant::now());
-            }
+            self.end = None;
         }
         Some(chunk)
     }
@@ -167,43 +159,51 @@ impl Generation {
         }
         Ok(whole)
     }
+
+    /// Its pieces as `text_output` responses, what a Python model's call or an ensemble's next
+    /// step reads: one per piece when the request streams, else one with the whole text.
+    /// Dropping the receiver drops the generation.
+    pub(super) fn responses(mut self) -> mpsc::UnboundedReceiver<StreamedResponse> {
+        let (sender, receiver) = mpsc::unbounded_channel();
+        tokio::spawn(async move {
+            if !self.request.stream {
+                let text = self.text().await;
+                let response = text.map(|text| Some(self.text_response(&text)));
+                let _ = sender.send(StreamedResponse {
+                    response,
+                    last: true,
+                });
+                return;
+            }
+            loop {
+                let chunk = tokio::select! {
+                    chunk = self.next() => match chunk {
+                        Some(chunk) => chunk,
+                        None => return,
+                    },
+                    // Nobody listens any more: the generation is dropped.
+                    () = sender.closed() => return,
+                };
+                let last = chunk.as_ref().map_or(true, |chunk| chunk.last());
+                let response = chunk.map(|chunk| Some(self.text_response(&chunk.text)));
+                if sender.send(StreamedResponse { response, last }).is_err() || last {
+                    return;
+                }
+            }
+        });
+        receiver
+    }
 }
 
-impl Engine {
-    /// Whether the model (version) is decoupled: a generation model, or a Python model with
-    /// `model_transaction_policy { decoupled: true }`. Unknown models are not.
-    pub fn is_decoupled(&self, name: &str, version: &str) -> bool {
-        self.resolve(name, version)
-            .is_ok_and(|(_, serving)| super::execution::of(&serving.executor).decoupled(self, 0))
-    }
-
-    /// Whether the model (version) is a generation model, which generates text from a prompt.
-    pub fn generates_text(&self, name: &str, version: &str) -> bool {
-        self.resolve(name, version)
-            .is_ok_and(|(_, serving)| matches!(serving.executor, Executor::Generate(_)))
-    }
-
-    /// Whether the model (version) takes Triton's LLM tensors without being a generation model:
-    /// a Python model or an ensemble with a BYTES `text_input` input and a BYTES `text_output`
-    /// output (a vLLM-style `model.py`, a TensorRT-LLM-style ensemble), which the OpenAI API
-    /// drives through them.
-    pub fn takes_llm_tensors(&self, name: &str, version: &str) -> bool {
-        self.resolve(name, version).is_ok_and(|(_, serving)| {
-            matches!(
-                serving.executor,
-                Executor::Python(_) | Executor::Ensemble(_)
-            ) && serving.io.is_llm()
-        })
-    }
-
-    /// The prompt the generation model `name`'s chat template makes of `messages`, on a
-    /// blocking thread (a template may compute for a while, within its bounds).
+impl Target {
+    /// The prompt its chat template makes of `messages`, on a blocking thread (a
+    /// template may compute for a while, within its bounds).
     ///
     /// # Errors
-    /// Lookup errors; INVALID_ARGUMENT for a model without a chat template, or a conversation
-    /// the template refuses.
-    pub async fn chat_prompt(&self, name: &str, messages: Vec<Message>) -> Result<String, Error> {
-        let (model, serving) = self.resolve(name, "")?;
+    /// INVALID_ARGUMENT for a model without a chat template, or a conversation the template
+    /// refuses.
+    pub async fn chat_prompt(&self, messages: Vec<Message>) -> Result<String, Error> {
+        let (model, serving) = (Arc::clone(&self.model), Arc::clone(&self.serving));
         tokio::task::spawn_blocking(move || {
             let (template, beside) = match &serving.executor {
                 Executor::Generate(generator) => (generator.chat_template(), "its tokenizer"),
@@ -239,37 +239,29 @@ impl Engine {
         .await
         .map_err(|e| Error::Internal(format!("chat template task failed: {e}")))?
     }
+}
 
-    /// Starts generating for `request`, admitted earlier with [`Engine::admit`].
+impl Engine {
+    /// Starts generating for a checked `call` with its `parsed` settings.
     ///
     /// # Errors
-    /// Lookup errors as [`Engine::model_metadata`]; UNSUPPORTED for a model that does not
-    /// generate; INVALID_ARGUMENT for a bad request (see [`params::parse`]); RESOURCE_EXHAUSTED
-    /// at the model's `max_inflight_requests`.
-    pub async fn generate(
+    /// INVALID_ARGUMENT for settings the model refuses; RESOURCE_EXHAUSTED at the model's
+    /// `max_inflight_requests`; UNAVAILABLE when it stopped.
+    pub(super) async fn start_generation(
         &self,
-        request: InferRequest,
-        context: Context,
-    ) -> Result<Generation, Error> {
-        let arrived = Instant::now();
-        let Context { admission, scope } = context;
-        let trace = scope.trace;
-        let (model, serving) = self.resolve(&request.model_name, &request.model_version)?;
-        if !matches!(serving.executor, Executor::Generate(_)) {
-            return Err(Error::Unsupported(format!(
-                "model '{}' does not generate text: generation needs a decoupled model \
-                 (model_transaction_policy {{ decoupled: true }}) with a decoder-only graph and a tokenizer",
-                model.name
-            )));
-        }
-        check_parameters(&request)?;
-        let parsed = params::parse(&model.name, &serving.io, &request)?;
-        let prefix = super::validate::request_prefix(&request.id);
-        if let Some(trace) = &trace {
-            trace.describe(&model.name, serving.version, &request.id);
-            trace.record(Activity::RequestStart, arrived);
-            trace.record(Activity::QueueStart, Instant::now());
-        }
+        call: Call,
+        parsed: Parsed,
+    ) -> Result<Generation, Failed> {
+        let Call {
+            model,
+            serving,
+            request,
+            scope,
+            prefix,
+            admission,
+            end,
+            ..
+        } = call;
         let submitting = Arc::clone(&serving);
         let (prompt, settings) = (parsed.prompt.clone(), parsed.params.clone());
         let events = tokio::task::spawn_blocking(move || match &submitting.executor {
@@ -296,7 +288,8 @@ impl Engine {
             finished: false,
             _serving: serving,
             _admission: admission,
-            trace,
+            trace: scope.trace,
+            end,
         })
     }
 }

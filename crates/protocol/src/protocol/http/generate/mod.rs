@@ -22,7 +22,7 @@ use super::routes::{AppState, ModelPath};
 use super::HttpError;
 use crate::core::Error;
 use crate::engine::generate::Generation;
-use crate::engine::{Failed, Origin, StreamedResponse};
+use crate::engine::{Answers, Failed, Origin, Reply, StreamedResponse};
 use crate::trace::{sent_one_by_one, Activity, RecordOnDrop, Trace};
 use axum::body::{Body, Bytes};
 use axum::extract::State;
@@ -150,27 +150,26 @@ async fn start(
     let context = state.engine.context(Origin::Http)?;
     let context = context.with_trace(trace.clone());
     let engine = &state.engine;
-    if engine.generates_text(&model.name, &model.version) {
-        let request = text::decode(&model.name, &model.version, &body)?;
-        let generation = engine.generate(request, context).await?;
-        return Ok((Started::Text(generation), trace));
-    }
-    let metadata = engine.model_metadata(&model.name, &model.version)?;
-    let request = mapped::request(&metadata, &model.version, &body)?;
-    let started = if engine.streams(&model.name, &model.version) {
-        let receiver = engine.infer_stream(request, context).await?;
-        let mut rest = Responses {
-            receiver,
-            trace: trace.clone(),
-        };
-        let first = rest.next().await;
-        Started::Stream { first, rest }
+    // Looked up once: how the model answers says how its body reads.
+    let target = engine.target(&model.name, &model.version)?;
+    let request = if target.answers() == Answers::Generation {
+        text::decode(&model.name, &model.version, &body)?
     } else {
-        let response = engine
-            .infer(request, context)
-            .await
-            .map_err(Failed::into_error)?;
-        Started::One(mapped::response(&response)?)
+        let metadata = target.metadata(model.version.is_empty());
+        mapped::request(&metadata, &model.version, &body)?
+    };
+    let reply = engine.call(target, request, context).await;
+    let started = match reply.map_err(Failed::into_error)? {
+        Reply::Generation(generation) => Started::Text(generation),
+        Reply::Stream(receiver) => {
+            let mut rest = Responses {
+                receiver,
+                trace: trace.clone(),
+            };
+            let first = rest.next().await;
+            Started::Stream { first, rest }
+        }
+        Reply::Once(response) => Started::One(mapped::response(&response)?),
     };
     Ok((started, trace))
 }

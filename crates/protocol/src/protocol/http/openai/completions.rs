@@ -8,7 +8,7 @@ use super::{completion_id, now_secs, read_model, read_object, AppState, OpenAiEr
 use crate::core::tensor::frame_bytes;
 use crate::core::{DataType, Error, InferRequest, ParamValue, Tensor};
 use crate::engine::generate::{Chunk, Finish, Finished, Generation, Message};
-use crate::engine::Origin;
+use crate::engine::{Answers, Failed, Origin, Reply};
 use axum::body::{Body, Bytes};
 use axum::extract::State;
 use axum::http::{header, HeaderMap, StatusCode};
@@ -441,8 +441,12 @@ async fn start(
     let body = body::read(body, headers, &state.config).await?;
     let context = state.engine.context(Origin::Http)?;
     let mut completion = read_request(kind, &body)?;
-    let llm = state.engine.takes_llm_tensors(&completion.model, "");
-    if !llm && !state.engine.generates_text(&completion.model, "") {
+    let target = state
+        .engine
+        .target(&completion.model, "")
+        .ok()
+        .filter(|target| target.answers() == Answers::Generation || target.takes_llm_tensors());
+    let Some(target) = target else {
         return Err(OpenAiError::new(
             StatusCode::NOT_FOUND,
             format!(
@@ -451,29 +455,30 @@ async fn start(
             ),
             "invalid_request_error",
         ));
-    }
+    };
     if kind == Kind::Chat {
         let messages = std::mem::take(&mut completion.messages);
-        completion.prompt = state
-            .engine
-            .chat_prompt(&completion.model, messages)
-            .await?;
+        completion.prompt = target.chat_prompt(messages).await?;
     }
-    if llm {
+    let request = if target.takes_llm_tensors() {
         let ask = llm::Ask {
-            model: &completion.model,
             id: &completion.id,
             prompt: &completion.prompt,
             stream: completion.stream,
             parameters: &completion.parameters,
             stop: &completion.stop,
         };
-        let texts = llm::start(&state.engine, context, &ask).await?;
-        return Ok((completion, Texts::Llm(texts)));
-    }
-    let request = generation_request(&completion);
-    let generation = state.engine.generate(request, context).await?;
-    Ok((completion, Texts::Generation(generation)))
+        llm::request(&target, &ask)?
+    } else {
+        generation_request(&completion)
+    };
+    let reply = state.engine.call(target, request, context).await;
+    let texts = match reply.map_err(Failed::into_error)? {
+        Reply::Generation(generation) => Texts::Generation(generation),
+        Reply::Stream(responses) => Texts::Llm(llm::Texts::streamed(responses)),
+        Reply::Once(response) => Texts::Llm(llm::Texts::once(response)),
+    };
+    Ok((completion, texts))
 }
 
 async fn whole(completion: Completion, mut generation: Texts) -> Result<Response, OpenAiError> {

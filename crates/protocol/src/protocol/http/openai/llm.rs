@@ -11,16 +11,14 @@
 
 use super::super::generate::mapped;
 use crate::core::tensor::BytesElements;
-use crate::core::{DataType, Error, InferResponse, ParamValue, Tensor};
+use crate::core::{DataType, Error, InferRequest, InferResponse, ParamValue, Tensor};
 use crate::engine::generate::{Chunk, Finish, Finished};
-use crate::engine::{Context, Engine, Failed, StreamedResponse};
+use crate::engine::{StreamedResponse, Target};
 use serde_json::{json, Map, Value};
-use std::sync::Arc;
 use tokio::sync::mpsc;
 
 /// What a completion asks of the model.
 pub(super) struct Ask<'a> {
-    pub model: &'a str,
     pub id: &'a str,
     pub prompt: &'a str,
     pub stream: bool,
@@ -45,17 +43,12 @@ enum Responses {
     Stream(mpsc::UnboundedReceiver<StreamedResponse>),
 }
 
-/// Sends `ask` to its model, in the `context` it was admitted with.
+/// The request `ask` makes of `target`.
 ///
 /// # Errors
-/// Lookup errors; INVALID_ARGUMENT when a setting does not fit the model's input; the error of
-/// a model that answers once (a decoupled model's come from [`Texts::next`]).
-pub(super) async fn start(
-    engine: &Arc<Engine>,
-    context: Context,
-    ask: &Ask<'_>,
-) -> Result<Texts, Error> {
-    let metadata = engine.model_metadata(ask.model, "")?;
+/// INVALID_ARGUMENT when a setting does not fit the model's input.
+pub(super) fn request(target: &Target, ask: &Ask<'_>) -> Result<InferRequest, Error> {
+    let metadata = target.metadata(false);
     let has = |name: &str| metadata.inputs.iter().any(|input| input.name == name);
     let mut body = Map::new();
     body.insert("text_input".into(), json!(ask.prompt));
@@ -101,26 +94,30 @@ pub(super) async fn start(
         .map_err(|e| Error::Internal(format!("cannot write JSON: {e}")))?;
     let mut request = mapped::request(&metadata, "", &encoded)?;
     request.id = ask.id.to_string();
-    let responses = if engine.streams(ask.model, "") {
-        Responses::Stream(engine.infer_stream(request, context).await?)
-    } else {
-        Responses::One(Some(
-            engine
-                .infer(request, context)
-                .await
-                .map_err(Failed::into_error)?,
-        ))
-    };
-    Ok(Texts {
-        responses,
-        prompt_tokens: 0,
-        generated_tokens: 0,
-        finish: Finish::Stop,
-        done: false,
-    })
+    Ok(request)
 }
 
 impl Texts {
+    /// The one answer of a model that answers once.
+    pub(super) fn once(response: InferResponse) -> Texts {
+        Texts::of(Responses::One(Some(response)))
+    }
+
+    /// A decoupled model's responses.
+    pub(super) fn streamed(responses: mpsc::UnboundedReceiver<StreamedResponse>) -> Texts {
+        Texts::of(Responses::Stream(responses))
+    }
+
+    fn of(responses: Responses) -> Texts {
+        Texts {
+            responses,
+            prompt_tokens: 0,
+            generated_tokens: 0,
+            finish: Finish::Stop,
+            done: false,
+        }
+    }
+
     /// The next piece of text; the last carries how the answer finished. `None` after it.
     ///
     /// # Errors

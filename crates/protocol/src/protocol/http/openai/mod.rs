@@ -33,7 +33,7 @@ use super::route_table::Routes;
 use super::routes::AppState;
 use super::HttpConfig;
 use crate::core::Error;
-use crate::engine::Engine;
+use crate::engine::{Answers, Engine};
 use axum::extract::{Path, State};
 use axum::http::StatusCode;
 use axum::response::{IntoResponse, Response};
@@ -183,9 +183,11 @@ fn model_object(name: &str) -> Value {
 
 /// Whether model `name` serves on this API: it generates text or makes embeddings of text.
 fn serves(engine: &Engine, name: &str) -> bool {
-    engine.generates_text(name, "")
-        || engine.takes_llm_tensors(name, "")
-        || engine.makes_embeddings(name)
+    engine.target(name, "").is_ok_and(|target| {
+        target.answers() == Answers::Generation
+            || target.takes_llm_tensors()
+            || target.makes_embeddings()
+    })
 }
 
 /// The models that serve on this API.
