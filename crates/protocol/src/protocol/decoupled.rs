@@ -10,15 +10,16 @@
 //! on the last ([`python_stream`]).
 
 use super::codec::{request_from_wire, response_to_wire};
+use super::lifecycle::{Lifecycle, Wire};
 use crate::core::tensor::frame_bytes;
 use crate::core::{Error, ParamValue};
 use crate::engine::generate::Generation;
-use crate::engine::{Engine, Failed, Origin, Reply, StreamedResponse, Target};
+use crate::engine::{Engine, Failed, Reply, StreamedResponse, Target};
 use crate::proto::inference::{
     infer_parameter::ParameterChoice, model_infer_response::InferOutputTensor, InferParameter,
     ModelInferRequest, ModelInferResponse, ModelStreamInferResponse,
 };
-use crate::trace::{sent_one_by_one, Activity, RecordOnDrop, Trace};
+use crate::trace::{sent_one_by_one, RecordOnDrop, Trace};
 use futures_util::{Stream, StreamExt};
 use std::sync::Arc;
 use std::time::Instant;
@@ -37,8 +38,7 @@ pub async fn deliver(
     message: ModelStreamInferResponse,
     trace: Option<&Arc<Trace>>,
 ) -> bool {
-    let sent = trace
-        .map(|trace| RecordOnDrop::sending(trace, Activity::GrpcSendStart, Activity::GrpcSendEnd));
+    let sent = Wire::Grpc.sending(trace);
     responses.send((message, sent)).await.is_ok()
 }
 
@@ -73,25 +73,25 @@ pub fn answer(
         id: wire.id.clone(),
         ..Default::default()
     };
-    let trace = super::grpc::sample(&engine, &wire.model_name, traceparent, waited);
+    let life = Lifecycle::grpc(&engine, &wire.model_name, traceparent, waited);
     let mut empty_final = false;
-    let started = engine.context(Origin::Grpc).and_then(|context| {
+    let started = life.admit(&engine).and_then(|context| {
         let request = request_from_wire(wire)?;
         empty_final = request
             .parameters
             .get(crate::core::reserved::EMPTY_FINAL_RESPONSE)
             == Some(&ParamValue::Bool(true));
-        Ok(engine.call(target, request, context.with_trace(trace.clone())))
+        Ok(engine.call(target, request, context))
     });
     async move {
-        let trace = trace.as_ref();
+        let trace = life.trace();
         let reply = match started {
             Ok(call) => call.await.map_err(Failed::into_error),
             Err(error) => Err(error),
         };
         match reply {
             Ok(Reply::Stream(stream)) => tokio::select! {
-                () = python_stream(stream, header, empty_final, &responses, trace) => {}
+                () = python_stream(stream, header, empty_final, &responses, &life) => {}
                 () = responses.closed() => {}
             },
             Ok(Reply::Generation(generation)) => tokio::select! {
@@ -137,14 +137,12 @@ async fn python_stream(
     header: ModelInferResponse,
     empty_final: bool,
     responses: &Responses,
-    trace: Option<&Arc<Trace>>,
+    life: &Lifecycle,
 ) {
+    let trace = life.trace();
     while let Some(streamed) = stream.recv().await {
-        if let Some(trace) = trace {
-            trace.record(Activity::InferResponseComplete, Instant::now());
-        }
         let mut messages = Vec::with_capacity(2);
-        match streamed.response {
+        match life.answered(streamed.response) {
             Ok(Some(response)) => {
                 let mut wire = response_to_wire(response);
                 wire.parameters

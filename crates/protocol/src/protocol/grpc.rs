@@ -4,10 +4,11 @@
 use super::codec::{request_from_wire, response_to_wire};
 use super::decoupled;
 use super::in_flight::Arrived;
+use super::lifecycle::Lifecycle;
 use crate::core::Error;
-use crate::engine::{shared_memory, Answers, Engine, Failed, LoadParameter, Origin, Stage, Target};
+use crate::engine::{shared_memory, Answers, Engine, LoadParameter, Stage, Target};
 use crate::logging::{self, LogFormat, LogUpdate};
-use crate::trace::{Activity, RecordOnDrop, Trace, TraceUpdate};
+use crate::trace::{Trace, TraceUpdate};
 
 use crate::proto::inference::{
     grpc_inference_service_server::GrpcInferenceService, model_metadata_response::TensorMetadata,
@@ -133,21 +134,6 @@ fn traceparent(metadata: &tonic::metadata::MetadataMap) -> Option<Arc<str>> {
 /// client that sends requests and never reads their responses holds this many, not more.
 const STREAM_CONCURRENCY: usize = 64;
 
-/// The trace of a gRPC request to `model`, when sampled, with the reading of its message:
-/// GRPC_WAITREAD_START at `waited` (the call's arrival, or on a stream when the server began
-/// waiting for the message), GRPC_WAITREAD_END now.
-pub(super) fn sample(
-    engine: &Engine,
-    model: &str,
-    traceparent: Option<&str>,
-    waited: Instant,
-) -> Option<Arc<Trace>> {
-    let trace = engine.tracer().sample_with(model, traceparent)?;
-    trace.record(Activity::GrpcWaitreadStart, waited);
-    trace.record(Activity::GrpcWaitreadEnd, Instant::now());
-    Some(trace)
-}
-
 /// When the request reached the server (see [`Arrived`]); now if it does not say.
 fn arrived<T>(request: &Request<T>) -> Instant {
     request
@@ -168,13 +154,13 @@ async fn stream_answer(
     traceparent: Option<Arc<str>>,
     waited: Instant,
 ) -> (ModelStreamInferResponse, Option<Arc<Trace>>) {
-    let trace = sample(&engine, &wire.model_name, traceparent.as_deref(), waited);
+    let life = Lifecycle::grpc(&engine, &wire.model_name, traceparent.as_deref(), waited)
+        .with_deadline(deadline);
     let id = wire.id.clone();
     let model_name = wire.model_name.clone();
-    let admitted = engine.context(Origin::Grpc).and_then(|context| {
-        let context = context.with_deadline(deadline).with_trace(trace.clone());
-        Ok((context, request_from_wire(wire)?))
-    });
+    let admitted = life
+        .admit(&engine)
+        .and_then(|context| Ok((context, request_from_wire(wire)?)));
     let result = match admitted.and_then(|admitted| Ok((target?, admitted))) {
         Ok((target, (context, request))) => engine
             .infer_on(target, request, context)
@@ -182,10 +168,7 @@ async fn stream_answer(
             .map_err(|failed| (failed.stage(), failed.error)),
         Err(e) => Err((Stage::Refused, e)),
     };
-    // The model's answer, a response or an error, is sent and traced alike.
-    if let Some(trace) = &trace {
-        trace.record(Activity::InferResponseComplete, Instant::now());
-    }
+    let result = life.answered(result);
     let flagged = |mut response: ModelInferResponse| {
         response.parameters.extend([decoupled::final_flag(true)]);
         Some(response)
@@ -205,7 +188,7 @@ async fn stream_answer(
             }),
         },
     };
-    (message, trace)
+    (message, life.trace().cloned())
 }
 
 /// The gRPC front end.
@@ -296,44 +279,29 @@ impl GrpcInferenceService for InferenceService {
             .flatten();
         let arrived = arrived(&request);
         let wire = request.into_inner();
-        let trace = sample(
+        let life = Lifecycle::grpc(
             &self.engine,
             &wire.model_name,
             traceparent.as_deref(),
             arrived,
-        );
+        )
+        .with_deadline(deadline);
         // Admitted as it has arrived, before any work on it (REST admits at the same point).
-        let context = self.engine.context(Origin::Grpc).map_err(status)?;
-        let context = context.with_deadline(deadline).with_trace(trace.clone());
+        let context = life.admit(&self.engine).map_err(status)?;
         let request = request_from_wire(wire).map_err(status)?;
-        let response = self
-            .engine
-            .infer(request, context)
-            .await
-            .map_err(Failed::into_error);
-        // The model's answer, a response or an error, is sent and traced alike.
-        if let Some(trace) = &trace {
-            trace.record(Activity::InferResponseComplete, Instant::now());
-        }
-        let response = match response {
+        let response = self.engine.infer(request, context).await;
+        let response = match life.answered(response) {
             Ok(response) => response,
-            Err(error) => {
+            Err(failed) => {
                 // A status alone (trailers only): sent as it is handed over, so its send ends at
                 // once.
-                if let Some(trace) = &trace {
-                    drop(RecordOnDrop::sending(
-                        trace,
-                        Activity::GrpcSendStart,
-                        Activity::GrpcSendEnd,
-                    ));
-                }
-                return Err(status(error));
+                drop(life.sending());
+                return Err(status(failed.error));
             }
         };
         let mut response = Response::new(response_to_wire(response));
-        if let Some(trace) = &trace {
-            // The end recorded by the connection layer when the response has gone (`in_flight`).
-            let sent = RecordOnDrop::sending(trace, Activity::GrpcSendStart, Activity::GrpcSendEnd);
+        // The end recorded by the connection layer when the response has gone (`in_flight`).
+        if let Some(sent) = life.sending() {
             response.extensions_mut().insert(sent);
         }
         Ok(response)

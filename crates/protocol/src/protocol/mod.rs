@@ -13,4 +13,5 @@ pub mod grpc_frames;
 pub mod grpc_web;
 pub mod http;
 pub mod in_flight;
+pub mod lifecycle;
 pub mod limits;

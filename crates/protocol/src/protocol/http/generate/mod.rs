@@ -17,20 +17,20 @@ pub mod mapped;
 pub mod text;
 
 use super::body;
-use super::infer::sending;
+use super::infer::{sending, traceparent};
 use super::routes::{AppState, ModelPath};
 use super::HttpError;
 use crate::core::Error;
 use crate::engine::generate::Generation;
-use crate::engine::{Answers, Failed, Origin, Reply, StreamedResponse};
-use crate::trace::{sent_one_by_one, Activity, RecordOnDrop, Trace};
+use crate::engine::{Answers, Failed, Reply, StreamedResponse};
+use crate::protocol::lifecycle::Lifecycle;
+use crate::trace::sent_one_by_one;
 use axum::body::{Body, Bytes};
 use axum::extract::State;
 use axum::http::{header, HeaderMap, StatusCode};
 use axum::response::{IntoResponse, Response};
 use futures_util::stream::{self, BoxStream, StreamExt};
 use std::sync::Arc;
-use std::time::Instant;
 use tokio::sync::mpsc;
 
 /// What a started request answers with.
@@ -55,7 +55,7 @@ pub async fn handle(
     body: Body,
 ) -> Response {
     let result = async {
-        let (started, trace) = start(&state, model, &headers, body).await?;
+        let (started, life) = start(&state, model, &headers, body).await?;
         let body = match started {
             Started::Text(mut generation) => {
                 text::whole(&mut generation).await?.to_string().into_bytes()
@@ -64,7 +64,7 @@ pub async fn handle(
             Started::Stream { first, rest } => exactly_one(first?, rest).await?,
         };
         let response = ([(header::CONTENT_TYPE, "application/json")], body).into_response();
-        Ok::<_, HttpError>(sending(response, trace))
+        Ok::<_, HttpError>(sending(response, &life))
     };
     result.await.unwrap_or_else(IntoResponse::into_response)
 }
@@ -76,7 +76,7 @@ pub async fn handle_stream(
     headers: HeaderMap,
     body: Body,
 ) -> Response {
-    let (started, trace) = match start(&state, model, &headers, body).await {
+    let (started, life) = match start(&state, model, &headers, body).await {
         Ok(started) => started,
         Err(error) => return error.into_response(),
     };
@@ -109,7 +109,7 @@ pub async fn handle_stream(
             (header::CONTENT_TYPE, "text/event-stream; charset=utf-8"),
             (header::CACHE_CONTROL, "no-cache"),
         ],
-        Body::from_stream(each_sent(events.boxed(), trace)),
+        Body::from_stream(each_sent(events.boxed(), life)),
     )
         .into_response()
 }
@@ -119,36 +119,24 @@ pub async fn handle_stream(
 /// ([`sent_one_by_one`]).
 fn each_sent(
     events: BoxStream<'static, Bytes>,
-    trace: Option<Arc<Trace>>,
+    life: Lifecycle,
 ) -> impl futures_util::Stream<Item = Result<Bytes, std::convert::Infallible>> {
-    let events = events.map(move |event| {
-        let sent = trace.as_ref().map(|trace| {
-            RecordOnDrop::sending(trace, Activity::HttpSendStart, Activity::HttpSendEnd)
-        });
-        (event, sent)
-    });
+    let events = events.map(move |event| (event, life.sending()));
     sent_one_by_one(events).map(Ok)
 }
 
 /// Reads the request, admits it (once its body has arrived, so a stalled body holds no in-flight
-/// slot) and starts it; with its trace when it is sampled.
+/// slot) and starts it; with its lifecycle (its trace, when it is sampled).
 async fn start(
     state: &AppState,
     model: ModelPath,
     headers: &HeaderMap,
     body: Body,
-) -> Result<(Started, Option<Arc<Trace>>), HttpError> {
-    let traceparent = headers.get("traceparent").and_then(|v| v.to_str().ok());
-    let trace = state.engine.tracer().sample_with(&model.name, traceparent);
-    if let Some(trace) = &trace {
-        trace.record(Activity::HttpRecvStart, Instant::now());
-    }
+) -> Result<(Started, Lifecycle), HttpError> {
+    let life = Lifecycle::http(&state.engine, &model.name, traceparent(headers));
     let body = body::read(body, headers, &state.config).await?;
-    if let Some(trace) = &trace {
-        trace.record(Activity::HttpRecvEnd, Instant::now());
-    }
-    let context = state.engine.context(Origin::Http)?;
-    let context = context.with_trace(trace.clone());
+    life.received();
+    let context = life.admit(&state.engine)?;
     let engine = &state.engine;
     // Looked up once: how the model answers says how its body reads.
     let target = engine.target(&model.name, &model.version)?;
@@ -164,20 +152,20 @@ async fn start(
         Reply::Stream(receiver) => {
             let mut rest = Responses {
                 receiver,
-                trace: trace.clone(),
+                life: life.clone(),
             };
             let first = rest.next().await;
             Started::Stream { first, rest }
         }
         Reply::Once(response) => Started::One(mapped::response(&response)?),
     };
-    Ok((started, trace))
+    Ok((started, life))
 }
 
-/// A decoupled model's responses, with the request's trace.
+/// A decoupled model's responses, with the request's lifecycle.
 struct Responses {
     receiver: mpsc::UnboundedReceiver<StreamedResponse>,
-    trace: Option<Arc<Trace>>,
+    life: Lifecycle,
 }
 
 impl Responses {
@@ -188,10 +176,7 @@ impl Responses {
     /// The request's error, when the model sent one.
     async fn next(&mut self) -> Result<Option<Vec<u8>>, Error> {
         while let Some(streamed) = self.receiver.recv().await {
-            if let Some(trace) = &self.trace {
-                trace.record(Activity::InferResponseComplete, Instant::now());
-            }
-            match streamed.response? {
+            match self.life.answered(streamed.response)? {
                 Some(response) => return mapped::response(&response).map(Some),
                 // A flag alone: the response before was the last.
                 None if streamed.last => break,

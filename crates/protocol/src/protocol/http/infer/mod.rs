@@ -13,16 +13,14 @@ use super::body;
 use super::routes::{AppState, ModelPath};
 use super::HttpError;
 use crate::core::Error;
-use crate::engine::{Failed, Origin};
 use crate::invalid_arg;
-use crate::trace::{Activity, RecordOnDrop, Trace};
+use crate::protocol::lifecycle::Lifecycle;
 use axum::body::Body;
 use axum::extract::State;
 use axum::http::{header, HeaderMap, HeaderName, HeaderValue};
 use axum::response::{IntoResponse, Response};
 pub use request::{decode, OutputFormats};
 use std::sync::Arc;
-use std::time::Instant;
 
 /// The header that splits a body into the JSON part and binary tensor data.
 pub const INFERENCE_HEADER_CONTENT_LENGTH: HeaderName =
@@ -47,19 +45,13 @@ async fn infer(
     headers: &HeaderMap,
     body: Body,
 ) -> Result<Response, HttpError> {
-    let traceparent = headers.get("traceparent").and_then(|v| v.to_str().ok());
-    let trace = state.engine.tracer().sample_with(&model.name, traceparent);
-    if let Some(trace) = &trace {
-        trace.record(Activity::HttpRecvStart, Instant::now());
-    }
+    let life = Lifecycle::http(&state.engine, &model.name, traceparent(headers));
     let encoding = body::response_encoding(headers.get(header::ACCEPT_ENCODING));
     let body = body::read(body, headers, &state.config).await?;
-    if let Some(trace) = &trace {
-        trace.record(Activity::HttpRecvEnd, Instant::now());
-    }
+    life.received();
     // Admitted once the body has arrived: a client that sends its body slowly, or never, holds
     // no in-flight slot (the body read is bounded in size and time instead).
-    let context = state.engine.context(Origin::Http)?;
+    let context = life.admit(&state.engine)?;
     let header_length = header_length(headers, body.len())?;
     // No JSON at all (a header length of 0, or an empty body without one): the body is the
     // data of the model's only input, as Triton reads it.
@@ -71,19 +63,13 @@ async fn infer(
     } else {
         request::decode(&model.name, &model.version, body, header_length)?
     };
-    let context = context.with_trace(trace.clone());
-    let response = state
-        .engine
-        .infer(request, context)
-        .await
-        .map_err(Failed::into_error);
-    // The model's answer, a response or an error, is sent and traced alike.
-    if let Some(trace) = &trace {
-        trace.record(Activity::InferResponseComplete, Instant::now());
-    }
-    let response = match response {
+    let response = state.engine.infer(request, context).await;
+    let response = match life.answered(response) {
         Ok(response) => response,
-        Err(error) => return Ok(sending(HttpError::from(error).into_response(), trace)),
+        Err(failed) => {
+            let error = HttpError::from(failed.into_error());
+            return Ok(sending(error.into_response(), &life));
+        }
     };
     let (encoded, encoding, bytes) = encode_and_compress(response, formats, encoding).await?;
     let content_type = if encoded.header_length.is_some() {
@@ -99,7 +85,7 @@ async fn infer(
     if let Some(value) = encoding.header_value() {
         reply_headers.insert(header::CONTENT_ENCODING, value);
     }
-    Ok(sending(reply, trace))
+    Ok(sending(reply, &life))
 }
 
 /// Output data past which a response is encoded and compressed on a blocking thread: writing
@@ -131,12 +117,16 @@ async fn encode_and_compress(
 
 /// Records a traced response's send timestamps: its start now, its end when the connection has
 /// sent the whole body (the `in_flight` layer drops the marker then).
-pub(super) fn sending(mut response: Response, trace: Option<Arc<Trace>>) -> Response {
-    if let Some(trace) = &trace {
-        let sent = RecordOnDrop::sending(trace, Activity::HttpSendStart, Activity::HttpSendEnd);
+pub(super) fn sending(mut response: Response, life: &Lifecycle) -> Response {
+    if let Some(sent) = life.sending() {
         response.extensions_mut().insert(sent);
     }
     response
+}
+
+/// A request's W3C trace context (`traceparent`), for OpenTelemetry traces.
+pub(super) fn traceparent(headers: &HeaderMap) -> Option<&str> {
+    headers.get("traceparent").and_then(|v| v.to_str().ok())
 }
 
 /// `Inference-Header-Content-Length`: `None` when absent (the body is all JSON).

@@ -8,7 +8,8 @@ use super::{completion_id, now_secs, read_model, read_object, AppState, OpenAiEr
 use crate::core::tensor::frame_bytes;
 use crate::core::{DataType, Error, InferRequest, ParamValue, Tensor};
 use crate::engine::generate::{Chunk, Finish, Finished, Generation, Message};
-use crate::engine::{Answers, Failed, Origin, Reply};
+use crate::engine::{Answers, Failed, Reply};
+use crate::protocol::lifecycle::{Lifecycle, Wire};
 use axum::body::{Body, Bytes};
 use axum::extract::State;
 use axum::http::{header, HeaderMap, StatusCode};
@@ -439,7 +440,7 @@ async fn start(
 ) -> Result<(Completion, Texts), OpenAiError> {
     // Admitted once the body has arrived: a stalled body holds no in-flight slot.
     let body = body::read(body, headers, &state.config).await?;
-    let context = state.engine.context(Origin::Http)?;
+    let context = Lifecycle::untraced(Wire::Http).admit(&state.engine)?;
     let mut completion = read_request(kind, &body)?;
     let target = state
         .engine

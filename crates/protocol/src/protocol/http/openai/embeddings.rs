@@ -14,7 +14,8 @@
 
 use super::super::{body, json};
 use super::{completion_id, read_model, read_object, AppState, OpenAiError};
-use crate::engine::{Embeddings, Origin, MAX_TEXTS};
+use crate::engine::{Embeddings, MAX_TEXTS};
+use crate::protocol::lifecycle::{Lifecycle, Wire};
 use axum::body::Body;
 use axum::extract::State;
 use axum::http::{header, HeaderMap};
@@ -147,7 +148,7 @@ pub(super) async fn embeddings(
 async fn embed(state: &AppState, headers: &HeaderMap, body: Body) -> Result<Vec<u8>, OpenAiError> {
     // Admitted once the body has arrived: a stalled body holds no in-flight slot.
     let body = body::read(body, headers, &state.config).await?;
-    let context = state.engine.context(Origin::Http)?;
+    let context = Lifecycle::untraced(Wire::Http).admit(&state.engine)?;
     let request = read_request(&body)?;
     let id = completion_id("embd");
     let embeddings = state
