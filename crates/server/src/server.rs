@@ -673,7 +673,7 @@ fn open_repository(config: &Config) -> Result<ModelRepository, ServerError> {
         .iter()
         .map(|location| store::open(location))
         .collect::<Result<_, _>>()
-        .map_err(ServerError::Config)?;
+        .map_err(|e| ServerError::Config(e.to_string()))?;
     let options = RepositoryOptions {
         mode: config.control_mode,
         startup_models: config.load_models.clone(),

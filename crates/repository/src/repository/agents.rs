@@ -60,7 +60,7 @@ fn checksum(agent: &Agent, dir: &Path) -> Result<(), String> {
 
 /// The lowercase hex MD5 digest of `dir/relative`, a regular file inside `dir`.
 fn md5_of(dir: &Path, relative: &str) -> Result<String, String> {
-    let path = contained(dir, relative)?;
+    let path = contained(dir, relative).map_err(|e| e.to_string())?;
     // Asked before opening: opening a FIFO would wait for a writer.
     let metadata = std::fs::metadata(&path).map_err(|e| e.to_string())?;
     if !metadata.is_file() {

@@ -13,6 +13,7 @@
 //! `tuning`.
 
 use super::config;
+use super::loader::LoadError;
 use super::store::contained;
 use super::{Executor, IoSpec, ServingVersion};
 use crate::backend::decoder::DecoderSession;
@@ -170,7 +171,8 @@ fn number(config: &ModelConfig, key: &str, default: usize) -> Result<usize, Stri
 /// Loads the graph and the tokenizer of one version and starts its generation loop.
 ///
 /// # Errors
-/// Why the version cannot serve, as the index reports it.
+/// Why the version cannot serve, as the index reports it: its files or config
+/// ([`LoadError::Config`]), or the graph or the loop that did not start ([`LoadError::Backend`]).
 pub fn start_version(
     name: &str,
     version: i64,
@@ -179,26 +181,31 @@ pub fn start_version(
     config: &ModelConfig,
     runtime: &OnnxRuntime,
     session_options: &SessionOptions,
-) -> Result<ServingVersion, String> {
+) -> Result<ServingVersion, LoadError> {
     if !model_path.is_file() {
-        return Err(format!("model file {} not found", model_path.display()));
+        return Err(LoadError::Config(format!(
+            "model file {} not found",
+            model_path.display()
+        )));
     }
     let started = std::time::Instant::now();
-    let options = options(config)?;
+    let options = options(config).map_err(LoadError::Config)?;
     let parameter = |key: &str| config.parameters.get(key).map(|p| p.string_value.clone());
     let file = parameter("tokenizer").unwrap_or_else(|| "tokenizer.json".into());
-    let in_version = contained(model_dir, &format!("{version}/{file}"))?;
+    let refused = |e: super::store::StoreError| LoadError::Config(e.to_string());
+    let in_version = contained(model_dir, &format!("{version}/{file}")).map_err(refused)?;
     let tokenizer = if in_version.is_file() {
         in_version
     } else {
-        contained(model_dir, &file)?
+        contained(model_dir, &file).map_err(refused)?
     };
-    let codec = TextCodec::load(&tokenizer, parameter("eos_token").as_deref())?;
+    let codec = TextCodec::load(&tokenizer, parameter("eos_token").as_deref())
+        .map_err(LoadError::Config)?;
     // The chat template ships beside the tokenizer (tokenizer_config.json, chat_template.jinja).
     // One that cannot be used refuses chats only: completions need none.
     let chat = ChatTemplate::load_for(name, tokenizer.parent().unwrap_or(model_dir));
-    let session =
-        DecoderSession::load(runtime, model_path, session_options).map_err(|e| e.to_string())?;
+    let session = DecoderSession::load(runtime, model_path, session_options)
+        .map_err(|e| LoadError::Backend(e.to_string()))?;
     let stats = Arc::new(ModelStats::new(name, version));
     let generator = Generator::start(
         &format!("{name}-{version}"),
@@ -209,15 +216,16 @@ pub fn start_version(
         GenerationMetrics::new(
             name,
             version,
-            &crate::metrics::histogram::first_response_buckets(config)?,
+            &crate::metrics::histogram::first_response_buckets(config)
+                .map_err(LoadError::Config)?,
         ),
     )
-    .map_err(|e| format!("failed to start the generation loop: {e}"))?
+    .map_err(|e| LoadError::Backend(format!("failed to start the generation loop: {e}")))?
     .with_chat_template(chat);
     stats.record_load(started.elapsed());
     Ok(ServingVersion {
         version,
-        io: IoSpec::from_config(config)?,
+        io: IoSpec::from_config(config).map_err(LoadError::Config)?,
         executor: Executor::Generate(generator),
         stats,
         cache: false,

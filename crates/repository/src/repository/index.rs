@@ -77,7 +77,7 @@ fn model_entries(
             .map(|&v| IndexEntry::new(name, Some(v), "LOADING", ""))
             .collect(),
         Status::Failed(LoadFailure::Model(reason)) => {
-            vec![IndexEntry::new(name, None, "UNAVAILABLE", reason)]
+            vec![IndexEntry::new(name, None, "UNAVAILABLE", reason.message())]
         }
         Status::Failed(LoadFailure::Versions(reasons)) => reasons
             .iter()

@@ -3,6 +3,7 @@
 //! and reads labels (cheap, except for the auto-complete probe); [`build`] starts the instances of
 //! every selected version. A load is all or nothing, as in Triton: if one version fails, the
 //! versions built so far are stopped and the model is reported with each version's reason.
+//! Every failure is a [`LoadError`]: the store's, the model's config and files', or the backend's.
 
 use super::agents;
 use super::config::{self, DEFAULT_MODEL_FILENAME};
@@ -11,7 +12,7 @@ use super::limits::{
     check_sessions, read_text, MAX_CONFIG_BYTES, MAX_LABELS, MAX_LABEL_FILE_BYTES,
 };
 use super::sequence::SequenceSpec;
-use super::store::{contained, plain_relative};
+use super::store::{contained, plain_relative, StoreError};
 use super::tuning::{self, Tuning};
 use super::{
     autocomplete, generation, placement, text, versions, LoadOptions, Model, ServingVersion,
@@ -25,15 +26,18 @@ use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
+mod error;
 mod sessionless;
 mod start;
 
+pub use error::LoadError;
 use sessionless::{prepare_ensemble, prepare_python};
 
-/// Why a load failed: the model as a whole (config, policy, auto-complete), or some versions.
+/// Why a load failed: the model as a whole (store, config, policy, auto-complete), or some
+/// versions.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum LoadFailure {
-    Model(String),
+    Model(LoadError),
     /// Every selected version with what became of it.
     Versions(BTreeMap<i64, VersionFailure>),
 }
@@ -42,7 +46,7 @@ pub enum LoadFailure {
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum VersionFailure {
     /// It failed, for this reason.
-    Failed(String),
+    Failed(LoadError),
     /// It loaded but was dropped because a sibling failed; Triton reports such versions as
     /// unloaded.
     Discarded,
@@ -52,7 +56,7 @@ impl VersionFailure {
     /// The version's state reason, as the repository index reports it.
     pub fn reason(&self) -> &str {
         match self {
-            VersionFailure::Failed(reason) => reason,
+            VersionFailure::Failed(reason) => reason.message(),
             VersionFailure::Discarded => "unloaded",
         }
     }
@@ -122,13 +126,15 @@ pub type Reuse<'a> = Option<(&'a Model, &'a dyn Fn(i64) -> bool)>;
 /// completes the config from the newest version's graph.
 ///
 /// # Errors
-/// The reason, as the index reports it.
+/// The reason, as the index reports it: [`LoadError::Config`], except for an auto-complete probe
+/// that could not run (a graph ONNX Runtime does not load, a Python model's
+/// `auto_complete_config`): [`LoadError::Backend`].
 pub fn prepare(
     name: &str,
     dir: &Path,
     config_override: Option<ModelConfig>,
     options: &LoadOptions,
-) -> Result<Prepared, String> {
+) -> Result<Prepared, LoadError> {
     let mut config = match config_override {
         Some(config) => config,
         None => read_config(dir, options.config_name.as_deref())?,
@@ -142,13 +148,13 @@ pub fn prepare(
     }
     let backend_code = crate::backend::python::backend_code(&config, &options.backend_directory);
     config::normalize_identity(&mut config, name, backend_code.is_some())
-        .map_err(|e| e.to_string())?;
-    agents::run(&config, dir)?;
-    let selected = versions::select(dir, &config)?;
+        .map_err(|e| LoadError::Config(e.to_string()))?;
+    agents::run(&config, dir).map_err(LoadError::Config)?;
+    let selected = versions::select(dir, &config).map_err(LoadError::Config)?;
     if selected.is_empty() {
-        return Err(format!(
+        return Err(LoadError::Config(format!(
             "at least one version must be available under the version policy of model '{name}'"
-        ));
+        )));
     }
     if ensemble::is_ensemble(&config) {
         return prepare_ensemble(name, dir, config, selected);
@@ -156,33 +162,37 @@ pub fn prepare(
     if config::is_python(&config) || backend_code.is_some() {
         return prepare_python(name, dir, config, selected, options, backend_code);
     }
-    let placed = placement::place(&mut config, &cuda::inventory, options.gpu_fallback_to_cpu)?;
-    check_sessions(name, selected.len(), placed.devices.len())?;
+    let placed = placement::place(&mut config, &cuda::inventory, options.gpu_fallback_to_cpu)
+        .map_err(LoadError::Config)?;
+    check_sessions(name, selected.len(), placed.devices.len()).map_err(LoadError::Config)?;
     if let Some(why) = &placed.fallback {
         tracing::warn!("model '{name}': {why}");
     }
     // Without --rate-limit, rate_limiter settings are left alone, as Triton leaves them.
     let limits = match options.rate_limiter {
-        Some(_) => placement::instance_limits(&config, &placed)?,
+        Some(_) => placement::instance_limits(&config, &placed).map_err(LoadError::Config)?,
         None => Vec::new(),
     };
     let generating = generation::is_generation(&config);
-    let sequence = SequenceSpec::from_config(&config, dir)?;
+    let sequence = SequenceSpec::from_config(&config, dir).map_err(LoadError::Config)?;
     if generating && sequence.is_some() {
-        return Err(format!(
+        return Err(LoadError::Config(format!(
             "generation model '{name}' cannot use sequence_batching: it keeps its own state"
-        ));
+        )));
     }
     let cache_responses = caches_responses(name, &config, options, generating, sequence.is_some());
     if generating && placed.devices.iter().any(|d| d.gpu().is_some()) {
-        return Err(format!(
+        return Err(LoadError::Config(format!(
             "generation model '{name}' runs on CPU: give it a KIND_CPU instance group"
-        ));
+        )));
     }
     // A generation model runs one loop over one session, whatever the instance groups say, and
     // tokenizes in that loop (see `generation`).
-    let mut tuning = tuning::tuning(&config)?;
-    tuning.op_libraries = options.op_libraries.resolve(&config)?;
+    let mut tuning = tuning::tuning(&config).map_err(LoadError::Config)?;
+    tuning.op_libraries = options
+        .op_libraries
+        .resolve(&config)
+        .map_err(LoadError::Config)?;
     let intra_op_threads = tuning.intra_op_threads.unwrap_or(if generating {
         options.cores.max(1)
     } else {
@@ -191,12 +201,12 @@ pub fn prepare(
     let text = if generating {
         None
     } else {
-        text::text_spec(&config, dir)?
+        text::text_spec(&config, dir).map_err(LoadError::Config)?
     };
     let complete = !config.input.is_empty() && !config.output.is_empty();
     if generating {
         // The graph's inputs are tokens and caches; clients see Triton's LLM tensors.
-        generation::complete_config(&mut config)?;
+        generation::complete_config(&mut config).map_err(LoadError::Config)?;
     } else if options.auto_complete && !complete {
         let cpu = SessionOptions {
             intra_op_threads,
@@ -208,14 +218,14 @@ pub fn prepare(
         complete_from_graph(name, newest, &mut config, text.as_ref(), &cpu, options)?;
     }
     config::fill_scheduler_defaults(&mut config);
-    config::validate_io(&config).map_err(|e| e.to_string())?;
-    config::max_inflight_requests(&config).map_err(|e| e.to_string())?;
+    config::validate_io(&config).map_err(|e| LoadError::Config(e.to_string()))?;
+    config::max_inflight_requests(&config).map_err(|e| LoadError::Config(e.to_string()))?;
     let adaptive_batching = config::adaptive_batching_delay(&config, options.adaptive_batching)
-        .map_err(|e| e.to_string())?;
+        .map_err(|e| LoadError::Config(e.to_string()))?;
     // Checked for every model, as Triton reads model_metrics, though only generation models
     // have the histogram it sets.
-    crate::metrics::histogram::first_response_buckets(&config)?;
-    let labels = read_labels(dir, &config)?;
+    crate::metrics::histogram::first_response_buckets(&config).map_err(LoadError::Config)?;
+    let labels = read_labels(dir, &config).map_err(LoadError::Config)?;
     Ok(Prepared {
         name: name.to_string(),
         dir: dir.to_path_buf(),
@@ -266,7 +276,8 @@ fn caches_responses(
 /// selected)`) loaded on the CPU with `cpu`.
 ///
 /// # Errors
-/// No model file, a graph that does not load, or one the config cannot be completed from.
+/// No model file, or a graph the config cannot be completed from ([`LoadError::Config`]); a
+/// graph that does not load ([`LoadError::Backend`]).
 fn complete_from_graph(
     name: &str,
     (dir, selected): (&Path, &[i64]),
@@ -274,20 +285,21 @@ fn complete_from_graph(
     text: Option<&TextSpec>,
     cpu: &SessionOptions,
     options: &LoadOptions,
-) -> Result<(), String> {
-    let runtime = OnnxRuntime::get().map_err(|e| e.to_string())?;
+) -> Result<(), LoadError> {
+    let runtime = OnnxRuntime::get().map_err(|e| LoadError::Backend(e.to_string()))?;
     let newest = selected
         .iter()
         .rev()
         .filter_map(|&v| model_path(dir, v, &config.default_model_filename).ok())
         .find(|path| path.is_file())
-        .ok_or_else(|| format!("no model file found for model '{name}'"))?;
-    let probe = OnnxSession::load(&runtime, &newest, cpu).map_err(|e| e.to_string())?;
+        .ok_or_else(|| LoadError::Config(format!("no model file found for model '{name}'")))?;
+    let probe =
+        OnnxSession::load(&runtime, &newest, cpu).map_err(|e| LoadError::Backend(e.to_string()))?;
     // A text model shows clients its text input in place of the token inputs.
     let inputs = match text {
         Some(spec) => spec
             .bind(probe.inputs())
-            .map_err(|e| e.to_string())?
+            .map_err(|e| LoadError::Config(e.to_string()))?
             .client_inputs(probe.inputs()),
         None => probe.inputs().to_vec(),
     };
@@ -297,6 +309,7 @@ fn complete_from_graph(
         probe.outputs(),
         options.default_max_batch_size,
     )
+    .map_err(LoadError::Config)
 }
 
 /// Starts every selected version (or takes it over from `reuse`).
@@ -304,7 +317,8 @@ fn complete_from_graph(
 /// # Errors
 /// [`LoadFailure::Versions`] when any version fails; nothing built here keeps running then.
 pub fn build(prepared: Prepared, reuse: Reuse<'_>) -> Result<Model, LoadFailure> {
-    let runtime = OnnxRuntime::get().map_err(|e| LoadFailure::Model(e.to_string()))?;
+    let runtime =
+        OnnxRuntime::get().map_err(|e| LoadFailure::Model(LoadError::Backend(e.to_string())))?;
     let reusable = |version: i64| -> Option<Arc<ServingVersion>> {
         let (old, unchanged) = reuse?;
         if *old.config != prepared.config || !unchanged(version) {
@@ -389,19 +403,28 @@ fn read_labels(dir: &Path, config: &ModelConfig) -> Result<BTreeMap<String, Vec<
 
 /// `configs/<config_name>.pbtxt` where the model has it, else `config.pbtxt`; a model without
 /// either gets an empty config, for auto-complete to fill.
-fn read_config(dir: &Path, config_name: Option<&str>) -> Result<ModelConfig, String> {
+///
+/// # Errors
+/// [`LoadError::Config`]: a config name that leaves the model directory, a config that cannot
+/// be read or does not parse.
+fn read_config(dir: &Path, config_name: Option<&str>) -> Result<ModelConfig, LoadError> {
+    let refused = |e: StoreError| LoadError::Config(e.to_string());
     let custom = config_name
         .map(|name| contained(dir, &format!("configs/{name}.pbtxt")))
-        .transpose()?
+        .transpose()
+        .map_err(refused)?
         .filter(|path| path.is_file());
     let path = match custom {
         Some(path) => path,
-        None => contained(dir, "config.pbtxt")?,
+        None => contained(dir, "config.pbtxt").map_err(refused)?,
     };
     match read_text(&path, MAX_CONFIG_BYTES) {
-        Ok(text) => config::parse_config(&text).map_err(|e| e.to_string()),
+        Ok(text) => config::parse_config(&text).map_err(|e| LoadError::Config(e.to_string())),
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(ModelConfig::default()),
-        Err(e) => Err(format!("failed to read {}: {e}", path.display())),
+        Err(e) => Err(LoadError::Config(format!(
+            "failed to read {}: {e}",
+            path.display()
+        ))),
     }
 }
 
@@ -430,7 +453,10 @@ mod tests {
     #[test]
     fn failure_messages_follow_triton() {
         let failure = LoadFailure::Versions(BTreeMap::from([
-            (1, VersionFailure::Failed("bad graph".into())),
+            (
+                1,
+                VersionFailure::Failed(LoadError::Backend("bad graph".into())),
+            ),
             (2, VersionFailure::Discarded),
         ]));
         assert_eq!(
@@ -438,7 +464,7 @@ mod tests {
             "load failed for model 'm': version 1 is at UNAVAILABLE state: bad graph;"
         );
         assert_eq!(
-            LoadFailure::Model("no config".into()).message("m"),
+            LoadFailure::Model(LoadError::Config("no config".into())).message("m"),
             "load failed for model 'm': no config"
         );
     }

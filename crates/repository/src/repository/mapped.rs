@@ -3,7 +3,7 @@
 //! directory is served under another name. The others keep their directory names (an ensemble's
 //! composing models), and the mapped directory is reachable only under its new name.
 
-use super::store::{Fingerprint, LocalStore, ModelStore};
+use super::store::{Fingerprint, LocalStore, ModelStore, StoreError};
 use std::io;
 use std::path::PathBuf;
 
@@ -23,6 +23,14 @@ impl MappedStore {
             directory: directory.to_string(),
             name: name.to_string(),
         }
+    }
+
+    /// The directory `name` is served from: not found when this store does not serve it (the
+    /// mapped directory under its own name).
+    fn served<'a>(&'a self, name: &'a str) -> Result<&'a str, StoreError> {
+        self.directory_of(name).ok_or_else(|| {
+            StoreError::NotFound(format!("model '{name}' not found in {}", self.location))
+        })
     }
 
     /// The directory `name` is served from, if this store serves it.
@@ -65,18 +73,12 @@ impl ModelStore for MappedStore {
             .is_some_and(|directory| self.local.contains(directory))
     }
 
-    fn fetch(&self, name: &str) -> Result<PathBuf, String> {
-        let directory = self
-            .directory_of(name)
-            .ok_or_else(|| format!("model '{name}' not found in {}", self.location))?;
-        self.local.fetch(directory)
+    fn fetch(&self, name: &str) -> Result<PathBuf, StoreError> {
+        self.local.fetch(self.served(name)?)
     }
 
-    fn fingerprint(&self, name: &str) -> Result<Fingerprint, String> {
-        let directory = self
-            .directory_of(name)
-            .ok_or_else(|| format!("model '{name}' not found in {}", self.location))?;
-        self.local.fingerprint(directory)
+    fn fingerprint(&self, name: &str) -> Result<Fingerprint, StoreError> {
+        self.local.fingerprint(self.served(name)?)
     }
 }
 
@@ -98,10 +100,16 @@ mod tests {
         assert!(!store.contains("ensemble") && !store.contains("other"));
         assert_eq!(store.fetch("model.tar.gz").unwrap(), root.join("ensemble"));
         assert_eq!(store.fetch("step").unwrap(), root.join("step"));
+        let hidden = format!("model 'ensemble' not found in {}", root.display());
         assert_eq!(
-            store.fetch("ensemble").unwrap_err(),
-            format!("model 'ensemble' not found in {}", root.display())
+            store.fetch("ensemble"),
+            Err(StoreError::NotFound(hidden.clone()))
         );
+        assert_eq!(
+            store.fingerprint("ensemble"),
+            Err(StoreError::NotFound(hidden))
+        );
+        assert!(matches!(store.fetch("other"), Err(StoreError::NotFound(_))));
         assert_eq!(
             store.fingerprint("model.tar.gz").unwrap(),
             LocalStore::new(root.clone())

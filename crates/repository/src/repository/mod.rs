@@ -50,10 +50,10 @@ pub use index::IndexEntry;
 pub use io::{IoSpec, TensorSpec};
 pub use lifecycle::{ControlMode, ModelRepository, RepositoryOptions, Slot, Snapshot, Status};
 pub use limits::{MAX_BATCH_SIZE, MAX_MODEL_DIR_ENTRIES};
-pub use loader::LoadFailure;
+pub use loader::{LoadError, LoadFailure};
 pub use overrides::config_from_json;
 pub use remote::RemoteStore;
-pub use store::{LocalStore, ModelStore};
+pub use store::{LocalStore, ModelStore, StoreError};
 
 use crate::generate::Generator;
 use crate::metrics::ModelStats;

@@ -26,7 +26,7 @@ mod credentials;
 pub use clients::{parse_url, Cloud, RemoteUrl};
 
 use super::limits::{too_many_entries, MAX_MODEL_DIR_ENTRIES};
-use super::store::{contained, plain_relative, validate_name, Fingerprint, ModelStore};
+use super::store::{contained, plain_relative, validate_name, Fingerprint, ModelStore, StoreError};
 use futures_util::{StreamExt, TryStreamExt};
 use object_store::path::Path as ObjectPath;
 use object_store::{ObjectMeta, ObjectStore, ObjectStoreExt};
@@ -84,17 +84,23 @@ impl RemoteStore {
     /// environment (see [`clients`]).
     ///
     /// # Errors
-    /// The URL or the client configuration is invalid, or the cache cannot be created.
-    pub fn from_env(location: &str) -> Result<RemoteStore, String> {
-        let url = parse_url(location)
-            .ok_or_else(|| format!("'{location}' is not an s3://, gs:// or as:// URL"))??;
+    /// The URL or the client configuration is invalid ([`StoreError::Invalid`]), or the cache or
+    /// the client's runtime cannot be created ([`StoreError::Unavailable`]).
+    pub fn from_env(location: &str) -> Result<RemoteStore, StoreError> {
+        let url = parse_url(location).ok_or_else(|| {
+            StoreError::Invalid(format!("'{location}' is not an s3://, gs:// or as:// URL"))
+        })??;
         let client = clients::connect(&url, location)?;
         let runtime = tokio::runtime::Builder::new_multi_thread()
             .worker_threads(1)
             .thread_name("kiln-remote")
             .enable_all()
             .build()
-            .map_err(|e| format!("cannot start the object store client's runtime: {e}"))?;
+            .map_err(|e| {
+                StoreError::Unavailable(format!(
+                    "cannot start the object store client's runtime: {e}"
+                ))
+            })?;
         // Triton's per-cloud variables name the local copy's directory too.
         let triton_mount = match url.cloud {
             Cloud::S3 => "TRITON_AWS_MOUNT_DIRECTORY",
@@ -109,8 +115,9 @@ impl RemoteStore {
         let (root, owns_cache) = match configured {
             Some(dir) => (PathBuf::from(dir), false),
             None => (
-                crate::scratch::private_dir("kiln-model-cache-")
-                    .map_err(|e| format!("cannot create a model cache: {e}"))?,
+                crate::scratch::private_dir("kiln-model-cache-").map_err(|e| {
+                    StoreError::Unavailable(format!("cannot create a model cache: {e}"))
+                })?,
                 true,
             ),
         };
@@ -122,10 +129,10 @@ impl RemoteStore {
             if owns_cache {
                 let _ = std::fs::remove_dir_all(&root);
             }
-            return Err(format!(
+            return Err(StoreError::Unavailable(format!(
                 "cannot create model cache {}: {e}",
                 cache.display()
-            ));
+            )));
         }
         Ok(RemoteStore {
             location: location.to_string(),
@@ -176,13 +183,18 @@ impl RemoteStore {
     /// Directory markers (keys ending in `/`, made by some consoles) are skipped.
     ///
     /// # Errors
-    /// Listing failed, the model has no objects, or a key is not a plain relative path.
-    fn objects(&self, name: &str) -> Result<Vec<(String, ObjectMeta)>, String> {
+    /// Listing failed ([`from_object_store`]), the model has no objects
+    /// ([`StoreError::NotFound`]), or a key is not a plain relative path
+    /// ([`StoreError::Invalid`]).
+    fn objects(&self, name: &str) -> Result<Vec<(String, ObjectMeta)>, StoreError> {
         validate_name(name)?;
         let prefix = self.model_prefix(name);
         let listed: Vec<ObjectMeta> = self
             .block_on(self.client.list(Some(&prefix)).try_collect())
-            .map_err(|e| format!("failed to list model '{name}' in {}: {e}", self.location))?;
+            .map_err(|e| {
+                let message = format!("failed to list model '{name}' in {}: {e}", self.location);
+                from_object_store(&e, message)
+            })?;
         let mut objects = Vec::with_capacity(listed.len());
         for meta in listed {
             let Some(parts) = meta.location.prefix_match(&prefix) else {
@@ -196,15 +208,18 @@ impl RemoteStore {
                 continue;
             }
             if !plain_relative(&relative) {
-                return Err(format!(
+                return Err(StoreError::Invalid(format!(
                     "object '{}' of model '{name}' would leave the model directory",
                     meta.location
-                ));
+                )));
             }
             objects.push((relative, meta));
         }
         if objects.is_empty() {
-            return Err(format!("model '{name}' not found in {}", self.location));
+            return Err(StoreError::NotFound(format!(
+                "model '{name}' not found in {}",
+                self.location
+            )));
         }
         objects.sort_by(|a, b| a.0.cmp(&b.0));
         Ok(objects)
@@ -214,10 +229,15 @@ impl RemoteStore {
     /// The temporary file is a new one (`O_EXCL|O_NOFOLLOW`): one left by an interrupted
     /// download is removed first (a link, not what it points to), and anything put back in its
     /// place meanwhile fails the download rather than being written through.
-    fn download(&self, meta: &ObjectMeta, target: &Path) -> Result<(), String> {
+    ///
+    /// # Errors
+    /// As [`from_object_store`] for the object store's error; any local one is
+    /// [`StoreError::Unavailable`].
+    fn download(&self, meta: &ObjectMeta, target: &Path) -> Result<(), StoreError> {
         let parent = target.parent().unwrap_or(&self.cache);
-        std::fs::create_dir_all(parent)
-            .map_err(|e| format!("cannot create {}: {e}", parent.display()))?;
+        std::fs::create_dir_all(parent).map_err(|e| {
+            StoreError::Unavailable(format!("cannot create {}: {e}", parent.display()))
+        })?;
         let partial = parent.join(format!(
             ".{}.kiln-partial",
             target.file_name().unwrap_or_default().to_string_lossy()
@@ -242,25 +262,48 @@ impl RemoteStore {
         let renamed = written.and_then(|()| std::fs::rename(&partial, target));
         renamed.map_err(|e| {
             let _ = std::fs::remove_file(&partial);
-            format!("failed to download {}: {e}", meta.location)
+            from_download(&e, format!("failed to download {}: {e}", meta.location))
         })
+    }
+}
+
+/// The store error for a download's error `e`: the client's error travels inside the I/O error
+/// (the stream is written as I/O) and is told apart as [`from_object_store`] does; a local
+/// failure (the cache) is [`StoreError::Unavailable`].
+fn from_download(e: &io::Error, message: String) -> StoreError {
+    match e
+        .get_ref()
+        .and_then(|inner| inner.downcast_ref::<object_store::Error>())
+    {
+        Some(client) => from_object_store(client, message),
+        None => StoreError::Unavailable(message),
+    }
+}
+
+/// The store error for an object store's error `e`, with `message` (which names it): an object or
+/// prefix that is not there is [`StoreError::NotFound`], anything else (the network, credentials,
+/// the server's answer) [`StoreError::Unavailable`].
+fn from_object_store(e: &object_store::Error, message: String) -> StoreError {
+    match e {
+        object_store::Error::NotFound { .. } => StoreError::NotFound(message),
+        _ => StoreError::Unavailable(message),
     }
 }
 
 /// `relative` (an object's path, checked by [`contained`]) in the model's cache directory `dir`,
 /// refused when it already exists and resolves outside `dir`: the cache is kiln's, not the
 /// operator's, so a link found in it is not followed to write through.
-fn in_cache(dir: &Path, relative: &str) -> Result<PathBuf, String> {
+fn in_cache(dir: &Path, relative: &str) -> Result<PathBuf, StoreError> {
     let path = contained(dir, relative)?;
     if let Ok(real) = path.canonicalize() {
-        let base = dir
-            .canonicalize()
-            .map_err(|e| format!("cannot resolve {}: {e}", dir.display()))?;
+        let base = dir.canonicalize().map_err(|e| {
+            StoreError::Unavailable(format!("cannot resolve {}: {e}", dir.display()))
+        })?;
         if !real.starts_with(&base) {
-            return Err(format!(
+            return Err(StoreError::Invalid(format!(
                 "path '{relative}' resolves to {} outside the model directory",
                 real.display()
-            ));
+            )));
         }
     }
     Ok(path)
@@ -295,7 +338,7 @@ impl ModelStore for RemoteStore {
             .is_some_and(|first| first.is_ok())
     }
 
-    fn fetch(&self, name: &str) -> Result<PathBuf, String> {
+    fn fetch(&self, name: &str) -> Result<PathBuf, StoreError> {
         let objects = self.objects(name)?;
         // The same bound as a local model directory, before anything is downloaded.
         let entries: BTreeSet<&str> = objects
@@ -303,11 +346,12 @@ impl ModelStore for RemoteStore {
             .map(|(relative, _)| relative.split('/').next().unwrap_or(relative))
             .collect();
         if entries.len() > MAX_MODEL_DIR_ENTRIES {
-            return Err(too_many_entries(name));
+            return Err(StoreError::Invalid(too_many_entries(name)));
         }
         let dir = self.cache_dir(name);
-        std::fs::create_dir_all(&dir)
-            .map_err(|e| format!("cannot create {}: {e}", dir.display()))?;
+        std::fs::create_dir_all(&dir).map_err(|e| {
+            StoreError::Unavailable(format!("cannot create {}: {e}", dir.display()))
+        })?;
         let mut wanted = BTreeSet::new();
         for (relative, meta) in &objects {
             let target = in_cache(&dir, relative)?;
@@ -329,7 +373,7 @@ impl ModelStore for RemoteStore {
         Ok(dir)
     }
 
-    fn fingerprint(&self, name: &str) -> Result<Fingerprint, String> {
+    fn fingerprint(&self, name: &str) -> Result<Fingerprint, StoreError> {
         let objects = self.objects(name)?;
         Ok(fingerprint_of(objects.iter().map(|(relative, meta)| {
             (relative.as_str(), Downloaded::of(meta))
@@ -442,6 +486,40 @@ mod tests {
         // A numeric file at the top is shared, not a version.
         let file = fingerprint_of([("7", meta(1, "x"))].into_iter());
         assert!(file.versions.is_empty());
+    }
+
+    #[test]
+    fn object_store_errors_tell_missing_objects_from_unreachable_stores() {
+        let missing = || object_store::Error::NotFound {
+            path: "models/m/config.pbtxt".into(),
+            source: "404".into(),
+        };
+        let down = || object_store::Error::Generic {
+            store: "S3",
+            source: "connection refused".into(),
+        };
+        assert_eq!(
+            from_object_store(&missing(), "gone".into()),
+            StoreError::NotFound("gone".into())
+        );
+        assert_eq!(
+            from_object_store(&down(), "down".into()),
+            StoreError::Unavailable("down".into())
+        );
+        // A download's client error arrives inside an I/O error; a local one is the cache's.
+        assert_eq!(
+            from_download(&io::Error::other(missing()), "gone".into()),
+            StoreError::NotFound("gone".into())
+        );
+        assert_eq!(
+            from_download(&io::Error::other(down()), "down".into()),
+            StoreError::Unavailable("down".into())
+        );
+        let local = io::Error::new(io::ErrorKind::StorageFull, "disk full");
+        assert_eq!(
+            from_download(&local, "full".into()),
+            StoreError::Unavailable("full".into())
+        );
     }
 
     #[test]

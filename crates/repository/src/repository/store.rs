@@ -29,6 +29,36 @@ pub struct Fingerprint {
     pub versions: BTreeMap<String, u64>,
 }
 
+/// Why a store refused or failed a request for a model: what a caller (a retry, a cache of names
+/// the repository does not hold) branches on. Every variant carries the whole message, which is
+/// its text as it was always reported (the index, load errors, logs).
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum StoreError {
+    /// The store holds no model of that name (no directory, no objects under its prefix).
+    #[error("{0}")]
+    NotFound(String),
+    /// A name, path, URL or object the store refuses whatever it holds: one that would leave the
+    /// repository, a model that is not a directory or has too many entries, a location or
+    /// credential kiln cannot use. Asking again gets the same answer.
+    #[error("{0}")]
+    Invalid(String),
+    /// The store could not be reached or read (network, credentials, I/O): asking again may
+    /// succeed.
+    #[error("{0}")]
+    Unavailable(String),
+}
+
+impl StoreError {
+    /// The message, as [`std::fmt::Display`] writes it.
+    pub fn message(&self) -> &str {
+        match self {
+            StoreError::NotFound(message)
+            | StoreError::Invalid(message)
+            | StoreError::Unavailable(message) => message,
+        }
+    }
+}
+
 /// A source of model directories.
 pub trait ModelStore: Send + Sync {
     /// Where the store is, for logs.
@@ -49,14 +79,16 @@ pub trait ModelStore: Send + Sync {
     /// ([`super::mapped`]); the loader tells the two apart by that name.
     ///
     /// # Errors
-    /// Why the model cannot be read: missing, or its directory leaves the repository.
-    fn fetch(&self, name: &str) -> Result<PathBuf, String>;
+    /// Why the model cannot be read: missing ([`StoreError::NotFound`]), refused (its name or
+    /// directory leaves the repository: [`StoreError::Invalid`]) or unreachable
+    /// ([`StoreError::Unavailable`]).
+    fn fetch(&self, name: &str) -> Result<PathBuf, StoreError>;
 
     /// The model's current fingerprint.
     ///
     /// # Errors
     /// As [`ModelStore::fetch`].
-    fn fingerprint(&self, name: &str) -> Result<Fingerprint, String>;
+    fn fingerprint(&self, name: &str) -> Result<Fingerprint, StoreError>;
 }
 
 /// The store a `--model-repository` value names: `s3://bucket/prefix`, `gs://bucket/prefix` and
@@ -65,8 +97,10 @@ pub trait ModelStore: Send + Sync {
 /// everything else is a local directory.
 ///
 /// # Errors
-/// An unsupported URL scheme, or an object store that cannot be configured.
-pub fn open(location: &Path) -> Result<Box<dyn ModelStore>, String> {
+/// An unsupported URL scheme or an object store that cannot be configured
+/// ([`StoreError::Invalid`]), or a local cache for it that cannot be made
+/// ([`StoreError::Unavailable`]).
+pub fn open(location: &Path) -> Result<Box<dyn ModelStore>, StoreError> {
     let text = location.to_string_lossy();
     if super::remote::parse_url(&text).is_some() {
         return Ok(Box::new(super::remote::RemoteStore::from_env(&text)?));
@@ -77,9 +111,9 @@ pub fn open(location: &Path) -> Result<Box<dyn ModelStore>, String> {
                 .chars()
                 .all(|c| c.is_ascii_alphanumeric() || "+-.".contains(c));
         if url_like {
-            return Err(format!(
+            return Err(StoreError::Invalid(format!(
                 "unsupported model repository URL '{text}' (local directories, s3://, gs:// and as:// are supported)"
-            ));
+            )));
         }
     }
     Ok(Box::new(LocalStore::new(location.to_path_buf())))
@@ -105,31 +139,32 @@ pub const EMPTY_NAME: &str = "Model name cannot be empty. Please enter a valid n
 /// log lines and garble terminals (the message escapes it).
 ///
 /// # Errors
-/// Triton's message for the rule broken (kiln's for the length, which does not repeat the name).
-pub fn validate_name(name: &str) -> Result<(), String> {
+/// [`StoreError::Invalid`] with Triton's message for the rule broken (kiln's for the length,
+/// which does not repeat the name).
+pub fn validate_name(name: &str) -> Result<(), StoreError> {
     // boost::trim_copy in the "C" locale: isspace's six characters, not Unicode's.
     let trimmed = name.trim_matches([' ', '\t', '\n', '\x0B', '\x0C', '\r']);
     if trimmed.is_empty() {
-        return Err(EMPTY_NAME.into());
+        return Err(StoreError::Invalid(EMPTY_NAME.into()));
     }
     if name.len() > MAX_MODEL_NAME_BYTES {
-        return Err(format!(
+        return Err(StoreError::Invalid(format!(
             "invalid model name: it is {} bytes, longer than the {MAX_MODEL_NAME_BYTES} a model \
              directory's name may be",
             name.len()
-        ));
+        )));
     }
     let escapes = matches!(trimmed, "." | "..") || name.contains(['/', '\\', '\0']);
     if escapes {
-        return Err(format!(
+        return Err(StoreError::Invalid(format!(
             "invalid model name '{name}', model name must not contain path traversal characters"
-        ));
+        )));
     }
     if name.chars().any(char::is_control) {
-        return Err(format!(
+        return Err(StoreError::Invalid(format!(
             "invalid model name '{}', model name must not contain control characters",
             name.escape_debug()
-        ));
+        )));
     }
     Ok(())
 }
@@ -156,12 +191,12 @@ pub fn plain_relative(path: &str) -> bool {
 /// the operator's and are followed (see the module doc).
 ///
 /// # Errors
-/// A message naming the path and why it was refused.
-pub fn contained(dir: &Path, relative: &str) -> Result<PathBuf, String> {
+/// [`StoreError::Invalid`], naming the path and why it was refused.
+pub fn contained(dir: &Path, relative: &str) -> Result<PathBuf, StoreError> {
     if !plain_relative(relative) {
-        return Err(format!(
+        return Err(StoreError::Invalid(format!(
             "path '{relative}' must be relative and stay within the model directory"
-        ));
+        )));
     }
     Ok(dir.join(relative))
 }
@@ -181,16 +216,31 @@ impl LocalStore {
     /// that is a link (into a cache, another volume, a modelcar's `/proc/<pid>/root/...`) is the
     /// operator's and is followed, not canonicalised: a path through `/proc/<pid>/root` names
     /// another mount namespace's file only as it is written.
-    fn model_dir(&self, name: &str) -> Result<PathBuf, String> {
+    ///
+    /// # Errors
+    /// A bad name or an entry that is not a directory ([`StoreError::Invalid`]); nothing there
+    /// (a dangling link included: [`StoreError::NotFound`]); anything else that stops the lookup,
+    /// a permission or an I/O error, is [`StoreError::Unavailable`], with the same text.
+    fn model_dir(&self, name: &str) -> Result<PathBuf, StoreError> {
         validate_name(name)?;
         let dir = self.root.join(name);
         match std::fs::metadata(&dir) {
             Ok(metadata) if metadata.is_dir() => Ok(dir),
-            Ok(_) => Err(format!("model '{name}' is not a directory")),
-            Err(_) => Err(format!(
-                "model '{name}' not found in {}",
-                self.root.display()
-            )),
+            Ok(_) => Err(StoreError::Invalid(format!(
+                "model '{name}' is not a directory"
+            ))),
+            Err(e) => {
+                let missing = matches!(
+                    e.kind(),
+                    io::ErrorKind::NotFound | io::ErrorKind::NotADirectory
+                );
+                let message = format!("model '{name}' not found in {}", self.root.display());
+                Err(if missing {
+                    StoreError::NotFound(message)
+                } else {
+                    StoreError::Unavailable(message)
+                })
+            }
         }
     }
 }
@@ -223,16 +273,17 @@ impl ModelStore for LocalStore {
         validate_name(name).is_ok() && self.root.join(name).is_dir()
     }
 
-    fn fetch(&self, name: &str) -> Result<PathBuf, String> {
+    fn fetch(&self, name: &str) -> Result<PathBuf, StoreError> {
         self.model_dir(name)
     }
 
-    fn fingerprint(&self, name: &str) -> Result<Fingerprint, String> {
+    fn fingerprint(&self, name: &str) -> Result<Fingerprint, StoreError> {
         let dir = self.model_dir(name)?;
         let mut fingerprint = Fingerprint::default();
         let mut shared = std::collections::hash_map::DefaultHasher::new();
-        let entries = std::fs::read_dir(&dir)
-            .map_err(|e| format!("failed to list {}: {e}", dir.display()))?;
+        let entries = std::fs::read_dir(&dir).map_err(|e| {
+            StoreError::Unavailable(format!("failed to list {}: {e}", dir.display()))
+        })?;
         let mut entries: Vec<_> = entries.flatten().collect();
         entries.sort_by_key(|e| e.file_name());
         for entry in entries {
@@ -289,6 +340,10 @@ fn hash_tree(path: &Path, relative: &Path, hasher: &mut impl Hasher) {
 mod tests {
     use super::*;
 
+    fn invalid(message: &str) -> StoreError {
+        StoreError::Invalid(message.into())
+    }
+
     fn scratch(tag: &str) -> PathBuf {
         let dir = std::env::temp_dir().join(format!("kiln-store-{tag}-{}", std::process::id()));
         let _ = std::fs::remove_dir_all(&dir);
@@ -300,21 +355,21 @@ mod tests {
     fn names_that_could_leave_the_repository_are_refused() {
         // Empty once trimmed of C's whitespace (Triton's qa/L0_input_validation names these).
         for bad in ["", " ", "   ", "\t", "\n", "\r", "\x0C", "\x0B", " \t \n "] {
-            assert_eq!(validate_name(bad).unwrap_err(), EMPTY_NAME, "{bad:?}");
+            assert_eq!(validate_name(bad), Err(invalid(EMPTY_NAME)), "{bad:?}");
         }
         assert_eq!(
-            validate_name(&" ".repeat(MAX_MODEL_NAME_BYTES + 1)).unwrap_err(),
-            EMPTY_NAME
+            validate_name(&" ".repeat(MAX_MODEL_NAME_BYTES + 1)),
+            Err(invalid(EMPTY_NAME))
         );
         for bad in [
             "..", "../x", "a/b", "a\\b", ".", "a\0b", "/", " ..", ".. ", "\t..\n", " . ", "model/",
         ] {
             assert_eq!(
-                validate_name(bad).unwrap_err(),
-                format!(
+                validate_name(bad),
+                Err(invalid(&format!(
                     "invalid model name '{bad}', model name must not contain path traversal \
                      characters"
-                ),
+                ))),
                 "{bad:?}"
             );
         }
@@ -326,10 +381,10 @@ mod tests {
             ("c1\u{9b}", "c1\\u{9b}"),
         ] {
             assert_eq!(
-                validate_name(bad).unwrap_err(),
-                format!(
+                validate_name(bad),
+                Err(invalid(&format!(
                     "invalid model name '{shown}', model name must not contain control characters"
-                ),
+                ))),
                 "{bad:?}"
             );
         }
@@ -341,13 +396,16 @@ mod tests {
             assert!(validate_name(good).is_ok(), "{good:?}");
         }
         assert_eq!(
-            validate_name("../etc").unwrap_err(),
+            validate_name("../etc").unwrap_err().to_string(),
             "invalid model name '../etc', model name must not contain path traversal characters"
         );
         assert!(validate_name(&"m".repeat(MAX_MODEL_NAME_BYTES)).is_ok());
         assert_eq!(
-            validate_name(&"m".repeat(MAX_MODEL_NAME_BYTES + 1)).unwrap_err(),
-            "invalid model name: it is 256 bytes, longer than the 255 a model directory's name may be"
+            validate_name(&"m".repeat(MAX_MODEL_NAME_BYTES + 1)),
+            Err(invalid(
+                "invalid model name: it is 256 bytes, longer than the 255 a model directory's \
+                 name may be"
+            ))
         );
     }
 
@@ -357,7 +415,8 @@ mod tests {
         assert_eq!(local.location(), "model_repository");
         for unsupported in ["https://host/models", "abfs://c/models"] {
             let refused = open(Path::new(unsupported)).err().unwrap();
-            assert!(refused.contains("unsupported"), "{refused}");
+            assert!(matches!(refused, StoreError::Invalid(_)), "{refused:?}");
+            assert!(refused.to_string().contains("unsupported"), "{refused}");
         }
         // Object stores are configured, not reached, when they are opened.
         for remote in ["gs://bucket/models", "as://account/container/models"] {
@@ -365,15 +424,14 @@ mod tests {
         }
         assert_eq!(
             open(Path::new("s3:///models")).err(),
-            Some("repository URL 's3:///models' names no bucket".into())
+            Some(invalid("repository URL 's3:///models' names no bucket"))
         );
         assert_eq!(
             open(Path::new("as://account")).err(),
-            Some(
+            Some(invalid(
                 "repository URL 'as://account' must name an account and a container \
                  (as://<account>/<container>/<path>)"
-                    .into()
-            )
+            ))
         );
     }
 
@@ -397,8 +455,10 @@ mod tests {
             "1/..",
         ] {
             assert_eq!(
-                contained(&dir, bad).unwrap_err(),
-                format!("path '{bad}' must be relative and stay within the model directory")
+                contained(&dir, bad),
+                Err(invalid(&format!(
+                    "path '{bad}' must be relative and stay within the model directory"
+                )))
             );
         }
         // The operator's link is followed, as written.
@@ -425,15 +485,53 @@ mod tests {
         assert_eq!(store.fetch("m").unwrap(), root.join("m"));
         // Not canonicalised: the link's own path, which the kernel follows.
         assert_eq!(store.fetch("linked").unwrap(), root.join("linked"));
-        assert!(store.fetch("nope").unwrap_err().contains("not found"));
-        assert!(store.fetch("dangling").unwrap_err().contains("not found"));
-        assert!(store
-            .fetch("file")
-            .unwrap_err()
-            .contains("is not a directory"));
-        assert!(store.fetch("../m").unwrap_err().contains("path traversal"));
+        let missing = format!("model 'nope' not found in {}", root.display());
+        assert_eq!(store.fetch("nope"), Err(StoreError::NotFound(missing)));
+        assert!(matches!(
+            store.fetch("dangling"),
+            Err(StoreError::NotFound(message)) if message.contains("not found")
+        ));
+        assert_eq!(
+            store.fetch("file"),
+            Err(invalid("model 'file' is not a directory"))
+        );
+        assert!(matches!(
+            store.fetch("../m"),
+            Err(StoreError::Invalid(message)) if message.contains("path traversal")
+        ));
         let _ = std::fs::remove_dir_all(&root);
         let _ = std::fs::remove_dir_all(&outside);
+    }
+
+    #[test]
+    fn store_errors_tell_missing_models_from_refused_names() {
+        let root = scratch("branching");
+        std::fs::create_dir_all(root.join("m/1")).unwrap();
+        std::fs::write(root.join("file"), "x").unwrap();
+        let store = LocalStore::new(root.clone());
+        // Missing: the store holds no such model, and a caller may remember that.
+        let missing =
+            StoreError::NotFound(format!("model 'absent' not found in {}", root.display()));
+        assert_eq!(store.fetch("absent"), Err(missing.clone()));
+        assert_eq!(store.fingerprint("absent"), Err(missing.clone()));
+        // Refused: the same answer whatever the store holds.
+        for refused in [
+            store.fetch("../m").unwrap_err(),
+            store.fingerprint("a/b").unwrap_err(),
+            store.fetch(" ").unwrap_err(),
+            store.fingerprint("file").unwrap_err(),
+            contained(&root, "../m").unwrap_err(),
+        ] {
+            assert!(matches!(refused, StoreError::Invalid(_)), "{refused:?}");
+        }
+        // The text is the message, as it always was.
+        assert_eq!(missing.to_string(), missing.message());
+        assert_eq!(
+            store.fetch("../m").unwrap_err().to_string(),
+            "invalid model name '../m', model name must not contain path traversal characters"
+        );
+        assert!(store.fetch("m").is_ok() && store.fingerprint("m").is_ok());
+        let _ = std::fs::remove_dir_all(&root);
     }
 
     #[test]

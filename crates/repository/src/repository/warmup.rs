@@ -9,6 +9,7 @@
 //! strings for zero and random data, and length-prefixed in a file, as in Triton.
 
 use super::io::IoSpec;
+use super::loader::LoadError;
 use super::store::contained;
 use super::validate;
 use crate::backend::Backend;
@@ -37,7 +38,8 @@ pub const MAX_WARMUP_COUNT: u32 = 10_000;
 /// GPU `gpu(index)` or CPU), counting each run in `stats`.
 ///
 /// # Errors
-/// A message naming the sample and what is wrong with it, or how the model failed on it.
+/// A message naming the sample and what is wrong with it ([`LoadError::Config`]), or how the
+/// model failed on it ([`LoadError::Backend`]).
 pub fn run(
     model_dir: &Path,
     config: &ModelConfig,
@@ -46,18 +48,18 @@ pub fn run(
     backends: &mut [Box<dyn Backend>],
     stats: &ModelStats,
     gpu: impl Fn(usize) -> Option<i32>,
-) -> Result<(), String> {
+) -> Result<(), LoadError> {
     let stateful = matches!(
         config.scheduling_choice,
         Some(crate::proto::inference::model_config::SchedulingChoice::SequenceBatching(_))
     );
     if stateful && !config.model_warmup.is_empty() {
-        return Err(format!(
+        return Err(LoadError::Config(format!(
             "model_warmup is not supported for model '{}': it is stateful (sequence_batching)",
             config.name
-        ));
+        )));
     }
-    for sample in samples(model_dir, config, io)? {
+    for sample in samples(model_dir, config, io).map_err(LoadError::Config)? {
         // Laid out as a batch of one request (ragged inputs flat, batch inputs added).
         let inputs = layout.assemble(&[&sample.inputs]);
         for (index, backend) in backends.iter_mut().enumerate() {
@@ -65,7 +67,7 @@ pub fn run(
                 let started = Instant::now();
                 backend
                     .run(&inputs)
-                    .map_err(|e| sample.failed(&config.name, &e.to_string()))?;
+                    .map_err(|e| LoadError::Backend(sample.failed(&config.name, &e.to_string())))?;
                 sample.record(stats, started.elapsed(), gpu(index));
             }
         }

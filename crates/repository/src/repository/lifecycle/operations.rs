@@ -5,10 +5,10 @@ use super::{ControlMode, ModelRepository, Slot, Status};
 use crate::core::Error;
 use crate::core::LoadParameter;
 use crate::proto::inference::ModelConfig;
-use crate::repository::loader::{self, LoadFailure};
+use crate::repository::loader::{self, LoadError, LoadFailure};
 use crate::repository::overrides::{self, OverrideDir};
 use crate::repository::retire::trim_heap;
-use crate::repository::store::{validate_name, Fingerprint};
+use crate::repository::store::{validate_name, Fingerprint, StoreError};
 use crate::repository::{Executor, Model};
 use std::collections::BTreeMap;
 use std::path::PathBuf;
@@ -91,7 +91,7 @@ impl ModelRepository {
         parameters: BTreeMap<String, LoadParameter>,
     ) -> Result<(), Error> {
         self.require_explicit()?;
-        validate_name(name).map_err(Error::InvalidArgument)?;
+        validate_name(name).map_err(|e| Error::InvalidArgument(e.to_string()))?;
         let overrides = overrides::parse(name, parameters)?;
         let loaded = self.load_with(name, overrides);
         trim_heap(); // as after load_each
@@ -269,10 +269,12 @@ impl ModelRepository {
     ) -> Result<(), Error> {
         // A scanned directory's name (the load API's are checked before): refused with its reason.
         if let Err(reason) = validate_name(name) {
-            return self.commit(name, Err(LoadFailure::Model(reason)), None, false);
+            return self.commit(name, Err(LoadFailure::Model(reason.into())), None, false);
         }
         let Some(store) = self.stores().into_iter().find(|s| s.contains(name)) else {
-            let reason = "model not found in any model repository".to_string();
+            let reason = LoadError::Store(StoreError::NotFound(
+                "model not found in any model repository".into(),
+            ));
             self.update(name, |old| {
                 old.map(|slot| Slot {
                     status: slot.serving.as_ref().map_or_else(
@@ -290,7 +292,8 @@ impl ModelRepository {
         let dir = match store.fetch(name) {
             Ok(dir) => dir,
             Err(reason) => {
-                return self.commit(name, Err(LoadFailure::Model(reason)), fingerprint, false)
+                let failure = Err(LoadFailure::Model(reason.into()));
+                return self.commit(name, failure, fingerprint, false);
             }
         };
         let source = Source {

@@ -5,7 +5,7 @@ use super::*;
 use crate::backend::{Backend, BackendError};
 use crate::core::Tensor;
 use crate::metrics::ModelStats;
-use crate::repository::{Executor, IoSpec, ServingVersion};
+use crate::repository::{Executor, IoSpec, LoadError, ServingVersion, StoreError};
 use crate::scheduler::{BatchingConfig, Scheduler};
 use std::time::{Duration, Instant};
 
@@ -22,10 +22,10 @@ impl ModelStore for NamesOnly {
     fn contains(&self, name: &str) -> bool {
         self.1.contains(&name)
     }
-    fn fetch(&self, _: &str) -> Result<std::path::PathBuf, String> {
-        Err("no files here".into())
+    fn fetch(&self, _: &str) -> Result<std::path::PathBuf, StoreError> {
+        Err(StoreError::NotFound("no files here".into()))
     }
-    fn fingerprint(&self, _: &str) -> Result<Fingerprint, String> {
+    fn fingerprint(&self, _: &str) -> Result<Fingerprint, StoreError> {
         Ok(Fingerprint::default())
     }
 }
@@ -220,7 +220,7 @@ fn index_states_for_every_stage() {
     repository.set_loading("versions", vec![1, 2]);
     let failure = LoadFailure::Versions(BTreeMap::from([(
         3,
-        crate::repository::loader::VersionFailure::Failed("bad".into()),
+        crate::repository::loader::VersionFailure::Failed(LoadError::Backend("bad".into())),
     )]));
     repository.update("failed", |_| {
         Some(Slot {
@@ -290,12 +290,12 @@ impl ModelStore for Flaky {
     fn contains(&self, name: &str) -> bool {
         self.names.contains(&name)
     }
-    fn fetch(&self, _: &str) -> Result<std::path::PathBuf, String> {
+    fn fetch(&self, _: &str) -> Result<std::path::PathBuf, StoreError> {
         self.fetches
             .fetch_add(1, std::sync::atomic::Ordering::SeqCst);
-        Err("store unavailable".into())
+        Err(StoreError::Unavailable("store unavailable".into()))
     }
-    fn fingerprint(&self, _: &str) -> Result<Fingerprint, String> {
+    fn fingerprint(&self, _: &str) -> Result<Fingerprint, StoreError> {
         Ok(Fingerprint::default())
     }
 }
@@ -358,5 +358,65 @@ fn repositories_register_once_and_keep_names_unique() {
     assert_eq!(
         repository.load("b", BTreeMap::new()).unwrap_err(),
         Error::Internal("failed to load 'b', failed to poll from model repository".into())
+    );
+}
+
+/// What the last load of `name`, which failed as a whole, failed on.
+fn model_failure(repository: &ModelRepository, name: &str) -> LoadError {
+    match &repository.snapshot()[name].status {
+        Status::Failed(LoadFailure::Model(error)) => error.clone(),
+        other => panic!("{name}: {other:?}"),
+    }
+}
+
+#[test]
+fn failed_loads_keep_where_they_failed() {
+    // The store lists the name but cannot hand its files over: the store's answer, typed.
+    let repository = repository(ControlMode::Explicit, vec!["a"]);
+    let _ = repository.load("a", BTreeMap::new());
+    assert_eq!(
+        model_failure(&repository, "a"),
+        LoadError::Store(StoreError::NotFound("no files here".into()))
+    );
+    let store = Flaky {
+        names: vec!["f"],
+        fetches: Default::default(),
+    };
+    let repository = ModelRepository::new(vec![Box::new(store)], RepositoryOptions::default());
+    let repository = repository.unwrap();
+    repository.load_startup();
+    assert_eq!(
+        model_failure(&repository, "f"),
+        LoadError::Store(StoreError::Unavailable("store unavailable".into()))
+    );
+    // Start-up names that no store holds, or that no store could hold.
+    let options = RepositoryOptions {
+        mode: ControlMode::Explicit,
+        startup_models: vec!["gone".into(), "../x".into()],
+        load_threads: 1,
+        ..RepositoryOptions::default()
+    };
+    let store = NamesOnly("names-only", Vec::new());
+    let repository = ModelRepository::new(vec![Box::new(store)], options).unwrap();
+    assert_eq!(
+        repository.load_startup(),
+        [
+            "failed to load 'gone', failed to poll from model repository",
+            "load failed for model '../x': invalid model name '../x', model name must not \
+             contain path traversal characters",
+        ]
+    );
+    let missing = "model not found in any model repository";
+    assert_eq!(
+        model_failure(&repository, "gone"),
+        LoadError::Store(StoreError::NotFound(missing.into()))
+    );
+    assert!(matches!(
+        model_failure(&repository, "../x"),
+        LoadError::Store(StoreError::Invalid(_))
+    ));
+    assert_eq!(
+        rows(&repository, false)[1],
+        row("gone", "", "UNAVAILABLE", missing)
     );
 }

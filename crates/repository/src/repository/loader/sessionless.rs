@@ -1,7 +1,7 @@
 //! Preparing the models that run no ONNX Runtime session of their own: an ensemble (its plan)
 //! and a Python model (its processes).
 
-use super::{model_path, read_labels, Prepared};
+use super::{model_path, read_labels, LoadError, Prepared};
 use crate::backend::python::PythonSpec;
 use crate::proto::inference::ModelConfig;
 use crate::repository::sequence::SequenceSpec;
@@ -15,9 +15,9 @@ pub(super) fn prepare_ensemble(
     dir: &Path,
     config: ModelConfig,
     versions: Vec<i64>,
-) -> Result<Prepared, String> {
-    let plan = ensemble::plan(&config)?;
-    config::validate_io(&config).map_err(|e| e.to_string())?;
+) -> Result<Prepared, LoadError> {
+    let plan = ensemble::plan(&config).map_err(LoadError::Config)?;
+    config::validate_io(&config).map_err(|e| LoadError::Config(e.to_string()))?;
     if config::wants_response_cache(&config) {
         tracing::warn!(
             "ensemble '{name}': response_cache is enabled but ensembles are not cached (their \
@@ -37,12 +37,12 @@ impl Prepared {
         dir: &Path,
         config: ModelConfig,
         versions: Vec<i64>,
-    ) -> Result<Prepared, String> {
+    ) -> Result<Prepared, LoadError> {
         Ok(Prepared {
             name: name.to_string(),
             dir: dir.to_path_buf(),
-            labels: read_labels(dir, &config)?,
-            tuning: tuning::tuning(&config)?,
+            labels: read_labels(dir, &config).map_err(LoadError::Config)?,
+            tuning: tuning::tuning(&config).map_err(LoadError::Config)?,
             config,
             versions,
             devices: Vec::new(),
@@ -63,6 +63,10 @@ impl Prepared {
 /// A Python model runs its own code in processes of its own (see [`crate::backend::python`]):
 /// each version's `model.py`, or `code`, the one `model.py` of its Python-based backend. Its
 /// tensors come from its config, completed by its `auto_complete_config` when it has one.
+///
+/// # Errors
+/// [`LoadError::Config`], except for an `auto_complete_config` that could not be run
+/// ([`LoadError::Backend`]).
 pub(super) fn prepare_python(
     name: &str,
     dir: &Path,
@@ -70,7 +74,7 @@ pub(super) fn prepare_python(
     versions: Vec<i64>,
     options: &LoadOptions,
     code: Option<PathBuf>,
-) -> Result<Prepared, String> {
+) -> Result<Prepared, LoadError> {
     if options.auto_complete {
         // Triton completes the config with the newest selected version's model.py.
         let newest = code.clone().or_else(|| {
@@ -85,36 +89,38 @@ pub(super) fn prepare_python(
             std::fs::read_to_string(path).is_ok_and(|code| code.contains("auto_complete_config"))
         };
         if let Some(path) = newest.filter(defines) {
-            autocomplete::python(&mut config, dir, &path, &options.python_env)?;
+            autocomplete::python(&mut config, dir, &path, &options.python_env)
+                .map_err(LoadError::Backend)?;
         }
     }
     if config.input.is_empty() && config.output.is_empty() {
-        return Err(format!(
+        return Err(LoadError::Config(format!(
             "Python model '{name}' declares no inputs or outputs (in config.pbtxt or with \
              auto_complete_config)"
-        ));
+        )));
     }
     let mut python = PythonSpec {
         code,
-        ..PythonSpec::from_config(&mut config, dir, &options.python_calls, &options.python_env)?
+        ..PythonSpec::from_config(&mut config, dir, &options.python_calls, &options.python_env)
+            .map_err(LoadError::Config)?
     };
     config::fill_scheduler_defaults(&mut config);
-    config::validate_io(&config).map_err(|e| e.to_string())?;
-    config::max_inflight_requests(&config).map_err(|e| e.to_string())?;
+    config::validate_io(&config).map_err(|e| LoadError::Config(e.to_string()))?;
+    config::max_inflight_requests(&config).map_err(|e| LoadError::Config(e.to_string()))?;
     python.adaptive_batching = config::adaptive_batching_delay(&config, options.adaptive_batching)
-        .map_err(|e| e.to_string())?;
+        .map_err(|e| LoadError::Config(e.to_string()))?;
     // As Triton: a decoupled model's responses are not cached.
     let decoupled = config
         .model_transaction_policy
         .as_ref()
         .is_some_and(|p| p.decoupled);
-    let sequence = SequenceSpec::from_config(&config, dir)?;
+    let sequence = SequenceSpec::from_config(&config, dir).map_err(LoadError::Config)?;
     if let Some(spec) = &sequence {
         if spec.has_states() {
-            return Err(format!(
+            return Err(LoadError::Config(format!(
                 "Python model '{name}': sequence_batching state (implicit state) is not served for \
                  Python models: the model keeps a sequence's state itself, by correlation_id()"
-            ));
+            )));
         }
     }
     let wants_cache = config::wants_response_cache(&config);
@@ -135,7 +141,8 @@ pub(super) fn prepare_python(
             .instances
             .iter()
             .map(|instance| placement::group_limit(&config, instance.group, instance.device))
-            .collect::<Result<_, _>>()?,
+            .collect::<Result<_, _>>()
+            .map_err(LoadError::Config)?,
         None => Vec::new(),
     };
     Ok(Prepared {

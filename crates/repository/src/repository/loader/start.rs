@@ -1,7 +1,7 @@
 //! Starting one version of a prepared model: its instances' sessions (or its Python processes,
 //! or its generation loop), their warmup, then its scheduler.
 
-use super::{model_path, Prepared};
+use super::{model_path, LoadError, Prepared};
 use crate::backend::python::{PythonSpec, PythonVersion};
 use crate::backend::tokenize::{TextInput, TextModel, TextSpec};
 use crate::backend::{Backend, Device, OnnxRuntime, OnnxSession, SessionOptions, TensorInfo};
@@ -24,19 +24,21 @@ impl Prepared {
     /// Starts one version (not reused) of the prepared model.
     ///
     /// # Errors
-    /// The version's reason, as the index reports it.
+    /// The version's reason, as the index reports it: [`LoadError::Config`] for what its files
+    /// and config refuse, [`LoadError::Backend`] for what failed to start.
     pub(super) fn start(
         &self,
         version: i64,
         runtime: &OnnxRuntime,
-    ) -> Result<ServingVersion, String> {
+    ) -> Result<ServingVersion, LoadError> {
         let (name, dir, config) = (&self.name, &self.dir, &self.config);
         if let Some(plan) = &self.ensemble {
             return ensemble_version(name, dir, config, plan, version);
         }
         let path = match self.python.as_ref().and_then(|spec| spec.code.clone()) {
             Some(code) => code,
-            None => model_path(dir, version, &config.default_model_filename)?,
+            None => model_path(dir, version, &config.default_model_filename)
+                .map_err(LoadError::Config)?,
         };
         if let Some(spec) = &self.python {
             return self
@@ -82,8 +84,8 @@ fn ensemble_version(
     config: &ModelConfig,
     plan: &Arc<EnsemblePlan>,
     version: i64,
-) -> Result<ServingVersion, String> {
-    let io = IoSpec::from_config(config)?;
+) -> Result<ServingVersion, LoadError> {
+    let io = IoSpec::from_config(config).map_err(LoadError::Config)?;
     let chat = llm_chat_template(name, dir, &io);
     Ok(ServingVersion {
         version,
@@ -126,9 +128,12 @@ fn start_version(
     path: &Path,
     config: &ModelConfig,
     instances: &Instances<'_>,
-) -> Result<ServingVersion, String> {
+) -> Result<ServingVersion, LoadError> {
     if !path.is_file() {
-        return Err(format!("model file {} not found", path.display()));
+        return Err(LoadError::Config(format!(
+            "model file {} not found",
+            path.display()
+        )));
     }
     let Instances {
         devices,
@@ -146,9 +151,10 @@ fn start_version(
     // An instance that asks for more than the rate limiter has fails before any session loads.
     let limits = (0..devices.len())
         .map(|index| Limit::for_instance(rate_limiter, limits.get(index).and_then(Option::as_ref)))
-        .collect::<Result<Vec<_>, _>>()?;
+        .collect::<Result<Vec<_>, _>>()
+        .map_err(LoadError::Config)?;
     // Checked against the graph with the first session, then the scheduler's and warmup's.
-    let layout = Arc::new(ragged::layout(config)?);
+    let layout = Arc::new(ragged::layout(config).map_err(LoadError::Config)?);
     let mut backends: Vec<Box<dyn Backend>> = Vec::with_capacity(devices.len());
     let mut io = None;
     let mut text_input = None;
@@ -160,20 +166,24 @@ fn start_version(
             // The instance's own thread is `{name}-{version}-{index}` (the scheduler's).
             pool_name: Some(format!("ort-{name}-{version}-{index}")),
         };
-        let session = OnnxSession::load(runtime, path, &options).map_err(|e| e.to_string())?;
+        let session = OnnxSession::load(runtime, path, &options)
+            .map_err(|e| LoadError::Backend(e.to_string()))?;
         if io.is_none() {
-            let (spec, bound) = io_spec(config, &layout, &session, text, sequence)?;
+            let (spec, bound) =
+                io_spec(config, &layout, &session, text, sequence).map_err(LoadError::Config)?;
             io = Some(spec);
             text_input = bound;
         }
-        let backend = session.into_backend().map_err(|e| e.to_string())?;
+        let backend = session
+            .into_backend()
+            .map_err(|e| LoadError::Backend(e.to_string()))?;
         let backend: Box<dyn Backend> = match &text_input {
             Some(text) => Box::new(TextModel::new(Arc::clone(text), backend)),
             None => backend,
         };
         backends.push(backend);
     }
-    let io = io.ok_or_else(|| format!("model '{name}' has no instances"))?;
+    let io = io.ok_or_else(|| LoadError::Config(format!("model '{name}' has no instances")))?;
     let mut gpus: Vec<(i32, String)> = Vec::new();
     for device in devices {
         if let Device::Cuda { gpu, options } = device {
@@ -203,7 +213,7 @@ fn start_version(
         sessions,
         Arc::clone(&stats),
     )
-    .map_err(|e| format!("failed to start instances: {e}"))?;
+    .map_err(|e| LoadError::Backend(format!("failed to start instances: {e}")))?;
     stats.record_load(started.elapsed());
     Ok(ServingVersion {
         version,
@@ -225,22 +235,26 @@ impl Prepared {
         spec: &PythonSpec,
         version: i64,
         path: &Path,
-    ) -> Result<ServingVersion, String> {
+    ) -> Result<ServingVersion, LoadError> {
         let (name, dir, config, cached) =
             (&self.name, &self.dir, &self.config, self.cache_responses);
         let (rate_limiter, limits) = (self.rate_limiter.as_ref(), self.limits.as_slice());
         if !path.is_file() {
-            return Err(format!("model file {} not found", path.display()));
+            return Err(LoadError::Config(format!(
+                "model file {} not found",
+                path.display()
+            )));
         }
         let started = std::time::Instant::now();
-        let io = IoSpec::from_config(config)?;
+        let io = IoSpec::from_config(config).map_err(LoadError::Config)?;
         // A version whose responses are cached has the cache's series too.
         let stats = Arc::new(ModelStats::with_gpus(name, version, &[], cached));
-        let samples = warmup::samples(dir, config, &io)?;
+        let samples = warmup::samples(dir, config, &io).map_err(LoadError::Config)?;
         let limits = limits
             .iter()
             .map(|limit| Limit::for_instance(rate_limiter, limit.as_ref()))
-            .collect::<Result<_, _>>()?;
+            .collect::<Result<_, _>>()
+            .map_err(LoadError::Config)?;
         let what = PythonVersion {
             config,
             version,
@@ -248,7 +262,8 @@ impl Prepared {
             model_file: path,
             spec,
         };
-        let model = PythonModel::start(what, &samples, &stats, limits)?;
+        let model =
+            PythonModel::start(what, &samples, &stats, limits).map_err(LoadError::Backend)?;
         stats.record_load(started.elapsed());
         Ok(ServingVersion {
             version,

@@ -23,7 +23,7 @@
 //! connect timeout) but gives one object's download up to 600 s; `*_CONNECT_TIMEOUT` /
 //! `*_TIMEOUT` variables of each cloud override those.
 
-use super::super::store::plain_relative;
+use super::super::store::{plain_relative, StoreError};
 use super::credentials::{self, Credential};
 use object_store::aws::{AmazonS3Builder, AmazonS3ConfigKey};
 use object_store::azure::{AzureConfigKey, MicrosoftAzureBuilder};
@@ -78,9 +78,9 @@ impl RemoteUrl {
 /// `Some` when `location` is an `s3://`, `gs://` or `as://` URL, `None` for anything else.
 ///
 /// # Errors
-/// A URL without its bucket (or account and container), or whose prefix is not a plain
-/// relative path.
-pub fn parse_url(location: &str) -> Option<Result<RemoteUrl, String>> {
+/// [`StoreError::Invalid`]: a URL without its bucket (or account and container), or whose prefix
+/// is not a plain relative path.
+pub fn parse_url(location: &str) -> Option<Result<RemoteUrl, StoreError>> {
     let (cloud, rest) = [
         ("s3://", Cloud::S3),
         ("gs://", Cloud::Gcs),
@@ -98,10 +98,10 @@ pub fn parse_url(location: &str) -> Option<Result<RemoteUrl, String>> {
         Cloud::Azure => match rest.split_once('/') {
             Some((account, rest)) if !account.is_empty() => (account.to_string(), rest),
             _ => {
-                return Some(Err(format!(
+                return Some(Err(StoreError::Invalid(format!(
                     "repository URL '{location}' must name an account and a container \
                      (as://<account>/<container>/<path>)"
-                )))
+                ))))
             }
         },
         Cloud::Gcs => (String::new(), rest),
@@ -114,12 +114,14 @@ pub fn parse_url(location: &str) -> Option<Result<RemoteUrl, String>> {
         } else {
             "bucket"
         };
-        return Some(Err(format!("repository URL '{location}' names no {what}")));
+        return Some(Err(StoreError::Invalid(format!(
+            "repository URL '{location}' names no {what}"
+        ))));
     }
     if !prefix.is_empty() && !plain_relative(prefix) {
-        return Some(Err(format!(
+        return Some(Err(StoreError::Invalid(format!(
             "repository URL '{location}': the prefix must be a plain path (no '..', no empty segment)"
-        )));
+        ))));
     }
     Some(Ok(RemoteUrl {
         cloud,
@@ -192,17 +194,18 @@ macro_rules! with_client_defaults {
 /// The client for `url`, configured from the environment and Triton's credential file.
 ///
 /// # Errors
-/// The configuration is invalid (object_store's message, or a credential entry kiln cannot use).
-pub fn connect(url: &RemoteUrl, location: &str) -> Result<Arc<dyn ObjectStore>, String> {
+/// [`StoreError::Invalid`]: the configuration is invalid (object_store's message, or a credential
+/// file or entry kiln cannot use). Nothing is reached yet, so nothing is unavailable.
+pub fn connect(url: &RemoteUrl, location: &str) -> Result<Arc<dyn ObjectStore>, StoreError> {
     // reqwest is built without a default crypto provider (so that no C toolchain beyond gcc is
     // needed): ring serves TLS. Installing twice is harmless; the first one stays.
     let _ = rustls::crypto::ring::default_provider().install_default();
-    let entry = credentials::for_location(url.cloud, location)?;
+    let entry = credentials::for_location(url.cloud, location).map_err(StoreError::Invalid)?;
     let failed = |e: object_store::Error| {
-        format!(
+        StoreError::Invalid(format!(
             "cannot configure {} repository {location}: {e}",
             url.cloud.name()
-        )
+        ))
     };
     Ok(match url.cloud {
         Cloud::S3 => {
@@ -226,18 +229,18 @@ fn s3(
     url: &RemoteUrl,
     location: &str,
     entry: Option<Credential>,
-) -> Result<AmazonS3Builder, String> {
+) -> Result<AmazonS3Builder, StoreError> {
     let mut builder = AmazonS3Builder::from_env().with_bucket_name(&url.bucket);
     if let Some(endpoint) = &url.endpoint {
         builder = builder.with_endpoint(endpoint);
     }
     if let Some(Credential::S3(entry)) = entry {
         if !entry.profile.is_empty() && entry.key_id.is_empty() {
-            return Err(format!(
+            return Err(StoreError::Invalid(format!(
                 "the credential of {location} names the AWS profile '{}': kiln reads no AWS \
                  profiles; give key_id and secret_key",
                 entry.profile
-            ));
+            )));
         }
         let set = |value: String| (!value.is_empty()).then_some(value);
         if let Some(key) = set(entry.key_id) {
@@ -286,16 +289,16 @@ fn azure(
     url: &RemoteUrl,
     location: &str,
     entry: Option<Credential>,
-) -> Result<MicrosoftAzureBuilder, String> {
+) -> Result<MicrosoftAzureBuilder, StoreError> {
     let mut builder = MicrosoftAzureBuilder::from_env()
         .with_account(&url.account)
         .with_container_name(&url.bucket);
     if let Some(Credential::Azure(entry)) = entry {
         if !entry.account_str.is_empty() && entry.account_str != url.account {
-            return Err(format!(
+            return Err(StoreError::Invalid(format!(
                 "the credential of {location} is for account '{}', not '{}'",
                 entry.account_str, url.account
-            ));
+            )));
         }
         if !entry.account_key.is_empty() {
             builder = builder.with_access_key(entry.account_key);
@@ -376,12 +379,13 @@ mod tests {
             let space = if why.starts_with(':') { "" } else { " " };
             assert_eq!(
                 parse_url(bad).unwrap().unwrap_err(),
-                format!("repository URL '{bad}'{space}{why}")
+                StoreError::Invalid(format!("repository URL '{bad}'{space}{why}"))
             );
         }
         assert!(parse_url("as://acct")
             .unwrap()
             .unwrap_err()
+            .to_string()
             .contains("as://<account>/<container>/<path>"));
     }
 
@@ -410,7 +414,9 @@ mod tests {
         );
         assert_eq!(
             parse_url("s3://127.0.0.1:9000/").unwrap(),
-            Err("repository URL 's3://127.0.0.1:9000/' names no bucket".into())
+            Err(StoreError::Invalid(
+                "repository URL 's3://127.0.0.1:9000/' names no bucket".into()
+            ))
         );
         assert!(parse_url("s3://host:port/bucket")
             .unwrap()

@@ -3,6 +3,7 @@ use crate::backend::BackendError;
 use crate::core::tensor::frame_bytes;
 use crate::repository::config::parse_config;
 use crate::repository::io::TensorSpec;
+use crate::repository::LoadError;
 use std::sync::{Arc, Mutex};
 
 /// Keeps every batch it is asked to run.
@@ -30,7 +31,7 @@ fn run(
     io: &IoSpec,
     layout: &BatchLayout,
     backends: &mut [Box<dyn Backend>],
-) -> Result<(), String> {
+) -> Result<(), LoadError> {
     super::run(
         dir,
         config,
@@ -158,14 +159,16 @@ fn file_data_comes_from_the_warmup_directory() {
     assert_eq!(seen[0][1].data.len(), 2 * 6);
     drop(seen);
     let mut error = |a: &str, t: &str| {
-        run(
+        let error = run(
             &dir,
             &sample(a, t),
             &io(4),
             &Default::default(),
             &mut backends,
         )
-        .unwrap_err()
+        .unwrap_err();
+        assert!(matches!(error, LoadError::Config(_)), "{error:?}");
+        error.to_string()
     };
     let wrong_size = error("t.bin", "t.bin");
     assert!(
@@ -190,6 +193,8 @@ fn bad_samples_fail_the_load_with_a_reason() {
         let mut ok: Vec<Box<dyn Backend>> =
             vec![Box::new(Recording(Arc::new(Mutex::new(Vec::new()))))];
         let error = run(&dir, &config(&samples), &io, &Default::default(), &mut ok).unwrap_err();
+        assert!(matches!(error, LoadError::Config(_)), "{error:?}");
+        let error = error.to_string();
         assert!(
             error.starts_with("failed to warm up model 'm' with sample 's': ")
                 && error.contains(expected),
@@ -220,7 +225,7 @@ fn bad_samples_fail_the_load_with_a_reason() {
         io(4),
         "'Z' is not an input of the model",
     );
-    // The model itself failing.
+    // The model itself failing: the backend's failure, not the sample's.
     let error = run(
         &dir,
         &config(&sample(1, a("[2]") + BOTH)),
@@ -229,7 +234,10 @@ fn bad_samples_fail_the_load_with_a_reason() {
         &mut backends,
     )
     .unwrap_err();
-    assert!(error.ends_with("out of memory"), "{error}");
+    assert!(
+        matches!(&error, LoadError::Backend(why) if why.ends_with("out of memory")),
+        "{error:?}"
+    );
 }
 
 #[test]
@@ -252,7 +260,10 @@ fn stateful_models_are_not_warmed_up() {
         &mut backends,
     )
     .unwrap_err();
-    assert!(error.contains("stateful"), "{error}");
+    assert!(
+        matches!(&error, LoadError::Config(why) if why.contains("stateful")),
+        "{error:?}"
+    );
 }
 
 #[test]
