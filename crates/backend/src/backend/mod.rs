@@ -52,7 +52,7 @@ pub trait Backend: Send {
     fn run(&mut self, inputs: &[Tensor]) -> Result<Vec<Tensor>, BackendError>;
 
     /// Whether a lone request may run on the caller's (network) thread when the model is quick
-    /// (see [`crate::scheduler`]). False for backends whose per-request work must stay on the
+    /// (see `kiln-scheduler`). False for backends whose per-request work must stay on the
     /// instance threads, such as tokenization.
     fn may_run_inline(&self) -> bool {
         true

@@ -1,7 +1,7 @@
 //! What travels with a request through the engine besides its tensors: its admission (the
 //! in-flight slot it holds), who sent it, its deadline and its trace. Every way into the engine
-//! that runs a model ([`Engine::infer`], [`Engine::infer_stream`], [`Engine::generate`],
-//! [`Engine::embed`]) takes one, so none can run without having been admitted.
+//! that runs a model ([`Engine::call`], [`Engine::infer`], [`Engine::embed`]) takes one, so none
+//! can run without having been admitted.
 //!
 //! Cancellation is the future's drop: a front end drops the request's future when its client
 //! goes away (tonic on a reset stream, hyper on a closed connection), and the engine counts the

@@ -1,5 +1,5 @@
 //! Streamed text generation from decoder-only models, with continuous batching. This layer sits
-//! beside the [`scheduler`](crate::scheduler): the repository starts one [`Generator`] per
+//! beside the scheduler (`kiln-scheduler`): the repository starts one [`Generator`] per
 //! version of a decoupled generation model, the engine submits requests to it, and it knows
 //! tokens, text and the model's KV cache but nothing of the protocols.
 //!

@@ -1,6 +1,6 @@
 //! The scheduler's time: when a request was queued, when a batch is due, how long a run took,
 //! and the timed waits in between. In production it is the system's; the unit tests give a
-//! scheduler a [`ManualClock`] instead, which moves only when the test moves it, so that tests
+//! scheduler a `ManualClock` instead, which moves only when the test moves it, so that tests
 //! of batching delays, deadlines and grace periods neither sleep nor race a loaded machine.
 
 use std::future::Future;

@@ -5,7 +5,7 @@
 //! the process's standard input, then talks to it there and on its standard output
 //! ([`channel`]).
 //!
-//! Requests go through the scheduler every backend has ([`crate::scheduler`]): its queues,
+//! Requests go through the scheduler every backend has (`kiln-scheduler`): its queues,
 //! priorities and queue policies, and with `dynamic_batching` its delay and preferred sizes. An
 //! instance thread hands each batch (up to `max_batch_size` rows of requests whose inputs agree
 //! in shape) to its stub in one `execute` call, each request with its id, its parameters (as the
@@ -27,7 +27,7 @@
 //!
 //! By job: [`spec`] reads the config (interpreter, instances, `auto_complete_config`);
 //! [`instance`] starts a version's instances and runs a batch on one ([`PythonInstance`]), which
-//! the repository schedules and warms up ([`crate::repository::python`]); [`stub`] the stub
+//! the repository schedules and warms up (`repository::python`, in `kiln-repository`); [`stub`] the stub
 //! process and its pipe; [`calls`] the model's calls to the server, behind [`ServerCalls`];
 //! [`messages`] what the stub's messages mean (error codes, outputs, parameters); [`logs`] its
 //! log lines and custom metrics.

@@ -50,7 +50,7 @@ pub struct PythonSpec {
     /// version's own).
     pub code: Option<PathBuf>,
     /// Whether the dynamic batcher takes kiln's shortcuts (see
-    /// [`crate::repository::config::adaptive_batching_delay`]).
+    /// `repository::config::adaptive_batching_delay`, in `kiln-repository`).
     pub adaptive_batching: bool,
 }
 
