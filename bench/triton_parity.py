@@ -1,7 +1,7 @@
-"""Runs tests of conformance/test_python_backend.py against the real Triton 2.51 (the peers'
+"""Runs tests of conformance/test_python_backend_*.py against the real Triton 2.51 (the peers'
 tritonserver from PyPI's nvidia-pytriton, which has the Python backend but no ONNX Runtime
-backend), on a repository made from that module's fixture: what kiln answers, checked against
-what Triton answers to the same models and requests.
+backend), on the repository their fixture serves (conformance/python_backend_models.py): what
+kiln answers, checked against what Triton answers to the same models and requests.
 
     bench/triton_parity.sh [TEST_NAME ...]    # no names: every test that takes python_server
     bench/triton_parity.sh --json             # kiln started beside it: what both answer, compared
@@ -17,6 +17,7 @@ difference (see bench/RESULTS.md, "Eighteenth session"): tests that use the bund
 clients gone noticed, BLS cancel, which Triton 2.51 lacks).
 """
 
+import importlib
 import itertools
 import json
 import os
@@ -37,10 +38,19 @@ def disagreed(title: str, count: int) -> None:
     if count:
         OTHER.append((title, count))
 sys.path.insert(0, str(CONFORMANCE))
-import test_python_backend as t  # noqa: E402
+import python_backend_models  # noqa: E402
+
+# The suite's tests by name, in the order pytest runs them: its files in their names' order, each
+# file's tests in the file's order.
+TESTS = {}
+for _path in sorted(CONFORMANCE.glob("test_python_backend_*.py")):
+    _module = importlib.import_module(_path.stem)
+    for _name in sorted((n for n in dir(_module) if n.startswith("test_")),
+                        key=lambda n: getattr(_module, n).__code__.co_firstlineno):
+        TESTS[_name] = getattr(_module, _name)
 
 
-# Tests of test_python_backend.py that fail on Triton 2.51, each for its reason (bench/RESULTS.md,
+# Tests of test_python_backend_*.py that fail on Triton 2.51, each for its reason (bench/RESULTS.md,
 # "Eighteenth session" and "Twentieth session"): the plain run's verdict fails on any other failure.
 ONNX = "uses the bundled ONNX models (add_sub, tiny_decoder): Triton here has no onnxruntime backend"
 FAILS_ON_TRITON = {
@@ -94,25 +104,12 @@ HANGS_ON_TRITON = {
 }
 
 def make_repo(base: pathlib.Path) -> pathlib.Path:
-    """The python_server fixture's repository under `base`, each model.py first putting the
-    peers' site-packages (numpy, onnxruntime) on the path: Triton's stub ignores PYTHONPATH."""
-    source = (CONFORMANCE / "test_python_backend.py").read_text().split("\n")
-    start = next(i for i, line in enumerate(source) if line.startswith("def python_server("))
-    end = next(i for i in range(start, len(source)) if "# The stubs run under this interpreter" in source[i])
-    body = "\n".join(source[start + 1:end])
+    """The python_server fixture's repository, made in `base`/python as the fixture makes it in
+    its temporary folder, each model.py first putting the peers' site-packages (numpy,
+    onnxruntime) on the path: Triton's stub ignores PYTHONPATH."""
     shutil.rmtree(base, ignore_errors=True)
-    base.mkdir(parents=True)
-
-    class Factory:
-        def mktemp(self, name):
-            path = base / name
-            path.mkdir()
-            return path
-
-    namespace = dict(vars(t))
-    namespace["tmp_path_factory"] = Factory()
-    exec("def _fixture():\n" + body + "\n    return repo\n_repo = _fixture()\n", namespace)
-    repo = namespace["_repo"]
+    (base / "python").mkdir(parents=True)
+    repo = python_backend_models.make_repository(base / "python")
     for name, (config, versions) in EXTRA_MODELS.items():
         (repo / name).mkdir()
         (repo / name / "config.pbtxt").write_text(config)
@@ -1977,12 +1974,10 @@ def loaded(http: str, repo: pathlib.Path) -> bool:
 
 
 def test_names(names: list[str]) -> list[str]:
-    """`names`, or when none: every test of test_python_backend.py that takes python_server alone,
-    in the file's order (pytest's: a test may count on what the ones before it did, e.g. trace ids)."""
-    return names or sorted((name for name in dir(t) if name.startswith("test_")
-                            and getattr(t, name).__code__.co_varnames[:1] == ("python_server",)
-                            and getattr(t, name).__code__.co_argcount == 1),
-                           key=lambda name: getattr(t, name).__code__.co_firstlineno)
+    """`names`, or when none: every test of test_python_backend_*.py that takes python_server
+    alone, in pytest's order (a test may count on what the ones before it did, e.g. trace ids)."""
+    return names or [name for name, test in TESTS.items()
+                     if test.__code__.co_varnames[:1] == ("python_server",) and test.__code__.co_argcount == 1]
 
 
 def outcomes() -> dict[str, str]:
@@ -2011,7 +2006,7 @@ def run_test(name: str, server: "Triton", mark: pathlib.Path) -> str:
 
     def body():
         try:
-            getattr(t, name)((server, mark))
+            TESTS[name]((server, mark))
         except BaseException as error:  # noqa: B036 - a test's failure is its report
             failure.append(error)
 
@@ -2025,8 +2020,9 @@ def run_test(name: str, server: "Triton", mark: pathlib.Path) -> str:
         print("PASS", name)
         return "PASS"
     error = failure[0]
-    frames = [f"line {f.lineno}: {f.line}" for f in traceback.extract_tb(error.__traceback__)
-              if f.filename.endswith("test_python_backend.py")]
+    frames = [f"{pathlib.Path(f.filename).name} line {f.lineno}: {f.line}"
+              for f in traceback.extract_tb(error.__traceback__)
+              if pathlib.Path(f.filename).name.startswith(("test_python_backend_", "python_backend_models"))]
     outcome = "FAIL" if triton_alive(server) else "DIED"
     print(outcome, name, f"{type(error).__name__}: {str(error)[:300]}", frames[-1:] if frames else "")
     return outcome

@@ -28,6 +28,10 @@ import pytest
 
 from tritonclient.grpc import service_pb2, service_pb2_grpc
 
+# The Python backend suite's server (`python_server`), defined once for all its files
+# (test_python_backend_*.py): a fixture imported into each would start a kiln per file.
+pytest_plugins = ["python_backend_models"]
+
 CONFORMANCE_DIR = Path(__file__).resolve().parent
 REPO_ROOT = CONFORMANCE_DIR.parent
 BUNDLED_REPO = REPO_ROOT / "model_repository"

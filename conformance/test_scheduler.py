@@ -175,7 +175,7 @@ def test_client_deadline_expires_in_queue_without_running(fresh):
 def test_a_timeout_parameter_without_a_policy_timeout_is_ignored_as_in_triton(fresh):
     # slow_batcher's queue policy has no timeout: a request's own `timeout` cannot give it one
     # (Triton 2.51 runs such a request after its batch delay too; it may only shorten a
-    # policy's timeout, where allow_timeout_override says so: test_python_backend.py).
+    # policy's timeout, where allow_timeout_override says so: test_python_backend_batching.py).
     client = grpcclient.InferenceServerClient(fresh.grpc_url)
     x = grpcclient.InferInput("X", [1, 1], "FP32")
     x.set_data_from_numpy(np.array([[1.0]], np.float32))
