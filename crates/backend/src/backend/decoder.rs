@@ -419,7 +419,7 @@ mod tests {
             &runtime,
             &path,
             &SessionOptions {
-                intra_op_threads: 1,
+                intra_op_threads: Some(1),
                 device: crate::backend::Device::Cpu,
                 tuning: Default::default(),
                 pool_name: None,
@@ -547,7 +547,7 @@ mod tests {
             &runtime,
             &path,
             &SessionOptions {
-                intra_op_threads: 1,
+                intra_op_threads: Some(1),
                 device: crate::backend::Device::Cpu,
                 tuning: Default::default(),
                 pool_name: None,

@@ -19,8 +19,10 @@ use std::path::Path;
 /// Session settings chosen by the caller from the model configuration and the machine.
 #[derive(Debug, Clone)]
 pub struct SessionOptions {
-    /// Threads ONNX Runtime may use inside one operator; instances × this ≈ cores.
-    pub intra_op_threads: usize,
+    /// Threads ONNX Runtime may use inside one operator, in a pool of the session's own (its
+    /// independent operators get theirs too); `None`: the process's pools, which every session
+    /// without threads of its own shares (see [`super::runtime::OnnxRuntime`]).
+    pub intra_op_threads: Option<usize>,
     /// CPU, or the CUDA execution provider on one GPU.
     pub device: Device,
     /// What the model's config tunes; the default leaves ONNX Runtime's own behaviour.
@@ -31,7 +33,7 @@ pub struct SessionOptions {
 }
 
 /// Spawns ONNX Runtime's pool threads under a name of ours.
-struct NamedThreads(String);
+pub(super) struct NamedThreads(pub(super) String);
 
 impl ThreadManager for NamedThreads {
     type Thread = std::thread::JoinHandle<()>;
@@ -204,26 +206,31 @@ pub(super) fn build_session(
     });
     let mut builder = Session::builder(runtime.environment())
         .map_err(|e| e.to_string())?
-        .with_intra_threads(options.intra_op_threads.max(1))
-        .map_err(text)?
-        .with_intra_op_spinning(false)
-        .map_err(text)?
         .with_optimization_level(tuning.graph_level.into())
         .map_err(text)?;
-    builder = match tuning.parallel_execution {
-        None => builder.with_inter_threads(1).map_err(text)?,
-        Some(threads) => builder
-            .with_parallel_execution(true)
-            .map_err(text)?
-            .with_inter_threads(threads.max(1))
-            .map_err(text)?
-            .with_inter_op_spinning(false)
-            .map_err(text)?,
-    };
-    if let Some(name) = &options.pool_name {
+    if let Some(threads) = options.intra_op_threads {
         builder = builder
-            .with_thread_manager(NamedThreads(name.clone()))
+            .with_independent_thread_pool()
+            .map_err(text)?
+            .with_intra_threads(threads.max(1))
+            .map_err(text)?
+            .with_intra_op_spinning(false)
             .map_err(text)?;
+        builder = match tuning.parallel_execution {
+            None => builder.with_inter_threads(1).map_err(text)?,
+            Some(threads) => builder
+                .with_parallel_execution(true)
+                .map_err(text)?
+                .with_inter_threads(threads.max(1))
+                .map_err(text)?
+                .with_inter_op_spinning(false)
+                .map_err(text)?,
+        };
+        if let Some(name) = &options.pool_name {
+            builder = builder
+                .with_thread_manager(NamedThreads(name.clone()))
+                .map_err(text)?;
+        }
     }
     if let Some(enable) = tuning.mem_pattern {
         builder = builder.with_memory_pattern(enable).map_err(text)?;
@@ -612,7 +619,7 @@ mod tests {
         let path = Path::new(concat!(env!("CARGO_MANIFEST_DIR"), "/../.."))
             .join("model_repository/string_echo/1/model.onnx");
         let options = SessionOptions {
-            intra_op_threads: 1,
+            intra_op_threads: Some(1),
             device: Device::Cpu,
             tuning: SessionTuning::default(),
             pool_name: None,

@@ -58,15 +58,35 @@ impl OnnxRuntime {
                 library.display()
             )
         })?;
-        let env = builder.with_name("kiln").build().map_err(|e| {
-            format!(
-                "failed to initialise ONNX Runtime from {}: {e}",
-                library.display()
-            )
-        })?;
+        let env =
+            builder
+                .with_name("kiln")
+                .with_global_thread_pool(shared_pools().map_err(|e| {
+                    format!("cannot set up ONNX Runtime's shared thread pools: {e}")
+                })?)
+                .build()
+                .map_err(|e| {
+                    format!(
+                        "failed to initialise ONNX Runtime from {}: {e}",
+                        library.display()
+                    )
+                })?;
         tracing::info!("ONNX Runtime loaded from {}", library.display());
         Ok(OnnxRuntime { env, library })
     }
+}
+
+/// The pools every session without threads of its own shares (see
+/// [`super::onnx::SessionOptions::intra_op_threads`]): one thread per core within an operator
+/// (the caller's among them), none between operators, none spinning. A session then costs no
+/// thread of its own, however many models are loaded.
+fn shared_pools() -> ort::Result<ort::environment::GlobalThreadPoolOptions> {
+    let cores = std::thread::available_parallelism().map_or(1, std::num::NonZero::get);
+    ort::environment::GlobalThreadPoolOptions::default()
+        .with_intra_threads(cores)?
+        .with_inter_threads(1)?
+        .with_spin_control(false)?
+        .with_thread_manager(super::onnx::NamedThreads("ort-shared".into()))
 }
 
 fn candidate_paths() -> Vec<PathBuf> {

@@ -433,7 +433,7 @@ mod tests {
     fn runner(max_active: usize, stats: &Arc<ModelStats>) -> Runner {
         let runtime = OnnxRuntime::get().expect("ONNX Runtime (.ci/setup.sh runtime)");
         let options = SessionOptions {
-            intra_op_threads: 1,
+            intra_op_threads: Some(1),
             device: Device::Cpu,
             tuning: Default::default(),
             pool_name: None,

@@ -96,9 +96,10 @@ pub struct Prepared {
     /// What each instance needs from the rate limiter, when the server has one.
     limits: Vec<Option<InstanceLimit>>,
     rate_limiter: Option<Arc<RateLimiter>>,
-    /// Intra-op threads per session: the config's count, or the cores shared between the
-    /// instances.
-    intra_op_threads: usize,
+    /// Intra-op threads per session in a pool of its own: the config's count (or, for a
+    /// generation model or independent operators run in parallel, a share of the cores);
+    /// `None`: the sessions share the process's pool.
+    intra_op_threads: Option<usize>,
     /// The ONNX Runtime settings the config tunes.
     tuning: Tuning,
     /// Why GPU groups run on CPU (`--gpu-fallback-to-cpu`).
@@ -193,11 +194,7 @@ pub fn prepare(
         .op_libraries
         .resolve(&config)
         .map_err(LoadError::Config)?;
-    let intra_op_threads = tuning.intra_op_threads.unwrap_or(if generating {
-        options.cores.max(1)
-    } else {
-        (options.cores / placed.devices.len().max(1)).max(1)
-    });
+    let intra_op_threads = own_threads(&tuning, generating, options.cores, placed.devices.len());
     let text = if generating {
         None
     } else {
@@ -211,7 +208,7 @@ pub fn prepare(
         let cpu = SessionOptions {
             intra_op_threads,
             device: Device::Cpu,
-            tuning: tuning.session(intra_op_threads, None),
+            tuning: tuning.session(intra_op_threads.unwrap_or(1), None),
             pool_name: None,
         };
         let newest = (dir, selected.as_slice());
@@ -370,6 +367,20 @@ pub fn build(prepared: Prepared, reuse: Reuse<'_>) -> Result<Model, LoadFailure>
 
 /// Reads each output's `label_filename` (inside the model directory), one label per line as
 /// Triton does. A named file that cannot be read fails the model.
+/// The intra-op threads of each session's own pool, if it gets one. Sessions share the
+/// process's ONNX Runtime pools, sized to the cores, so that a version that runs nothing costs
+/// no thread; a config that asks for threads of its own gets them (`intra_op_thread_count`), and
+/// so do a generation model (one loop on all the cores) and a config that runs independent
+/// operators in parallel (a share of the cores among its `instances`).
+fn own_threads(tuning: &Tuning, generating: bool, cores: usize, instances: usize) -> Option<usize> {
+    match tuning.intra_op_threads {
+        Some(threads) => Some(threads),
+        None if generating => Some(cores.max(1)),
+        None if tuning.runs_operators_in_parallel() => Some((cores / instances.max(1)).max(1)),
+        None => None,
+    }
+}
+
 fn read_labels(dir: &Path, config: &ModelConfig) -> Result<BTreeMap<String, Vec<String>>, String> {
     let mut labels = BTreeMap::new();
     for output in config

@@ -267,13 +267,12 @@ fn schedule(
         } else {
             label.clone()
         };
-        match Scheduler::launch(&label, batching.clone(), group, Arc::clone(stats)) {
-            Ok(scheduler) => schedulers.push(scheduler),
-            Err(error) => {
-                schedulers.iter().for_each(Scheduler::halt);
-                return Err(format!("failed to start instances: {error}"));
-            }
-        }
+        schedulers.push(Scheduler::launch(
+            &label,
+            batching.clone(),
+            group,
+            Arc::clone(stats),
+        ));
     }
     Ok(schedulers)
 }

@@ -4,8 +4,9 @@
 //! - `optimization { graph { level } }`: `-1` basic rewrites only, `1` basic and extended, `2`
 //!   none; any other value (and no `graph`) all of them, ONNX Runtime's default.
 //! - `parameters` (strings, as every Triton parameter):
-//!   - `intra_op_thread_count`: threads per operator in each instance's session. `0` (or no key)
-//!     keeps kiln's default, the cores shared out between the model's CPU instances.
+//!   - `intra_op_thread_count`: threads per operator in each instance's session, in a pool of
+//!     the session's own. `0` (or no key) keeps kiln's default: every such session shares the
+//!     process's pool, one thread per core, and starts no thread of its own.
 //!   - `execution_mode`: `0` runs one operator after another (the default), `1` runs independent
 //!     operators in parallel on `inter_op_thread_count` threads (`0` or none: as many as
 //!     `intra_op_thread_count`'s).
@@ -46,6 +47,12 @@ pub struct Tuning {
 }
 
 impl Tuning {
+    /// Whether independent operators run in parallel (`execution_mode` 1), on threads of the
+    /// session's own.
+    pub fn runs_operators_in_parallel(&self) -> bool {
+        self.parallel_execution.is_some()
+    }
+
     /// The settings of one session that runs with `intra_op_threads` threads per operator, on
     /// the GPU `gpu` (or on CPU).
     pub fn session(&self, intra_op_threads: usize, gpu: Option<i32>) -> SessionTuning {

@@ -42,7 +42,7 @@ use std::time::{Duration, Instant};
 use tokio::sync::oneshot;
 
 pub use state::{BatchingConfig, QueuePolicy, TimeoutAction};
-use worker::{execute, instance_loop, requeue};
+use worker::{execute, requeue};
 
 /// Why a request was not answered with outputs.
 #[derive(Debug, Clone, thiserror::Error)]
@@ -286,7 +286,18 @@ struct Shared<I: Instance> {
     layout: Arc<layout::BatchLayout>,
     /// What queue times, batching delays, deadlines and grace periods are timed by.
     clock: Clock,
+    /// Instance threads are named `<label>-<n>`.
+    label: String,
+    /// The most instance threads at once: one per instance.
+    instances: usize,
+    /// The instance threads started, joined by [`Scheduler::halt`] (finished ones are dropped as
+    /// new ones start).
+    threads: Mutex<Vec<std::thread::JoinHandle<()>>>,
 }
+
+/// How long an instance thread with no work waits for some before it ends: an idle version
+/// costs no thread, and a busy one does not start a thread per request.
+const LINGER: Duration = Duration::from_secs(1);
 
 struct Queue<I: Instance> {
     state: State<Job<I>>,
@@ -297,6 +308,13 @@ struct Queue<I: Instance> {
     /// The queue's length as last added to the version's pending-request gauge (which the
     /// schedulers of a stateful Python model's instances share).
     reported: usize,
+    /// Instance threads running now: one starts when work is queued and none waits for it, up
+    /// to one per instance; each ends after [`LINGER`] without work.
+    threads: usize,
+    /// Of those, the ones waiting (for work, a batching delay or a free session).
+    waiting: usize,
+    /// Threads started so far, which number their names.
+    started: usize,
 }
 
 /// A model whose runs have lately taken less than this may run a lone request on the caller's
@@ -340,17 +358,16 @@ impl<I: Instance> Shared<I> {
     }
 }
 
-/// The scheduler of one model version (of one instance, for a stateful Python model's). Dropping
-/// it stops the instances once they finish the batch they are running; requests still queued
-/// are answered [`ScheduleError::Stopped`]. [`Scheduler::halt`] does the same and waits for the
-/// threads, so a caller knows the instances are freed when it returns.
+/// The scheduler of one model version (of one instance, for a stateful Python model's). Its
+/// instance threads start when requests queue and end when there is none: an idle version has
+/// none. Dropping it stops the instances once they finish the batch they are running; requests
+/// still queued are answered [`ScheduleError::Stopped`]. [`Scheduler::halt`] does the same and
+/// waits for the threads, so a caller knows the instances are freed when it returns.
 pub struct Scheduler<I: Instance = Session> {
     shared: Arc<Shared<I>>,
     next_ticket: AtomicU64,
     batching: bool,
     instances: usize,
-    /// The instance threads, joined by [`Scheduler::halt`].
-    threads: Mutex<Vec<std::thread::JoinHandle<()>>>,
     /// 0: no limit (see [`BatchingConfig::max_in_flight`]).
     max_in_flight: usize,
     /// The instances may run on a caller's thread (see [`Instance::may_run_inline`]).
@@ -358,25 +375,19 @@ pub struct Scheduler<I: Instance = Session> {
 }
 
 impl Scheduler {
-    /// Starts one thread per ONNX backend, named `<label>-<index>`, each a [`Session`] with the
-    /// config's batch layout and no rate limit (what the tests run).
-    ///
-    /// # Errors
-    /// The OS error when a thread cannot be spawned.
+    /// Starts a scheduler of one [`Session`] per ONNX backend, with the config's batch layout and
+    /// no rate limit (what the tests run); its threads are named `<label>-<n>`.
     #[cfg(any(test, feature = "testing"))]
     pub fn start(
         label: &str,
         config: BatchingConfig,
         backends: Vec<Box<dyn Backend>>,
         stats: Arc<ModelStats>,
-    ) -> std::io::Result<Scheduler> {
+    ) -> Scheduler {
         Scheduler::start_clocked(label, config, backends, stats, Clock::System)
     }
 
     /// [`Scheduler::start`] with the scheduler and its sessions on `clock`.
-    ///
-    /// # Errors
-    /// The OS error when a thread cannot be spawned.
     #[cfg(any(test, feature = "testing"))]
     pub fn start_clocked(
         label: &str,
@@ -384,7 +395,7 @@ impl Scheduler {
         backends: Vec<Box<dyn Backend>>,
         stats: Arc<ModelStats>,
         clock: Clock,
-    ) -> std::io::Result<Scheduler> {
+    ) -> Scheduler {
         let layout = &config.layout;
         let sessions = backends
             .into_iter()
@@ -404,16 +415,14 @@ impl Scheduler {
 }
 
 impl<I: Instance> Scheduler<I> {
-    /// Starts one thread per instance, named `<label>-<index>`.
-    ///
-    /// # Errors
-    /// The OS error when a thread cannot be spawned.
+    /// Starts the scheduler of `instances`; its instance threads, named `<label>-<n>`, start as
+    /// requests queue.
     pub fn launch(
         label: &str,
         config: BatchingConfig,
         instances: Vec<I>,
         stats: Arc<ModelStats>,
-    ) -> std::io::Result<Scheduler<I>> {
+    ) -> Scheduler<I> {
         Scheduler::launch_clocked(label, config, instances, stats, Clock::System)
     }
 
@@ -424,7 +433,7 @@ impl<I: Instance> Scheduler<I> {
         instances: Vec<I>,
         stats: Arc<ModelStats>,
         clock: Clock,
-    ) -> std::io::Result<Scheduler<I>> {
+    ) -> Scheduler<I> {
         let batching = config.merges();
         let may_inline = instances.iter().all(Instance::may_run_inline);
         let max_in_flight = config.max_in_flight;
@@ -436,6 +445,9 @@ impl<I: Instance> Scheduler<I> {
                 stopped: false,
                 free: instances,
                 reported: 0,
+                threads: 0,
+                waiting: 0,
+                started: 0,
             }),
             work: Condvar::new(),
             stats,
@@ -443,34 +455,20 @@ impl<I: Instance> Scheduler<I> {
             in_flight: AtomicUsize::new(0),
             layout,
             clock,
+            label: label.to_string(),
+            instances: count,
+            threads: Mutex::new(Vec::new()),
         });
         #[cfg(test)]
         Shared::follow_clock(&shared);
-        let mut threads = Vec::with_capacity(count);
-        for index in 0..count {
-            let serves = Arc::clone(&shared);
-            let spawned = std::thread::Builder::new()
-                .name(format!("{label}-{index}"))
-                .spawn(move || instance_loop(&serves));
-            match spawned {
-                Ok(thread) => threads.push(thread),
-                Err(error) => {
-                    // The threads already started end with the scheduler they would serve.
-                    shared.lock().stopped = true;
-                    shared.work.notify_all();
-                    return Err(error);
-                }
-            }
-        }
-        Ok(Scheduler {
+        Scheduler {
             shared,
             next_ticket: AtomicU64::new(0),
             batching,
             instances: count,
-            threads: Mutex::new(threads),
             max_in_flight,
             may_inline,
-        })
+        }
     }
 
     /// Stops the instances: the requests still queued are answered [`ScheduleError::Stopped`],
@@ -506,8 +504,13 @@ impl<I: Instance> Scheduler<I> {
         drop(queue);
         if all_back {
             // Every thread has given its instance back and is on its way out.
-            let threads =
-                std::mem::take(&mut *self.threads.lock().unwrap_or_else(|e| e.into_inner()));
+            let threads = std::mem::take(
+                &mut *self
+                    .shared
+                    .threads
+                    .lock()
+                    .unwrap_or_else(|e| e.into_inner()),
+            );
             for thread in threads {
                 let _ = thread.join();
             }
@@ -597,9 +600,10 @@ impl<I: Instance> Scheduler<I> {
             self.shared.observe_in_flight(&mut queue, now);
             let pushed = queue.state.push(submission, now);
             self.shared.report_pending(&mut queue);
-            pushed.map_err(|(rejection, _)| ScheduleError::from(rejection))?
+            let rejection_at = pushed.map_err(|(rejection, _)| ScheduleError::from(rejection))?;
+            self.shared.wake(queue);
+            rejection_at
         };
-        self.shared.work.notify_one();
         if let Some((at, rejection)) = rejection_at {
             let mut guard = CancelOnDrop {
                 shared: &self.shared,

@@ -62,8 +62,7 @@ fn scheduler(config: BatchingConfig, instances: usize, gate: Option<&Gate>) -> F
         Clock::Manual {
             clock: Arc::clone(&clock),
         },
-    )
-    .unwrap();
+    );
     Fixture {
         scheduler: Arc::new(scheduler),
         batches,
@@ -190,6 +189,47 @@ async fn without_dynamic_batching_each_request_runs_alone() {
     assert_eq!(*fixture.batches.lock().unwrap(), [1; 8]);
 }
 
+/// The instance threads of `fixture`'s scheduler running now.
+fn threads(fixture: &Fixture) -> usize {
+    fixture.scheduler.shared.lock().threads
+}
+
+#[tokio::test]
+async fn instance_threads_start_with_work_and_end_without_it() {
+    let config = BatchingConfig {
+        max_batch_size: 8,
+        ..Default::default()
+    };
+    let gate = Gate::new();
+    let fixture = scheduler(config, 2, Some(&gate));
+    // An idle version costs no thread.
+    assert_eq!(threads(&fixture), 0);
+    let submits: Vec<_> = (0..4u8)
+        .map(|i| queued(&fixture.scheduler, request(i, 1)))
+        .collect();
+    // One thread per instance, however many requests wait.
+    within("both instances run", gate.entered(2)).await;
+    assert_eq!(threads(&fixture), 2);
+    gate.open();
+    for outcome in within("all answered", join_all(submits)).await {
+        outcome.unwrap();
+    }
+    // Without work the threads end (after LINGER, real time: the bound turns a hang into a
+    // failure), and the next request starts one again.
+    within("the threads end", async {
+        while threads(&fixture) > 0 {
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    })
+    .await;
+    let again = queued(&fixture.scheduler, request(9, 1));
+    assert_eq!(
+        within("answered again", again).await.unwrap().outputs[0].data[0],
+        10
+    );
+    assert_eq!(*fixture.batches.lock().unwrap(), [1; 5]);
+}
+
 #[tokio::test]
 async fn full_queue_rejects_and_deadlines_expire_without_running() {
     let config = BatchingConfig {
@@ -294,8 +334,7 @@ async fn a_panicking_backend_reports_an_error_and_keeps_serving() {
         BatchingConfig::default(),
         vec![Box::new(Panicker)],
         stats,
-    )
-    .unwrap();
+    );
     for _ in 0..2 {
         let error = scheduler.submit(request(0, 1)).await.unwrap_err();
         assert!(error.to_string().contains("panicked"));
@@ -325,8 +364,7 @@ fn stop_returns_after_the_instances_have_released_their_backends() {
         BatchingConfig::default(),
         vec![Box::new(DropFlag(Arc::clone(&dropped)))],
         Arc::new(ModelStats::new("m", 1)),
-    )
-    .unwrap();
+    );
     scheduler.stop();
     assert!(dropped.load(Ordering::SeqCst));
 }
@@ -387,7 +425,7 @@ async fn run_requests(
     let manual = Clock::Manual {
         clock: Arc::clone(&clock),
     };
-    let scheduler = Scheduler::start_clocked("instance", config, backends, stats, manual).unwrap();
+    let scheduler = Scheduler::start_clocked("instance", config, backends, stats, manual);
     let other = beside_another.then(|| scheduler.admit().unwrap());
     for i in 0..count {
         let mut submit = std::pin::pin!(scheduler.submit(request(i as u8, 1)));
@@ -504,8 +542,7 @@ async fn backends_that_ask_to_stay_on_the_instances_never_run_inline() {
         vec![Box::new(backend)],
         stats,
         Clock::Manual { clock },
-    )
-    .unwrap();
+    );
     for i in 0..4 {
         within("answered", scheduler.submit(request(i, 1)))
             .await
@@ -528,8 +565,7 @@ async fn stopping_waits_for_a_session_running_inline() {
         Clock::Manual {
             clock: Arc::clone(&clock),
         },
-    )
-    .unwrap();
+    );
     // Take the only session as an inline caller would, and give it back once stop waits.
     let session = scheduler.shared.take_idle_session().unwrap();
     let shared = Arc::clone(&scheduler.shared);
@@ -569,8 +605,7 @@ async fn a_bad_input_fails_its_own_request_not_its_batch() {
         Clock::Manual {
             clock: ManualClock::new(),
         },
-    )
-    .unwrap();
+    );
     let values = [1u8, 0xff, 3];
     let submits: Vec<_> = values
         .iter()
@@ -655,7 +690,7 @@ async fn rescheduled_requests_run_again_batched_with_the_others_then_are_answere
         clock: ManualClock::new(),
     };
     let config = dynamic(4, Duration::ZERO);
-    let scheduler = Scheduler::launch_clocked("t", config, vec![instance], stats, manual).unwrap();
+    let scheduler = Scheduler::launch_clocked("t", config, vec![instance], stats, manual);
     let countdown = |wanted: u8| Request {
         inputs: Countdown {
             tensors: request(wanted, 1).inputs,

@@ -3,12 +3,15 @@
 //! caller's thread goes through the same [`execute`].
 
 use super::state::Next;
-use super::{Instance, Job, Outcome, Reply, ScheduleError, Shared};
+use super::{Instance, Job, Outcome, Queue, Reply, ScheduleError, Shared};
 use crate::backend::BackendError;
 use crate::metrics::ComputeTimes;
 use std::panic::{catch_unwind, AssertUnwindSafe};
+use std::sync::{Arc, MutexGuard};
 
-pub(super) fn instance_loop<I: Instance>(shared: &Shared<I>) {
+/// Runs batches until the scheduler stops or no work has come for [`super::LINGER`]; counted in
+/// the queue's `threads` until it returns.
+pub(super) fn instance_loop<I: Instance>(shared: &Arc<Shared<I>>) {
     while let Some((jobs, mut backend)) = next_batch(shared) {
         // Waiting for the rate limiter counts as queue time, as in Triton.
         let permit = backend.admit();
@@ -20,11 +23,59 @@ pub(super) fn instance_loop<I: Instance>(shared: &Shared<I>) {
     }
 }
 
-/// Waits for the next batch and a free session to run it; `None` once the scheduler stops.
+impl<I: Instance> Shared<I> {
+    /// Hands work just queued (under the lock, `queue`) to an instance thread: a waiting one, or
+    /// one started now when none waits and fewer than one per instance run (a busy one takes
+    /// it when its batch is done otherwise).
+    pub(super) fn wake(self: &Arc<Self>, mut queue: MutexGuard<'_, Queue<I>>) {
+        if queue.waiting > 0 || queue.threads >= self.instances || queue.stopped {
+            drop(queue);
+            self.work.notify_one();
+            return;
+        }
+        queue.threads += 1;
+        queue.started += 1;
+        let name = format!("{}-{}", self.label, queue.started - 1);
+        drop(queue);
+        let serves = Arc::clone(self);
+        match std::thread::Builder::new()
+            .name(name)
+            .spawn(move || instance_loop(&serves))
+        {
+            Ok(thread) => {
+                let mut threads = self.threads.lock().unwrap_or_else(|e| e.into_inner());
+                threads.retain(|thread| !thread.is_finished());
+                threads.push(thread);
+            }
+            Err(error) => {
+                // A busy thread takes the work when its batch is done; with none, the queued
+                // requests are answered now rather than left waiting.
+                tracing::warn!(
+                    "cannot start an instance thread for {}: {error}",
+                    self.label
+                );
+                let mut queue = self.lock();
+                queue.threads -= 1;
+                if queue.threads == 0 {
+                    let failed = format!("cannot start an instance thread: {error}");
+                    while let Some(job) = queue.state.cancel(|_| true) {
+                        let error = BackendError::Run(failed.clone());
+                        let _ = job.reply.send(Err(error.into()));
+                    }
+                    self.report_pending(&mut queue);
+                }
+            }
+        }
+    }
+}
+
+/// Waits for the next batch and a free session to run it; `None` (the thread leaving the
+/// queue's count) once the scheduler stops, or when no work has come for [`super::LINGER`].
 fn next_batch<I: Instance>(shared: &Shared<I>) -> Option<(Vec<Job<I>>, I)> {
     let mut queue = shared.lock();
     loop {
         if queue.stopped {
+            queue.threads -= 1;
             return None;
         }
         let now = shared.clock.now();
@@ -32,8 +83,24 @@ fn next_batch<I: Instance>(shared: &Shared<I>) -> Option<(Vec<Job<I>>, I)> {
             let _ = job.reply.send(Err(rejection.into()));
         }
         shared.report_pending(&mut queue);
+        if queue.state.is_empty() {
+            // No work: wait a while for some, then leave.
+            queue.waiting += 1;
+            let (mut guard, waited) = shared
+                .work
+                .wait_timeout(queue, super::LINGER)
+                .unwrap_or_else(|e| e.into_inner());
+            guard.waiting -= 1;
+            if waited.timed_out() && guard.state.is_empty() && !guard.stopped {
+                guard.threads -= 1;
+                return None;
+            }
+            queue = guard;
+            continue;
+        }
         if queue.free.is_empty() {
             // Every session is out (some with inline callers): wait for one to come back.
+            queue.waiting += 1;
             queue = match queue.state.next_expiry() {
                 Some(at) => {
                     let wait = at.saturating_duration_since(now);
@@ -41,6 +108,7 @@ fn next_batch<I: Instance>(shared: &Shared<I>) -> Option<(Vec<Job<I>>, I)> {
                 }
                 None => shared.work.wait(queue).unwrap_or_else(|e| e.into_inner()),
             };
+            queue.waiting -= 1;
             continue;
         }
         // Taking a session leaves another free for whoever comes next.
@@ -64,10 +132,14 @@ fn next_batch<I: Instance>(shared: &Shared<I>) -> Option<(Vec<Job<I>>, I)> {
             }
             Next::WaitUntil(at) => {
                 let wait = at.saturating_duration_since(now);
+                queue.waiting += 1;
                 queue = shared.clock.wait_timeout(&shared.work, queue, wait);
+                queue.waiting -= 1;
             }
             Next::Idle => {
+                queue.waiting += 1;
                 queue = shared.work.wait(queue).unwrap_or_else(|e| e.into_inner());
+                queue.waiting -= 1;
             }
         }
     }
@@ -87,7 +159,7 @@ fn send_answers<I: Instance>(answers: Answers<I>) {
 
 /// Puts the requests a model rescheduled back in the queue (before their instance takes its next
 /// batch, so that they may join it); answered `Stopped` when the scheduler has stopped.
-pub(super) fn requeue<I: Instance>(shared: &Shared<I>, jobs: Vec<Job<I>>) {
+pub(super) fn requeue<I: Instance>(shared: &Arc<Shared<I>>, jobs: Vec<Job<I>>) {
     if jobs.is_empty() {
         return;
     }
@@ -103,8 +175,7 @@ pub(super) fn requeue<I: Instance>(shared: &Shared<I>, jobs: Vec<Job<I>>) {
         queue.state.requeue(job, rows, signature, now);
     }
     shared.report_pending(&mut queue);
-    drop(queue);
-    shared.work.notify_one();
+    shared.wake(queue);
 }
 
 /// Runs one batch; the answers are sent by the caller once the instance is back in the pool, so

@@ -223,7 +223,7 @@ mod tests {
         let path = std::path::Path::new(concat!(env!("CARGO_MANIFEST_DIR"), "/../.."))
             .join(format!("model_repository/{model}/1/model.onnx"));
         let options = onnx::SessionOptions {
-            intra_op_threads: 1,
+            intra_op_threads: Some(1),
             device: crate::backend::cuda::Device::Cpu,
             tuning: Default::default(),
             pool_name: None,

@@ -57,8 +57,7 @@ fn serving_model(name: &str, versions: &[i64]) -> Arc<Model> {
                 BatchingConfig::default(),
                 vec![Box::new(Echo)],
                 Arc::clone(&stats),
-            )
-            .unwrap();
+            );
             let io = IoSpec {
                 max_batch_size: 0,
                 inputs: Vec::new(),

@@ -48,7 +48,7 @@ impl Prepared {
             devices: Vec::new(),
             limits: Vec::new(),
             rate_limiter: None,
-            intra_op_threads: 1,
+            intra_op_threads: None,
             fallback: None,
             text: None,
             cache_responses: false,

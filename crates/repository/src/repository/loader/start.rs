@@ -56,7 +56,7 @@ impl Prepared {
             let options = SessionOptions {
                 intra_op_threads,
                 device: Device::Cpu,
-                tuning: self.tuning.session(intra_op_threads, None),
+                tuning: self.tuning.session(intra_op_threads.unwrap_or(1), None),
                 pool_name: Some(format!("ort-{name}-{version}")),
             };
             return generation::start_version(name, version, dir, &path, config, runtime, &options);
@@ -106,7 +106,8 @@ struct Instances<'a> {
     /// What each instance needs from `rate_limiter`.
     limits: &'a [Option<InstanceLimit>],
     rate_limiter: Option<&'a Arc<RateLimiter>>,
-    intra_op_threads: usize,
+    /// Threads of each session's own, if it has a pool of its own.
+    intra_op_threads: Option<usize>,
     tuning: &'a Tuning,
     runtime: &'a OnnxRuntime,
     /// A text model's tokenizer, wrapped around each session.
@@ -162,7 +163,10 @@ fn start_version(
         let options = SessionOptions {
             intra_op_threads,
             device: device.clone(),
-            tuning: tuning.session(intra_op_threads, device.gpu().map(|gpu| gpu.id)),
+            tuning: tuning.session(
+                intra_op_threads.unwrap_or(1),
+                device.gpu().map(|gpu| gpu.id),
+            ),
             // The instance's own thread is `{name}-{version}-{index}` (the scheduler's).
             pool_name: Some(format!("ort-{name}-{version}-{index}")),
         };
@@ -212,8 +216,7 @@ fn start_version(
         batching,
         sessions,
         Arc::clone(&stats),
-    )
-    .map_err(|e| LoadError::Backend(format!("failed to start instances: {e}")))?;
+    );
     stats.record_load(started.elapsed());
     Ok(ServingVersion {
         version,
