@@ -11,6 +11,7 @@ mod browser;
 mod code_paths;
 mod compat;
 mod limits;
+mod models;
 mod shm;
 #[cfg(test)]
 mod tests;
@@ -18,7 +19,6 @@ mod tests;
 pub use compat::{BackendSettings, CompressionLevel};
 
 use crate::backend::python::{StubEnvironment, StubPrivileges, DEFAULT_BACKEND_DIRECTORY};
-use crate::engine::CacheConfig;
 use crate::logging::{LogFormat, LogSettings};
 use crate::metrics::MetricsConfig;
 use crate::protocol::access::{AccessPolicy, BrowserPolicy, Secret, GRPC_HEADER_PREFIX};
@@ -28,7 +28,6 @@ use crate::protocol::http::vertex::VertexConfig;
 use crate::protocol::http::DEFAULT_MAX_INPUT_BYTES;
 use crate::repository::op_library::AllowedOpLibraries;
 use crate::repository::ControlMode;
-use crate::scheduler::rate_limit::ResourceFlags;
 use crate::server::{Config, GrpcTransport, MetricsOptions};
 use crate::tls::TlsFiles;
 use clap::Parser;
@@ -446,6 +445,9 @@ pub struct Args {
     #[arg(long = "response-cache-byte-size", value_name = "BYTES")]
     pub response_cache_byte_size: Option<usize>,
 
+    #[command(flatten, next_help_heading = "Many models (kiln's own)")]
+    pub models: models::ModelFlags,
+
     #[command(flatten, next_help_heading = "Shared memory")]
     pub shm: shm::ShmFlags,
 
@@ -646,33 +648,6 @@ impl Args {
         Ok((grpc_tls, http_tls))
     }
 
-    /// The response cache `--cache-config` and `--response-cache-byte-size` ask for.
-    fn response_cache(&self) -> Result<Option<CacheConfig>, String> {
-        let mut cache_flags = self.cache_config.clone();
-        if let Some(bytes) = self.response_cache_byte_size {
-            cache_flags.push(format!("local,size={bytes}"));
-        }
-        CacheConfig::from_flags(&cache_flags)
-    }
-
-    /// The rate limiter's resources under `--rate-limit=execution_count`; none when it is off
-    /// (a note says when `--rate-limit-resource` is given to no effect).
-    fn rate_limit(&self, notes: &mut Vec<String>) -> Result<Option<ResourceFlags>, String> {
-        let resources = ResourceFlags::parse(&self.rate_limit_resource)?;
-        Ok(match self.rate_limit {
-            RateLimitMode::ExecutionCount => Some(resources),
-            RateLimitMode::Off => {
-                if !self.rate_limit_resource.is_empty() {
-                    notes.push(
-                        "--rate-limit-resource has no effect without --rate-limit=execution_count"
-                            .into(),
-                    );
-                }
-                None
-            }
-        })
-    }
-
     /// Checks the flags together and turns them into the server's configuration.
     ///
     /// # Errors
@@ -709,6 +684,7 @@ impl Args {
         let metrics_config = MetricsConfig::from_flags(&self.metrics_config)?;
         notes.extend(backend.notes.iter().cloned());
         let rate_limit = self.rate_limit(&mut notes)?;
+        let load_on_demand = self.models.load_on_demand(self.model_control_mode)?;
         let millis = Duration::from_millis;
         let log = self.log_settings();
         let config = Config {
@@ -742,6 +718,7 @@ impl Args {
             load_models: self.load_models,
             poll_interval: Duration::from_secs(self.repository_poll_secs),
             strict_readiness: self.strict_readiness,
+            load_on_demand,
             gpu_fallback_to_cpu: self.gpu_fallback_to_cpu,
             op_libraries: AllowedOpLibraries::from_flags(&self.allowed_op_libraries)?,
             backend_directory: self.backend_directory,

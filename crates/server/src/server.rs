@@ -83,6 +83,8 @@ pub struct Config {
     pub poll_interval: Duration,
     /// `--strict-readiness`: ready only when every model that should be loaded is ready.
     pub strict_readiness: bool,
+    /// `--load-on-demand`: a request for a model not loaded loads it (explicit mode).
+    pub load_on_demand: bool,
     /// `--gpu-fallback-to-cpu`: KIND_GPU groups run on CPU when no GPU is usable.
     pub gpu_fallback_to_cpu: bool,
     /// `--allowed-op-library`: the custom-operator libraries models may load.
@@ -317,7 +319,8 @@ fn start_engine(config: &Config) -> Result<(Arc<ModelRepository>, Arc<Engine>), 
             .with_max_in_flight(config.max_inflight_requests)
             .with_tracer(tracer(&config.trace)?)
             .with_response_cache(config.response_cache)
-            .with_client_shm(config.client_shm.clone()),
+            .with_client_shm(config.client_shm.clone())
+            .with_load_on_demand(config.load_on_demand),
     );
     python_calls::connect(&engine);
     Ok((repository, engine))

@@ -12,6 +12,7 @@ mod ensemble_stream;
 mod execution;
 pub mod generate;
 mod lookup;
+mod on_demand;
 mod prepare;
 pub mod raw_input;
 mod record;
@@ -127,6 +128,8 @@ pub struct Engine {
     server_id: String,
     /// When the engine was made (the server started), for the status page's uptime.
     started: Instant,
+    /// Loads on first request (`--load-on-demand`), when on.
+    on_demand: Option<Arc<on_demand::OnDemand>>,
 }
 
 impl Engine {
@@ -142,6 +145,7 @@ impl Engine {
             cache: None,
             server_id: "kiln".to_string(),
             started: Instant::now(),
+            on_demand: None,
         }
     }
 
@@ -211,16 +215,18 @@ impl Engine {
     /// # Errors
     /// NOT_FOUND / UNAVAILABLE / INVALID_ARGUMENT, as for inference, when the model or version is
     /// unknown, not ready, or the version string is not a number.
-    pub fn model_metadata(&self, name: &str, version: &str) -> Result<ModelMetadata, Error> {
-        Ok(self.target(name, version)?.metadata(version.is_empty()))
+    pub async fn model_metadata(&self, name: &str, version: &str) -> Result<ModelMetadata, Error> {
+        let target = self.target_loading(name, version).await?;
+        Ok(target.metadata(version.is_empty()))
     }
 
     /// The effective (normalised, auto-completed) config.
     ///
     /// # Errors
     /// As [`Engine::model_metadata`].
-    pub fn model_config(&self, name: &str, version: &str) -> Result<Arc<ModelConfig>, Error> {
-        let (model, serving) = self.resolve(name, version)?;
+    pub async fn model_config(&self, name: &str, version: &str) -> Result<Arc<ModelConfig>, Error> {
+        let target = self.target_loading(name, version).await?;
+        let (model, serving) = (&target.model, &target.serving);
         // Triton's config of an ensemble says whether it is decoupled: whether a step is.
         if let (Executor::Ensemble(plan), None) =
             (&serving.executor, &model.config.model_transaction_policy)
@@ -368,13 +374,14 @@ impl Engine {
     /// # Errors
     /// Lookup errors as [`Engine::model_ready`]; INVALID_ARGUMENT when the model does not have
     /// exactly one input or the size cannot give a shape.
-    pub fn raw_input_request(
+    pub async fn raw_input_request(
         &self,
         name: &str,
         version: &str,
         data: bytes::Bytes,
     ) -> Result<InferRequest, Error> {
-        let (model, serving) = self.resolve(name, version)?;
+        let target = self.target_loading(name, version).await?;
+        let (model, serving) = (&target.model, &target.serving);
         let input = raw_input::raw_input(&model.name, &serving.io, data)?;
         Ok(InferRequest {
             model_name: name.to_string(),

@@ -73,7 +73,9 @@ impl Engine {
         admission: Option<Admission>,
         scope: Scope,
     ) -> Result<InferResponse, Failed> {
-        let target = self.target(&request.model_name, &request.model_version)?;
+        let target = self
+            .target_loading(&request.model_name, &request.model_version)
+            .await?;
         self.infer_at(target, request, admission, scope).await
     }
 

@@ -158,9 +158,15 @@ async fn stream_answer(
         .with_deadline(deadline);
     let id = wire.id.clone();
     let model_name = wire.model_name.clone();
+    let version = wire.model_version.clone();
     let admitted = life
         .admit(&engine)
         .and_then(|context| Ok((context, request_from_wire(wire)?)));
+    // A model that is not loaded loads now, when the server loads models on demand.
+    let target = match (target, &admitted) {
+        (Err(_), Ok(_)) => engine.target_loading(&model_name, &version).await,
+        (target, _) => target,
+    };
     let result = match admitted.and_then(|admitted| Ok((target?, admitted))) {
         Ok((target, (context, request))) => engine
             .infer_on(target, request, context)
@@ -246,6 +252,7 @@ impl GrpcInferenceService for InferenceService {
         let metadata = self
             .engine
             .model_metadata(&request.name, &request.version)
+            .await
             .map_err(status)?;
         let tensors = |list: Vec<crate::engine::TensorMetadata>| {
             list.into_iter()
@@ -367,6 +374,7 @@ impl GrpcInferenceService for InferenceService {
         let config = self
             .engine
             .model_config(&request.name, &request.version)
+            .await
             .map_err(status)?;
         Ok(Response::new(ModelConfigResponse {
             config: Some((*config).clone()),

@@ -180,7 +180,10 @@ async fn model_metadata(
     State(state): State<Shared>,
     model: ModelPath,
 ) -> Result<Json<Value>, HttpError> {
-    let metadata = state.engine.model_metadata(&model.name, &model.version)?;
+    let metadata = state
+        .engine
+        .model_metadata(&model.name, &model.version)
+        .await?;
     let tensors = |list: Vec<TensorMetadata>| -> Vec<Value> {
         list.into_iter()
             .map(|t| json!({ "name": t.name, "datatype": t.datatype, "shape": t.shape }))
@@ -210,7 +213,10 @@ async fn model_config(
     State(state): State<Shared>,
     model: ModelPath,
 ) -> Result<Json<Value>, HttpError> {
-    let config = state.engine.model_config(&model.name, &model.version)?;
+    let config = state
+        .engine
+        .model_config(&model.name, &model.version)
+        .await?;
     Ok(Json(config_to_json(&config)))
 }
 

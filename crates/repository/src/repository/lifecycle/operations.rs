@@ -98,6 +98,25 @@ impl ModelRepository {
         loaded
     }
 
+    /// Whether a store holds model `name` (a name that may be one): what a request for a model
+    /// that is not loaded may load (`--load-on-demand`). Asks each store in turn (a remote
+    /// store's listing). Blocking.
+    pub fn holds(&self, name: &str) -> bool {
+        validate_name(name).is_ok() && self.stores().iter().any(|store| store.contains(name))
+    }
+
+    /// Loads `name` for a request that asked for it (`--load-on-demand`): as the load API loads it
+    /// without parameters, with an ensemble's models. Blocking.
+    ///
+    /// # Errors
+    /// As [`ModelRepository::load`].
+    pub fn load_on_demand(&self, name: &str) -> Result<(), Error> {
+        validate_name(name).map_err(|e| Error::InvalidArgument(e.to_string()))?;
+        let loaded = self.load_with(name, overrides::Overrides::default());
+        trim_heap();
+        loaded
+    }
+
     /// The load API's work: `name` from its store, or from the files sent with the request, then
     /// an ensemble's models that are not loaded yet.
     fn load_with(&self, name: &str, overrides: overrides::Overrides) -> Result<(), Error> {

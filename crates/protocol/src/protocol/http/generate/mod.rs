@@ -139,7 +139,7 @@ async fn start(
     let context = life.admit(&state.engine)?;
     let engine = &state.engine;
     // Looked up once: how the model answers says how its body reads.
-    let target = engine.target(&model.name, &model.version)?;
+    let target = engine.target_loading(&model.name, &model.version).await?;
     let request = if target.answers() == Answers::Generation {
         text::decode(&model.name, &model.version, &body)?
     } else {

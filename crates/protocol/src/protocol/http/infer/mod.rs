@@ -58,7 +58,8 @@ async fn infer(
     let (request, formats) = if header_length.unwrap_or(body.len()) == 0 {
         let request = state
             .engine
-            .raw_input_request(&model.name, &model.version, body)?;
+            .raw_input_request(&model.name, &model.version, body)
+            .await?;
         (request, OutputFormats::all_binary())
     } else {
         request::decode(&model.name, &model.version, body, header_length)?

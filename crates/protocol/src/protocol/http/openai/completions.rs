@@ -444,7 +444,8 @@ async fn start(
     let mut completion = read_request(kind, &body)?;
     let target = state
         .engine
-        .target(&completion.model, "")
+        .target_loading(&completion.model, "")
+        .await
         .ok()
         .filter(|target| target.answers() == Answers::Generation || target.takes_llm_tensors());
     let Some(target) = target else {
