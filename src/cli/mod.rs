@@ -648,6 +648,17 @@ impl Args {
         Ok((grpc_tls, http_tls))
     }
 
+    /// `--metrics-interval-ms` is a number of milliseconds, at least 1.
+    fn check_metrics_interval(&self) -> Result<(), String> {
+        if self.metrics_interval_ms.is_finite() && self.metrics_interval_ms >= 1.0 {
+            return Ok(());
+        }
+        Err(format!(
+            "--metrics-interval-ms must be at least 1, got {}",
+            self.metrics_interval_ms
+        ))
+    }
+
     /// Checks the flags together and turns them into the server's configuration.
     ///
     /// # Errors
@@ -665,12 +676,7 @@ impl Args {
                 "--allow-grpc=false and --allow-http=false leave no inference endpoint".into(),
             );
         }
-        if !(self.metrics_interval_ms.is_finite() && self.metrics_interval_ms >= 1.0) {
-            return Err(format!(
-                "--metrics-interval-ms must be at least 1, got {}",
-                self.metrics_interval_ms
-            ));
-        }
+        self.check_metrics_interval()?;
         if let Some(name) = &self.model_config_name {
             compat::check_config_name(name)?;
         }
