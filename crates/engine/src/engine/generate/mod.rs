@@ -252,17 +252,8 @@ impl Engine {
         call: Call,
         parsed: Parsed,
     ) -> Result<Generation, Failed> {
-        let Call {
-            model,
-            serving,
-            request,
-            scope,
-            prefix,
-            admission,
-            end,
-            ..
-        } = call;
-        let submitting = Arc::clone(&serving);
+        let (model, serving, prefix) = (&call.model, &call.serving, &call.prefix);
+        let submitting = Arc::clone(serving);
         let (prompt, settings) = (parsed.prompt.clone(), parsed.params.clone());
         let events = tokio::task::spawn_blocking(move || match &submitting.executor {
             Executor::Generate(generator) => generator.submit(&prompt, settings),
@@ -282,14 +273,14 @@ impl Engine {
         Ok(Generation {
             model_name: model.name.clone(),
             model_version: serving.version.to_string(),
-            id: request.id,
+            id: call.request.id,
             request: parsed,
             events,
             finished: false,
-            _serving: serving,
-            _admission: admission,
-            trace: scope.trace,
-            end,
+            _serving: call.serving,
+            _admission: call.admission,
+            trace: call.scope.trace,
+            end: call.end,
         })
     }
 }
