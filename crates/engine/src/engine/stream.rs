@@ -80,7 +80,9 @@ impl Engine {
         request: InferRequest,
         context: Context,
     ) -> Result<mpsc::UnboundedReceiver<StreamedResponse>, Error> {
-        let target = self.target(&request.model_name, &request.model_version)?;
+        let target = self
+            .target_loading(&request.model_name, &request.model_version)
+            .await?;
         if target.answers() == Answers::Once {
             return Err(not_streaming(target.name()));
         }

@@ -7,11 +7,46 @@ use super::{Instance, Job, Outcome, Queue, Reply, ScheduleError, Shared};
 use crate::backend::BackendError;
 use crate::metrics::ComputeTimes;
 use std::panic::{catch_unwind, AssertUnwindSafe};
-use std::sync::{Arc, MutexGuard};
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{Arc, MutexGuard, OnceLock};
+use std::time::Duration;
 
-/// Runs batches until the scheduler stops or no work has come for [`super::LINGER`]; counted in
-/// the queue's `threads` until it returns.
+/// Instance threads running now, of every scheduler in the process.
+static RUNNING: AtomicUsize = AtomicUsize::new(0);
+
+/// How long a thread without work waits for some: [`super::LINGER`] while the process runs at
+/// most four instance threads per core, none past that (a busy server with many models keeps
+/// threads for the work, not for the models that had some a moment ago).
+fn linger() -> Duration {
+    static CORES: OnceLock<usize> = OnceLock::new();
+    let cores = *CORES.get_or_init(|| std::thread::available_parallelism().map_or(1, |n| n.get()));
+    if RUNNING.load(Ordering::Relaxed) > 4 * cores {
+        Duration::ZERO
+    } else {
+        super::LINGER
+    }
+}
+
+/// Counts one instance thread in [`RUNNING`] while it lives.
+struct Running;
+
+impl Running {
+    fn enter() -> Running {
+        RUNNING.fetch_add(1, Ordering::Relaxed);
+        Running
+    }
+}
+
+impl Drop for Running {
+    fn drop(&mut self) {
+        RUNNING.fetch_sub(1, Ordering::Relaxed);
+    }
+}
+
+/// Runs batches until the scheduler stops or no work has come for a while ([`linger`]);
+/// counted in the queue's `threads` until it returns.
 pub(super) fn instance_loop<I: Instance>(shared: &Arc<Shared<I>>) {
+    let _running = Running::enter();
     while let Some((jobs, mut backend)) = next_batch(shared) {
         // Waiting for the rate limiter counts as queue time, as in Triton.
         let permit = backend.admit();
@@ -70,7 +105,7 @@ impl<I: Instance> Shared<I> {
 }
 
 /// Waits for the next batch and a free session to run it; `None` (the thread leaving the
-/// queue's count) once the scheduler stops, or when no work has come for [`super::LINGER`].
+/// queue's count) once the scheduler stops, or when no work has come for a while ([`linger`]).
 fn next_batch<I: Instance>(shared: &Shared<I>) -> Option<(Vec<Job<I>>, I)> {
     let mut queue = shared.lock();
     loop {
@@ -88,7 +123,7 @@ fn next_batch<I: Instance>(shared: &Shared<I>) -> Option<(Vec<Job<I>>, I)> {
             queue.waiting += 1;
             let (mut guard, waited) = shared
                 .work
-                .wait_timeout(queue, super::LINGER)
+                .wait_timeout(queue, linger())
                 .unwrap_or_else(|e| e.into_inner());
             guard.waiting -= 1;
             if waited.timed_out() && guard.state.is_empty() && !guard.stopped {
