@@ -113,3 +113,13 @@ def test_the_flag_needs_explicit_mode(tmp_path):
                           capture_output=True, text=True, timeout=60)
     assert done.returncode != 0
     assert "--load-on-demand needs --model-control-mode=explicit" in done.stderr
+
+
+def test_loads_on_demand_are_counted_and_timed(on_demand):
+    text = http_request(on_demand.metrics_url, "GET", "/metrics").body.decode()
+    count = lambda outcome: sum(float(line.split()[-1]) for line in text.splitlines()  # noqa: E731
+                                if line.startswith(f'kiln_model_loads_on_demand_total{{outcome="{outcome}"}}'))
+    # first, meta, conf, crowd; broken once, then answered from its backoff.
+    assert count("success") == 4 and count("failure") == 1 and count("backoff") >= 4, text
+    assert "kiln_model_load_on_demand_seconds_count 5" in text, text
+

@@ -29,6 +29,29 @@ pub const UNKNOWN_FOR: Duration = Duration::from_secs(5);
 /// The most unknown names remembered at once; past it the oldest are forgotten.
 pub const MAX_UNKNOWN: usize = 10_000;
 
+/// On-demand loads by outcome: `success`, `failure`, and `backoff` for the requests answered
+/// with a failure's error without a load.
+pub const LOADS: &str = "kiln_model_loads_on_demand_total";
+/// How long on-demand loads took, in seconds (a summary).
+pub const LOAD_SECONDS: &str = "kiln_model_load_on_demand_seconds";
+
+/// Counts one on-demand load that took `took` and succeeded or not, in [`LOADS`] and
+/// [`LOAD_SECONDS`].
+fn record_load(took: Duration, succeeded: bool) {
+    static DESCRIBED: std::sync::Once = std::sync::Once::new();
+    DESCRIBED.call_once(|| {
+        metrics::describe_counter!(LOADS, "Model loads a request started (--load-on-demand)");
+        metrics::describe_histogram!(
+            LOAD_SECONDS,
+            metrics::Unit::Seconds,
+            "Duration of model loads a request started (--load-on-demand)"
+        );
+    });
+    let outcome = if succeeded { "success" } else { "failure" };
+    metrics::counter!(LOADS, "outcome" => outcome).increment(1);
+    metrics::histogram!(LOAD_SECONDS).record(took.as_secs_f64());
+}
+
 /// A load in progress, which every request for the model waits on.
 type Loading = Shared<BoxFuture<'static, Result<(), Error>>>;
 
@@ -190,12 +213,14 @@ impl Engine {
             let (tracked, name) = (Arc::clone(on_demand), name.to_string());
             async move {
                 let loading = name.clone();
+                let began = Instant::now();
                 let result =
                     tokio::task::spawn_blocking(move || repository.load_on_demand(&loading))
                         .await
                         .unwrap_or_else(|e| {
                             Err(Error::Internal(format!("model load task failed: {e}")))
                         });
+                record_load(began.elapsed(), result.is_ok());
                 tracked.finished(&name, &result);
                 result
             }
@@ -205,7 +230,10 @@ impl Engine {
         match on_demand.next(name, now, || self.has_serving(name), start) {
             Next::Wait(loading) => loading.await,
             Next::Loaded => Ok(()),
-            Next::Answer(error) => Err(error),
+            Next::Answer(error) => {
+                metrics::counter!(LOADS, "outcome" => "backoff").increment(1);
+                Err(error)
+            }
         }
     }
 }
