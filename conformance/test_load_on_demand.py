@@ -8,6 +8,7 @@ up; the flag is refused outside explicit mode."""
 from __future__ import annotations
 
 import json
+import queue
 import re
 import shutil
 import subprocess
@@ -35,6 +36,10 @@ def on_demand(tmp_path_factory):
         (repo / name / "1").mkdir(parents=True)
         shutil.copy(BUNDLED_REPO / "add_sub" / "1" / "model.onnx", repo / name / "1" / "model.onnx")
         (repo / name / "config.pbtxt").write_text(config.replace('name: "add_sub"', f'name: "{name}"'))
+    # A generation model (decoupled), for a stream's first request.
+    shutil.copytree(BUNDLED_REPO / "tiny_decoder", repo / "talker")
+    talker = repo / "talker" / "config.pbtxt"
+    talker.write_text(talker.read_text().replace('name: "tiny_decoder"', 'name: "talker"'))
     # Its model file is not an ONNX graph: every load fails.
     (repo / "broken" / "1").mkdir(parents=True)
     (repo / "broken" / "1" / "model.onnx").write_bytes(b"not a graph")
@@ -95,6 +100,32 @@ def test_a_failing_load_is_answered_with_its_error_and_not_tried_for_every_reque
     assert loads(on_demand, "broken") == 1
 
 
+def test_a_streams_first_request_to_a_decoupled_model_loads_it_and_streams(on_demand):
+    answers: queue.Queue = queue.Queue()
+    client = grpcclient.InferenceServerClient(on_demand.grpc_url)
+    client.start_stream(callback=lambda result, error: answers.put((result, error)))
+    prompt = grpcclient.InferInput("text_input", [1], "BYTES")
+    prompt.set_data_from_numpy(np.array([b"the cat"], dtype=object))
+    steps = grpcclient.InferInput("max_tokens", [1], "INT32")
+    steps.set_data_from_numpy(np.array([3], dtype=np.int32))
+    try:
+        for _ in range(2):
+            client.async_stream_infer("talker", [prompt, steps])
+            pieces = []
+            while True:
+                result, error = answers.get(timeout=RPC_TIMEOUT)
+                assert error is None, error
+                response = result.get_response()
+                pieces.append(result.as_numpy("text_output"))
+                if response.parameters["triton_final_response"].bool_param:
+                    break
+            assert len(pieces) == 3, pieces
+    finally:
+        client.stop_stream()
+        client.close()
+    assert loads(on_demand, "talker") == 1
+
+
 def test_unknown_names_are_not_found_and_a_flood_of_them_leaves_the_server_up(on_demand):
     body = json.dumps({"inputs": [{"name": "INPUT0", "datatype": "FP32", "shape": [1, 16],
                                    "data": [0.0] * 16}]}).encode()
@@ -119,7 +150,7 @@ def test_loads_on_demand_are_counted_and_timed(on_demand):
     text = http_request(on_demand.metrics_url, "GET", "/metrics").body.decode()
     count = lambda outcome: sum(float(line.split()[-1]) for line in text.splitlines()  # noqa: E731
                                 if line.startswith(f'kiln_model_loads_on_demand_total{{outcome="{outcome}"}}'))
-    # first, meta, conf, crowd; broken once, then answered from its backoff.
-    assert count("success") == 4 and count("failure") == 1 and count("backoff") >= 4, text
-    assert "kiln_model_load_on_demand_seconds_count 5" in text, text
+    # first, meta, conf, crowd, talker; broken once, then answered from its backoff.
+    assert count("success") == 5 and count("failure") == 1 and count("backoff") >= 4, text
+    assert "kiln_model_load_on_demand_seconds_count 6" in text, text
 

@@ -145,28 +145,48 @@ fn arrived<T>(request: &Request<T>) -> Instant {
 /// One stream request's answer, as Triton 2.51 writes it: the response flagged final, or its
 /// error in `error_message` with the request's id (and, when the model failed it, the model's
 /// name and the final flag) so that the client can match it; with the request's trace.
-/// `waited`: when the stream began waiting for the request.
+/// `waited`: when the stream began waiting for the request. A model that was not loaded loads
+/// first when the server loads models on demand; one that turns out to be decoupled then sends
+/// its responses on `responses` itself, and there is no answer to send in order (`None`).
 async fn stream_answer(
     engine: Arc<Engine>,
     target: Result<Target, Error>,
     wire: ModelInferRequest,
     deadline: Option<Instant>,
-    traceparent: Option<Arc<str>>,
-    waited: Instant,
-) -> (ModelStreamInferResponse, Option<Arc<Trace>>) {
+    (traceparent, waited): (Option<Arc<str>>, Instant),
+    responses: decoupled::Responses,
+) -> Option<(ModelStreamInferResponse, Option<Arc<Trace>>)> {
+    let target = match target {
+        Err(_) => {
+            engine
+                .target_loading(&wire.model_name, &wire.model_version)
+                .await
+        }
+        target => target,
+    };
+    if let Some(target) = target
+        .as_ref()
+        .ok()
+        .filter(|t| t.answers() != Answers::Once)
+    {
+        let answer = decoupled::answer(
+            Arc::clone(&engine),
+            target.clone(),
+            wire,
+            responses,
+            traceparent.as_deref(),
+            waited,
+        );
+        answer.await;
+        return None;
+    }
     let life = Lifecycle::grpc(&engine, &wire.model_name, traceparent.as_deref(), waited)
         .with_deadline(deadline);
     let id = wire.id.clone();
     let model_name = wire.model_name.clone();
-    let version = wire.model_version.clone();
     let admitted = life
         .admit(&engine)
         .and_then(|context| Ok((context, request_from_wire(wire)?)));
-    // A model that is not loaded loads now, when the server loads models on demand.
-    let target = match (target, &admitted) {
-        (Err(_), Ok(_)) => engine.target_loading(&model_name, &version).await,
-        (target, _) => target,
-    };
     let result = match admitted.and_then(|admitted| Ok((target?, admitted))) {
         Ok((target, (context, request))) => engine
             .infer_on(target, request, context)
@@ -194,7 +214,7 @@ async fn stream_answer(
             }),
         },
     };
-    (message, life.trace().cloned())
+    Some((message, life.trace().cloned()))
 }
 
 /// The gRPC front end.
@@ -348,12 +368,13 @@ impl GrpcInferenceService for InferenceService {
                                     let answer = decoupled::answer(Arc::clone(&engine), target, wire, sender.clone(), traceparent.as_deref(), waited);
                                     decoupled_running.spawn(answer);
                                 }
-                                target => running.push_back(stream_answer(Arc::clone(&engine), target, wire, deadline, traceparent.clone(), waited)),
+                                target => running.push_back(stream_answer(Arc::clone(&engine), target, wire, deadline, (traceparent.clone(), waited), sender.clone())),
                             }
                         }
                         _ => reading = false,
                     },
-                    Some((reply, trace)) = running.next(), if !running.is_empty() => {
+                    Some(answered) = running.next(), if !running.is_empty() => {
+                        let Some((reply, trace)) = answered else { continue };
                         if !decoupled::deliver(&sender, reply, trace.as_ref()).await {
                             return;
                         }
