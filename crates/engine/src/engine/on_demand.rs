@@ -205,7 +205,11 @@ impl Engine {
             .await
             .unwrap_or(false);
         if !holds {
-            on_demand.remember_unknown(name, now);
+            // Only a name a store could hold is remembered (at most 255 bytes): one no store
+            // can hold costs no lookup to answer again, and a flood of long names no memory.
+            if crate::repository::store::validate_name(name).is_ok() {
+                on_demand.remember_unknown(name, now);
+            }
             return Err(unknown());
         }
         let start = || {
