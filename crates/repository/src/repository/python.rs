@@ -36,7 +36,7 @@ fn cannot_reschedule() -> Error {
 const STOP_GRACE: Duration = Duration::from_secs(5);
 
 /// An instance as the scheduler sees it: the scheduler hands it a batch of requests at a time,
-/// each `execute` call on the instance's own thread.
+/// each `execute` call on an instance thread.
 struct Slot {
     instance: PythonInstance,
     /// Its place in the rate limiter (`--rate-limit`), if its group lists resources.

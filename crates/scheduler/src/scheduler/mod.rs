@@ -1,8 +1,10 @@
 //! The per-model-version scheduler. The batching [`State`] (pure, unit-tested) sits behind one
-//! mutex; the instances, each owning one backend session on its own thread, pull from it: an idle
-//! instance takes the next batch as soon as the batching rules allow (or sleeps on a condition
-//! variable until a request arrives or the batching delay ends), merges it, runs it, splits the
-//! outputs and answers every request itself.
+//! mutex; instance threads pull from it, each with a free session: a thread takes the next batch
+//! as soon as the batching rules allow (or sleeps on a condition variable until a request
+//! arrives or the batching delay ends), merges it, runs it, splits the outputs and answers every
+//! request itself. A thread starts when a request is queued and none waits for it, up to one per
+//! instance, and ends once it has had no work for a while (`worker.rs`): a version nobody calls
+//! has none.
 //!
 //! No thread sits between the caller and the instances: a request costs one lock and at most one
 //! wake-up on the way in and one on the way out. (A separate queue thread — the first design —
