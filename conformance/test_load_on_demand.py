@@ -3,7 +3,8 @@ tritonclient over gRPC and REST, a model the repository holds but has not loaded
 first inference, metadata or config request; requests that come together wait on one load; a
 model that fails to load is answered with its load error, and not loaded again for every request
 (a backoff); names no repository holds are answered NOT_FOUND, a flood of them leaves the server
-up; the flag is refused outside explicit mode."""
+up; in poll mode, polls reload and unload only what requests loaded; the flag is refused in mode
+none."""
 
 from __future__ import annotations
 
@@ -12,6 +13,7 @@ import queue
 import re
 import shutil
 import subprocess
+import time
 import uuid
 from concurrent.futures import ThreadPoolExecutor
 
@@ -139,11 +141,38 @@ def test_unknown_names_are_not_found_and_a_flood_of_them_leaves_the_server_up(on
     assert grpc.infer("first", inputs(grpcclient), client_timeout=RPC_TIMEOUT) is not None
 
 
-def test_the_flag_needs_explicit_mode(tmp_path):
+def test_the_flag_needs_explicit_or_poll_mode(tmp_path):
     done = subprocess.run([str(kiln_bin()), "--model-repository", str(tmp_path), "--load-on-demand"],
                           capture_output=True, text=True, timeout=60)
     assert done.returncode != 0
-    assert "--load-on-demand needs --model-control-mode=explicit" in done.stderr
+    assert "--load-on-demand needs --model-control-mode=explicit or poll" in done.stderr
+
+
+def test_in_poll_mode_polls_reload_what_requests_loaded_and_load_nothing_else(tmp_path):
+    config = (BUNDLED_REPO / "add_sub" / "config.pbtxt").read_text()
+    for name in ["asked", "left"]:
+        (tmp_path / name / "1").mkdir(parents=True)
+        shutil.copy(BUNDLED_REPO / "add_sub" / "1" / "model.onnx", tmp_path / name / "1" / "model.onnx")
+        (tmp_path / name / "config.pbtxt").write_text(config.replace('name: "add_sub"', f'name: "{name}"'))
+    srv = start_server([tmp_path], name="kiln-on-demand-poll",
+                       extra_args=["--model-control-mode", "poll", "--repository-poll-secs", "1",
+                                   "--load-on-demand"])
+    try:
+        client = grpcclient.InferenceServerClient(srv.grpc_url)
+        assert not client.is_model_ready("asked") and not client.is_model_ready("left")
+        client.infer("asked", inputs(grpcclient), client_timeout=RPC_TIMEOUT)
+        # A change to the loaded model's files: the next poll reloads it.
+        config_file = tmp_path / "asked" / "config.pbtxt"
+        config_file.write_text(config_file.read_text() + "\n# changed\n")
+        deadline = time.monotonic() + 60
+        while loads(srv, "asked") < 2:
+            assert time.monotonic() < deadline, srv.log_text()[-2000:]
+            time.sleep(0.1)
+        assert client.is_model_ready("asked")
+        # The polls that saw `left` did not load it.
+        assert loads(srv, "left") == 0 and not client.is_model_ready("left")
+    finally:
+        stop_server(srv)
 
 
 def test_loads_on_demand_are_counted_and_timed(on_demand):

@@ -9,7 +9,8 @@ use crate::scheduler::rate_limit::ResourceFlags;
 #[derive(Debug, Clone, clap::Args)]
 pub struct ModelFlags {
     /// Load a model on its first inference, metadata or config request, when the repository
-    /// holds it and it is not loaded (explicit mode; kiln's own, off as in Triton). Requests
+    /// holds it and it is not loaded (explicit or poll mode, where polls then reload and unload
+    /// only the models requests loaded; kiln's own, off as in Triton). Requests
     /// for a model that is loading wait for that one load; a failed load is answered with its
     /// error for a backoff (1 s, doubling to 60 s) before it is tried again; a name no
     /// repository holds is remembered for 5 s (docs/models.md, "Many models").
@@ -21,15 +22,15 @@ impl ModelFlags {
     /// Whether models load on demand under `mode`.
     ///
     /// # Errors
-    /// `--load-on-demand` outside explicit mode.
+    /// `--load-on-demand` in mode `none`.
     pub fn load_on_demand(&self, mode: ModelControlMode) -> Result<bool, String> {
         match (self.load_on_demand, mode) {
-            (true, ModelControlMode::Explicit) | (false, _) => Ok(self.load_on_demand),
-            (true, _) => Err(
-                "--load-on-demand needs --model-control-mode=explicit (the other modes load every \
-                 model at start-up)"
+            (true, ModelControlMode::None) => Err(
+                "--load-on-demand needs --model-control-mode=explicit or poll (mode none loads \
+                 every model at start-up)"
                     .into(),
             ),
+            (on, _) => Ok(on),
         }
     }
 }

@@ -700,6 +700,7 @@ fn open_repository(config: &Config) -> Result<ModelRepository, ServerError> {
         },
         load_threads: config.load_threads,
         load_retries: config.load_retries,
+        load_on_demand: config.load_on_demand,
     };
     ModelRepository::new(stores, options).map_err(|e| ServerError::Load(e.to_string()))
 }

@@ -45,6 +45,9 @@ pub struct RepositoryOptions {
     pub load_threads: usize,
     /// Times a failed load from the store is tried again (`--model-load-retry-count`).
     pub load_retries: u32,
+    /// `--load-on-demand`: requests load models, so poll mode loads none at start-up and polls
+    /// only the models loaded (reloading what changed, unloading what is gone).
+    pub load_on_demand: bool,
 }
 
 impl Default for RepositoryOptions {
@@ -56,6 +59,7 @@ impl Default for RepositoryOptions {
             load: LoadOptions::default(),
             load_threads: 4,
             load_retries: 0,
+            load_on_demand: false,
         }
     }
 }

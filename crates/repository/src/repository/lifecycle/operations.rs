@@ -27,6 +27,8 @@ impl ModelRepository {
             ControlMode::Explicit if self.options.startup_models != ["*"] => {
                 self.options.startup_models.clone()
             }
+            // Requests load what they ask for.
+            ControlMode::Poll if self.options.load_on_demand => Vec::new(),
             _ => self.list().into_keys().collect(),
         };
         self.update_all(|slots| {
@@ -227,13 +229,20 @@ impl ModelRepository {
     }
 
     /// One poll: loads new models, reloads changed ones (keeping versions whose files did not
-    /// change), unloads models whose directory is gone. Blocking.
+    /// change), unloads models whose directory is gone. Blocking. With `--load-on-demand` it
+    /// leaves models alone until a request has loaded them.
     pub fn poll(&self) {
         let listed = self.list();
         let mut changed = Vec::new();
         for (name, store) in &listed {
-            let fingerprint = store.fingerprint(name).ok();
             let snapshot = self.snapshot();
+            let loaded = snapshot
+                .get(name)
+                .is_some_and(|slot| slot.serving.is_some());
+            if self.options.load_on_demand && !loaded {
+                continue;
+            }
+            let fingerprint = store.fingerprint(name).ok();
             let differs = match snapshot.get(name) {
                 None => {
                     info!(model = %name, "new model in the repository");
