@@ -228,13 +228,13 @@ impl Engine {
         let target = self.target_loading(name, version).await?;
         let (model, serving) = (&target.model, &target.serving);
         // Triton's config of an ensemble says whether it is decoupled: whether a step is.
-        if let (Executor::Ensemble(plan), None) =
+        if let (Executor::Ensemble(_), None) =
             (&serving.executor, &model.config.model_transaction_policy)
         {
             let mut config = ModelConfig::clone(&model.config);
             config.model_transaction_policy =
                 Some(crate::proto::inference::ModelTransactionPolicy {
-                    decoupled: self.has_decoupled_step(plan, 0),
+                    decoupled: target.answers() == Answers::Stream,
                 });
             return Ok(Arc::new(config));
         }

@@ -52,6 +52,11 @@ fn record_load(took: Duration, succeeded: bool) {
     metrics::histogram!(LOAD_SECONDS).record(took.as_secs_f64());
 }
 
+/// Triton's answer for a model no repository holds.
+fn unknown(name: &str) -> Error {
+    Error::NotFound(format!("Request for unknown model: '{name}' is not found"))
+}
+
 /// A load in progress, which every request for the model waits on.
 type Loading = Shared<BoxFuture<'static, Result<(), Error>>>;
 
@@ -137,6 +142,16 @@ impl OnDemand {
         Next::Wait(loading)
     }
 
+    /// No store holds `name`: its lookup has ended, and the name is remembered if a store could
+    /// hold it (at most 255 bytes; one no store can hold costs no lookup to answer again, and a
+    /// flood of long names no memory).
+    fn unknown(&self, name: &str, now: Instant) {
+        self.lock().loading.remove(name);
+        if crate::repository::store::validate_name(name).is_ok() {
+            self.remember_unknown(name, now);
+        }
+    }
+
     /// The load of `name` ended with `result`: a failure is answered until its backoff ends.
     fn finished(&self, name: &str, result: &Result<(), Error>) {
         let mut state = self.lock();
@@ -194,36 +209,30 @@ impl Engine {
     /// Loads `name` for a request, or waits for its load (see the module doc).
     async fn load_on_demand(&self, on_demand: &Arc<OnDemand>, name: &str) -> Result<(), Error> {
         let now = Instant::now();
-        let unknown =
-            || Error::NotFound(format!("Request for unknown model: '{name}' is not found"));
         if on_demand.known_unknown(name, now) {
-            return Err(unknown());
+            return Err(unknown(name));
         }
-        let repository = Arc::clone(&self.repository);
-        let asked = name.to_string();
-        let holds = tokio::task::spawn_blocking(move || repository.holds(&asked))
-            .await
-            .unwrap_or(false);
-        if !holds {
-            // Only a name a store could hold is remembered (at most 255 bytes): one no store
-            // can hold costs no lookup to answer again, and a flood of long names no memory.
-            if crate::repository::store::validate_name(name).is_ok() {
-                on_demand.remember_unknown(name, now);
-            }
-            return Err(unknown());
-        }
+        // One task asks the stores and loads: the requests that come meanwhile, and those within
+        // a failure's backoff, wait or are answered without asking the stores again.
         let start = || {
             let repository = Arc::clone(&self.repository);
             let (tracked, name) = (Arc::clone(on_demand), name.to_string());
             async move {
                 let loading = name.clone();
                 let began = Instant::now();
-                let result =
-                    tokio::task::spawn_blocking(move || repository.load_on_demand(&loading))
-                        .await
-                        .unwrap_or_else(|e| {
-                            Err(Error::Internal(format!("model load task failed: {e}")))
-                        });
+                let loaded = tokio::task::spawn_blocking(move || {
+                    repository
+                        .holds(&loading)
+                        .then(|| repository.load_on_demand(&loading))
+                })
+                .await
+                .unwrap_or_else(|e| {
+                    Some(Err(Error::Internal(format!("model load task failed: {e}"))))
+                });
+                let Some(result) = loaded else {
+                    tracked.unknown(&name, Instant::now());
+                    return Err(unknown(&name));
+                };
                 record_load(began.elapsed(), result.is_ok());
                 tracked.finished(&name, &result);
                 result
